@@ -1,0 +1,73 @@
+"""Static description of a Llama/Qwen2-family decoder.
+
+A frozen, hashable dataclass so it can be a static argument of jitted functions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax.numpy as jnp
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """Shape and numerics of a decoder-only transformer (Llama / Qwen2 family)."""
+
+  vocab_size: int
+  num_layers: int
+  d_model: int
+  num_heads: int
+  num_kv_heads: int
+  head_dim: int
+  mlp_dim: int
+  rope_theta: float = 10_000.0
+  rms_eps: float = 1e-6
+  qkv_bias: bool = False
+  tie_embeddings: bool = True
+  # Parameters and activations; logits and softmax are always float32.
+  dtype: str = "float32"
+  max_position: int = 4096
+
+  def __post_init__(self):
+    for name in ("vocab_size", "num_layers", "d_model", "num_heads", "num_kv_heads", "head_dim",
+                 "mlp_dim"):
+      value = getattr(self, name)
+      if not isinstance(value, int) or value <= 0:
+        raise ValueError(f"ModelConfig.{name} must be a positive int, got {value!r}")
+    if self.num_heads % self.num_kv_heads:
+      raise ValueError(
+          f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
+    if self.head_dim % 2:
+      raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
+    if self.rope_theta <= 0:
+      raise ValueError(f"rope_theta must be positive, got {self.rope_theta}")
+    if self.dtype not in ("float32", "bfloat16", "float16"):
+      raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+
+  @property
+  def jnp_dtype(self) -> Any:
+    return jnp.dtype(self.dtype)
+
+  @property
+  def num_params(self) -> int:
+    """Parameter count (the tied head counted once)."""
+    d, h, kv, hd = self.d_model, self.num_heads, self.num_kv_heads, self.head_dim
+    attn = d * h * hd + 2 * d * kv * hd + h * hd * d
+    if self.qkv_bias:
+      attn += h * hd + 2 * kv * hd
+    layer = attn + 3 * d * self.mlp_dim + 2 * d
+    head = 0 if self.tie_embeddings else self.vocab_size * d
+    return self.num_layers * layer + self.vocab_size * d + head + d
+
+  @classmethod
+  def from_dict(cls, d: dict[str, Any]) -> ModelConfig:
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(d) - names
+    if unknown:
+      raise ValueError(f"unknown ModelConfig fields: {sorted(unknown)}; valid: {sorted(names)}")
+    return cls(**d)
+
+  def to_dict(self) -> dict[str, Any]:
+    return dataclasses.asdict(self)

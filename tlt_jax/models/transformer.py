@@ -1,0 +1,284 @@
+"""Llama/Qwen2-family decoder in Flax NNX, used functionally.
+
+One module serves every device program of the project:
+- full-sequence forward (training, log-probs, packed samples via segment ids);
+- prefill / decode / multi-token extend against a KV cache with per-sequence
+  lengths, optionally with a custom mask among the new tokens (tree drafts).
+
+The module returns the last layer's post-norm hidden states (the features the
+EAGLE drafter consumes) and, on request, the residual stream after chosen
+layers; `logits(hidden)` applies the LM head separately so callers compute
+logits only where they need them (prefill needs one position per row).
+
+Shape letters: B batch, T new tokens, S cache slots, D model width, H query
+heads, K kv heads, G = H // K, E head dim, V vocabulary, F mlp width.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jaxtyping import Array, Bool, Float, Int
+
+from tlt_jax.models.config import ModelConfig
+
+_NEG_INF = -1e30
+
+
+@flax.struct.dataclass
+class KVCache:
+  """Per-layer key/value buffers; lengths live with the caller's state.
+
+  Attributes:
+    k: one [B, S, K, E] array per layer.
+    v: one [B, S, K, E] array per layer.
+  """
+
+  k: tuple[jax.Array, ...]
+  v: tuple[jax.Array, ...]
+
+  @classmethod
+  def zeros(cls, config: ModelConfig, batch: int, slots: int) -> KVCache:
+    shape = (batch, slots, config.num_kv_heads, config.head_dim)
+    make = lambda: tuple(jnp.zeros(shape, config.jnp_dtype) for _ in range(config.num_layers))
+    return cls(k=make(), v=make())
+
+  @property
+  def batch(self) -> int:
+    return self.k[0].shape[0]
+
+  @property
+  def slots(self) -> int:
+    return self.k[0].shape[1]
+
+  def take_rows(self, rows: Int[Array, " B2"]) -> KVCache:
+    """Gathers rows (compaction, prefix broadcast)."""
+    return jax.tree.map(lambda x: jnp.take(x, rows, axis=0), self)
+
+
+class RMSNorm(nnx.Module):
+
+  def __init__(self, dim: int, eps: float, dtype):
+    self.scale = nnx.Param(jnp.ones((dim,), dtype))
+    self.eps = eps
+
+  def __call__(self, x):
+    x32 = x.astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+    return (y * self.scale[...].astype(jnp.float32)).astype(x.dtype)
+
+
+def rope(x: Float[Array, "B T N E"], positions: Int[Array, "B T"], theta: float):
+  """Rotary embedding in the rotate-half convention used by HF Llama/Qwen2."""
+  e = x.shape[-1]
+  inv_freq = 1.0 / (theta ** (jnp.arange(0, e, 2, dtype=jnp.float32) / e))
+  angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, E/2]
+  angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]
+  x32 = x.astype(jnp.float32)
+  x1, x2 = jnp.split(x32, 2, axis=-1)
+  rotated = jnp.concatenate([-x2, x1], axis=-1)
+  return (x32 * jnp.cos(angles) + rotated * jnp.sin(angles)).astype(x.dtype)
+
+
+def attend(
+    q: Float[Array, "B T H E"],
+    k: Float[Array, "B S K E"],
+    v: Float[Array, "B S K E"],
+    mask: Bool[Array, "B T S"],
+) -> Float[Array, "B T H E"]:
+  """Grouped-query attention with a boolean visibility mask, softmax in float32."""
+  b, t, h, e = q.shape
+  kv = k.shape[2]
+  q = q.reshape(b, t, kv, h // kv, e)
+  scores = jnp.einsum("btkge,bske->bkgts", q, k, preferred_element_type=jnp.float32)
+  scores = scores * (e**-0.5)
+  scores = jnp.where(mask[:, None, None, :, :], scores, _NEG_INF)
+  probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+  out = jnp.einsum("bkgts,bske->btkge", probs, v)
+  return out.reshape(b, t, h, e)
+
+
+def _write_rows(buf: Float[Array, "B S K E"], new: Float[Array, "B T K E"],
+                start: Int[Array, " B"]) -> Float[Array, "B S K E"]:
+  # Each row writes at its own length. The caller guarantees start + T <= S:
+  # dynamic_update_slice would otherwise clamp the index and overwrite history.
+  return jax.vmap(lambda c, x, i: jax.lax.dynamic_update_slice(c, x, (i, 0, 0)))(buf, new, start)
+
+
+class Attention(nnx.Module):
+
+  def __init__(self, config: ModelConfig, rngs: nnx.Rngs):
+    c = config
+    dt = c.jnp_dtype
+    lin = lambda i, o, bias: nnx.Linear(i, o, use_bias=bias, dtype=dt, param_dtype=dt, rngs=rngs)
+    self.q_proj = lin(c.d_model, c.num_heads * c.head_dim, c.qkv_bias)
+    self.k_proj = lin(c.d_model, c.num_kv_heads * c.head_dim, c.qkv_bias)
+    self.v_proj = lin(c.d_model, c.num_kv_heads * c.head_dim, c.qkv_bias)
+    self.o_proj = lin(c.num_heads * c.head_dim, c.d_model, False)
+    self.config = config
+
+  def __call__(self, x, positions, mask, cache_kv=None, cache_len=None, view_len=None):
+    c = self.config
+    b, t, _ = x.shape
+    q = self.q_proj(x).reshape(b, t, c.num_heads, c.head_dim)
+    k = self.k_proj(x).reshape(b, t, c.num_kv_heads, c.head_dim)
+    v = self.v_proj(x).reshape(b, t, c.num_kv_heads, c.head_dim)
+    q = rope(q, positions, c.rope_theta)
+    k = rope(k, positions, c.rope_theta)
+    if cache_kv is None:
+      out = attend(q, k, v, mask)
+      new_kv = None
+    else:
+      ck, cv = cache_kv
+      ck = _write_rows(ck, k, cache_len)
+      cv = _write_rows(cv, v, cache_len)
+      # Read only the first view_len slots: the cache-length bucket.
+      out = attend(q, ck[:, :view_len], cv[:, :view_len], mask)
+      new_kv = (ck, cv)
+    return self.o_proj(out.reshape(b, t, -1)), new_kv
+
+
+class MLP(nnx.Module):
+
+  def __init__(self, config: ModelConfig, rngs: nnx.Rngs):
+    dt = config.jnp_dtype
+    lin = lambda i, o: nnx.Linear(i, o, use_bias=False, dtype=dt, param_dtype=dt, rngs=rngs)
+    self.gate_proj = lin(config.d_model, config.mlp_dim)
+    self.up_proj = lin(config.d_model, config.mlp_dim)
+    self.down_proj = lin(config.mlp_dim, config.d_model)
+
+  def __call__(self, x):
+    return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nnx.Module):
+  """Pre-norm decoder layer. `identity_input_norm` is for the EAGLE drafter."""
+
+  def __init__(self, config: ModelConfig, rngs: nnx.Rngs, identity_input_norm: bool = False):
+    dt = config.jnp_dtype
+    self.input_norm = None if identity_input_norm else RMSNorm(config.d_model, config.rms_eps, dt)
+    self.attn = Attention(config, rngs)
+    self.post_attn_norm = RMSNorm(config.d_model, config.rms_eps, dt)
+    self.mlp = MLP(config, rngs)
+
+  def __call__(self, x, positions, mask, cache_kv=None, cache_len=None, view_len=None):
+    h = x if self.input_norm is None else self.input_norm(x)
+    a, new_kv = self.attn(h, positions, mask, cache_kv, cache_len, view_len)
+    x = x + a
+    x = x + self.mlp(self.post_attn_norm(x))
+    return x, new_kv
+
+
+def full_mask(positions_valid: Bool[Array, "B T"],
+              segment_ids: Int[Array, "B T"] | None) -> Bool[Array, "B T T"]:
+  """Causal mask over one sequence; packed samples (segment ids) do not see each other."""
+  t = positions_valid.shape[1]
+  causal = jnp.tril(jnp.ones((t, t), bool))[None]
+  mask = causal & positions_valid[:, None, :]
+  if segment_ids is not None:
+    mask = mask & (segment_ids[:, :, None] == segment_ids[:, None, :])
+  return mask
+
+
+def cache_mask(cache_len: Int[Array, " B"], num_new: int, view_len: int,
+               new_mask: Bool[Array, "T T"] | None = None) -> Bool[Array, "B T S"]:
+  """Visibility for T new tokens written at slots [len, len + T) of a cache view.
+
+  Old slots (< len) are visible to every new token; among the new tokens the
+  mask is causal by default or `new_mask` (a tree's ancestor mask).
+  """
+  if new_mask is None:
+    new_mask = jnp.tril(jnp.ones((num_new, num_new), bool))
+  slots = jnp.arange(view_len)
+  rel = slots[None, :] - cache_len[:, None]  # [B, S]
+  in_new = (rel >= 0) & (rel < num_new)
+  new_vis = new_mask[:, jnp.clip(rel, 0, num_new - 1)]  # [T, B, S]
+  new_vis = jnp.transpose(new_vis, (1, 0, 2)) & in_new[:, None, :]
+  return (rel < 0)[:, None, :] | new_vis
+
+
+class Transformer(nnx.Module):
+  """Decoder-only LM. See the module docstring for the entry points."""
+
+  def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+    self.config = config
+    dt = config.jnp_dtype
+    self.embed = nnx.Embed(config.vocab_size, config.d_model, dtype=dt, param_dtype=dt,
+                           embedding_init=nnx.initializers.normal(0.02), rngs=rngs)
+    self.layers = nnx.List([DecoderLayer(config, rngs) for _ in range(config.num_layers)])
+    self.final_norm = RMSNorm(config.d_model, config.rms_eps, dt)
+    if not config.tie_embeddings:
+      self.lm_head = nnx.Linear(config.d_model, config.vocab_size, use_bias=False, dtype=dt,
+                                param_dtype=dt, kernel_init=nnx.initializers.normal(0.02),
+                                rngs=rngs)
+
+  def embed_tokens(self, tokens: Int[Array, "B T"]) -> Float[Array, "B T D"]:
+    return self.embed(tokens)
+
+  def logits(self, hidden: Float[Array, "... D"]) -> Float[Array, "... V"]:
+    """LM head in float32 (tied to the embedding or separate)."""
+    h = hidden.astype(jnp.float32)
+    if self.config.tie_embeddings:
+      w = self.embed.embedding[...].astype(jnp.float32)
+      return jnp.einsum("...d,vd->...v", h, w)
+    return jnp.einsum("...d,dv->...v", h, self.lm_head.kernel[...].astype(jnp.float32))
+
+  def __call__(
+      self,
+      tokens: Int[Array, "B T"],
+      positions: Int[Array, "B T"],
+      *,
+      cache: KVCache | None = None,
+      cache_len: Int[Array, " B"] | None = None,
+      view_len: int | None = None,
+      new_mask: Bool[Array, "T T"] | None = None,
+      valid: Bool[Array, "B T"] | None = None,
+      segment_ids: Int[Array, "B T"] | None = None,
+      return_layers: Sequence[int] = (),
+  ) -> tuple[Float[Array, "B T D"], KVCache | None, tuple[jax.Array, ...]]:
+    """Runs the decoder.
+
+    Without `cache`: a full-sequence causal forward (`valid` masks padding keys,
+    `segment_ids` separates packed samples). With `cache`: the T tokens are
+    written at slots [cache_len, cache_len + T) of every row and attend to the
+    first `view_len` slots (default: all).
+
+    Returns:
+      hidden: last layer's output after the final norm, [B, T, D].
+      cache: the updated cache (None without one).
+      layers: residual stream after each layer index in `return_layers`.
+    """
+    x = self.embed_tokens(tokens)
+    b, t = tokens.shape
+    if cache is None:
+      mask = full_mask(jnp.ones((b, t), bool) if valid is None else valid, segment_ids)
+    else:
+      if cache_len is None:
+        raise ValueError("cache_len is required with a cache")
+      view_len = cache.slots if view_len is None else view_len
+      mask = cache_mask(cache_len, t, view_len, new_mask)
+    new_k, new_v, feats = [], [], []
+    for i, layer in enumerate(self.layers):
+      kv = None if cache is None else (cache.k[i], cache.v[i])
+      x, kv = layer(x, positions, mask, kv, cache_len, view_len)
+      if kv is not None:
+        new_k.append(kv[0])
+        new_v.append(kv[1])
+      if i in return_layers:
+        feats.append(x)
+    hidden = self.final_norm(x)
+    new_cache = None if cache is None else KVCache(k=tuple(new_k), v=tuple(new_v))
+    return hidden, new_cache, tuple(feats)
+
+
+def init_model(config: ModelConfig, seed: int = 0) -> Transformer:
+  return Transformer(config, rngs=nnx.Rngs(seed))
+
+
+def split_model(model: nnx.Module) -> tuple[nnx.GraphDef, nnx.State]:
+  """(graphdef, params): the static structure and the parameter pytree."""
+  return nnx.split(model)

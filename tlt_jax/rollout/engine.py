@@ -1,0 +1,380 @@
+"""The long-tail rollout engine: host control between compiled device chunks.
+
+A rollout of P prompts x G samples:
+1. prefill every distinct prompt once; its cache is broadcast to its G rows;
+2. run chunks of single-token decode steps in a device while-loop;
+3. between chunks the host (a) compacts the batch into a smaller bucket once
+   enough rows have finished, so the long tail runs at small batch, and (b)
+   picks the smallest cache bucket that holds every active row for the next
+   chunk, so attention reads only what is needed.
+Every chunk is recorded in a timeline (time, active rows, buckets, tokens).
+
+All programs come from an `ExecutablePool`; with `warmup()` every bucket
+combination is compiled before the first rollout and none after.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from tlt_jax.decode.sampling import SamplingConfig
+from tlt_jax.models.config import ModelConfig
+from tlt_jax.models.transformer import KVCache
+from tlt_jax.rollout import programs
+from tlt_jax.rollout.pool import ExecutablePool
+from tlt_jax.rollout.state import RolloutState, power_of_two_buckets, round_up
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineConfig:
+  """Static shape budget and policy of a rollout engine.
+
+  Attributes:
+    max_prompt_len: longest prompt accepted.
+    max_new_tokens: longest generation accepted (per-sequence limits may be lower).
+    max_batch: most rows (prompts x samples) in one rollout.
+    chunk_steps: decode steps per device call; the host decides between calls.
+    min_batch_bucket / min_cache_bucket / min_prompt_bucket: smallest buckets;
+      buckets double from there up to the maximum.
+    compact: move the unfinished rows into smaller batch buckets as rows finish.
+    cache_buckets: attend only to the smallest cache bucket that fits.
+    capture_hidden: keep every position's last-layer hidden state.
+    stop_tokens: token ids that end a sequence (the stop token is kept).
+  """
+
+  max_prompt_len: int = 64
+  max_new_tokens: int = 256
+  max_batch: int = 128
+  chunk_steps: int = 16
+  min_batch_bucket: int = 1
+  min_cache_bucket: int = 64
+  min_prompt_bucket: int = 16
+  compact: bool = True
+  cache_buckets: bool = True
+  capture_hidden: bool = True
+  stop_tokens: tuple[int, ...] = ()
+
+  def __post_init__(self):
+    for name in ("max_prompt_len", "max_new_tokens", "max_batch", "chunk_steps",
+                 "min_batch_bucket", "min_cache_bucket", "min_prompt_bucket"):
+      v = getattr(self, name)
+      if not isinstance(v, int) or v <= 0:
+        raise ValueError(f"EngineConfig.{name} must be a positive int, got {v!r}")
+    if not all(isinstance(t, int) and t >= 0 for t in self.stop_tokens):
+      raise ValueError(f"stop_tokens must be non-negative ints, got {self.stop_tokens!r}")
+
+  @property
+  def slots(self) -> int:
+    """Cache / buffer length: room for the longest prompt plus generation."""
+    return self.max_prompt_len + self.max_new_tokens
+
+  @property
+  def batch_buckets(self) -> tuple[int, ...]:
+    return power_of_two_buckets(min(self.min_batch_bucket, self.max_batch), self.max_batch)
+
+  @property
+  def view_buckets(self) -> tuple[int, ...]:
+    if not self.cache_buckets:
+      return (self.slots,)
+    return power_of_two_buckets(min(self.min_cache_bucket, self.slots), self.slots)
+
+  @property
+  def prompt_buckets(self) -> tuple[int, ...]:
+    return power_of_two_buckets(min(self.min_prompt_bucket, self.max_prompt_len),
+                                self.max_prompt_len)
+
+
+@dataclasses.dataclass
+class RolloutResult:
+  """Host-side outputs of one rollout, one row per sequence in request order.
+
+  tokens[n, :length[n]] is prompt + completion; completion = tokens[n,
+  prompt_len[n]:length[n]]. logprobs[n, t] is the policy log-prob of token t
+  (generated positions only). hidden[n, t] is the hidden state after token t
+  (all positions but the last).
+  """
+
+  tokens: np.ndarray  # [N, S] int32
+  logprobs: np.ndarray  # [N, S] float32
+  hidden: np.ndarray | None  # [N, S, D]
+  length: np.ndarray  # [N]
+  prompt_len: np.ndarray  # [N]
+  prompt_index: np.ndarray  # [N] which prompt each row samples
+  timeline: list[dict[str, Any]]
+  wall_seconds: float
+
+  @property
+  def num_generated(self) -> np.ndarray:
+    return self.length - self.prompt_len
+
+  def completion(self, n: int) -> np.ndarray:
+    return self.tokens[n, self.prompt_len[n]:self.length[n]]
+
+  def completion_logprobs(self, n: int) -> np.ndarray:
+    return self.logprobs[n, self.prompt_len[n]:self.length[n]]
+
+  @property
+  def tokens_per_second(self) -> float:
+    return float(self.num_generated.sum()) / max(self.wall_seconds, 1e-9)
+
+
+class RolloutEngine:
+  """Generates G samples per prompt with compaction and cache buckets.
+
+  Params are arguments of every call, never baked into programs, so a policy
+  update only needs `engine.generate(new_params, ...)`.
+  """
+
+  def __init__(self, graphdef: nnx.GraphDef, model_config: ModelConfig, config: EngineConfig,
+               sampling: SamplingConfig = SamplingConfig(), pool: ExecutablePool | None = None):
+    self.graphdef = graphdef
+    self.model_config = model_config
+    self.config = config
+    self.sampling = sampling
+    self.pool = pool if pool is not None else ExecutablePool()
+    for t in config.stop_tokens:
+      if t >= model_config.vocab_size:
+        raise ValueError(f"stop token {t} outside the vocabulary (size {model_config.vocab_size})")
+
+  # ---------------------------------------------------------------- programs
+  def _static(self, sampling: SamplingConfig) -> programs.DecodeStatic:
+    return programs.DecodeStatic(sampling=sampling, stop_tokens=self.config.stop_tokens,
+                                 capture_hidden=self.config.capture_hidden)
+
+  def _prefill_exe(self, sampling, args):
+    p, tp = args[1].shape
+    b = args[3].shape[0]
+    static = self._static(sampling)
+    fn = functools.partial(programs.prefill, self.graphdef, static=static,
+                           slots=self.config.slots)
+    return self.pool.get(("prefill", p, tp, b, static), fn, args)
+
+  def _decode_exe(self, sampling, view_len, args):
+    static = self._static(sampling)
+    fn = functools.partial(programs.decode_chunk, self.graphdef, static=static,
+                           num_steps=self.config.chunk_steps, view_len=view_len)
+    # The state is donated: the cache is updated in place, never copied.
+    key = ("decode", args[1].batch, view_len, static)
+    return self.pool.get(key, fn, args, donate_argnums=(1,))
+
+  def _take_exe(self, args):
+    return self.pool.get(("take", args[0].batch, args[1].shape[0]), programs.take_rows, args)
+
+  def _harvest_exe(self, args):
+    return self.pool.get(("harvest", args[0].batch, args[1].shape[0]), programs.harvest, args)
+
+  # -------------------------------------------------------------- validation
+  def _validate(self, prompts: Sequence[Sequence[int]], num_samples: int,
+                max_new: Sequence[int]) -> None:
+    cfg, vocab = self.config, self.model_config.vocab_size
+    if len(prompts) == 0:
+      raise ValueError("no prompts given")
+    if not isinstance(num_samples, int) or num_samples <= 0:
+      raise ValueError(f"num_samples must be a positive int, got {num_samples!r}")
+    if len(prompts) * num_samples > cfg.max_batch:
+      raise ValueError(f"{len(prompts)} prompts x {num_samples} samples = "
+                       f"{len(prompts) * num_samples} rows exceeds max_batch={cfg.max_batch}")
+    for i, p in enumerate(prompts):
+      if len(p) == 0:
+        raise ValueError(f"prompt {i} is empty: a prompt needs at least one token (e.g. BOS)")
+      if len(p) > cfg.max_prompt_len:
+        raise ValueError(f"prompt {i} has {len(p)} tokens, more than max_prompt_len="
+                         f"{cfg.max_prompt_len} (the cache holds max_prompt_len + "
+                         f"max_new_tokens = {cfg.slots} positions)")
+      arr = np.asarray(p)
+      if arr.dtype.kind not in "iu":
+        raise ValueError(f"prompt {i} must hold integer token ids, got dtype {arr.dtype}")
+      bad = arr[(arr < 0) | (arr >= vocab)]
+      if bad.size:
+        raise ValueError(f"prompt {i} has token id {int(bad[0])} outside the vocabulary "
+                         f"[0, {vocab})")
+    for i, m in enumerate(max_new):
+      if not 1 <= m <= cfg.max_new_tokens:
+        raise ValueError(f"max new tokens of row {i} is {m}: must be in [1, "
+                         f"max_new_tokens={cfg.max_new_tokens}]")
+
+  # ------------------------------------------------------------------ warmup
+  def warmup(self, params: nnx.State, sampling: SamplingConfig | None = None,
+             num_prompts: Sequence[int] | None = None, num_samples: int = 1) -> float:
+    """Compiles every program a rollout can need; returns seconds spent.
+
+    `num_prompts`: the prompt counts to prepare prefill for (default: the
+    batch buckets divided by num_samples).
+    """
+    sampling = sampling or self.sampling
+    cfg = self.config
+    start = time.perf_counter()
+    key = jax.random.key(0)
+    counts = num_prompts or sorted({max(1, b // num_samples) for b in cfg.batch_buckets})
+    for p in counts:
+      for tp in cfg.prompt_buckets:
+        self._run_prefill(params, np.ones((p, tp), np.int32), np.full((p,), tp), num_samples,
+                          np.ones((p * num_samples,), np.int32), np.arange(p * num_samples),
+                          sampling, key)
+    for b in cfg.batch_buckets:
+      state = self._dummy_state(b)
+      for view in cfg.view_buckets:
+        state, _ = self._decode_exe(sampling, view, (params, state, key))(params, state, key)
+      for b2 in cfg.batch_buckets:
+        if b2 < b:
+          rows = jnp.zeros((b2,), jnp.int32)
+          self._take_exe((state, rows, rows > 0))
+      self._harvest_exe((state, jnp.zeros((b,), jnp.int32)))
+    return time.perf_counter() - start
+
+  def _dummy_state(self, b: int) -> RolloutState:
+    cfg, m = self.config, self.model_config
+    hid_len = cfg.slots if cfg.capture_hidden else 0
+    return RolloutState(
+        cache=KVCache.zeros(m, b, cfg.slots), tokens=jnp.zeros((b, cfg.slots), jnp.int32),
+        logprobs=jnp.zeros((b, cfg.slots), jnp.float32),
+        hidden=jnp.zeros((b, hid_len, m.d_model), m.jnp_dtype),
+        length=jnp.ones((b,), jnp.int32), prompt_len=jnp.ones((b,), jnp.int32),
+        max_len=jnp.ones((b,), jnp.int32), done=jnp.ones((b,), bool),
+        seq_id=jnp.full((b,), -1, jnp.int32))
+
+  # ----------------------------------------------------------------- rollout
+  def _run_prefill(self, params, prompts_np, plen_np, num_samples, max_new_rows, seq_ids,
+                   sampling, key) -> RolloutState:
+    cfg = self.config
+    p_real, n_rows = prompts_np.shape[0], prompts_np.shape[0] * num_samples
+    b = round_up(n_rows, cfg.batch_buckets)
+    p_bucket = round_up(p_real, cfg.batch_buckets)
+    tp = round_up(prompts_np.shape[1], cfg.prompt_buckets)
+    prompts = np.zeros((p_bucket, tp), np.int32)
+    prompts[:p_real, :prompts_np.shape[1]] = prompts_np
+    plen = np.ones((p_bucket,), np.int32)
+    plen[:p_real] = plen_np
+    row_prompt = np.zeros((b,), np.int32)
+    row_prompt[:n_rows] = np.repeat(np.arange(p_real), num_samples)
+    seq = np.full((b,), -1, np.int32)
+    seq[:n_rows] = seq_ids
+    mx = np.ones((b,), np.int32)
+    mx[:n_rows] = max_new_rows
+    args = (params, jnp.asarray(prompts), jnp.asarray(plen), jnp.asarray(row_prompt),
+            jnp.asarray(seq), jnp.asarray(mx), key)
+    return self._prefill_exe(sampling, args)(*args)
+
+  def generate(
+      self,
+      params: nnx.State,
+      prompts: Sequence[Sequence[int]],
+      num_samples: int = 1,
+      *,
+      key: jax.Array | int = 0,
+      max_new_tokens: int | Sequence[int] | None = None,
+      sampling: SamplingConfig | None = None,
+      seq_id_offset: int = 0,
+  ) -> RolloutResult:
+    """Samples `num_samples` completions for each prompt.
+
+    Args:
+      params: the policy's parameter state.
+      prompts: token-id lists (each non-empty, within max_prompt_len).
+      num_samples: G, samples per prompt; row n = prompt n // G.
+      key: base PRNG key (or int seed); row n's randomness is keyed by
+        (key, seq_id_offset + n, position), independent of batch layout.
+      max_new_tokens: one limit for all rows, or one per prompt, or one per row.
+      sampling: overrides the engine's sampling config for this call.
+      seq_id_offset: shifts sequence ids (e.g. by RL step) so calls never reuse keys.
+    """
+    cfg = self.config
+    sampling = sampling or self.sampling
+    n_rows = len(prompts) * num_samples if isinstance(num_samples, int) else 0
+    if max_new_tokens is None:
+      max_new_rows = [cfg.max_new_tokens] * n_rows
+    elif isinstance(max_new_tokens, int | np.integer):
+      max_new_rows = [int(max_new_tokens)] * n_rows
+    else:
+      mx = [int(m) for m in max_new_tokens]
+      if len(mx) == len(prompts):
+        mx = [m for m in mx for _ in range(num_samples)]
+      elif len(mx) != n_rows:
+        raise ValueError(f"max_new_tokens has {len(mx)} entries; expected one per prompt "
+                         f"({len(prompts)}) or per row ({n_rows})")
+      max_new_rows = mx
+    self._validate(prompts, num_samples, max_new_rows)
+    if isinstance(key, int):
+      key = jax.random.key(key)
+
+    start = time.perf_counter()
+    lens = np.array([len(p) for p in prompts], np.int32)
+    prompts_np = np.zeros((len(prompts), int(lens.max())), np.int32)
+    for i, p in enumerate(prompts):
+      prompts_np[i, :len(p)] = np.asarray(p, np.int32)
+    seq_ids = seq_id_offset + np.arange(n_rows, dtype=np.int32)
+    state = self._run_prefill(params, prompts_np, lens, num_samples,
+                              np.asarray(max_new_rows, np.int32), seq_ids, sampling, key)
+
+    # Host mirrors of the small per-row arrays; rows map to request rows.
+    row_seq = np.asarray(state.seq_id)
+    length, done = jax.device_get((state.length, state.done))
+    timeline: list[dict[str, Any]] = [{
+        "t": 0.0, "dt": time.perf_counter() - start, "phase": "prefill", "active":
+        int((~done).sum()), "batch": state.batch, "view": int(lens.max()), "tokens": n_rows}]
+    outputs: dict[int, dict[str, np.ndarray]] = {}
+
+    def collect(rows: np.ndarray):
+      if rows.size == 0:
+        return
+      padded = np.zeros((state.batch,), np.int32)
+      padded[:rows.size] = rows
+      args = (state, jnp.asarray(padded))
+      got = jax.device_get(self._harvest_exe(args)(*args))
+      for j in range(rows.size):
+        outputs[int(got["seq_id"][j]) - seq_id_offset] = {k: v[j] for k, v in got.items()}
+
+    max_len = np.asarray(state.max_len)
+    while True:
+      active = ~done & (row_seq >= 0)
+      if not active.any():
+        break
+      if cfg.compact:
+        target = round_up(int(active.sum()), cfg.batch_buckets)
+        if target < state.batch:
+          collect(np.nonzero(done & (row_seq >= 0))[0])
+          keep = np.nonzero(active)[0]
+          rows = np.zeros((target,), np.int32)
+          rows[:keep.size] = keep
+          valid = np.arange(target) < keep.size
+          args = (state, jnp.asarray(rows), jnp.asarray(valid))
+          state = self._take_exe(args)(*args)
+          row_seq = np.where(valid, row_seq[rows], -1)
+          length, max_len = length[rows], max_len[rows]
+          done = np.where(valid, done[rows], True)
+          active = ~done
+      # Every active row may grow by chunk_steps; the cache view must cover it.
+      need = int(np.minimum(length + cfg.chunk_steps - 1, max_len)[active].max())
+      view = round_up(need, cfg.view_buckets)
+      before = int(length[active].sum())
+      t0 = time.perf_counter()
+      args = (params, state, key)
+      state, steps = self._decode_exe(sampling, view, args)(*args)
+      length, done, steps = jax.device_get((state.length, state.done, steps))
+      timeline.append({
+          "t": t0 - start, "dt": time.perf_counter() - t0, "phase": "decode",
+          "active": int(active.sum()), "batch": state.batch, "view": view,
+          "steps": int(steps), "tokens": int(length[active].sum()) - before})
+    collect(np.nonzero(row_seq >= 0)[0])
+    wall = time.perf_counter() - start
+    return self._assemble(outputs, n_rows, num_samples, timeline, wall)
+
+  def _assemble(self, outputs, n_rows, num_samples, timeline, wall) -> RolloutResult:
+    missing = [n for n in range(n_rows) if n not in outputs]
+    if missing:
+      raise RuntimeError(f"rollout lost rows {missing[:8]}: engine bug")
+    stack = lambda k: np.stack([outputs[n][k] for n in range(n_rows)])
+    hidden = stack("hidden") if self.config.capture_hidden else None
+    return RolloutResult(tokens=stack("tokens"), logprobs=stack("logprobs"), hidden=hidden,
+                         length=stack("length"), prompt_len=stack("prompt_len"),
+                         prompt_index=np.arange(n_rows) // num_samples, timeline=timeline,
+                         wall_seconds=wall)
