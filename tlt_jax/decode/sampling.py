@@ -63,25 +63,29 @@ def sampling_logits(logits: Float[Array, "... V"], cfg: SamplingConfig) -> Float
     probs = jax.nn.softmax(sorted_x, axis=-1)
     mass_before = jnp.cumsum(probs, axis=-1) - probs
     keep_sorted = mass_before < cfg.top_p
-    keep = jnp.zeros_like(keep_sorted).at[
-        tuple(jnp.indices(order.shape)[:-1]) + (order,)].set(keep_sorted)
+    keep = (
+      jnp.zeros_like(keep_sorted)
+      .at[tuple(jnp.indices(order.shape)[:-1]) + (order,)]
+      .set(keep_sorted)
+    )
     x = jnp.where(keep, x, _NEG_INF)
   return x
 
 
-def sequence_keys(base_key: jax.Array, seq_ids: Int[Array, " B"],
-                  positions: Int[Array, " B"]) -> jax.Array:
+def sequence_keys(
+  base_key: jax.Array, seq_ids: Int[Array, " B"], positions: Int[Array, " B"]
+) -> jax.Array:
   """One key per row from (sequence id, position): independent of the row's slot."""
   fold = lambda s, p: jax.random.fold_in(jax.random.fold_in(base_key, s), p)
   return jax.vmap(fold)(seq_ids, positions)
 
 
 def sample_tokens(
-    logits: Float[Array, "B V"],
-    cfg: SamplingConfig,
-    base_key: jax.Array,
-    seq_ids: Int[Array, " B"],
-    positions: Int[Array, " B"],
+  logits: Float[Array, "B V"],
+  cfg: SamplingConfig,
+  base_key: jax.Array,
+  seq_ids: Int[Array, " B"],
+  positions: Int[Array, " B"],
 ) -> tuple[Int[Array, " B"], Float[Array, " B"]]:
   """Samples one token per row; returns (tokens, policy log-probs of them).
 

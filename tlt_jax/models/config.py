@@ -31,14 +31,22 @@ class ModelConfig:
   max_position: int = 4096
 
   def __post_init__(self):
-    for name in ("vocab_size", "num_layers", "d_model", "num_heads", "num_kv_heads", "head_dim",
-                 "mlp_dim"):
+    for name in (
+      "vocab_size",
+      "num_layers",
+      "d_model",
+      "num_heads",
+      "num_kv_heads",
+      "head_dim",
+      "mlp_dim",
+    ):
       value = getattr(self, name)
       if not isinstance(value, int) or value <= 0:
         raise ValueError(f"ModelConfig.{name} must be a positive int, got {value!r}")
     if self.num_heads % self.num_kv_heads:
       raise ValueError(
-          f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
+        f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})"
+      )
     if self.head_dim % 2:
       raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
     if self.rope_theta <= 0:

@@ -61,7 +61,6 @@ class KVCache:
 
 
 class RMSNorm(nnx.Module):
-
   def __init__(self, dim: int, eps: float, dtype):
     self.scale = nnx.Param(jnp.ones((dim,), dtype))
     self.eps = eps
@@ -85,10 +84,10 @@ def rope(x: Float[Array, "B T N E"], positions: Int[Array, "B T"], theta: float)
 
 
 def attend(
-    q: Float[Array, "B T H E"],
-    k: Float[Array, "B S K E"],
-    v: Float[Array, "B S K E"],
-    mask: Bool[Array, "B T S"],
+  q: Float[Array, "B T H E"],
+  k: Float[Array, "B S K E"],
+  v: Float[Array, "B S K E"],
+  mask: Bool[Array, "B T S"],
 ) -> Float[Array, "B T H E"]:
   """Grouped-query attention with a boolean visibility mask, softmax in float32."""
   b, t, h, e = q.shape
@@ -102,15 +101,15 @@ def attend(
   return out.reshape(b, t, h, e)
 
 
-def _write_rows(buf: Float[Array, "B S K E"], new: Float[Array, "B T K E"],
-                start: Int[Array, " B"]) -> Float[Array, "B S K E"]:
+def _write_rows(
+  buf: Float[Array, "B S K E"], new: Float[Array, "B T K E"], start: Int[Array, " B"]
+) -> Float[Array, "B S K E"]:
   # Each row writes at its own length. The caller guarantees start + T <= S:
   # dynamic_update_slice would otherwise clamp the index and overwrite history.
   return jax.vmap(lambda c, x, i: jax.lax.dynamic_update_slice(c, x, (i, 0, 0)))(buf, new, start)
 
 
 class Attention(nnx.Module):
-
   def __init__(self, config: ModelConfig, rngs: nnx.Rngs):
     c = config
     dt = c.jnp_dtype
@@ -143,7 +142,6 @@ class Attention(nnx.Module):
 
 
 class MLP(nnx.Module):
-
   def __init__(self, config: ModelConfig, rngs: nnx.Rngs):
     dt = config.jnp_dtype
     lin = lambda i, o: nnx.Linear(i, o, use_bias=False, dtype=dt, param_dtype=dt, rngs=rngs)
@@ -173,8 +171,9 @@ class DecoderLayer(nnx.Module):
     return x, new_kv
 
 
-def full_mask(positions_valid: Bool[Array, "B T"],
-              segment_ids: Int[Array, "B T"] | None) -> Bool[Array, "B T T"]:
+def full_mask(
+  positions_valid: Bool[Array, "B T"], segment_ids: Int[Array, "B T"] | None
+) -> Bool[Array, "B T T"]:
   """Causal mask over one sequence; packed samples (segment ids) do not see each other."""
   t = positions_valid.shape[1]
   causal = jnp.tril(jnp.ones((t, t), bool))[None]
@@ -184,8 +183,12 @@ def full_mask(positions_valid: Bool[Array, "B T"],
   return mask
 
 
-def cache_mask(cache_len: Int[Array, " B"], num_new: int, view_len: int,
-               new_mask: Bool[Array, "T T"] | None = None) -> Bool[Array, "B T S"]:
+def cache_mask(
+  cache_len: Int[Array, " B"],
+  num_new: int,
+  view_len: int,
+  new_mask: Bool[Array, "T T"] | None = None,
+) -> Bool[Array, "B T S"]:
   """Visibility for T new tokens written at slots [len, len + T) of a cache view.
 
   Old slots (< len) are visible to every new token; among the new tokens the
@@ -207,14 +210,26 @@ class Transformer(nnx.Module):
   def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
     self.config = config
     dt = config.jnp_dtype
-    self.embed = nnx.Embed(config.vocab_size, config.d_model, dtype=dt, param_dtype=dt,
-                           embedding_init=nnx.initializers.normal(0.02), rngs=rngs)
+    self.embed = nnx.Embed(
+      config.vocab_size,
+      config.d_model,
+      dtype=dt,
+      param_dtype=dt,
+      embedding_init=nnx.initializers.normal(0.02),
+      rngs=rngs,
+    )
     self.layers = nnx.List([DecoderLayer(config, rngs) for _ in range(config.num_layers)])
     self.final_norm = RMSNorm(config.d_model, config.rms_eps, dt)
     if not config.tie_embeddings:
-      self.lm_head = nnx.Linear(config.d_model, config.vocab_size, use_bias=False, dtype=dt,
-                                param_dtype=dt, kernel_init=nnx.initializers.normal(0.02),
-                                rngs=rngs)
+      self.lm_head = nnx.Linear(
+        config.d_model,
+        config.vocab_size,
+        use_bias=False,
+        dtype=dt,
+        param_dtype=dt,
+        kernel_init=nnx.initializers.normal(0.02),
+        rngs=rngs,
+      )
 
   def embed_tokens(self, tokens: Int[Array, "B T"]) -> Float[Array, "B T D"]:
     return self.embed(tokens)
@@ -228,17 +243,17 @@ class Transformer(nnx.Module):
     return jnp.einsum("...d,dv->...v", h, self.lm_head.kernel[...].astype(jnp.float32))
 
   def __call__(
-      self,
-      tokens: Int[Array, "B T"],
-      positions: Int[Array, "B T"],
-      *,
-      cache: KVCache | None = None,
-      cache_len: Int[Array, " B"] | None = None,
-      view_len: int | None = None,
-      new_mask: Bool[Array, "T T"] | None = None,
-      valid: Bool[Array, "B T"] | None = None,
-      segment_ids: Int[Array, "B T"] | None = None,
-      return_layers: Sequence[int] = (),
+    self,
+    tokens: Int[Array, "B T"],
+    positions: Int[Array, "B T"],
+    *,
+    cache: KVCache | None = None,
+    cache_len: Int[Array, " B"] | None = None,
+    view_len: int | None = None,
+    new_mask: Bool[Array, "T T"] | None = None,
+    valid: Bool[Array, "B T"] | None = None,
+    segment_ids: Int[Array, "B T"] | None = None,
+    return_layers: Sequence[int] = (),
   ) -> tuple[Float[Array, "B T D"], KVCache | None, tuple[jax.Array, ...]]:
     """Runs the decoder.
 
@@ -276,7 +291,12 @@ class Transformer(nnx.Module):
 
 
 def init_model(config: ModelConfig, seed: int = 0) -> Transformer:
-  return Transformer(config, rngs=nnx.Rngs(seed))
+  """A randomly initialised model; initialisation runs as one compiled program
+  (eager NNX init dispatches op by op and takes seconds even for tiny models)."""
+  abstract = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
+  graphdef, _ = nnx.split(abstract)
+  state = jax.jit(lambda: nnx.split(Transformer(config, rngs=nnx.Rngs(seed)))[1])()
+  return nnx.merge(graphdef, state)
 
 
 def split_model(model: nnx.Module) -> tuple[nnx.GraphDef, nnx.State]:

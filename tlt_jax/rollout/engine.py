@@ -64,8 +64,15 @@ class EngineConfig:
   stop_tokens: tuple[int, ...] = ()
 
   def __post_init__(self):
-    for name in ("max_prompt_len", "max_new_tokens", "max_batch", "chunk_steps",
-                 "min_batch_bucket", "min_cache_bucket", "min_prompt_bucket"):
+    for name in (
+      "max_prompt_len",
+      "max_new_tokens",
+      "max_batch",
+      "chunk_steps",
+      "min_batch_bucket",
+      "min_cache_bucket",
+      "min_prompt_bucket",
+    ):
       v = getattr(self, name)
       if not isinstance(v, int) or v <= 0:
         raise ValueError(f"EngineConfig.{name} must be a positive int, got {v!r}")
@@ -89,8 +96,9 @@ class EngineConfig:
 
   @property
   def prompt_buckets(self) -> tuple[int, ...]:
-    return power_of_two_buckets(min(self.min_prompt_bucket, self.max_prompt_len),
-                                self.max_prompt_len)
+    return power_of_two_buckets(
+      min(self.min_prompt_bucket, self.max_prompt_len), self.max_prompt_len
+    )
 
 
 @dataclasses.dataclass
@@ -117,10 +125,10 @@ class RolloutResult:
     return self.length - self.prompt_len
 
   def completion(self, n: int) -> np.ndarray:
-    return self.tokens[n, self.prompt_len[n]:self.length[n]]
+    return self.tokens[n, self.prompt_len[n] : self.length[n]]
 
   def completion_logprobs(self, n: int) -> np.ndarray:
-    return self.logprobs[n, self.prompt_len[n]:self.length[n]]
+    return self.logprobs[n, self.prompt_len[n] : self.length[n]]
 
   @property
   def tokens_per_second(self) -> float:
@@ -134,36 +142,60 @@ class RolloutEngine:
   update only needs `engine.generate(new_params, ...)`.
   """
 
-  def __init__(self, graphdef: nnx.GraphDef, model_config: ModelConfig, config: EngineConfig,
-               sampling: SamplingConfig = SamplingConfig(), pool: ExecutablePool | None = None):
+  def __init__(
+    self,
+    graphdef: nnx.GraphDef,
+    model_config: ModelConfig,
+    config: EngineConfig,
+    sampling: SamplingConfig | None = None,
+    pool: ExecutablePool | None = None,
+  ):
     self.graphdef = graphdef
     self.model_config = model_config
     self.config = config
-    self.sampling = sampling
+    self.sampling = sampling if sampling is not None else SamplingConfig()
     self.pool = pool if pool is not None else ExecutablePool()
     for t in config.stop_tokens:
       if t >= model_config.vocab_size:
         raise ValueError(f"stop token {t} outside the vocabulary (size {model_config.vocab_size})")
 
   # ---------------------------------------------------------------- programs
+  # Pool keys hold every static input of a program, so engines with different
+  # configs can share one pool (and its compiled programs) safely.
   def _static(self, sampling: SamplingConfig) -> programs.DecodeStatic:
-    return programs.DecodeStatic(sampling=sampling, stop_tokens=self.config.stop_tokens,
-                                 capture_hidden=self.config.capture_hidden)
+    return programs.DecodeStatic(
+      sampling=sampling,
+      stop_tokens=self.config.stop_tokens,
+      capture_hidden=self.config.capture_hidden,
+    )
 
   def _prefill_exe(self, sampling, args):
     p, tp = args[1].shape
     b = args[3].shape[0]
     static = self._static(sampling)
-    fn = functools.partial(programs.prefill, self.graphdef, static=static,
-                           slots=self.config.slots)
-    return self.pool.get(("prefill", p, tp, b, static), fn, args)
+    fn = functools.partial(programs.prefill, self.graphdef, static=static, slots=self.config.slots)
+    key = ("prefill", p, tp, b, self.config.slots, static, self.model_config)
+    return self.pool.get(key, fn, args)
 
   def _decode_exe(self, sampling, view_len, args):
     static = self._static(sampling)
-    fn = functools.partial(programs.decode_chunk, self.graphdef, static=static,
-                           num_steps=self.config.chunk_steps, view_len=view_len)
+    fn = functools.partial(
+      programs.decode_chunk,
+      self.graphdef,
+      static=static,
+      num_steps=self.config.chunk_steps,
+      view_len=view_len,
+    )
     # The state is donated: the cache is updated in place, never copied.
-    key = ("decode", args[1].batch, view_len, static)
+    key = (
+      "decode",
+      args[1].batch,
+      view_len,
+      self.config.slots,
+      self.config.chunk_steps,
+      static,
+      self.model_config,
+    )
     return self.pool.get(key, fn, args, donate_argnums=(1,))
 
   def _take_exe(self, args):
@@ -173,38 +205,50 @@ class RolloutEngine:
     return self.pool.get(("harvest", args[0].batch, args[1].shape[0]), programs.harvest, args)
 
   # -------------------------------------------------------------- validation
-  def _validate(self, prompts: Sequence[Sequence[int]], num_samples: int,
-                max_new: Sequence[int]) -> None:
+  def _validate(
+    self, prompts: Sequence[Sequence[int]], num_samples: int, max_new: Sequence[int]
+  ) -> None:
     cfg, vocab = self.config, self.model_config.vocab_size
     if len(prompts) == 0:
       raise ValueError("no prompts given")
     if not isinstance(num_samples, int) or num_samples <= 0:
       raise ValueError(f"num_samples must be a positive int, got {num_samples!r}")
     if len(prompts) * num_samples > cfg.max_batch:
-      raise ValueError(f"{len(prompts)} prompts x {num_samples} samples = "
-                       f"{len(prompts) * num_samples} rows exceeds max_batch={cfg.max_batch}")
+      raise ValueError(
+        f"{len(prompts)} prompts x {num_samples} samples = "
+        f"{len(prompts) * num_samples} rows exceeds max_batch={cfg.max_batch}"
+      )
     for i, p in enumerate(prompts):
       if len(p) == 0:
         raise ValueError(f"prompt {i} is empty: a prompt needs at least one token (e.g. BOS)")
       if len(p) > cfg.max_prompt_len:
-        raise ValueError(f"prompt {i} has {len(p)} tokens, more than max_prompt_len="
-                         f"{cfg.max_prompt_len} (the cache holds max_prompt_len + "
-                         f"max_new_tokens = {cfg.slots} positions)")
+        raise ValueError(
+          f"prompt {i} has {len(p)} tokens, more than max_prompt_len="
+          f"{cfg.max_prompt_len} (the cache holds max_prompt_len + "
+          f"max_new_tokens = {cfg.slots} positions)"
+        )
       arr = np.asarray(p)
       if arr.dtype.kind not in "iu":
         raise ValueError(f"prompt {i} must hold integer token ids, got dtype {arr.dtype}")
       bad = arr[(arr < 0) | (arr >= vocab)]
       if bad.size:
-        raise ValueError(f"prompt {i} has token id {int(bad[0])} outside the vocabulary "
-                         f"[0, {vocab})")
+        raise ValueError(
+          f"prompt {i} has token id {int(bad[0])} outside the vocabulary [0, {vocab})"
+        )
     for i, m in enumerate(max_new):
       if not 1 <= m <= cfg.max_new_tokens:
-        raise ValueError(f"max new tokens of row {i} is {m}: must be in [1, "
-                         f"max_new_tokens={cfg.max_new_tokens}]")
+        raise ValueError(
+          f"max new tokens of row {i} is {m}: must be in [1, max_new_tokens={cfg.max_new_tokens}]"
+        )
 
   # ------------------------------------------------------------------ warmup
-  def warmup(self, params: nnx.State, sampling: SamplingConfig | None = None,
-             num_prompts: Sequence[int] | None = None, num_samples: int = 1) -> float:
+  def warmup(
+    self,
+    params: nnx.State,
+    sampling: SamplingConfig | None = None,
+    num_prompts: Sequence[int] | None = None,
+    num_samples: int = 1,
+  ) -> float:
     """Compiles every program a rollout can need; returns seconds spent.
 
     `num_prompts`: the prompt counts to prepare prefill for (default: the
@@ -217,9 +261,16 @@ class RolloutEngine:
     counts = num_prompts or sorted({max(1, b // num_samples) for b in cfg.batch_buckets})
     for p in counts:
       for tp in cfg.prompt_buckets:
-        self._run_prefill(params, np.ones((p, tp), np.int32), np.full((p,), tp), num_samples,
-                          np.ones((p * num_samples,), np.int32), np.arange(p * num_samples),
-                          sampling, key)
+        self._run_prefill(
+          params,
+          np.ones((p, tp), np.int32),
+          np.full((p,), tp),
+          num_samples,
+          np.ones((p * num_samples,), np.int32),
+          np.arange(p * num_samples),
+          sampling,
+          key,
+        )
     for b in cfg.batch_buckets:
       state = self._dummy_state(b)
       for view in cfg.view_buckets:
@@ -235,23 +286,28 @@ class RolloutEngine:
     cfg, m = self.config, self.model_config
     hid_len = cfg.slots if cfg.capture_hidden else 0
     return RolloutState(
-        cache=KVCache.zeros(m, b, cfg.slots), tokens=jnp.zeros((b, cfg.slots), jnp.int32),
-        logprobs=jnp.zeros((b, cfg.slots), jnp.float32),
-        hidden=jnp.zeros((b, hid_len, m.d_model), m.jnp_dtype),
-        length=jnp.ones((b,), jnp.int32), prompt_len=jnp.ones((b,), jnp.int32),
-        max_len=jnp.ones((b,), jnp.int32), done=jnp.ones((b,), bool),
-        seq_id=jnp.full((b,), -1, jnp.int32))
+      cache=KVCache.zeros(m, b, cfg.slots),
+      tokens=jnp.zeros((b, cfg.slots), jnp.int32),
+      logprobs=jnp.zeros((b, cfg.slots), jnp.float32),
+      hidden=jnp.zeros((b, hid_len, m.d_model), m.jnp_dtype),
+      length=jnp.ones((b,), jnp.int32),
+      prompt_len=jnp.ones((b,), jnp.int32),
+      max_len=jnp.ones((b,), jnp.int32),
+      done=jnp.ones((b,), bool),
+      seq_id=jnp.full((b,), -1, jnp.int32),
+    )
 
   # ----------------------------------------------------------------- rollout
-  def _run_prefill(self, params, prompts_np, plen_np, num_samples, max_new_rows, seq_ids,
-                   sampling, key) -> RolloutState:
+  def _run_prefill(
+    self, params, prompts_np, plen_np, num_samples, max_new_rows, seq_ids, sampling, key
+  ) -> RolloutState:
     cfg = self.config
     p_real, n_rows = prompts_np.shape[0], prompts_np.shape[0] * num_samples
     b = round_up(n_rows, cfg.batch_buckets)
     p_bucket = round_up(p_real, cfg.batch_buckets)
     tp = round_up(prompts_np.shape[1], cfg.prompt_buckets)
     prompts = np.zeros((p_bucket, tp), np.int32)
-    prompts[:p_real, :prompts_np.shape[1]] = prompts_np
+    prompts[:p_real, : prompts_np.shape[1]] = prompts_np
     plen = np.ones((p_bucket,), np.int32)
     plen[:p_real] = plen_np
     row_prompt = np.zeros((b,), np.int32)
@@ -260,20 +316,27 @@ class RolloutEngine:
     seq[:n_rows] = seq_ids
     mx = np.ones((b,), np.int32)
     mx[:n_rows] = max_new_rows
-    args = (params, jnp.asarray(prompts), jnp.asarray(plen), jnp.asarray(row_prompt),
-            jnp.asarray(seq), jnp.asarray(mx), key)
+    args = (
+      params,
+      jnp.asarray(prompts),
+      jnp.asarray(plen),
+      jnp.asarray(row_prompt),
+      jnp.asarray(seq),
+      jnp.asarray(mx),
+      key,
+    )
     return self._prefill_exe(sampling, args)(*args)
 
   def generate(
-      self,
-      params: nnx.State,
-      prompts: Sequence[Sequence[int]],
-      num_samples: int = 1,
-      *,
-      key: jax.Array | int = 0,
-      max_new_tokens: int | Sequence[int] | None = None,
-      sampling: SamplingConfig | None = None,
-      seq_id_offset: int = 0,
+    self,
+    params: nnx.State,
+    prompts: Sequence[Sequence[int]],
+    num_samples: int = 1,
+    *,
+    key: jax.Array | int = 0,
+    max_new_tokens: int | Sequence[int] | None = None,
+    sampling: SamplingConfig | None = None,
+    seq_id_offset: int = 0,
   ) -> RolloutResult:
     """Samples `num_samples` completions for each prompt.
 
@@ -299,8 +362,10 @@ class RolloutEngine:
       if len(mx) == len(prompts):
         mx = [m for m in mx for _ in range(num_samples)]
       elif len(mx) != n_rows:
-        raise ValueError(f"max_new_tokens has {len(mx)} entries; expected one per prompt "
-                         f"({len(prompts)}) or per row ({n_rows})")
+        raise ValueError(
+          f"max_new_tokens has {len(mx)} entries; expected one per prompt "
+          f"({len(prompts)}) or per row ({n_rows})"
+        )
       max_new_rows = mx
     self._validate(prompts, num_samples, max_new_rows)
     if isinstance(key, int):
@@ -310,24 +375,40 @@ class RolloutEngine:
     lens = np.array([len(p) for p in prompts], np.int32)
     prompts_np = np.zeros((len(prompts), int(lens.max())), np.int32)
     for i, p in enumerate(prompts):
-      prompts_np[i, :len(p)] = np.asarray(p, np.int32)
+      prompts_np[i, : len(p)] = np.asarray(p, np.int32)
     seq_ids = seq_id_offset + np.arange(n_rows, dtype=np.int32)
-    state = self._run_prefill(params, prompts_np, lens, num_samples,
-                              np.asarray(max_new_rows, np.int32), seq_ids, sampling, key)
+    state = self._run_prefill(
+      params,
+      prompts_np,
+      lens,
+      num_samples,
+      np.asarray(max_new_rows, np.int32),
+      seq_ids,
+      sampling,
+      key,
+    )
 
     # Host mirrors of the small per-row arrays; rows map to request rows.
     row_seq = np.asarray(state.seq_id)
     length, done = jax.device_get((state.length, state.done))
-    timeline: list[dict[str, Any]] = [{
-        "t": 0.0, "dt": time.perf_counter() - start, "phase": "prefill", "active":
-        int((~done).sum()), "batch": state.batch, "view": int(lens.max()), "tokens": n_rows}]
+    timeline: list[dict[str, Any]] = [
+      {
+        "t": 0.0,
+        "dt": time.perf_counter() - start,
+        "phase": "prefill",
+        "active": int((~done).sum()),
+        "batch": state.batch,
+        "view": int(lens.max()),
+        "tokens": n_rows,
+      }
+    ]
     outputs: dict[int, dict[str, np.ndarray]] = {}
 
     def collect(rows: np.ndarray):
       if rows.size == 0:
         return
       padded = np.zeros((state.batch,), np.int32)
-      padded[:rows.size] = rows
+      padded[: rows.size] = rows
       args = (state, jnp.asarray(padded))
       got = jax.device_get(self._harvest_exe(args)(*args))
       for j in range(rows.size):
@@ -344,7 +425,7 @@ class RolloutEngine:
           collect(np.nonzero(done & (row_seq >= 0))[0])
           keep = np.nonzero(active)[0]
           rows = np.zeros((target,), np.int32)
-          rows[:keep.size] = keep
+          rows[: keep.size] = keep
           valid = np.arange(target) < keep.size
           args = (state, jnp.asarray(rows), jnp.asarray(valid))
           state = self._take_exe(args)(*args)
@@ -360,10 +441,18 @@ class RolloutEngine:
       args = (params, state, key)
       state, steps = self._decode_exe(sampling, view, args)(*args)
       length, done, steps = jax.device_get((state.length, state.done, steps))
-      timeline.append({
-          "t": t0 - start, "dt": time.perf_counter() - t0, "phase": "decode",
-          "active": int(active.sum()), "batch": state.batch, "view": view,
-          "steps": int(steps), "tokens": int(length[active].sum()) - before})
+      timeline.append(
+        {
+          "t": t0 - start,
+          "dt": time.perf_counter() - t0,
+          "phase": "decode",
+          "active": int(active.sum()),
+          "batch": state.batch,
+          "view": view,
+          "steps": int(steps),
+          "tokens": int(length[active].sum()) - before,
+        }
+      )
     collect(np.nonzero(row_seq >= 0)[0])
     wall = time.perf_counter() - start
     return self._assemble(outputs, n_rows, num_samples, timeline, wall)
@@ -374,7 +463,13 @@ class RolloutEngine:
       raise RuntimeError(f"rollout lost rows {missing[:8]}: engine bug")
     stack = lambda k: np.stack([outputs[n][k] for n in range(n_rows)])
     hidden = stack("hidden") if self.config.capture_hidden else None
-    return RolloutResult(tokens=stack("tokens"), logprobs=stack("logprobs"), hidden=hidden,
-                         length=stack("length"), prompt_len=stack("prompt_len"),
-                         prompt_index=np.arange(n_rows) // num_samples, timeline=timeline,
-                         wall_seconds=wall)
+    return RolloutResult(
+      tokens=stack("tokens"),
+      logprobs=stack("logprobs"),
+      hidden=hidden,
+      length=stack("length"),
+      prompt_len=stack("prompt_len"),
+      prompt_index=np.arange(n_rows) // num_samples,
+      timeline=timeline,
+      wall_seconds=wall,
+    )

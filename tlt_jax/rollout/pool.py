@@ -32,8 +32,13 @@ class ExecutablePool:
   def __init__(self):
     self._entries: dict[Hashable, CompiledEntry] = {}
 
-  def get(self, key: Hashable, fn: Callable[..., Any], args: tuple[Any, ...],
-          donate_argnums: tuple[int, ...] = ()) -> Any:
+  def get(
+    self,
+    key: Hashable,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    donate_argnums: tuple[int, ...] = (),
+  ) -> Any:
     """Returns the executable for `key`, compiling `fn` for `args` if new.
 
     `fn` must be a pure function whose static parts are already bound (the
@@ -69,10 +74,13 @@ class ExecutablePool:
 
   def summary(self) -> list[dict[str, Any]]:
     """One row per executable: key, compile time, memory, calls."""
-    return [{
+    return [
+      {
         "key": str(k),
         "compile_s": round(e.compile_seconds, 3),
         "temp_bytes": e.temp_bytes,
         "argument_bytes": e.argument_bytes,
         "calls": e.calls,
-    } for k, e in self._entries.items()]
+      }
+      for k, e in self._entries.items()
+    ]

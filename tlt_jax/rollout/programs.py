@@ -36,17 +36,17 @@ def _stopped(tokens, stop_tokens: tuple[int, ...]):
 
 
 def prefill(
-    graphdef: nnx.GraphDef,
-    params: nnx.State,
-    prompts: Int[Array, "P Tp"],
-    prompt_len: Int[Array, " P"],
-    row_prompt: Int[Array, " B"],
-    seq_id: Int[Array, " B"],
-    max_new: Int[Array, " B"],
-    key: jax.Array,
-    *,
-    static: DecodeStatic,
-    slots: int,
+  graphdef: nnx.GraphDef,
+  params: nnx.State,
+  prompts: Int[Array, "P Tp"],
+  prompt_len: Int[Array, " P"],
+  row_prompt: Int[Array, " B"],
+  seq_id: Int[Array, " B"],
+  max_new: Int[Array, " B"],
+  key: jax.Array,
+  *,
+  static: DecodeStatic,
+  slots: int,
 ) -> RolloutState:
   """Prefills each distinct prompt once and shares its cache with its samples.
 
@@ -59,8 +59,9 @@ def prefill(
   p, tp = prompts.shape
   cache = KVCache.zeros(cfg, p, slots)
   positions = jnp.broadcast_to(jnp.arange(tp, dtype=jnp.int32), (p, tp))
-  hidden, cache, _ = model(prompts, positions, cache=cache,
-                           cache_len=jnp.zeros((p,), jnp.int32), view_len=tp)
+  hidden, cache, _ = model(
+    prompts, positions, cache=cache, cache_len=jnp.zeros((p,), jnp.int32), view_len=tp
+  )
   last = jnp.take_along_axis(hidden, (prompt_len - 1)[:, None, None], axis=1)[:, 0]
   last_logits = model.logits(last)  # [P, V]
 
@@ -80,19 +81,28 @@ def prefill(
   length = plen + 1
   max_len = plen + max_new
   done = (seq_id < 0) | _stopped(first, static.stop_tokens) | (length >= max_len)
-  return RolloutState(cache=cache, tokens=tokens, logprobs=logprobs, hidden=hid, length=length,
-                      prompt_len=plen, max_len=max_len, done=done, seq_id=seq_id)
+  return RolloutState(
+    cache=cache,
+    tokens=tokens,
+    logprobs=logprobs,
+    hidden=hid,
+    length=length,
+    prompt_len=plen,
+    max_len=max_len,
+    done=done,
+    seq_id=seq_id,
+  )
 
 
 def decode_chunk(
-    graphdef: nnx.GraphDef,
-    params: nnx.State,
-    state: RolloutState,
-    key: jax.Array,
-    *,
-    static: DecodeStatic,
-    num_steps: int,
-    view_len: int,
+  graphdef: nnx.GraphDef,
+  params: nnx.State,
+  state: RolloutState,
+  key: jax.Array,
+  *,
+  static: DecodeStatic,
+  num_steps: int,
+  view_len: int,
 ) -> tuple[RolloutState, jax.Array]:
   """Runs up to `num_steps` single-token decode steps in a device loop.
 
@@ -108,8 +118,9 @@ def decode_chunk(
     st, i = carry
     pos = st.length - 1
     inp = st.tokens[rows, pos]
-    hidden, cache, _ = model(inp[:, None], pos[:, None], cache=st.cache, cache_len=pos,
-                             view_len=view_len)
+    hidden, cache, _ = model(
+      inp[:, None], pos[:, None], cache=st.cache, cache_len=pos, view_len=view_len
+    )
     h = hidden[:, 0]
     tok, lp = sample_tokens(model.logits(h), static.sampling, key, st.seq_id, st.length)
     active = ~st.done
@@ -123,8 +134,9 @@ def decode_chunk(
       hid = hid.at[rows, pos].set(jnp.where(active[:, None], h, hid[rows, pos]))
     length = st.length + active.astype(jnp.int32)
     done = st.done | (active & (_stopped(tok, static.stop_tokens) | (length >= st.max_len)))
-    st = st.replace(cache=cache, tokens=tokens, logprobs=logprobs, hidden=hid, length=length,
-                    done=done)
+    st = st.replace(
+      cache=cache, tokens=tokens, logprobs=logprobs, hidden=hid, length=length, done=done
+    )
     return st, i + 1
 
   def cond(carry):
@@ -145,10 +157,10 @@ def harvest(state: RolloutState, rows: Int[Array, " N"]) -> dict[str, jax.Array]
   """The per-sequence outputs of the given rows (no cache), for transfer to host."""
   pick = lambda x: jnp.take(x, rows, axis=0)
   return {
-      "tokens": pick(state.tokens),
-      "logprobs": pick(state.logprobs),
-      "hidden": pick(state.hidden),
-      "length": pick(state.length),
-      "prompt_len": pick(state.prompt_len),
-      "seq_id": pick(state.seq_id),
+    "tokens": pick(state.tokens),
+    "logprobs": pick(state.logprobs),
+    "hidden": pick(state.hidden),
+    "length": pick(state.length),
+    "prompt_len": pick(state.prompt_len),
+    "seq_id": pick(state.seq_id),
   }

@@ -1,0 +1,180 @@
+"""Tests for tlt_jax.data.tasks."""
+
+import dataclasses
+import re
+
+import numpy as np
+import pytest
+
+from tlt_jax.data import checkers, tasks
+
+TASK_NAMES = sorted(tasks.TASKS)
+
+
+@pytest.fixture(scope="module")
+def train_2000():
+  return {name: tasks.make_split(name, "train", 0, train_size=2000) for name in TASK_NAMES}
+
+
+def test_registry():
+  assert {"arithmetic", "countdown"} <= set(tasks.TASKS)
+  for name, spec in tasks.TASKS.items():
+    assert spec.name == name
+    assert tasks.get_task(name) is spec
+  with pytest.raises(dataclasses.FrozenInstanceError):
+    tasks.TASKS["arithmetic"].name = "other"  # type: ignore[misc]
+  with pytest.raises(ValueError, match="Unknown task"):
+    tasks.get_task("sudoku")
+
+
+@pytest.mark.parametrize("name", TASK_NAMES)
+def test_generation_is_deterministic(name):
+  spec = tasks.TASKS[name]
+  first = spec.generate(7, 40)
+  assert first == spec.generate(7, 40)
+  assert first != spec.generate(8, 40)
+  # Example i depends only on (seed, i): shorter runs are prefixes, `start` skips ahead.
+  assert spec.generate(7, 10) == first[:10]
+  assert spec.generate(7, 5, start=30) == first[30:35]
+  for example in first:
+    assert set(example) == {"question", "solution", "answer"}
+    assert all(isinstance(v, str) and v for v in example.values())
+
+
+@pytest.mark.parametrize("name", TASK_NAMES)
+def test_splits_are_disjoint_and_deterministic(name):
+  train = tasks.make_split(name, "train", 1, train_size=300, test_size=60)
+  test = tasks.make_split(name, "test", 1, train_size=300, test_size=60)
+  assert len(train) == 300 and len(test) == 60
+  test_questions = [ex["question"] for ex in test]
+  assert len(set(test_questions)) == len(test_questions)
+  assert not set(test_questions) & {ex["question"] for ex in train}
+  assert test == tasks.make_split(name, "test", 1, train_size=300, test_size=60)
+  with pytest.raises(ValueError, match="Unknown split"):
+    tasks.make_split(name, "validation", 1)
+
+
+def test_test_split_fails_when_question_space_is_exhausted():
+  # One step with operands in [1, 2] allows only a handful of distinct questions.
+  with pytest.raises(ValueError, match="question space"):
+    tasks.make_split(
+      "arithmetic", "test", 0, train_size=50, test_size=20, max_steps=1, max_operand=2
+    )
+
+
+@pytest.mark.parametrize("name", TASK_NAMES)
+def test_lengths_are_long_tailed(name, train_2000):
+  lengths = np.array([len(ex["solution"]) for ex in train_2000[name]])
+  median = np.median(lengths)
+  assert lengths.max() >= 10 * median
+  assert np.percentile(lengths, 90) >= 2.5 * median
+
+
+def test_arithmetic_length_scale(train_2000):
+  lengths = np.array([len(ex["solution"]) for ex in train_2000["arithmetic"]])
+  assert 25 <= np.median(lengths) <= 45
+  assert 300 <= lengths.max() <= 460
+
+
+def test_countdown_respects_trace_cap():
+  examples = tasks.generate_countdown(0, 200, max_trace_chars=150)
+  assert max(len(ex["solution"]) for ex in examples) <= 150
+
+
+@pytest.mark.parametrize("name", TASK_NAMES)
+def test_solutions_pass_their_checker(name, train_2000):
+  spec = tasks.TASKS[name]
+  examples = train_2000[name][:500] + tasks.make_split(
+    name, "test", 0, train_size=2000, test_size=50
+  )
+  for ex in examples:
+    assert spec.check(ex["solution"], ex["answer"]) == 1.0, ex
+    assert spec.check(tasks.format_target(ex), ex["answer"]) == 1.0
+    # A completion that keeps going after its final answer has none.
+    assert spec.check(ex["solution"] + ";", ex["answer"]) == 0.0
+    assert spec.check(ex["solution"].rsplit("#", 1)[0], ex["answer"]) == 0.0
+
+
+def test_corrupted_arithmetic_answers_fail(train_2000):
+  for ex in train_2000["arithmetic"][:300]:
+    wrong = ex["solution"].rsplit("#", 1)[0] + f"#{int(ex['answer']) + 1}"
+    assert checkers.check_arithmetic(wrong, ex["answer"]) == 0.0
+
+
+def test_corrupted_countdown_answers_fail(train_2000):
+  for ex in train_2000["countdown"][:300]:
+    body, expr = ex["solution"].rsplit("#", 1)
+    # An extra number, a number left out, and a changed value all fail.
+    assert checkers.check_countdown(f"{body}#{expr}+1", ex["answer"]) == 0.0
+    assert checkers.check_countdown(f"{body}#({expr})*1", ex["answer"]) == 0.0
+    literal = re.search(r"\d+", expr)
+    assert checkers.check_countdown(f"{body}#{literal.group()}", ex["answer"]) == 0.0
+
+
+def test_arithmetic_scratchpad_is_consistent(train_2000):
+  for ex in train_2000["arithmetic"]:
+    question = ex["question"]
+    assert question.endswith("=")
+    operands = re.findall(r"[+-]?\d+", question[:-1])
+    *steps, final = ex["solution"].split(";")
+    assert final == f"#{ex['answer']}"
+    assert len(steps) == len(operands) - 1
+    value = int(operands[0])
+    assert 1 <= value <= 99
+    for step, operand in zip(steps, operands[1:]):
+      lhs, rhs = step.split("=")
+      assert lhs == f"{value}{operand}"
+      assert 1 <= abs(int(operand)) <= 99
+      value += int(operand)
+      assert 0 <= value <= 999
+      assert int(rhs) == value
+    assert ex["answer"] == str(value)
+
+
+def test_countdown_trace_is_consistent(train_2000):
+  step_re = re.compile(r"(\d+)([-+*/])(\d+)=(\d+)(?:\|([\d,]+)|([!x]))")
+  for ex in train_2000["countdown"][:500]:
+    numbers_text, target_text = re.fullmatch(r"([\d,]+) to (\d+):", ex["question"]).groups()
+    numbers = sorted(int(n) for n in numbers_text.split(","))
+    target = int(target_text)
+    *steps, final = ex["solution"].split(";")
+    for step in steps:
+      a, op, b, c, _, leaf = step_re.fullmatch(step).groups()
+      expected = {"+": int(a) + int(b), "-": int(a) - int(b), "*": int(a) * int(b)}.get(op)
+      if op == "/":
+        assert int(a) % int(b) == 0
+        expected = int(a) // int(b)
+      assert int(c) == expected > 0
+      if leaf:
+        assert (leaf == "!") == (int(c) == target)
+    assert steps[-1].endswith("!") and all(not s.endswith("!") for s in steps[:-1])
+    value, literals = checkers.evaluate_expression(final[1:])
+    assert value == target
+    assert sorted(literals) == numbers
+    assert final[1:] == ex["answer"]
+
+
+def test_prompt_and_target():
+  ex = {"question": "1+2=", "solution": "1+2=3;#3", "answer": "3"}
+  assert tasks.format_prompt(ex) == "1+2="
+  assert tasks.format_target(ex) == "1+2=3;#3"
+
+
+@pytest.mark.parametrize(
+  ("name", "params"),
+  [
+    ("arithmetic", {"max_steps": 0}),
+    ("arithmetic", {"max_value": 10, "max_operand": 20}),
+    ("countdown", {"number_counts": (1, 3)}),
+    ("countdown", {"max_trace_chars": 5}),
+  ],
+)
+def test_bad_parameters_raise(name, params):
+  with pytest.raises(ValueError):
+    tasks.TASKS[name].generate(0, 1, **params)
+
+
+def test_split_seed():
+  assert tasks.split_seed(5, "train") == 5
+  assert tasks.split_seed(5, "test") == tasks.split_seed(5, "test") != 5
+  assert tasks.split_seed(5, "test") != tasks.split_seed(6, "test")

@@ -1,0 +1,425 @@
+"""Synthetic reasoning tasks with verifiable answers and long-tailed solution lengths.
+
+Each example is `{"question", "solution", "answer"}`: `solution` is the full text the model should
+write after the question (a worked scratchpad ending in `#<answer>`) and `answer` is what the
+task's checker compares against. Lengths are long-tailed on purpose, like reasoning-RL rollouts:
+most solutions are short and a few are ten or more times the median.
+
+Generation is deterministic: example `i` of a seed depends only on (task, seed, i), so
+`generate(seed, n)` is a prefix of `generate(seed, m)` for n <= m.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+import random
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+from tlt_jax.data import checkers
+
+__all__ = [
+  "TASKS",
+  "Example",
+  "TaskSpec",
+  "format_prompt",
+  "format_target",
+  "generate_arithmetic",
+  "generate_countdown",
+  "get_task",
+  "make_split",
+  "split_seed",
+]
+
+Example = dict[str, str]
+
+
+def _rng(task: str, seed: int, index: int) -> random.Random:
+  # Seeding from a string goes through SHA-512 in CPython, so every (task, seed, index) gets its
+  # own well-mixed stream and examples can be produced in any order.
+  return random.Random(f"{task}/{seed}/{index}")
+
+
+def _lognormal_int(rng: random.Random, median: float, sigma: float, cap: int) -> int:
+  """A log-normal draw rounded to an integer in [1, cap]."""
+  return max(1, min(cap, round(median * math.exp(sigma * rng.gauss(0.0, 1.0)))))
+
+
+# ---------------------------------------------------------------------------------------------
+# arithmetic: "23+7+41-5=" -> "23+7=30;30+41=71;71-5=66;#66".
+# ---------------------------------------------------------------------------------------------
+
+
+def _arithmetic_example(
+  rng: random.Random,
+  max_steps: int,
+  median_steps: float,
+  steps_sigma: float,
+  max_operand: int,
+  max_value: int,
+) -> Example:
+  steps = _lognormal_int(rng, median_steps, steps_sigma, max_steps)
+  value = rng.randint(1, max_operand)
+  question = [str(value)]
+  lines = []
+  for _ in range(steps):
+    operand = rng.randint(1, max_operand)
+    # Pick the sign at random unless that would leave [0, max_value].
+    can_add, can_sub = value + operand <= max_value, value - operand >= 0
+    op = rng.choice("+-") if can_add and can_sub else ("+" if can_add else "-")
+    new_value = value + operand if op == "+" else value - operand
+    question.append(f"{op}{operand}")
+    lines.append(f"{value}{op}{operand}={new_value};")
+    value = new_value
+  return {
+    "question": "".join(question) + "=",
+    "solution": "".join(lines) + f"{checkers.MARKER}{value}",
+    "answer": str(value),
+  }
+
+
+def generate_arithmetic(
+  seed: int,
+  num: int,
+  *,
+  start: int = 0,
+  max_steps: int = 40,
+  median_steps: float = 3.5,
+  steps_sigma: float = 1.0,
+  max_operand: int = 99,
+  max_value: int = 999,
+) -> list[Example]:
+  """Multi-step addition/subtraction with a worked scratchpad.
+
+  Args:
+    seed: Seed of the example stream.
+    num: Number of examples.
+    start: Index of the first example in the stream.
+    max_steps: Cap on the number of operations (and scratchpad lines).
+    median_steps: Median number of steps; the number of steps is log-normal around it.
+    steps_sigma: Log-space spread of the number of steps; larger means a longer tail.
+    max_operand: Operands are drawn from [1, max_operand].
+    max_value: Running values stay in [0, max_value].
+
+  Returns:
+    `num` examples.
+  """
+  if (
+    max_steps < 1
+    or max_operand < 1
+    or max_value < max_operand
+    or median_steps <= 0
+    or steps_sigma < 0
+  ):
+    raise ValueError(
+      f"Bad arithmetic parameters: max_steps={max_steps}, max_operand={max_operand}, "
+      f"max_value={max_value}, median_steps={median_steps}, steps_sigma={steps_sigma}."
+    )
+  return [
+    _arithmetic_example(
+      _rng("arithmetic", seed, i), max_steps, median_steps, steps_sigma, max_operand, max_value
+    )
+    for i in range(start, start + num)
+  ]
+
+
+# ---------------------------------------------------------------------------------------------
+# countdown: combine all the numbers with + - * / to reach the target, by depth-first search.
+#
+#   question  "7,8,9 to 65:"
+#   solution  "7*9=63|8,63;8+63=71x;63-8=55x;8*63=504x;8*9=72|7,72;72-7=65!;#8*9-7"
+#
+# Each step combines two numbers of the current state and writes the new state after "|"; a
+# step that uses up the numbers ends in "!" when it hits the target and "x" (dead end) otherwise.
+# After the dead ends below a state the search backtracks, so the next step starts from an
+# earlier state. Within a state, steps whose result is closest to the target go first.
+# ---------------------------------------------------------------------------------------------
+
+# Precedence of a printed sub-expression: a literal binds tightest.
+_ATOM, _MUL, _ADD = 3, 2, 1
+
+
+@dataclasses.dataclass(frozen=True)
+class _Node:
+  value: int
+  text: str
+  prec: int
+
+
+def _combine(a: _Node, op: str, b: _Node) -> _Node:
+  prec = _ADD if op in "+-" else _MUL
+  left = a.text if a.prec >= prec else f"({a.text})"
+  # The right side of - and / needs brackets at equal precedence: a-(b+c), a/(b*c).
+  right_ok = b.prec > prec or (b.prec == prec and op in "+*")
+  right = b.text if right_ok else f"({b.text})"
+  return _Node(_apply(a.value, op, b.value), f"{left}{op}{right}", prec)
+
+
+def _apply(a: int, op: str, b: int) -> int:
+  if op == "+":
+    return a + b
+  if op == "-":
+    return a - b
+  if op == "*":
+    return a * b
+  return a // b
+
+
+def _moves(state: Sequence[_Node], target: int, rng: random.Random) -> list[tuple[int, int, str]]:
+  """Legal steps from `state` as (index of left, index of right, op), most promising first.
+
+  Steps whose result lands closest to the target come first (a simple heuristic a model can
+  learn to imitate); ties are broken at random so equal-looking puzzles get different traces.
+  """
+  moves = []
+  for i in range(len(state)):
+    for j in range(len(state)):
+      if i == j:
+        continue
+      a, b = state[i].value, state[j].value
+      # Countdown rules: intermediate results stay positive integers. Commutative ops are tried
+      # once per pair, and x*1, x/1 are skipped as they change nothing.
+      if i < j:
+        moves.append((i, j, "+"))
+        if a != 1 and b != 1:
+          moves.append((i, j, "*"))
+      if a > b:
+        moves.append((i, j, "-"))
+      if b != 1 and a % b == 0:
+        moves.append((i, j, "/"))
+  rng.shuffle(moves)
+  moves.sort(key=lambda m: abs(_apply(state[m[0]].value, m[2], state[m[1]].value) - target))
+  return moves
+
+
+class _TraceTooLong(Exception):
+  pass
+
+
+def _search(
+  state: list[_Node], target: int, rng: random.Random, trace: list[str], budget: list[int]
+) -> _Node | None:
+  """Depth-first search; appends each step to `trace` and returns the solving node, if any."""
+  for i, j, op in _moves(state, target, rng):
+    node = _combine(state[i], op, state[j])
+    rest = [n for k, n in enumerate(state) if k not in (i, j)] + [node]
+    step = f"{state[i].value}{op}{state[j].value}={node.value}"
+    if len(rest) == 1:
+      step += "!" if node.value == target else "x"
+    else:
+      step += "|" + ",".join(str(n.value) for n in rest)
+    budget[0] -= len(step) + 1
+    if budget[0] < 0:
+      raise _TraceTooLong
+    trace.append(step)
+    if len(rest) == 1:
+      if node.value == target:
+        return node
+    else:
+      found = _search(rest, target, rng, trace, budget)
+      if found is not None:
+        return found
+  return None
+
+
+def _random_target(numbers: Sequence[int], rng: random.Random) -> int:
+  """Combines the numbers in a random order with random legal ops; returns the value."""
+  pool = list(numbers)
+  while len(pool) > 1:
+    rng.shuffle(pool)
+    a, b = pool.pop(), pool.pop()
+    ops = ["+", "*"]
+    if a > b:
+      ops.append("-")
+    if b > 1 and a % b == 0:
+      ops.append("/")
+    pool.append(_apply(a, rng.choice(ops), b))
+  return pool[0]
+
+
+def _countdown_example(
+  rng: random.Random,
+  number_counts: Sequence[int],
+  max_number: int,
+  max_target: int,
+  max_trace_chars: int,
+) -> Example:
+  # Rejection sampling: targets come from a random expression over the numbers, so every draw
+  # is solvable; redraw when the target is out of range or the search would pass the cap.
+  for _ in range(1000):
+    numbers = [rng.randint(1, max_number) for _ in range(rng.choice(number_counts))]
+    target = _random_target(numbers, rng)
+    if not 1 <= target <= max_target or target in numbers:
+      continue
+    trace: list[str] = []
+    budget = [max_trace_chars]
+    try:
+      found = _search([_Node(n, str(n), _ATOM) for n in numbers], target, rng, trace, budget)
+    except _TraceTooLong:
+      continue
+    if found is None:
+      continue
+    solution = ";".join(trace) + f";{checkers.MARKER}{found.text}"
+    if len(solution) > max_trace_chars:
+      continue
+    return {
+      "question": ",".join(map(str, numbers)) + f" to {target}:",
+      "solution": solution,
+      "answer": found.text,
+    }
+  raise ValueError(
+    f"Could not draw a countdown instance within max_trace_chars={max_trace_chars} in 1000 "
+    "tries; raise the cap or use fewer numbers."
+  )
+
+
+def generate_countdown(
+  seed: int,
+  num: int,
+  *,
+  start: int = 0,
+  number_counts: Sequence[int] = (3, 3, 4),
+  max_number: int = 12,
+  max_target: int = 100,
+  max_trace_chars: int = 1000,
+) -> list[Example]:
+  """Countdown puzzles (use every number once to reach the target) solved by written-out search.
+
+  Args:
+    seed: Seed of the example stream.
+    num: Number of examples.
+    start: Index of the first example in the stream.
+    number_counts: How many numbers a puzzle has, drawn uniformly from this sequence (repeat an
+      entry to weight it). Four-number puzzles make the long tail.
+    max_number: Numbers are drawn from [1, max_number].
+    max_target: Targets lie in [1, max_target].
+    max_trace_chars: Cap on the solution length in characters; puzzles whose search would run
+      longer are redrawn.
+
+  Returns:
+    `num` solvable examples; `answer` is the expression the search found.
+  """
+  number_counts = tuple(int(c) for c in number_counts)
+  if not number_counts or min(number_counts) < 2 or max_number < 2 or max_target < 1:
+    raise ValueError(
+      f"Bad countdown parameters: number_counts={number_counts} (each at least 2), "
+      f"max_number={max_number}, max_target={max_target}."
+    )
+  if max_trace_chars < 20:
+    raise ValueError(f"max_trace_chars={max_trace_chars} is too small for any trace.")
+  return [
+    _countdown_example(
+      _rng("countdown", seed, i), number_counts, max_number, max_target, max_trace_chars
+    )
+    for i in range(start, start + num)
+  ]
+
+
+# ---------------------------------------------------------------------------------------------
+# Registry, prompts and splits.
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskSpec:
+  """A synthetic task.
+
+  Attributes:
+    name: Registry key.
+    generate: `(seed, num, *, start=0, **params) -> list[Example]`, deterministic.
+    check: `(completion, answer) -> float` reward in {0.0, 1.0}; never raises.
+  """
+
+  name: str
+  generate: Callable[..., list[Example]]
+  check: Callable[[str, str], float]
+
+
+TASKS: dict[str, TaskSpec] = {
+  "arithmetic": TaskSpec("arithmetic", generate_arithmetic, checkers.check_arithmetic),
+  "countdown": TaskSpec("countdown", generate_countdown, checkers.check_countdown),
+}
+
+
+def get_task(name: str) -> TaskSpec:
+  """Returns the registered task `name`."""
+  try:
+    return TASKS[name]
+  except KeyError:
+    raise ValueError(f"Unknown task {name!r}; known tasks: {sorted(TASKS)}.") from None
+
+
+def format_prompt(example: Mapping[str, str]) -> str:
+  """The text the policy is conditioned on."""
+  return example["question"]
+
+
+def format_target(example: Mapping[str, str]) -> str:
+  """The text the policy should produce after the prompt (what SFT trains on)."""
+  return example["solution"]
+
+
+def split_seed(seed: int, split: str) -> int:
+  """The example-stream seed of a split: `seed` itself for train, a hash-derived one otherwise."""
+  if split == "train":
+    return seed
+  digest = hashlib.sha256(f"{seed}/{split}".encode()).digest()
+  # Top bit cleared: derived seeds stay non-negative int63s, unlike any train seed in practice.
+  return int.from_bytes(digest[:8], "big") >> 1
+
+
+def _iter_examples(task: TaskSpec, seed: int, params: Mapping[str, Any]) -> Iterator[Example]:
+  chunk, start = 256, 0
+  while True:
+    yield from task.generate(seed, chunk, start=start, **params)
+    start += chunk
+
+
+def make_split(
+  task: str,
+  split: str,
+  seed: int = 0,
+  *,
+  train_size: int = 20_000,
+  test_size: int = 500,
+  **params: Any,
+) -> list[Example]:
+  """Returns the examples of one split of a task.
+
+  Train is the first `train_size` examples of the seed's stream. Test is drawn from a separate
+  stream, skipping any question that is in train or already in test, so the splits are disjoint
+  and test has no repeats.
+
+  Args:
+    task: A key of `TASKS`.
+    split: "train" or "test".
+    seed: Dataset seed.
+    train_size: Number of train examples (test is de-duplicated against all of them).
+    test_size: Number of test examples.
+    **params: Passed to the task's generator.
+
+  Returns:
+    The split's examples.
+  """
+  spec = get_task(task)
+  if split == "train":
+    return spec.generate(split_seed(seed, "train"), train_size, **params)
+  if split != "test":
+    raise ValueError(f"Unknown split {split!r}; expected 'train' or 'test'.")
+  seen = {ex["question"] for ex in spec.generate(split_seed(seed, "train"), train_size, **params)}
+  test: list[Example] = []
+  max_draws = 100 * test_size + 10_000
+  for draws, example in enumerate(_iter_examples(spec, split_seed(seed, "test"), params)):
+    if len(test) == test_size:
+      break
+    if draws >= max_draws:
+      raise ValueError(
+        f"Only found {len(test)} of {test_size} test questions for {task!r} that are not in "
+        f"train after {max_draws} draws; the task's question space is too small for these sizes."
+      )
+    if example["question"] not in seen:
+      seen.add(example["question"])
+      test.append(example)
+  return test
