@@ -178,3 +178,22 @@ def test_split_seed():
   assert tasks.split_seed(5, "train") == 5
   assert tasks.split_seed(5, "test") == tasks.split_seed(5, "test") != 5
   assert tasks.split_seed(5, "test") != tasks.split_seed(6, "test")
+
+
+@pytest.mark.parametrize("style", ["chain", "running", "labelled"])
+def test_arithmetic_styles_are_checkable_and_long_tailed(style):
+  examples = tasks.generate_arithmetic(0, 1000, max_operand=9, max_value=99, style=style)
+  check = tasks.get_task("arithmetic").check
+  assert all(check(ex["solution"], ex["answer"]) == 1.0 for ex in examples)
+  lengths = np.array([len(ex["solution"]) for ex in examples])
+  assert lengths.max() >= 8 * np.median(lengths)
+  if style == "labelled":
+    ex = max(examples, key=lambda e: len(e["solution"]))
+    # Every operation of the question appears, with its label, in the scratchpad.
+    for op in ex["question"].rstrip("=").split(",")[1:]:
+      assert f";{op}=" in ex["solution"]
+
+
+def test_unknown_arithmetic_style():
+  with pytest.raises(ValueError, match="style"):
+    tasks.generate_arithmetic(0, 1, style="fancy")

@@ -15,6 +15,7 @@ import dataclasses
 import hashlib
 import math
 import random
+import string
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -52,6 +53,9 @@ def _lognormal_int(rng: random.Random, median: float, sigma: float, cap: int) ->
 # ---------------------------------------------------------------------------------------------
 
 
+_STEP_LABELS = string.ascii_lowercase + string.ascii_uppercase
+
+
 def _arithmetic_example(
   rng: random.Random,
   max_steps: int,
@@ -59,19 +63,28 @@ def _arithmetic_example(
   steps_sigma: float,
   max_operand: int,
   max_value: int,
+  style: str,
 ) -> Example:
   steps = _lognormal_int(rng, median_steps, steps_sigma, max_steps)
   value = rng.randint(1, max_operand)
   question = [str(value)]
-  lines = []
+  lines = [] if style == "chain" else [f"{value};"]
+  labels = _STEP_LABELS if style == "labelled" else [""] * steps
   for _ in range(steps):
     operand = rng.randint(1, max_operand)
     # Pick the sign at random unless that would leave [0, max_value].
     can_add, can_sub = value + operand <= max_value, value - operand >= 0
     op = rng.choice("+-") if can_add and can_sub else ("+" if can_add else "-")
     new_value = value + operand if op == "+" else value - operand
-    question.append(f"{op}{operand}")
-    lines.append(f"{value}{op}{operand}={new_value};")
+    label = labels[len(lines) - 1]
+    question.append(f",{label}{op}{operand}" if label else f"{op}{operand}")
+    # "chain" restates both operands; "running" keeps only the running value,
+    # so each line copies the next operation of the question in order (easy
+    # for a small model to learn) and does one local addition.
+    # "labelled" names each operation (a, b, c, ...) in the question and the
+    # scratchpad: finding the next operation is a lookup by label.
+    prefix = str(value) if style == "chain" else label
+    lines.append(f"{prefix}{op}{operand}={new_value};")
     value = new_value
   return {
     "question": "".join(question) + "=",
@@ -90,8 +103,14 @@ def generate_arithmetic(
   steps_sigma: float = 1.0,
   max_operand: int = 99,
   max_value: int = 999,
+  style: str = "chain",
 ) -> list[Example]:
   """Multi-step addition/subtraction with a worked scratchpad.
+
+  Styles: "chain" writes `23+7=30;30+41=71;...;#66`; "running" writes the
+  running value only, `23;+7=30;+41=71;...;#66`; "labelled" names the
+  operations, question `23,a+7,b+41=` and solution `23;a+7=30;b+41=71;#71`
+  (at most 52 steps).
 
   Args:
     seed: Seed of the example stream.
@@ -102,6 +121,7 @@ def generate_arithmetic(
     steps_sigma: Log-space spread of the number of steps; larger means a longer tail.
     max_operand: Operands are drawn from [1, max_operand].
     max_value: Running values stay in [0, max_value].
+    style: "chain" or "running" (see above).
 
   Returns:
     `num` examples.
@@ -117,9 +137,21 @@ def generate_arithmetic(
       f"Bad arithmetic parameters: max_steps={max_steps}, max_operand={max_operand}, "
       f"max_value={max_value}, median_steps={median_steps}, steps_sigma={steps_sigma}."
     )
+  if style not in ("chain", "running", "labelled"):
+    raise ValueError(
+      f"Unknown arithmetic style {style!r}; expected 'chain', 'running' or 'labelled'."
+    )
+  if style == "labelled" and max_steps > len(_STEP_LABELS):
+    raise ValueError(f"style 'labelled' supports max_steps <= {len(_STEP_LABELS)}")
   return [
     _arithmetic_example(
-      _rng("arithmetic", seed, i), max_steps, median_steps, steps_sigma, max_operand, max_value
+      _rng("arithmetic", seed, i),
+      max_steps,
+      median_steps,
+      steps_sigma,
+      max_operand,
+      max_value,
+      style,
     )
     for i in range(start, start + num)
   ]

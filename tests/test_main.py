@@ -1,0 +1,84 @@
+"""The default job end to end on the tiny config, and the CLI's errors."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tlt_jax import configuration
+from tlt_jax.data import CharTokenizer
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from configs import default  # noqa: E402
+
+
+def _cli(*args, cwd=ROOT):
+  return subprocess.run(
+    [sys.executable, "-m", "tlt_jax.main", *args],
+    cwd=cwd,
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
+
+
+def _read_json(*parts):
+  with open(os.path.join(*parts)) as f:
+    return json.load(f)
+
+
+def test_default_job_runs_on_tiny_config(tmp_path):
+  workdir = str(tmp_path / "wd")
+  out = _cli(
+    "--config=configs/default.py:tiny", f"--workdir={workdir}", "--config.rollout.num_samples=2"
+  )
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert "tokens/s" in out.stdout and "response lengths" in out.stdout
+  summary = _read_json(workdir, "summary.json")
+  assert summary["rollout"]["sequences"] == 4
+  assert summary["rollout"]["recompiles_during_rollout"] == 0
+  assert os.path.getsize(os.path.join(workdir, "rollout.png")) > 1000
+  assert _read_json(workdir, "config.json")["rollout"]["num_samples"] == 2
+  assert os.path.isdir(os.path.join(workdir, "warm_start"))
+
+
+@pytest.mark.parametrize(
+  "override,message",
+  [
+    ("--config.sampling.tempratur=1.0", "tempratur"),
+    ("--config.rollout.num_samples=abc", "num_samples"),
+  ],
+)
+def test_cli_rejects_typos_and_bad_types(tmp_path, override, message):
+  out = _cli("--config=configs/default.py:tiny", f"--workdir={tmp_path}", override)
+  assert out.returncode != 0
+  assert message in out.stderr
+
+
+@pytest.mark.parametrize(
+  "section,field,value,message",
+  [
+    ("sampling", "top_p", 2.0, "config.sampling: top_p must be in"),
+    ("sampling", "temperature", -1.0, "config.sampling: temperature"),
+    ("engine", "chunk_steps", 0, "config.engine: EngineConfig.chunk_steps"),
+    ("model", "num_kv_heads", 3, "config.model: num_heads"),
+    ("model", "vocab_size", 10, "smaller than the tokenizer"),
+  ],
+)
+def test_invalid_values_fail_with_the_config_path(section, field, value, message):
+  config = default.get_config("tiny")
+  config[section][field] = value
+  tok = CharTokenizer()
+  with pytest.raises(ValueError, match=message):
+    configuration.model_config(config, tok)
+    configuration.sampling_config(config)
+    configuration.engine_config(config, tok)
+
+
+def test_unknown_variant():
+  with pytest.raises(ValueError, match="unknown config variant"):
+    default.get_config("huge")

@@ -1,0 +1,61 @@
+"""SFT warm start: packing is exact and training learns."""
+
+import numpy as np
+import pytest
+from flax import nnx
+
+from tlt_jax.data import CharTokenizer
+from tlt_jax.models.config import ModelConfig
+from tlt_jax.models.transformer import init_model
+from tlt_jax.training.sft import SFTConfig, encode_example, pack_batches, train_sft
+
+
+def test_packing_keeps_samples_apart_and_masks_only_targets():
+  tok = CharTokenizer()
+  seqs = [
+    encode_example(tok, "1+2=", "3;#3"),
+    encode_example(tok, "4+4=", "8;#8"),
+    encode_example(tok, "9-1=", "8;#8"),
+  ]
+  batch = next(pack_batches(seqs, rows=2, row_len=24, seed=0))
+  assert batch["tokens"].shape == (2, 24)
+  for r in range(2):
+    segs = batch["segment_ids"][r]
+    for s in set(segs[segs > 0].tolist()):
+      idx = np.nonzero(segs == s)[0]
+      toks = batch["tokens"][r, idx]
+      assert toks[0] == tok.bos_id and toks[-1] == tok.eos_id
+      np.testing.assert_array_equal(batch["positions"][r, idx], np.arange(idx.size))
+      # Loss positions predict exactly the target and EOS: "3;#3" + EOS.
+      predicted = batch["tokens"][r, idx[1:]][batch["loss_mask"][r, idx[:-1]] == 1]
+      assert tok.decode(predicted, skip_special=False).endswith("#3") or tok.decode(
+        predicted
+      ).endswith("#8")
+      assert predicted[-1] == tok.eos_id and len(predicted) == 5
+  with pytest.raises(ValueError, match="fits"):
+    next(pack_batches(seqs, rows=1, row_len=4, seed=0))
+
+
+def test_sft_overfits_a_few_examples():
+  tok = CharTokenizer()
+  cfg = ModelConfig(
+    vocab_size=tok.vocab_size,
+    num_layers=1,
+    d_model=32,
+    num_heads=2,
+    num_kv_heads=1,
+    head_dim=16,
+    mlp_dim=64,
+  )
+  graphdef, params = nnx.split(init_model(cfg))
+  pairs = [("1+2=", "1+2=3;#3"), ("5+4=", "5+4=9;#9")]
+  sft = SFTConfig(steps=60, batch_rows=2, row_len=32, learning_rate=1e-2, warmup_steps=5)
+  _, history = train_sft(graphdef, params, tok, pairs, sft, progress=False)
+  assert len(history) == 60
+  assert history[-1]["loss"] < 0.5 * history[0]["loss"]
+  assert history[-1]["token_accuracy"] > 0.8
+
+
+def test_invalid_sft_config():
+  with pytest.raises(ValueError, match="warmup_steps"):
+    SFTConfig(steps=5, warmup_steps=5)

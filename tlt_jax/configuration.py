@@ -1,0 +1,63 @@
+"""ConfigDict at the edge, frozen dataclasses inside: conversion with clear errors.
+
+Each converter names the config section in its error, so a bad override like
+`--config.sampling.top_p=2` fails with "config.sampling: top_p must be in
+(0, 1]" before anything is built or compiled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, TypeVar
+
+import ml_collections
+
+from tlt_jax.data.tokenizer import Tokenizer
+from tlt_jax.decode.sampling import SamplingConfig
+from tlt_jax.models.config import ModelConfig
+from tlt_jax.rollout.engine import EngineConfig
+from tlt_jax.training.sft import SFTConfig
+
+T = TypeVar("T")
+
+
+def to_dataclass(
+  cls: type[T],
+  section: ml_collections.ConfigDict,
+  name: str,
+  ignore: tuple[str, ...] = (),
+  **extra: Any,
+) -> T:
+  """Builds `cls` from a config section; unknown or invalid fields fail with its name."""
+  fields = {f.name for f in dataclasses.fields(cls)}
+  values = {k: v for k, v in section.to_dict().items() if k not in ignore}
+  unknown = set(values) - fields
+  if unknown:
+    raise ValueError(f"config.{name}: unknown field(s) {sorted(unknown)}; valid: {sorted(fields)}")
+  try:
+    return cls(**values, **extra)
+  except (TypeError, ValueError) as e:
+    raise ValueError(f"config.{name}: {e}") from e
+
+
+def model_config(config: ml_collections.ConfigDict, tokenizer: Tokenizer) -> ModelConfig:
+  mc = to_dataclass(ModelConfig, config.model, "model", ignore=("init_seed", "checkpoint"))
+  if mc.vocab_size < tokenizer.vocab_size:
+    raise ValueError(
+      f"config.model.vocab_size={mc.vocab_size} is smaller than the "
+      f"tokenizer's vocabulary ({tokenizer.vocab_size})"
+    )
+  return mc
+
+
+def engine_config(config: ml_collections.ConfigDict, tokenizer: Tokenizer) -> EngineConfig:
+  stops = tuple(getattr(tokenizer, "eos_ids", (tokenizer.eos_id,)))
+  return to_dataclass(EngineConfig, config.engine, "engine", stop_tokens=stops)
+
+
+def sampling_config(config: ml_collections.ConfigDict) -> SamplingConfig:
+  return to_dataclass(SamplingConfig, config.sampling, "sampling")
+
+
+def sft_config(config: ml_collections.ConfigDict) -> SFTConfig:
+  return to_dataclass(SFTConfig, config.sft, "sft", seed=int(config.seed))

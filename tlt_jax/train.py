@@ -1,0 +1,190 @@
+"""The default job: warm start, held-out evaluation, long-tail rollout report.
+
+`train_and_evaluate(config, workdir)` is the importable entry point; the CLI in
+`tlt_jax.main` only parses flags. Everything it produces lands in `workdir`:
+config.json, the warm-start checkpoint (reused on the next run), summary.json
+and rollout.png (response-length distribution and active-batch timeline).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+from absl import logging
+from flax import nnx
+
+from tlt_jax import checkpoint, configuration
+from tlt_jax.data import get_task, get_tokenizer, load_task_split
+from tlt_jax.data.tasks import format_prompt, format_target
+from tlt_jax.models.transformer import init_model
+from tlt_jax.rollout.engine import RolloutEngine, RolloutResult
+from tlt_jax.training.evaluate import evaluate_pass_at_1
+from tlt_jax.training.sft import train_sft
+
+
+def _load_data(config, workdir):
+  data_dir = config.task.data_dir or os.path.join(workdir, "tfds")
+  kwargs = dict(
+    seed=config.task.seed,
+    train_size=config.task.train_size,
+    test_size=config.task.test_size,
+    **config.task.params.to_dict(),
+  )
+  train = load_task_split(config.task.name, "train", data_dir, **kwargs)
+  test = load_task_split(config.task.name, "test", data_dir, **kwargs)
+  return train, test
+
+
+def build_policy(config, workdir, tokenizer, train, progress: bool = True):
+  """The warm-started policy: restored from workdir if present, else SFT (or HF import)."""
+  if config.model.checkpoint:
+    from tlt_jax.models.hf_io import load_hf_checkpoint
+
+    model_cfg, model = load_hf_checkpoint(config.model.checkpoint)
+    graphdef, params = nnx.split(model)
+    return model_cfg, graphdef, params, {"source": config.model.checkpoint}
+  model_cfg = configuration.model_config(config, tokenizer)
+  sft_cfg = configuration.sft_config(config)
+  graphdef, params = nnx.split(init_model(model_cfg, seed=config.model.init_seed))
+  ckpt_dir = os.path.join(workdir, "warm_start")
+  if os.path.isdir(ckpt_dir):
+    logging.info("restoring the warm-started policy from %s", ckpt_dir)
+    return model_cfg, graphdef, checkpoint.restore_params(ckpt_dir, params), {"source": ckpt_dir}
+  pairs = [(format_prompt(ex), format_target(ex)) for ex in train]
+  start = time.perf_counter()
+  params, history = train_sft(graphdef, params, tokenizer, pairs, sft_cfg, progress=progress)
+  seconds = time.perf_counter() - start
+  checkpoint.save_params(ckpt_dir, params)
+  info = {
+    "source": "sft",
+    "sft_seconds": seconds,
+    "sft_steps": sft_cfg.steps,
+    "final_loss": history[-1]["loss"],
+    "final_token_accuracy": history[-1]["token_accuracy"],
+  }
+  return model_cfg, graphdef, params, info
+
+
+def length_stats(lengths: np.ndarray) -> dict[str, float]:
+  p = lambda q: float(np.percentile(lengths, q))
+  median = p(50)
+  return {
+    "min": float(lengths.min()),
+    "median": median,
+    "p90": p(90),
+    "p99": p(99),
+    "max": float(lengths.max()),
+    "max_over_median": float(lengths.max()) / max(median, 1),
+  }
+
+
+def plot_rollout(result: RolloutResult, path: str) -> None:
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.8))
+  a.hist(result.num_generated, bins=40, color="tab:blue")
+  a.set_xlabel("response length (tokens)")
+  a.set_ylabel("sequences")
+  a.set_title("response lengths: the long tail")
+  steps = [e for e in result.timeline if e["phase"] == "decode"]
+  t = np.array([e["t"] + e["dt"] for e in steps])
+  b.step(t, [e["active"] for e in steps], where="pre", label="active sequences")
+  b.step(t, [e["batch"] for e in steps], where="pre", label="batch bucket", linestyle="--")
+  b.set_xlabel("time (s)")
+  b.set_ylabel("rows")
+  b.set_title("active batch over the rollout")
+  b.legend()
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+
+
+def train_and_evaluate(
+  config: ml_collections.ConfigDict, workdir: str, progress: bool = True
+) -> dict[str, Any]:
+  """Runs the default job and returns its summary (also written to workdir)."""
+  os.makedirs(workdir, exist_ok=True)
+  with open(os.path.join(workdir, "config.json"), "w") as f:
+    f.write(config.to_json_best_effort(indent=2))
+  tokenizer = get_tokenizer(config.task.tokenizer)
+  task = get_task(config.task.name)
+  sampling = configuration.sampling_config(config)
+  engine_cfg = configuration.engine_config(config, tokenizer)
+  train, test = _load_data(config, workdir)
+
+  model_cfg, graphdef, params, warm = build_policy(config, workdir, tokenizer, train, progress)
+  engine = RolloutEngine(graphdef, model_cfg, engine_cfg, sampling)
+  summary: dict[str, Any] = {"model_params": model_cfg.num_params, "warm_start": warm}
+
+  evals = [test[i] for i in range(min(config.eval.num_examples, len(test)))]
+  start = time.perf_counter()
+  summary["eval"] = evaluate_pass_at_1(engine, params, tokenizer, evals, task.check, format_prompt)
+  summary["eval"]["seconds"] = time.perf_counter() - start
+
+  # The long-tail rollout: G samples per prompt from the train split.
+  rng = np.random.default_rng(config.seed)
+  picks = rng.choice(len(train), config.rollout.num_prompts, replace=False)
+  prompts = [tokenizer.encode(format_prompt(train[int(i)]), add_bos=True) for i in picks]
+  warm_s = engine.warmup(
+    params, sampling, num_prompts=[len(prompts)], num_samples=config.rollout.num_samples
+  )
+  compiles = engine.pool.compiles
+  result = engine.generate(
+    params, prompts, config.rollout.num_samples, key=jax.random.key(config.seed)
+  )
+  rewards = [
+    task.check(
+      tokenizer.decode(result.completion(n)),
+      train[int(picks[n // config.rollout.num_samples])]["answer"],
+    )
+    for n in range(len(result.length))
+  ]
+  summary["rollout"] = {
+    "sequences": len(result.length),
+    "generated_tokens": int(result.num_generated.sum()),
+    "wall_seconds": result.wall_seconds,
+    "tokens_per_second": result.tokens_per_second,
+    "lengths": length_stats(result.num_generated),
+    "mean_reward": float(np.mean(rewards)),
+    "chunks": sum(e["phase"] == "decode" for e in result.timeline),
+    "batch_buckets_used": sorted({e["batch"] for e in result.timeline}, reverse=True),
+    "warmup_compile_seconds": warm_s,
+    "executables": compiles,
+    "recompiles_during_rollout": engine.pool.compiles - compiles,
+  }
+  plot_rollout(result, os.path.join(workdir, "rollout.png"))
+  with open(os.path.join(workdir, "timeline.json"), "w") as f:
+    json.dump(result.timeline, f)
+  with open(os.path.join(workdir, "summary.json"), "w") as f:
+    json.dump(summary, f, indent=2)
+  return summary
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+  r, e, w = summary["rollout"], summary["eval"], summary["warm_start"]
+  lines = [
+    f"policy: {summary['model_params'] / 1e6:.2f}M params, warm start from {w['source']}"
+    + (f" ({w['sft_steps']} SFT steps, {w['sft_seconds']:.0f}s)" if "sft_seconds" in w else ""),
+    f"held-out pass@1 (greedy): {e['accuracy']:.3f} on {e['num_examples']} problems",
+    f"rollout: {r['sequences']} sequences, {r['generated_tokens']} tokens in "
+    f"{r['wall_seconds']:.2f}s = {r['tokens_per_second']:.0f} tokens/s, "
+    f"mean reward {r['mean_reward']:.3f}",
+    "response lengths: "
+    + ", ".join(
+      f"{k} {v:.0f}" if k != "max_over_median" else f"max/median {v:.1f}x"
+      for k, v in r["lengths"].items()
+    ),
+    f"batch buckets used: {r['batch_buckets_used']}; {r['executables']} executables "
+    f"compiled in {r['warmup_compile_seconds']:.1f}s, "
+    f"{r['recompiles_during_rollout']} recompiles during the rollout",
+  ]
+  return "\n".join(lines)
