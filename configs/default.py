@@ -47,11 +47,11 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.model.checkpoint = ""  # a local HF directory to start from instead of SFT
 
   c.sft = ml_collections.ConfigDict()
-  c.sft.steps = 300
+  c.sft.steps = 400
   c.sft.batch_rows = 16
   c.sft.row_len = 448
-  c.sft.learning_rate = 3e-3
-  c.sft.warmup_steps = 30
+  c.sft.learning_rate = 5e-3
+  c.sft.warmup_steps = 20
   c.sft.weight_decay = 0.01
   c.sft.grad_clip = 1.0
 

@@ -82,3 +82,11 @@ def test_invalid_values_fail_with_the_config_path(section, field, value, message
 def test_unknown_variant():
   with pytest.raises(ValueError, match="unknown config variant"):
     default.get_config("huge")
+
+
+def test_notebooks_execute():
+  import runpy
+
+  for name in sorted(os.listdir(os.path.join(ROOT, "notebooks"))):
+    if name.endswith(".py"):
+      runpy.run_path(os.path.join(ROOT, "notebooks", name), run_name="__main__")

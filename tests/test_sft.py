@@ -28,10 +28,8 @@ def test_packing_keeps_samples_apart_and_masks_only_targets():
       np.testing.assert_array_equal(batch["positions"][r, idx], np.arange(idx.size))
       # Loss positions predict exactly the target and EOS: "3;#3" + EOS.
       predicted = batch["tokens"][r, idx[1:]][batch["loss_mask"][r, idx[:-1]] == 1]
-      assert tok.decode(predicted, skip_special=False).endswith("#3") or tok.decode(
-        predicted
-      ).endswith("#8")
-      assert predicted[-1] == tok.eos_id and len(predicted) == 5
+      assert predicted[-1] == tok.eos_id
+      assert tok.decode(predicted[:-1]) in ("3;#3", "8;#8")
   with pytest.raises(ValueError, match="fits"):
     next(pack_batches(seqs, rows=1, row_len=4, seed=0))
 
