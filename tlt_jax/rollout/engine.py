@@ -179,20 +179,13 @@ class RolloutEngine:
 
   def _decode_exe(self, sampling, view_len, args):
     static = self._static(sampling)
-    fn = functools.partial(
-      programs.decode_chunk,
-      self.graphdef,
-      static=static,
-      num_steps=self.config.chunk_steps,
-      view_len=view_len,
-    )
+    fn = functools.partial(programs.decode_chunk, self.graphdef, static=static, view_len=view_len)
     # The state is donated: the cache is updated in place, never copied.
     key = (
       "decode",
       args[1].batch,
       view_len,
       self.config.slots,
-      self.config.chunk_steps,
       static,
       self.model_config,
     )
@@ -274,7 +267,8 @@ class RolloutEngine:
     for b in cfg.batch_buckets:
       state = self._dummy_state(b)
       for view in cfg.view_buckets:
-        state, _ = self._decode_exe(sampling, view, (params, state, key))(params, state, key)
+        args = (params, state, key, np.int32(0))
+        state, _ = self._decode_exe(sampling, view, args)(*args)
       for b2 in cfg.batch_buckets:
         if b2 < b:
           rows = jnp.zeros((b2,), jnp.int32)
@@ -436,9 +430,14 @@ class RolloutEngine:
       # Every active row may grow by chunk_steps; the cache view must cover it.
       need = int(np.minimum(length + cfg.chunk_steps - 1, max_len)[active].max())
       view = round_up(need, cfg.view_buckets)
+      steps = cfg.chunk_steps
+      if state.batch == cfg.batch_buckets[0]:
+        # Nothing left to compact: run to the end of the cache bucket in one
+        # device call (host round trips cost more than small-batch steps).
+        steps = max(steps, view - int(length[active].max()) + 1)
       before = int(length[active].sum())
       t0 = time.perf_counter()
-      args = (params, state, key)
+      args = (params, state, key, np.int32(steps))
       state, steps = self._decode_exe(sampling, view, args)(*args)
       length, done, steps = jax.device_get((state.length, state.done, steps))
       timeline.append(

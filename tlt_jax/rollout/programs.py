@@ -35,6 +35,18 @@ def _stopped(tokens, stop_tokens: tuple[int, ...]):
   return jnp.isin(tokens, jnp.asarray(stop_tokens, jnp.int32))
 
 
+def _read_rows(buf: jax.Array, index: jax.Array) -> jax.Array:
+  """buf[b, index[b]] for every row b (index clamped into range)."""
+  take = lambda row, i: jax.lax.dynamic_index_in_dim(row, i, axis=0, keepdims=False)
+  return jax.vmap(take)(buf, index)
+
+
+def _write_rows(buf: jax.Array, values: jax.Array, index: jax.Array) -> jax.Array:
+  """buf[b, index[b]] = values[b] for every row b (index clamped into range)."""
+  put = lambda row, v, i: jax.lax.dynamic_update_index_in_dim(row, v, i, axis=0)
+  return jax.vmap(put)(buf, values, index)
+
+
 def prefill(
   graphdef: nnx.GraphDef,
   params: nnx.State,
@@ -99,12 +111,12 @@ def decode_chunk(
   params: nnx.State,
   state: RolloutState,
   key: jax.Array,
+  num_steps: jax.Array,
   *,
   static: DecodeStatic,
-  num_steps: int,
   view_len: int,
 ) -> tuple[RolloutState, jax.Array]:
-  """Runs up to `num_steps` single-token decode steps in a device loop.
+  """Runs up to `num_steps` (a traced scalar) single-token decode steps in a device loop.
 
   Attention reads the first `view_len` cache slots only (the cache bucket);
   the host guarantees every active row stays inside it for the whole chunk.
@@ -124,14 +136,18 @@ def decode_chunk(
     h = hidden[:, 0]
     tok, lp = sample_tokens(model.logits(h), static.sampling, key, st.seq_id, st.length)
     active = ~st.done
-    # Inactive rows write back what they already hold, so nothing changes for them.
-    tok = jnp.where(active, tok, st.tokens[rows, st.length])
-    lp = jnp.where(active, lp, st.logprobs[rows, st.length])
-    tokens = st.tokens.at[rows, st.length].set(tok, mode="drop")
-    logprobs = st.logprobs.at[rows, st.length].set(lp, mode="drop")
+    # Inactive rows write back what they already hold, so nothing changes for
+    # them. Row writes are per-row dynamic_update_slices: far cheaper than a
+    # general scatter on CPU. A finished row may sit at length == S; the slice
+    # index is then clamped to S - 1 for both the read and the write-back, so
+    # the row still does not change.
+    tok = jnp.where(active, tok, _read_rows(st.tokens, st.length))
+    lp = jnp.where(active, lp, _read_rows(st.logprobs, st.length))
+    tokens = _write_rows(st.tokens, tok, st.length)
+    logprobs = _write_rows(st.logprobs, lp, st.length)
     hid = st.hidden
     if static.capture_hidden:
-      hid = hid.at[rows, pos].set(jnp.where(active[:, None], h, hid[rows, pos]))
+      hid = _write_rows(hid, jnp.where(active[:, None], h, _read_rows(hid, pos)), pos)
     length = st.length + active.astype(jnp.int32)
     done = st.done | (active & (_stopped(tok, static.stop_tokens) | (length >= st.max_len)))
     st = st.replace(
