@@ -159,8 +159,11 @@ def train_and_evaluate(
     "batch_buckets_used": sorted({e["batch"] for e in result.timeline}, reverse=True),
     "warmup_compile_seconds": warm_s,
     "executables": compiles,
+    "executable_temp_MB": sum(r["temp_bytes"] or 0 for r in engine.pool.summary()) / 2**20,
     "recompiles_during_rollout": engine.pool.compiles - compiles,
   }
+  with open(os.path.join(workdir, "executables.json"), "w") as f:
+    json.dump(engine.pool.summary(), f, indent=1)
   plot_rollout(result, os.path.join(workdir, "rollout.png"))
   with open(os.path.join(workdir, "timeline.json"), "w") as f:
     json.dump(result.timeline, f)
@@ -184,7 +187,8 @@ def format_summary(summary: dict[str, Any]) -> str:
       for k, v in r["lengths"].items()
     ),
     f"batch buckets used: {r['batch_buckets_used']}; {r['executables']} executables "
-    f"compiled in {r['warmup_compile_seconds']:.1f}s, "
+    f"compiled in {r['warmup_compile_seconds']:.1f}s ({r['executable_temp_MB']:.0f} MB "
+    "of XLA temporaries in all), "
     f"{r['recompiles_during_rollout']} recompiles during the rollout",
   ]
   return "\n".join(lines)

@@ -71,16 +71,21 @@ class RMSNorm(nnx.Module):
     return (y * self.scale[...].astype(jnp.float32)).astype(x.dtype)
 
 
-def rope(x: Float[Array, "B T N E"], positions: Int[Array, "B T"], theta: float):
-  """Rotary embedding in the rotate-half convention used by HF Llama/Qwen2."""
-  e = x.shape[-1]
-  inv_freq = 1.0 / (theta ** (jnp.arange(0, e, 2, dtype=jnp.float32) / e))
+def rope_tables(positions: Int[Array, "B T"], head_dim: int, theta: float):
+  """(cos, sin), each [B, T, 1, E]: computed once per forward, shared by all layers."""
+  inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
   angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, E/2]
   angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]
+  return jnp.cos(angles), jnp.sin(angles)
+
+
+def apply_rope(x: Float[Array, "B T N E"], tables) -> Float[Array, "B T N E"]:
+  """Rotary embedding in the rotate-half convention used by HF Llama/Qwen2."""
+  cos, sin = tables
   x32 = x.astype(jnp.float32)
   x1, x2 = jnp.split(x32, 2, axis=-1)
   rotated = jnp.concatenate([-x2, x1], axis=-1)
-  return (x32 * jnp.cos(angles) + rotated * jnp.sin(angles)).astype(x.dtype)
+  return (x32 * cos + rotated * sin).astype(x.dtype)
 
 
 def attend(
@@ -120,14 +125,14 @@ class Attention(nnx.Module):
     self.o_proj = lin(c.num_heads * c.head_dim, c.d_model, False)
     self.config = config
 
-  def __call__(self, x, positions, mask, cache_kv=None, cache_len=None, view_len=None):
+  def __call__(self, x, rope_cs, mask, cache_kv=None, cache_len=None, view_len=None):
     c = self.config
     b, t, _ = x.shape
     q = self.q_proj(x).reshape(b, t, c.num_heads, c.head_dim)
     k = self.k_proj(x).reshape(b, t, c.num_kv_heads, c.head_dim)
     v = self.v_proj(x).reshape(b, t, c.num_kv_heads, c.head_dim)
-    q = rope(q, positions, c.rope_theta)
-    k = rope(k, positions, c.rope_theta)
+    q = apply_rope(q, rope_cs)
+    k = apply_rope(k, rope_cs)
     if cache_kv is None:
       out = attend(q, k, v, mask)
       new_kv = None
@@ -163,9 +168,9 @@ class DecoderLayer(nnx.Module):
     self.post_attn_norm = RMSNorm(config.d_model, config.rms_eps, dt)
     self.mlp = MLP(config, rngs)
 
-  def __call__(self, x, positions, mask, cache_kv=None, cache_len=None, view_len=None):
+  def __call__(self, x, rope_cs, mask, cache_kv=None, cache_len=None, view_len=None):
     h = x if self.input_norm is None else self.input_norm(x)
-    a, new_kv = self.attn(h, positions, mask, cache_kv, cache_len, view_len)
+    a, new_kv = self.attn(h, rope_cs, mask, cache_kv, cache_len, view_len)
     x = x + a
     x = x + self.mlp(self.post_attn_norm(x))
     return x, new_kv
@@ -194,9 +199,11 @@ def cache_mask(
   Old slots (< len) are visible to every new token; among the new tokens the
   mask is causal by default or `new_mask` (a tree's ancestor mask).
   """
+  slots = jnp.arange(view_len)
+  if new_mask is None and num_new == 1:  # plain decode: the cheap special case
+    return (slots[None, :] <= cache_len[:, None])[:, None, :]
   if new_mask is None:
     new_mask = jnp.tril(jnp.ones((num_new, num_new), bool))
-  slots = jnp.arange(view_len)
   rel = slots[None, :] - cache_len[:, None]  # [B, S]
   in_new = (rel >= 0) & (rel < num_new)
   new_vis = new_mask[:, jnp.clip(rel, 0, num_new - 1)]  # [T, B, S]
@@ -276,10 +283,11 @@ class Transformer(nnx.Module):
         raise ValueError("cache_len is required with a cache")
       view_len = cache.slots if view_len is None else view_len
       mask = cache_mask(cache_len, t, view_len, new_mask)
+    rope_cs = rope_tables(positions, self.config.head_dim, self.config.rope_theta)
     new_k, new_v, feats = [], [], []
     for i, layer in enumerate(self.layers):
       kv = None if cache is None else (cache.k[i], cache.v[i])
-      x, kv = layer(x, positions, mask, kv, cache_len, view_len)
+      x, kv = layer(x, rope_cs, mask, kv, cache_len, view_len)
       if kv is not None:
         new_k.append(kv[0])
         new_v.append(kv[1])
