@@ -34,8 +34,9 @@ class KVCache:
   """Per-layer key/value buffers; lengths live with the caller's state.
 
   Attributes:
-    k: one [B, S, K, E] array per layer.
-    v: one [B, S, K, E] array per layer.
+    k: one [B, K, S, E] array per layer (slots next to head dim: attention reads
+      each head's keys contiguously, with no transpose per step).
+    v: one [B, K, S, E] array per layer.
   """
 
   k: tuple[jax.Array, ...]
@@ -43,7 +44,7 @@ class KVCache:
 
   @classmethod
   def zeros(cls, config: ModelConfig, batch: int, slots: int) -> KVCache:
-    shape = (batch, slots, config.num_kv_heads, config.head_dim)
+    shape = (batch, config.num_kv_heads, slots, config.head_dim)
     make = lambda: tuple(jnp.zeros(shape, config.jnp_dtype) for _ in range(config.num_layers))
     return cls(k=make(), v=make())
 
@@ -53,7 +54,7 @@ class KVCache:
 
   @property
   def slots(self) -> int:
-    return self.k[0].shape[1]
+    return self.k[0].shape[2]
 
   def take_rows(self, rows: Int[Array, " B2"]) -> KVCache:
     """Gathers rows (compaction, prefix broadcast)."""
@@ -90,28 +91,29 @@ def apply_rope(x: Float[Array, "B T N E"], tables) -> Float[Array, "B T N E"]:
 
 def attend(
   q: Float[Array, "B T H E"],
-  k: Float[Array, "B S K E"],
-  v: Float[Array, "B S K E"],
+  k: Float[Array, "B K S E"],
+  v: Float[Array, "B K S E"],
   mask: Bool[Array, "B T S"],
 ) -> Float[Array, "B T H E"]:
   """Grouped-query attention with a boolean visibility mask, softmax in float32."""
   b, t, h, e = q.shape
-  kv = k.shape[2]
+  kv = k.shape[1]
   q = q.reshape(b, t, kv, h // kv, e)
-  scores = jnp.einsum("btkge,bske->bkgts", q, k, preferred_element_type=jnp.float32)
+  scores = jnp.einsum("btkge,bkse->bkgts", q, k, preferred_element_type=jnp.float32)
   scores = scores * (e**-0.5)
   scores = jnp.where(mask[:, None, None, :, :], scores, _NEG_INF)
   probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-  out = jnp.einsum("bkgts,bske->btkge", probs, v)
+  out = jnp.einsum("bkgts,bkse->btkge", probs, v)
   return out.reshape(b, t, h, e)
 
 
 def _write_rows(
-  buf: Float[Array, "B S K E"], new: Float[Array, "B T K E"], start: Int[Array, " B"]
-) -> Float[Array, "B S K E"]:
+  buf: Float[Array, "B K S E"], new: Float[Array, "B T K E"], start: Int[Array, " B"]
+) -> Float[Array, "B K S E"]:
   # Each row writes at its own length. The caller guarantees start + T <= S:
   # dynamic_update_slice would otherwise clamp the index and overwrite history.
-  return jax.vmap(lambda c, x, i: jax.lax.dynamic_update_slice(c, x, (i, 0, 0)))(buf, new, start)
+  new = jnp.swapaxes(new, 1, 2)  # [B, K, T, E]
+  return jax.vmap(lambda c, x, i: jax.lax.dynamic_update_slice(c, x, (0, i, 0)))(buf, new, start)
 
 
 class Attention(nnx.Module):
@@ -134,14 +136,14 @@ class Attention(nnx.Module):
     q = apply_rope(q, rope_cs)
     k = apply_rope(k, rope_cs)
     if cache_kv is None:
-      out = attend(q, k, v, mask)
+      out = attend(q, jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2), mask)
       new_kv = None
     else:
       ck, cv = cache_kv
       ck = _write_rows(ck, k, cache_len)
       cv = _write_rows(cv, v, cache_len)
       # Read only the first view_len slots: the cache-length bucket.
-      out = attend(q, ck[:, :view_len], cv[:, :view_len], mask)
+      out = attend(q, ck[:, :, :view_len], cv[:, :, :view_len], mask)
       new_kv = (ck, cv)
     return self.o_proj(out.reshape(b, t, -1)), new_kv
 

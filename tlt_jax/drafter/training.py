@@ -1,0 +1,223 @@
+"""Training the EAGLE drafter on the target's own rollouts.
+
+Data: a rollout row holds tokens x_0..x_{L-1} (prompt + completion) and the
+target features f_t = hidden[t] for t <= L - 2. Training pair t is
+
+  input (x_{t+1}, f_t)  ->  target f_{t+1},   t = 0 .. L - 3,
+
+the alignment the drafter sees at inference (EAGLE). Every pair is context;
+the loss covers pairs whose target feature follows a response token
+(t + 1 >= prompt_len): those are the features the drafter is asked to predict
+during generation. Samples are packed into rows with per-sample segment ids
+and positions restarting at 0, so packed samples never attend to each other.
+
+Loss (EAGLE): 1.0 * SmoothL1(h, f_{t+1}) (mean over D) + 0.1 * soft cross-entropy
+between softmax(head(f_{t+1})) and log_softmax(head(h)), both a masked mean over
+loss tokens. The head is the target's, frozen.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from jaxtyping import Array, Float
+
+from tlt_jax.models.drafter import draft_logits, drafter_forward
+
+Batch = dict[str, Any]
+
+
+def make_training_batch(
+  tokens: np.ndarray,
+  hidden: np.ndarray,
+  prompt_len: np.ndarray,
+  length: np.ndarray,
+  *,
+  row_len: int | None = None,
+  num_rows: int | None = None,
+) -> dict[str, np.ndarray]:
+  """Packs aligned drafter training pairs from rollouts into rows (host side, numpy).
+
+  Args:
+    tokens: [B, S] int, tokens[n, :length[n]] = prompt + completion.
+    hidden: [B, S, D] captured target features, hidden[n, t] = f_t (t <= length - 2).
+    prompt_len: [B] prompt tokens per sample.
+    length: [B] tokens per sample.
+    row_len: pairs per packed row; default the longest sample (length - 2 pairs).
+    num_rows: pad the output to this many rows (static shapes across calls);
+      default as many as the packing needs.
+
+  Returns:
+    A dict of [R, row_len] arrays: tokens (x_{t+1}), positions (t, per sample),
+    segment_ids (1, 2, ... per row; 0 = padding), loss_mask (float32), and
+    [R, row_len, D] features (f_t) and targets (f_{t+1}).
+
+  Raises:
+    ValueError: a sample does not fit in row_len, the rows exceed num_rows, or
+      no sample has a response pair.
+  """
+  tokens, hidden = np.asarray(tokens), np.asarray(hidden)
+  prompt_len, length = np.asarray(prompt_len), np.asarray(length)
+  if hidden.ndim != 3 or hidden.shape[:2] != tokens.shape:
+    raise ValueError(f"hidden {hidden.shape} must be [B, S, D] for tokens {tokens.shape}")
+  if np.any(length > tokens.shape[1]) or np.any(prompt_len < 1) or np.any(prompt_len > length):
+    raise ValueError("need 1 <= prompt_len <= length <= S for every sample")
+  pairs = np.maximum(length - 2, 0)
+  # Samples without a response pair carry no loss; skip them.
+  use = [n for n in range(tokens.shape[0]) if pairs[n] >= prompt_len[n]]
+  if not use:
+    raise ValueError("no sample has a response pair (length - 2 >= prompt_len)")
+  longest = int(max(pairs[n] for n in use))
+  row_len = longest if row_len is None else row_len
+  if longest > row_len:
+    raise ValueError(f"a sample has {longest} pairs, more than row_len={row_len}")
+
+  # First-fit decreasing: few rows, deterministic.
+  rows: list[list[int]] = []
+  free: list[int] = []
+  for n in sorted(use, key=lambda n: (-pairs[n], n)):
+    for r, room in enumerate(free):
+      if room >= pairs[n]:
+        rows[r].append(n)
+        free[r] -= pairs[n]
+        break
+    else:
+      rows.append([n])
+      free.append(row_len - pairs[n])
+  num_rows = len(rows) if num_rows is None else num_rows
+  if len(rows) > num_rows:
+    raise ValueError(f"packing needs {len(rows)} rows of {row_len} pairs, num_rows={num_rows}")
+
+  d = hidden.shape[2]
+  out = {
+    "tokens": np.zeros((num_rows, row_len), np.int32),
+    "positions": np.zeros((num_rows, row_len), np.int32),
+    "segment_ids": np.zeros((num_rows, row_len), np.int32),
+    "loss_mask": np.zeros((num_rows, row_len), np.float32),
+    "features": np.zeros((num_rows, row_len, d), hidden.dtype),
+    "targets": np.zeros((num_rows, row_len, d), hidden.dtype),
+  }
+  for r, members in enumerate(rows):
+    col = 0
+    for seg, n in enumerate(members, start=1):
+      m, p = int(pairs[n]), int(prompt_len[n])
+      span = slice(col, col + m)
+      out["tokens"][r, span] = tokens[n, 1 : m + 1]
+      out["features"][r, span] = hidden[n, :m]
+      out["targets"][r, span] = hidden[n, 1 : m + 1]
+      out["positions"][r, span] = np.arange(m)
+      out["segment_ids"][r, span] = seg
+      out["loss_mask"][r, span] = np.arange(m) + 1 >= p
+      col += m
+  return out
+
+
+def _smooth_l1(x: Float[Array, ...]) -> Float[Array, ...]:
+  # Huber with beta = 1 (PyTorch SmoothL1Loss default, as in EAGLE).
+  a = jnp.abs(x)
+  return jnp.where(a < 1.0, 0.5 * x * x, a - 0.5)
+
+
+def drafter_loss(
+  drafter_graphdef: nnx.GraphDef,
+  drafter_params: nnx.State,
+  target_graphdef: nnx.GraphDef,
+  target_params: nnx.State,
+  batch: Batch,
+  *,
+  feature_weight: float = 1.0,
+  logit_weight: float = 0.1,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """EAGLE loss on a packed batch from `make_training_batch`; returns (loss, metrics).
+
+  The target's params enter behind `stop_gradient` (inside `drafter_forward` /
+  `draft_logits`): differentiating w.r.t. them yields zeros.
+  """
+  h, _ = drafter_forward(
+    drafter_graphdef,
+    drafter_params,
+    target_graphdef,
+    target_params,
+    batch["tokens"],
+    batch["features"],
+    batch["positions"],
+    segment_ids=batch["segment_ids"],
+  )
+  target = batch["targets"]
+  mask = batch["loss_mask"].astype(jnp.float32)
+  denom = jnp.maximum(mask.sum(), 1.0)
+  masked_mean = lambda x: (x * mask).sum() / denom
+
+  f_loss = masked_mean(_smooth_l1(h.astype(jnp.float32) - target.astype(jnp.float32)).mean(-1))
+  # [R, L, V] logits in float32: fine at drafter batch sizes; chunk for big vocabularies.
+  draft = draft_logits(target_graphdef, target_params, h)
+  teacher = jax.lax.stop_gradient(draft_logits(target_graphdef, target_params, target))
+  p_teacher = jax.nn.softmax(teacher, axis=-1)
+  ce = -(p_teacher * jax.nn.log_softmax(draft, axis=-1)).sum(-1)
+  l_loss = masked_mean(ce)
+  agree = (jnp.argmax(draft, -1) == jnp.argmax(teacher, -1)).astype(jnp.float32)
+  loss = feature_weight * f_loss + logit_weight * l_loss
+  metrics = {
+    "loss": loss,
+    "feature_loss": f_loss,
+    "logit_loss": l_loss,
+    "top1_agreement": masked_mean(agree),
+    "loss_tokens": mask.sum(),
+  }
+  return loss, metrics
+
+
+def default_drafter_optimizer(
+  lr: float,
+  warmup: int,
+  total_steps: int,
+  *,
+  weight_decay: float = 0.01,
+  grad_clip: float = 1.0,
+) -> optax.GradientTransformation:
+  """AdamW (b1 0.9, b2 0.95) with global-norm clipping; linear warmup then cosine to lr / 10."""
+  if not 0 <= warmup < total_steps:
+    raise ValueError(f"need 0 <= warmup < total_steps, got warmup={warmup}, total={total_steps}")
+  schedule = optax.warmup_cosine_decay_schedule(0.0, lr, warmup, total_steps, end_value=lr * 0.1)
+  return optax.chain(
+    optax.clip_by_global_norm(grad_clip),
+    optax.adamw(schedule, b1=0.9, b2=0.95, weight_decay=weight_decay),
+  )
+
+
+def make_drafter_update(
+  drafter_graphdef: nnx.GraphDef,
+  target_graphdef: nnx.GraphDef,
+  optimizer: optax.GradientTransformation,
+  *,
+  feature_weight: float = 1.0,
+  logit_weight: float = 0.1,
+) -> Callable[..., tuple[nnx.State, Any, dict[str, jax.Array]]]:
+  """A jitted `(drafter_params, opt_state, target_params, batch) -> (drafter_params,
+  opt_state, metrics)`; drafter params and opt_state are donated, the target's
+  params are read only (never differentiated, never returned)."""
+
+  def update(drafter_params, opt_state, target_params, batch):
+    def loss_fn(dp):
+      return drafter_loss(
+        drafter_graphdef,
+        dp,
+        target_graphdef,
+        target_params,
+        batch,
+        feature_weight=feature_weight,
+        logit_weight=logit_weight,
+      )
+
+    (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(drafter_params)
+    updates, opt_state = optimizer.update(grads, opt_state, drafter_params)
+    drafter_params = optax.apply_updates(drafter_params, updates)
+    return drafter_params, opt_state, {**metrics, "grad_norm": optax.global_norm(grads)}
+
+  return jax.jit(update, donate_argnums=(0, 1))
