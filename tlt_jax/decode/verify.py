@@ -1,0 +1,253 @@
+"""Lossless verification of a draft tree against the target's logits.
+
+The target has scored every node of a draft tree (format in `tlt_jax.decode.tree`) in one
+forward pass. Verification walks from the root, depth by depth, deciding at the current node u
+which child (if any) to accept, and ends by emitting one token the target chose itself: the
+correction token after a rejection, or the bonus token at a leaf. Each round therefore emits
+between 1 and depth + 1 tokens.
+
+* Greedy: accept the first child whose token is the target's argmax at u. The output equals
+  plain greedy decoding token for token.
+* Sampling: the draft is deterministic (a point mass per child), so SpecInfer's multi-draft
+  rule ("recursive rejection sampling") reduces to: with p the target's sampling distribution
+  at u, try u's children in rank order and accept child c with probability p'(token c), where
+  p' is p with the tokens of already-rejected siblings zeroed and renormalised; if every child
+  is rejected, sample the correction from the final p'. Each emitted token is then distributed
+  exactly as p given its prefix, whatever the draft.
+
+Randomness is keyed per (sequence id, absolute position of the emitted token, purpose) by
+`fold_in`, never split over the batch, so verification is independent of the batch layout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jaxtyping import Array, Bool, Float, Int
+
+from tlt_jax.decode.sampling import SamplingConfig, sampling_logits, sequence_keys
+
+_NEG_INF = -1e30
+# fold_in tags that separate the two random draws made for one emitted position.
+_ACCEPT = 0
+_RESIDUAL = 1
+
+# rule(logits at u [B, V], children of u [B, N], tokens [B, N], emitted position [B])
+#   -> (accepted child [B] or -1, token to emit if none is accepted [B]).
+_NodeRule = Callable[[jax.Array, jax.Array, jax.Array, jax.Array], tuple[jax.Array, jax.Array]]
+
+
+@flax.struct.dataclass
+class VerifyResult:
+  """Outcome of verifying one draft tree per row. D = N - 1 is the largest possible depth.
+
+  Attributes:
+    path: [B, D + 1] int32, the accepted nodes from the root (`path[:, 0] == 0`), -1 after.
+    num_accepted: [B] int32, accepted draft tokens (not counting the root or the final token).
+    emitted: [B, D + 1] int32, the new tokens in order: the accepted drafts, then the
+      correction or bonus token; -1 after `num_emitted`.
+    logprobs: [B, D + 1] float32, the policy log-prob of each emitted token, as `sample_tokens`
+      records it (log_softmax of logits / temperature, temperature 1 when greedy); 0 after.
+  """
+
+  path: jax.Array
+  num_accepted: jax.Array
+  emitted: jax.Array
+  logprobs: jax.Array
+
+  @property
+  def num_emitted(self) -> jax.Array:
+    """[B] int32: accepted drafts plus the correction or bonus token."""
+    return self.num_accepted + 1
+
+
+def verify_greedy(
+  tokens: Int[Array, "B N"],
+  parents: Int[Array, "B N"],
+  target_logits: Float[Array, "B N V"],
+  valid: Bool[Array, "B N"] | None = None,
+) -> VerifyResult:
+  """Greedy verification: follows the target's argmax through the tree.
+
+  Among u's children the first (highest-ranked) one whose token is the argmax of
+  `target_logits[:, u]` is accepted; the walk stops at the first node without such a child and
+  emits that node's argmax.
+  """
+  tokens, parents, valid = _check_inputs(tokens, parents, target_logits, valid)
+  base_pos = jnp.zeros(tokens.shape[:1], jnp.int32)
+  return _walk(tokens, parents, target_logits, valid, _greedy_rule, base_pos, temperature=1.0)
+
+
+def verify_sampling(
+  tokens: Int[Array, "B N"],
+  parents: Int[Array, "B N"],
+  target_logits: Float[Array, "B N V"],
+  cfg: SamplingConfig,
+  key: jax.Array,
+  seq_ids: Int[Array, " B"],
+  base_pos: Int[Array, " B"],
+  valid: Bool[Array, "B N"] | None = None,
+) -> VerifyResult:
+  """Lossless verification for the sampling distribution of `cfg` (greedy if temperature 0).
+
+  Args:
+    tokens: the draft tokens; node 0 is the root (the last committed token).
+    parents: the tree; see `tlt_jax.decode.tree`.
+    target_logits: the target's logits for the token following each node.
+    cfg: static sampling configuration; temperature 0 routes to `verify_greedy`.
+    key: base PRNG key, the one plain sampling uses.
+    seq_ids: global sequence id of each row.
+    base_pos: absolute position of each row's root token. The token emitted at depth k + 1
+      lies at `base_pos + k + 1`; since the next round's root is this round's last emitted
+      token, no (sequence, position) is ever keyed twice.
+    valid: False marks padding nodes (never accepted); all True if None.
+  """
+  if cfg.greedy:
+    return verify_greedy(tokens, parents, target_logits, valid)
+  tokens, parents, valid = _check_inputs(tokens, parents, target_logits, valid)
+  rule = _sampling_rule(cfg, key, jnp.asarray(seq_ids, jnp.int32))
+  base_pos = jnp.asarray(base_pos, jnp.int32)
+  return _walk(tokens, parents, target_logits, valid, rule, base_pos, cfg.temperature)
+
+
+def _check_inputs(tokens, parents, target_logits, valid):
+  tokens = jnp.asarray(tokens, jnp.int32)
+  parents = jnp.asarray(parents, jnp.int32)
+  if tokens.ndim != 2 or parents.shape != tokens.shape:
+    raise ValueError(f"tokens and parents must both be [B, N], got {tokens.shape}, {parents.shape}")
+  if target_logits.ndim != 3 or target_logits.shape[:2] != tokens.shape:
+    raise ValueError(f"target_logits must be [B, N, V] with [B, N] = {tokens.shape}")
+  if valid is None:
+    valid = jnp.ones(tokens.shape, bool)
+  elif valid.shape != tokens.shape:
+    raise ValueError(f"valid must be [B, N] = {tokens.shape}, got {valid.shape}")
+  return tokens, parents, jnp.asarray(valid, bool)
+
+
+def _greedy_rule(logits, is_child, tokens, pos):
+  del pos  # Greedy needs no randomness.
+  choice = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+  match = is_child & (tokens == choice[:, None])
+  # argmax of a bool row is its first True: the highest-ranked matching sibling.
+  child = jnp.where(match.any(axis=1), jnp.argmax(match, axis=1), -1)
+  return child.astype(jnp.int32), choice
+
+
+def _sampling_rule(cfg: SamplingConfig, key: jax.Array, seq_ids: jax.Array) -> _NodeRule:
+  """The sequential-sibling rule of the module docstring, for the distribution of `cfg`."""
+
+  def rule(logits, is_child, tokens, pos):
+    batch, n = tokens.shape
+    z = sampling_logits(logits, cfg)
+    # Unnormalised p; truncated entries are exactly 0. Nothing below divides by sum(p).
+    weight = jnp.exp(z - z.max(axis=-1, keepdims=True))
+    tok = jnp.where(is_child, tokens, 0)
+
+    # A sibling repeating an earlier sibling's token has p' = 0: its token is already rejected.
+    earlier = jnp.tril(jnp.ones((n, n), bool), k=-1)
+    repeat = (tok[:, :, None] == tok[:, None, :]) & earlier & is_child[:, None, :]
+    first = is_child & ~repeat.any(axis=2)
+    mass = jnp.where(first, jnp.take_along_axis(weight, tok, axis=1), 0.0)
+
+    drafted = (
+      jnp.zeros((batch, z.shape[-1]), jnp.int32)
+      .at[jnp.arange(batch)[:, None], tok]
+      .add(is_child.astype(jnp.int32))
+      > 0
+    )
+    # When sibling j is tried, p' keeps the never-drafted tokens plus the first occurrences of
+    # sibling j onward. Summing those non-negative parts (instead of 1 - rejected mass) avoids
+    # cancellation, and gives remaining >= mass, so a sure acceptance has ratio exactly 1.
+    never_drafted = jnp.where(drafted, 0.0, weight).sum(axis=-1)
+    remaining = never_drafted[:, None] + jnp.flip(jnp.cumsum(jnp.flip(mass, 1), axis=1), 1)
+    ratio = mass / jnp.where(remaining > 0, remaining, 1.0)
+
+    # One uniform per sibling rank, keyed by the position of the token being decided.
+    accept_keys = _purpose_keys(key, seq_ids, pos, _ACCEPT)
+    uniforms = jax.vmap(lambda k: jax.random.uniform(k, (n,)))(accept_keys)
+    rank = jnp.maximum(jnp.cumsum(is_child, axis=1) - 1, 0)
+    accept = is_child & (jnp.take_along_axis(uniforms, rank, axis=1) < ratio)
+    child = jnp.where(accept.any(axis=1), jnp.argmax(accept, axis=1), -1).astype(jnp.int32)
+
+    # All children rejected: the final p' is p without any child's token. With no children
+    # nothing is removed and this is the bonus token, drawn from p itself.
+    residual = jnp.where(drafted, _NEG_INF, z)
+    residual_keys = _purpose_keys(key, seq_ids, pos, _RESIDUAL)
+    correction = jax.vmap(jax.random.categorical)(residual_keys, residual).astype(jnp.int32)
+    return child, correction
+
+  return rule
+
+
+def _purpose_keys(key, seq_ids, pos, purpose):
+  return jax.vmap(lambda k: jax.random.fold_in(k, purpose))(sequence_keys(key, seq_ids, pos))
+
+
+def _walk(
+  tokens: Int[Array, "B N"],
+  parents: Int[Array, "B N"],
+  target_logits: Float[Array, "B N V"],
+  valid: Bool[Array, "B N"],
+  rule: _NodeRule,
+  base_pos: Int[Array, " B"],
+  temperature: float,
+) -> VerifyResult:
+  """Walks every row's tree from the root, letting `rule` decide at each node.
+
+  `rule(logits, is_child, tokens, pos)` sees the target's logits at the current node u, the
+  mask of u's valid children (all False for finished rows) and the absolute position of the
+  token being decided; it returns the accepted child (-1 for none) and the token to emit if
+  none is accepted. Tests plug deliberately wrong rules in here.
+  """
+  batch, n = tokens.shape
+  cols = jnp.arange(n)[None]
+
+  def not_finished(state):
+    depth, _, done, *_ = state
+    return (depth < n) & ~done.all()
+
+  def step(state):
+    depth, node, done, path, emitted, logprobs, num_accepted = state
+    logits = jnp.take_along_axis(target_logits, node[:, None, None], axis=1)[:, 0]
+    is_child = valid & (parents == node[:, None]) & ~done[:, None]
+    child, fallback = rule(logits, is_child, tokens, base_pos + depth + 1)
+    accepted = child >= 0
+    child_token = jnp.take_along_axis(tokens, jnp.maximum(child, 0)[:, None], axis=1)[:, 0]
+    token = jnp.where(accepted, child_token, fallback)
+    logp_all = jax.nn.log_softmax(logits.astype(jnp.float32) / temperature, axis=-1)
+    logp = jnp.take_along_axis(logp_all, token[:, None], axis=1)[:, 0]
+
+    live = ~done
+    # Column writes by mask: a dynamic slice index would be clamped at the last column.
+    write = (cols == depth) & live[:, None]
+    emitted = jnp.where(write, token[:, None], emitted)
+    logprobs = jnp.where(write, logp[:, None], logprobs)
+    advance = live & accepted
+    path = jnp.where((cols == depth + 1) & advance[:, None], child[:, None], path)
+    return (
+      depth + 1,
+      jnp.where(advance, child, node),
+      done | ~accepted,
+      path,
+      emitted,
+      logprobs,
+      num_accepted + advance.astype(jnp.int32),
+    )
+
+  minus_ones = jnp.full((batch, n), -1, jnp.int32)
+  init = (
+    jnp.int32(0),
+    jnp.zeros((batch,), jnp.int32),
+    jnp.zeros((batch,), bool),
+    minus_ones.at[:, 0].set(0),
+    minus_ones,
+    jnp.zeros((batch, n), jnp.float32),
+    jnp.zeros((batch,), jnp.int32),
+  )
+  # Stops once every row has emitted its final token: usually well before depth N - 1.
+  _, _, _, path, emitted, logprobs, num_accepted = lax.while_loop(not_finished, step, init)
+  return VerifyResult(path=path, num_accepted=num_accepted, emitted=emitted, logprobs=logprobs)
