@@ -1,0 +1,357 @@
+"""Speculative-decoding device program of the rollout engine: draft, verify, commit.
+
+One round per row: the EAGLE drafter proposes a chain or tree of N nodes from
+the root (the last committed token), the target scores all N nodes in ONE
+forward pass, verification picks the accepted path, and the commit moves the
+accepted nodes' K/V into consecutive cache slots and appends the emitted
+tokens, log-probs and target features to the rollout state. In greedy mode the
+result equals `programs.decode_chunk` token for token.
+
+Capacity (guaranteed by the host for every active row, all rounds):
+  target: length - 1 + N <= view_len <= S (the N nodes are written at slots
+    [length - 1, length - 1 + N));
+  drafter cache: drafter_len + max(depth + 1, tree_slots(depth, topk)) <=
+    drafter view (default: all its slots), with drafter_len = length - 2.
+Finished rows may sit anywhere; their state is restored unchanged every round.
+
+Shape letters: B batch, N draft nodes, S cache slots, D model width, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax import lax
+from jaxtyping import Array, Bool, Int
+
+from tlt_jax.decode import drafting
+from tlt_jax.decode.drafting import Draft
+from tlt_jax.decode.tree import ancestor_mask
+from tlt_jax.decode.verify import verify_sampling
+from tlt_jax.models.transformer import KVCache, Transformer, rope_tables
+from tlt_jax.rollout.programs import DecodeStatic
+from tlt_jax.rollout.state import RolloutState
+
+# draft_fn(state, drafter_cache, drafter_len) -> (draft, drafter_cache): replaces the
+# drafter (tests plug in an oracle; the engine leaves it None).
+DraftFn = Callable[[RolloutState, KVCache, jax.Array], tuple[Draft, KVCache]]
+
+
+@dataclasses.dataclass(frozen=True)
+class SpecStrategy:
+  """How drafts are shaped (static: part of the program's cache key).
+
+  Attributes:
+    kind: "chain" (top-1 chain of `depth` tokens) or "tree" (EAGLE-2 tree).
+    depth: draft depth (tokens after the root on the longest path).
+    topk: tree branching (children proposed per expanded node); ignored by chains.
+    num_nodes: tree size, root included; ignored by chains (depth + 1).
+  """
+
+  kind: str = "chain"
+  depth: int = 3
+  topk: int = 1
+  num_nodes: int = 0
+
+  def __post_init__(self):
+    if self.kind not in ("chain", "tree"):
+      raise ValueError(f'kind must be "chain" or "tree", got {self.kind!r}')
+    if not isinstance(self.depth, int) or self.depth < 1:
+      raise ValueError(f"depth must be an int >= 1, got {self.depth!r}")
+    if self.kind == "tree":
+      if not isinstance(self.topk, int) or self.topk < 1:
+        raise ValueError(f"topk must be an int >= 1, got {self.topk!r}")
+      pool = self.topk + (self.depth - 1) * self.topk * self.topk
+      if not isinstance(self.num_nodes, int) or not 2 <= self.num_nodes <= pool + 1:
+        raise ValueError(f"num_nodes must be in [2, {pool + 1}], got {self.num_nodes!r}")
+
+  @property
+  def nodes(self) -> int:
+    """N: draft nodes scored by the target per round, root included."""
+    return self.depth + 1 if self.kind == "chain" else self.num_nodes
+
+  @property
+  def max_emit(self) -> int:
+    """Most tokens one round can emit: the longest path plus the bonus token."""
+    return min(self.depth, self.nodes - 1) + 1
+
+  @property
+  def drafter_slots(self) -> int:
+    """Drafter cache slots a round uses beyond drafter_len (drafting or extending)."""
+    draft = self.depth if self.kind == "chain" else drafting.tree_slots(self.depth, self.topk)
+    return max(draft, self.max_emit)
+
+
+@flax.struct.dataclass
+class SpecStats:
+  """What a chunk of rounds did (the bandit's reward signal).
+
+  Attributes:
+    rounds: scalar int32, rounds run.
+    accepted: [B] int32, draft tokens accepted per row (before stop/max_len truncation).
+    emitted: [B] int32, tokens committed per row.
+    row_rounds: [B] int32, rounds in which the row was active.
+  """
+
+  rounds: jax.Array
+  accepted: jax.Array
+  emitted: jax.Array
+  row_rounds: jax.Array
+
+
+def _is_stop(tokens: jax.Array, stop_tokens: tuple[int, ...]) -> jax.Array:
+  if not stop_tokens:
+    return jnp.zeros(tokens.shape, bool)
+  return jnp.isin(tokens, jnp.asarray(stop_tokens, jnp.int32))
+
+
+def _read_window(buf: jax.Array, start: jax.Array, width: int, axis: int = 1) -> jax.Array:
+  """buf[b, start[b] : start[b] + width] along `axis` (start clamped into range)."""
+  read = lambda row, i: lax.dynamic_slice_in_dim(row, i, width, axis - 1)
+  return jax.vmap(read)(buf, start)
+
+
+def _commit_window(
+  buf: jax.Array, values: jax.Array, start: jax.Array, count: jax.Array, axis: int = 1
+) -> jax.Array:
+  """buf[b, start[b] + j] = values[b, j] for j < count[b] along `axis`; the rest kept.
+
+  One read-modify-write of a `width`-slot window per row: per-row dynamic slices
+  are far cheaper than a general scatter. The window start is clamped so it
+  never leaves the buffer; values are realigned to it, so writes that would
+  fall outside the buffer are dropped instead of overwriting history.
+  """
+  size, width = buf.shape[axis], values.shape[axis]
+  w0 = jnp.clip(start, 0, size - width)
+  win = jnp.moveaxis(_read_window(buf, w0, width, axis), axis, 1)
+  vals = jnp.moveaxis(values, axis, 1)
+  rel = w0[:, None] + jnp.arange(width) - start[:, None]  # [B, W]: index into values
+  keep = (rel >= 0) & (rel < count[:, None])
+  vals = jnp.take_along_axis(
+    vals, jnp.clip(rel, 0, width - 1).reshape(rel.shape + (1,) * (vals.ndim - 2)), axis=1
+  )
+  keep = keep.reshape(keep.shape + (1,) * (vals.ndim - 2))
+  win = jnp.moveaxis(jnp.where(keep, vals, win), 1, axis)
+  write = lambda row, w, i: lax.dynamic_update_slice_in_dim(row, w, i, axis - 1)
+  return jax.vmap(write)(buf, win, w0)
+
+
+def _tree_cache_mask(
+  cache_len: Int[Array, " B"], anc: Bool[Array, "B N N"], view_len: int
+) -> Bool[Array, "B N S"]:
+  """Committed slots (< cache_len) plus each node's ancestors among the new slots."""
+  n = anc.shape[1]
+  rel = jnp.arange(view_len)[None, :] - cache_len[:, None]  # [B, S]
+  idx = jnp.broadcast_to(jnp.clip(rel, 0, n - 1)[:, None, :], (anc.shape[0], n, view_len))
+  in_tree = jnp.take_along_axis(anc, idx, axis=2) & ((rel >= 0) & (rel < n))[:, None, :]
+  return (rel < 0)[:, None, :] | in_tree
+
+
+def _target_forward(
+  model: Transformer,
+  tokens: Int[Array, "B N"],
+  positions: Int[Array, "B N"],
+  cache: KVCache,
+  cache_len: Int[Array, " B"],
+  view_len: int,
+  mask: Bool[Array, "B N S"],
+):
+  """`Transformer.__call__` with a cache and an explicit per-row [B, N, S] mask.
+
+  `Transformer` only takes one [N, N] mask shared by the batch, but EAGLE-2
+  trees differ per row; this runs the same layers with a per-row mask.
+  """
+  cfg = model.config
+  x = model.embed_tokens(tokens)
+  rope_cs = rope_tables(positions, cfg.head_dim, cfg.rope_theta)
+  new_k, new_v = [], []
+  for i, layer in enumerate(model.layers):
+    x, (k, v) = layer(x, rope_cs, mask, (cache.k[i], cache.v[i]), cache_len, view_len)
+    new_k.append(k)
+    new_v.append(v)
+  return model.final_norm(x), KVCache(k=tuple(new_k), v=tuple(new_v))
+
+
+def _commit_cache(
+  old: KVCache,
+  new: KVCache,
+  path: Int[Array, "B N"],
+  start: Int[Array, " B"],
+  count: Int[Array, " B"],
+  active: Bool[Array, " B"],
+) -> KVCache:
+  """Moves the path's K/V to consecutive slots start.. start + count; restores inactive rows.
+
+  The target forward wrote node i at slot start + i (clamped like `_commit_window`
+  for inactive rows), so the node window is read back from the same clamped start;
+  nodes off the path stay beyond the new length, invisible.
+  """
+  n = path.shape[1]
+  w0 = jnp.clip(start, 0, old.slots - n)
+  idx = jnp.maximum(path, 0)[:, None, :, None]  # [B, 1, N, 1]: gather along slots
+
+  def one(old_buf, new_buf):
+    old_win = _read_window(old_buf, w0, n, axis=2)
+    new_win = jnp.take_along_axis(_read_window(new_buf, w0, n, axis=2), idx, axis=2)
+    win = jnp.where(active[:, None, None, None], new_win, old_win)
+    # Inactive rows write their whole old window back where the forward wrote.
+    return _commit_window(
+      new_buf, win, jnp.where(active, start, w0), jnp.where(active, count, n), axis=2
+    )
+
+  return KVCache(
+    k=tuple(one(o, w) for o, w in zip(old.k, new.k, strict=True)),
+    v=tuple(one(o, w) for o, w in zip(old.v, new.v, strict=True)),
+  )
+
+
+def spec_decode_chunk(
+  target_graphdef: nnx.GraphDef,
+  target_params: nnx.State,
+  drafter_graphdef: nnx.GraphDef,
+  drafter_params: nnx.State,
+  state: RolloutState,
+  drafter_cache: KVCache,
+  drafter_len: Int[Array, " B"],
+  key: jax.Array,
+  num_rounds: jax.Array,
+  *,
+  static: DecodeStatic,
+  strategy: SpecStrategy,
+  view_len: int,
+  drafter_view_len: int | None = None,
+  draft_fn: DraftFn | None = None,
+) -> tuple[RolloutState, KVCache, jax.Array, SpecStats]:
+  """Runs up to `num_rounds` (traced) speculative rounds in a device loop.
+
+  Stops early once every row is done. See the module docstring for the capacity
+  the host must guarantee. Needs `static.capture_hidden` (the drafter reads the
+  target's features).
+
+  Args:
+    drafter_cache: the drafter's one-layer cache, committed up to drafter_len.
+    drafter_len: [B] committed drafter positions, length - 2 for active rows.
+    key: base PRNG key, as for `decode_chunk` (randomness is keyed per sequence
+      and position).
+    view_len: target cache slots attention reads (the cache bucket).
+    drafter_view_len: drafter cache slots read (default: all).
+    draft_fn: replaces the drafter's proposals (tests); None uses the drafter.
+
+  Returns:
+    (state, drafter_cache, drafter_len, stats).
+  """
+  if not static.capture_hidden:
+    raise ValueError("speculative decoding needs static.capture_hidden (the drafter's input)")
+  n = strategy.nodes
+  if not n <= view_len <= state.slots:
+    raise ValueError(f"need {n} <= view_len <= {state.slots}, got view_len={view_len}")
+  model: Transformer = nnx.merge(target_graphdef, target_params)
+  dview = drafter_cache.slots if drafter_view_len is None else drafter_view_len
+  dfwd = (drafter_graphdef, drafter_params, target_graphdef, target_params)
+  cols = jnp.arange(n)[None]
+
+  def draft(st: RolloutState, dcache: KVCache, dlen: jax.Array) -> tuple[Draft, KVCache]:
+    if draft_fn is not None:
+      return draft_fn(st, dcache, dlen)
+    root_tok, root_feat = drafting.draft_roots(st.tokens, st.hidden, st.length)
+    if strategy.kind == "chain":
+      return drafting.draft_chain(
+        *dfwd, root_tok, root_feat, dcache, dlen, depth=strategy.depth, view_len=dview
+      )
+    return drafting.draft_tree(
+      *dfwd,
+      root_tok,
+      root_feat,
+      dcache,
+      dlen,
+      depth=strategy.depth,
+      topk=strategy.topk,
+      num_nodes=strategy.num_nodes,
+      view_len=dview,
+    )
+
+  def round_(carry):
+    st, dcache, dlen, stats = carry
+    active = ~st.done
+    base = st.length - 1  # the root's position and cache slot
+
+    # 1. Draft from the root.
+    dr, dcache_drafted = draft(st, dcache, dlen)
+
+    # 2. One target pass over the N nodes at slots [base, base + N).
+    positions = base[:, None] + dr.depth
+    if strategy.kind == "chain":
+      # A chain's ancestor mask is causal: the shared default suffices.
+      h, cache, _ = model(dr.tokens, positions, cache=st.cache, cache_len=base, view_len=view_len)
+    else:
+      mask = _tree_cache_mask(base, ancestor_mask(dr.parents), view_len)
+      h, cache = _target_forward(model, dr.tokens, positions, st.cache, base, view_len, mask)
+
+    # 3. Verify.
+    vr = verify_sampling(
+      dr.tokens,
+      dr.parents,
+      model.logits(h),
+      static.sampling,
+      key,
+      st.seq_id,
+      base,
+      valid=dr.valid,
+    )
+
+    # 4. Commit, truncated at the first stop token and at max_len.
+    stop = _is_stop(vr.emitted, static.stop_tokens) & (cols < vr.num_emitted[:, None])
+    first_stop = jnp.where(stop.any(axis=1), jnp.argmax(stop, axis=1), n)
+    count = jnp.minimum(jnp.minimum(vr.num_emitted, first_stop + 1), st.max_len - st.length)
+    count = jnp.where(active, jnp.maximum(count, 0), 0).astype(jnp.int32)
+    length = st.length + count
+    path = jnp.maximum(vr.path, 0)
+    # The features of the root and the kept path nodes: f_base .. f_{length - 2}.
+    feats = jnp.take_along_axis(h, path[:, :, None], axis=1)
+    new_st = st.replace(
+      cache=_commit_cache(st.cache, cache, vr.path, base, count, active),
+      tokens=_commit_window(st.tokens, vr.emitted, st.length, count),
+      logprobs=_commit_window(st.logprobs, vr.logprobs, st.length, count),
+      hidden=_commit_window(st.hidden, feats.astype(st.hidden.dtype), base, count),
+      length=length,
+      done=st.done | (active & ((first_stop < count) | (length >= st.max_len))),
+    )
+
+    # 5. Commit the new drafter pairs (x_{t+1}, f_t), t = length_old - 2 .. length - 3.
+    t = strategy.max_emit
+    _, dcache_ext = drafting.extend_drafter_cache(
+      *dfwd,
+      _read_window(new_st.tokens, base, t),
+      _read_window(new_st.hidden, st.length - 2, t),
+      dcache_drafted,
+      dlen,
+      view_len=dview,
+    )
+    # Finished rows keep their drafter cache bit for bit (their writes may have clamped).
+    keep = lambda new, old: jnp.where(active[:, None, None, None], new, old)
+    dcache = jax.tree.map(keep, dcache_ext, dcache)
+    dlen = jnp.where(active, length - 2, dlen)
+
+    act = active.astype(jnp.int32)
+    stats = SpecStats(
+      rounds=stats.rounds + 1,
+      accepted=stats.accepted + act * vr.num_accepted,
+      emitted=stats.emitted + count,
+      row_rounds=stats.row_rounds + act,
+    )
+    return new_st, dcache, dlen, stats
+
+  def cond(carry):
+    st, _, _, stats = carry
+    return (stats.rounds < num_rounds) & ~jnp.all(st.done)
+
+  zeros = jnp.zeros((state.batch,), jnp.int32)
+  stats = SpecStats(rounds=jnp.int32(0), accepted=zeros, emitted=zeros, row_rounds=zeros)
+  init = (state, drafter_cache, drafter_len.astype(jnp.int32), stats)
+  state, drafter_cache, drafter_len, stats = lax.while_loop(cond, round_, init)
+  return state, drafter_cache, drafter_len, stats
