@@ -29,7 +29,8 @@ class DecodeStatic:
   capture_hidden: bool
 
 
-def _stopped(tokens, stop_tokens: tuple[int, ...]):
+def is_stop(tokens: jax.Array, stop_tokens: tuple[int, ...]) -> jax.Array:
+  """True where a token is one of the stop tokens."""
   if not stop_tokens:
     return jnp.zeros(tokens.shape, bool)
   return jnp.isin(tokens, jnp.asarray(stop_tokens, jnp.int32))
@@ -92,7 +93,7 @@ def prefill(
     hid = jnp.zeros((b, 0, cfg.d_model), hidden.dtype)
   length = plen + 1
   max_len = plen + max_new
-  done = (seq_id < 0) | _stopped(first, static.stop_tokens) | (length >= max_len)
+  done = (seq_id < 0) | is_stop(first, static.stop_tokens) | (length >= max_len)
   return RolloutState(
     cache=cache,
     tokens=tokens,
@@ -149,7 +150,7 @@ def decode_chunk(
     if static.capture_hidden:
       hid = _write_rows(hid, jnp.where(active[:, None], h, _read_rows(hid, pos)), pos)
     length = st.length + active.astype(jnp.int32)
-    done = st.done | (active & (_stopped(tok, static.stop_tokens) | (length >= st.max_len)))
+    done = st.done | (active & (is_stop(tok, static.stop_tokens) | (length >= st.max_len)))
     st = st.replace(
       cache=cache, tokens=tokens, logprobs=logprobs, hidden=hid, length=length, done=done
     )

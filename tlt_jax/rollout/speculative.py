@@ -34,6 +34,7 @@ from tlt_jax.decode.drafting import Draft
 from tlt_jax.decode.tree import ancestor_mask
 from tlt_jax.decode.verify import verify_sampling
 from tlt_jax.models.transformer import KVCache, Transformer, rope_tables
+from tlt_jax.rollout import programs
 from tlt_jax.rollout.programs import DecodeStatic
 from tlt_jax.rollout.state import RolloutState
 
@@ -102,12 +103,6 @@ class SpecStats:
   accepted: jax.Array
   emitted: jax.Array
   row_rounds: jax.Array
-
-
-def _is_stop(tokens: jax.Array, stop_tokens: tuple[int, ...]) -> jax.Array:
-  if not stop_tokens:
-    return jnp.zeros(tokens.shape, bool)
-  return jnp.isin(tokens, jnp.asarray(stop_tokens, jnp.int32))
 
 
 def _read_window(buf: jax.Array, start: jax.Array, width: int, axis: int = 1) -> jax.Array:
@@ -305,7 +300,7 @@ def spec_decode_chunk(
     )
 
     # 4. Commit, truncated at the first stop token and at max_len.
-    stop = _is_stop(vr.emitted, static.stop_tokens) & (cols < vr.num_emitted[:, None])
+    stop = programs.is_stop(vr.emitted, static.stop_tokens) & (cols < vr.num_emitted[:, None])
     first_stop = jnp.where(stop.any(axis=1), jnp.argmax(stop, axis=1), n)
     count = jnp.minimum(jnp.minimum(vr.num_emitted, first_stop + 1), st.max_len - st.length)
     count = jnp.where(active, jnp.maximum(count, 0), 0).astype(jnp.int32)
