@@ -134,3 +134,22 @@ def test_config_validation_and_param_count():
     cfg = ModelConfig(**{**BASE, **extra})
     _, params = nnx.split(init_model(cfg))
     assert sum(x.size for x in jax.tree.leaves(params)) == cfg.num_params
+
+
+def test_explicit_per_row_mask_matches_shared_tree_mask():
+  cfg = ModelConfig(**BASE)
+  model = init_model(cfg)
+  cache = KVCache.zeros(cfg, 2, 8)
+  _, cache, _ = model(
+    jnp.array([[3, 4], [5, 6]]),
+    jnp.broadcast_to(jnp.arange(2), (2, 2)),
+    cache=cache,
+    cache_len=jnp.zeros(2, jnp.int32),
+  )
+  tree = jnp.array([[1, 0, 0], [1, 1, 0], [1, 0, 1]], bool)
+  toks, pos, lens = jnp.array([[7, 8, 9]] * 2), jnp.array([[2, 3, 3]] * 2), jnp.array([2, 2])
+  shared, _, _ = model(toks, pos, cache=cache, cache_len=lens, new_mask=tree)
+  explicit, _, _ = model(toks, pos, cache=cache, cache_len=lens, mask=cache_mask(lens, 3, 8, tree))
+  np.testing.assert_allclose(shared, explicit, atol=1e-6)
+  with pytest.raises(ValueError, match="mask shape"):
+    model(toks, pos, cache=cache, cache_len=lens, mask=jnp.ones((2, 3, 5), bool))

@@ -262,6 +262,7 @@ class Transformer(nnx.Module):
     new_mask: Bool[Array, "T T"] | None = None,
     valid: Bool[Array, "B T"] | None = None,
     segment_ids: Int[Array, "B T"] | None = None,
+    mask: Bool[Array, "B T S"] | None = None,
     return_layers: Sequence[int] = (),
   ) -> tuple[Float[Array, "B T D"], KVCache | None, tuple[jax.Array, ...]]:
     """Runs the decoder.
@@ -269,7 +270,8 @@ class Transformer(nnx.Module):
     Without `cache`: a full-sequence causal forward (`valid` masks padding keys,
     `segment_ids` separates packed samples). With `cache`: the T tokens are
     written at slots [cache_len, cache_len + T) of every row and attend to the
-    first `view_len` slots (default: all).
+    first `view_len` slots (default: all), by `cache_mask` or, when given, an
+    explicit per-row `mask` [B, T, view_len] (per-row draft trees).
 
     Returns:
       hidden: last layer's output after the final norm, [B, T, D].
@@ -284,7 +286,12 @@ class Transformer(nnx.Module):
       if cache_len is None:
         raise ValueError("cache_len is required with a cache")
       view_len = cache.slots if view_len is None else view_len
-      mask = cache_mask(cache_len, t, view_len, new_mask)
+      if mask is None:
+        mask = cache_mask(cache_len, t, view_len, new_mask)
+      elif mask.shape != (b, t, view_len):
+        raise ValueError(
+          f"mask shape {mask.shape} != (batch, new tokens, view_len) {(b, t, view_len)}"
+        )
     rope_cs = rope_tables(positions, self.config.head_dim, self.config.rope_theta)
     new_k, new_v, feats = [], [], []
     for i, layer in enumerate(self.layers):

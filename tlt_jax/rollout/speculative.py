@@ -33,7 +33,7 @@ from tlt_jax.decode import drafting
 from tlt_jax.decode.drafting import Draft
 from tlt_jax.decode.tree import ancestor_mask
 from tlt_jax.decode.verify import verify_sampling
-from tlt_jax.models.transformer import KVCache, Transformer, rope_tables
+from tlt_jax.models.transformer import KVCache, Transformer
 from tlt_jax.rollout import programs
 from tlt_jax.rollout.programs import DecodeStatic
 from tlt_jax.rollout.state import RolloutState
@@ -145,31 +145,6 @@ def _tree_cache_mask(
   idx = jnp.broadcast_to(jnp.clip(rel, 0, n - 1)[:, None, :], (anc.shape[0], n, view_len))
   in_tree = jnp.take_along_axis(anc, idx, axis=2) & ((rel >= 0) & (rel < n))[:, None, :]
   return (rel < 0)[:, None, :] | in_tree
-
-
-def _target_forward(
-  model: Transformer,
-  tokens: Int[Array, "B N"],
-  positions: Int[Array, "B N"],
-  cache: KVCache,
-  cache_len: Int[Array, " B"],
-  view_len: int,
-  mask: Bool[Array, "B N S"],
-):
-  """`Transformer.__call__` with a cache and an explicit per-row [B, N, S] mask.
-
-  `Transformer` only takes one [N, N] mask shared by the batch, but EAGLE-2
-  trees differ per row; this runs the same layers with a per-row mask.
-  """
-  cfg = model.config
-  x = model.embed_tokens(tokens)
-  rope_cs = rope_tables(positions, cfg.head_dim, cfg.rope_theta)
-  new_k, new_v = [], []
-  for i, layer in enumerate(model.layers):
-    x, (k, v) = layer(x, rope_cs, mask, (cache.k[i], cache.v[i]), cache_len, view_len)
-    new_k.append(k)
-    new_v.append(v)
-  return model.final_norm(x), KVCache(k=tuple(new_k), v=tuple(new_v))
 
 
 def _commit_cache(
@@ -285,7 +260,9 @@ def spec_decode_chunk(
       h, cache, _ = model(dr.tokens, positions, cache=st.cache, cache_len=base, view_len=view_len)
     else:
       mask = _tree_cache_mask(base, ancestor_mask(dr.parents), view_len)
-      h, cache = _target_forward(model, dr.tokens, positions, st.cache, base, view_len, mask)
+      h, cache, _ = model(
+        dr.tokens, positions, cache=st.cache, cache_len=base, view_len=view_len, mask=mask
+      )
 
     # 3. Verify.
     vr = verify_sampling(
