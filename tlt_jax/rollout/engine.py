@@ -9,8 +9,18 @@ A rollout of P prompts x G samples:
    chunk, so attention reads only what is needed.
 Every chunk is recorded in a timeline (time, active rows, buckets, tokens).
 
-All programs come from an `ExecutablePool`; with `warmup()` every bucket
-combination is compiled before the first rollout and none after.
+Speculative decoding (when `spec_threshold` > 0 and drafter params are given):
+once the batch bucket is at or below the threshold, each chunk is either plain
+decode or rounds of draft-and-verify (`rollout.speculative`) with one of the
+configured strategies, chosen per batch bucket by a bandit on measured
+tokens/s (or fixed). The drafter's cache is built from the hidden states the
+target already captured, so switching in either direction never re-runs the
+target; a plain chunk leaves the drafter cache behind and the next
+speculative chunk rebuilds it.
+
+All programs come from an `ExecutablePool`; `warmup()` compiles every bucket
+combination before the first rollout (`spec=True` adds the speculative ones),
+otherwise they compile on first use, and the bandit ignores chunks that compiled.
 """
 
 from __future__ import annotations
@@ -26,12 +36,18 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from tlt_jax.decode import drafting
 from tlt_jax.decode.sampling import SamplingConfig
 from tlt_jax.models.config import ModelConfig
+from tlt_jax.models.drafter import check_drafter_matches
 from tlt_jax.models.transformer import KVCache
 from tlt_jax.rollout import programs
+from tlt_jax.rollout.bandit import StrategyBandit
 from tlt_jax.rollout.pool import ExecutablePool
+from tlt_jax.rollout.speculative import SpecStrategy, spec_decode_chunk
 from tlt_jax.rollout.state import RolloutState, power_of_two_buckets, round_up
+
+PLAIN = "plain"  # the bandit arm that runs plain decode
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +65,13 @@ class EngineConfig:
     cache_buckets: attend only to the smallest cache bucket that fits.
     capture_hidden: keep every position's last-layer hidden state.
     stop_tokens: token ids that end a sequence (the stop token is kept).
+    spec_threshold: speculative decoding is considered for batch buckets at or
+      below this many rows (0: never). Needs capture_hidden.
+    spec_strategies: draft strategies by name ("chain4", "tree5x4x16", see
+      `SpecStrategy.parse`).
+    spec_adaptive: a bandit per batch bucket picks among plain decode and the
+      strategies by measured tokens/s; False always uses the first strategy.
+    spec_rounds: draft-verify rounds per speculative device call.
   """
 
   max_prompt_len: int = 64
@@ -62,6 +85,10 @@ class EngineConfig:
   cache_buckets: bool = True
   capture_hidden: bool = True
   stop_tokens: tuple[int, ...] = ()
+  spec_threshold: int = 0
+  spec_strategies: tuple[str, ...] = ("chain4",)
+  spec_adaptive: bool = True
+  spec_rounds: int = 8
 
   def __post_init__(self):
     for name in (
@@ -72,17 +99,56 @@ class EngineConfig:
       "min_batch_bucket",
       "min_cache_bucket",
       "min_prompt_bucket",
+      "spec_rounds",
     ):
       v = getattr(self, name)
       if not isinstance(v, int) or v <= 0:
         raise ValueError(f"EngineConfig.{name} must be a positive int, got {v!r}")
     if not all(isinstance(t, int) and t >= 0 for t in self.stop_tokens):
       raise ValueError(f"stop_tokens must be non-negative ints, got {self.stop_tokens!r}")
+    t = self.spec_threshold
+    if not isinstance(t, int) or not 0 <= t <= self.max_batch:
+      raise ValueError(
+        f"EngineConfig.spec_threshold must be an int in [0, max_batch={self.max_batch}] "
+        f"(0 turns speculative decoding off), got {t!r}"
+      )
+    names = self.spec_strategies
+    if isinstance(names, str) or not isinstance(names, tuple | list) or not names:
+      raise ValueError(
+        f"EngineConfig.spec_strategies must be a non-empty tuple of names, got {names!r}"
+      )
+    object.__setattr__(self, "spec_strategies", tuple(names))
+    parsed = [SpecStrategy.parse(n) for n in names]  # raises on unknown names
+    if len({p.name for p in parsed}) != len(parsed):
+      raise ValueError(f"EngineConfig.spec_strategies has duplicates: {names!r}")
+    if t and not self.capture_hidden:
+      raise ValueError("speculative decoding (spec_threshold > 0) needs capture_hidden=True")
 
   @property
   def slots(self) -> int:
     """Cache / buffer length: room for the longest prompt plus generation."""
     return self.max_prompt_len + self.max_new_tokens
+
+  @property
+  def strategies(self) -> tuple[SpecStrategy, ...]:
+    return tuple(SpecStrategy.parse(n) for n in self.spec_strategies)
+
+  @property
+  def cache_slots(self) -> int:
+    """KV cache length: `slots`, plus room for a full draft past the last token
+    when speculative decoding is on (see `rollout.speculative`)."""
+    if not self.spec_threshold:
+      return self.slots
+    return self.slots + max(s.nodes for s in self.strategies) - 1
+
+  @property
+  def drafter_margin(self) -> int:
+    return max(s.drafter_slots for s in self.strategies)
+
+  @property
+  def drafter_slots(self) -> int:
+    """Drafter cache length: every committed pair plus the deepest draft."""
+    return self.slots + self.drafter_margin
 
   @property
   def batch_buckets(self) -> tuple[int, ...]:
@@ -91,8 +157,9 @@ class EngineConfig:
   @property
   def view_buckets(self) -> tuple[int, ...]:
     if not self.cache_buckets:
-      return (self.slots,)
-    return power_of_two_buckets(min(self.min_cache_bucket, self.slots), self.slots)
+      return (self.cache_slots,)
+    top = self.cache_slots
+    return power_of_two_buckets(min(self.min_cache_bucket, top), top)
 
   @property
   def prompt_buckets(self) -> tuple[int, ...]:
@@ -134,12 +201,33 @@ class RolloutResult:
   def tokens_per_second(self) -> float:
     return float(self.num_generated.sum()) / max(self.wall_seconds, 1e-9)
 
+  def spec_summary(self) -> dict[str, float]:
+    """Speculative chunks of this rollout: rounds, and per active row-round the
+    tokens committed (`accept_length`, the bonus/correction token included) and
+    draft tokens accepted (`accepted_drafts`)."""
+    spec = [e for e in self.timeline if e["phase"] == "spec"]
+    row_rounds = sum(e["row_rounds"] for e in spec)
+    per = lambda k: sum(e[k] for e in spec) / row_rounds if row_rounds else 0.0
+    return {
+      "chunks": len(spec),
+      "rounds": sum(e["rounds"] for e in spec),
+      "row_rounds": row_rounds,
+      "tokens": sum(e["tokens"] for e in spec),
+      "seconds": sum(e["dt"] for e in spec),
+      "accept_length": per("tokens"),
+      "accepted_drafts": per("accepted"),
+    }
+
 
 class RolloutEngine:
   """Generates G samples per prompt with compaction and cache buckets.
 
   Params are arguments of every call, never baked into programs, so a policy
-  update only needs `engine.generate(new_params, ...)`.
+  update only needs `engine.generate(new_params, ...)`; likewise a new drafter.
+
+  `bandit` (adaptive speculative decoding only) keeps its statistics across
+  rollouts; save `bandit.state_dict()` with checkpoints and restore it with
+  `bandit.load_state_dict`.
   """
 
   def __init__(
@@ -149,15 +237,32 @@ class RolloutEngine:
     config: EngineConfig,
     sampling: SamplingConfig | None = None,
     pool: ExecutablePool | None = None,
+    drafter_graphdef: nnx.GraphDef | None = None,
+    bandit: StrategyBandit | None = None,
   ):
     self.graphdef = graphdef
     self.model_config = model_config
     self.config = config
     self.sampling = sampling if sampling is not None else SamplingConfig()
     self.pool = pool if pool is not None else ExecutablePool()
+    self.drafter_graphdef = drafter_graphdef
     for t in config.stop_tokens:
       if t >= model_config.vocab_size:
         raise ValueError(f"stop token {t} outside the vocabulary (size {model_config.vocab_size})")
+    if config.spec_threshold and drafter_graphdef is None:
+      raise ValueError(
+        "speculative decoding is on (spec_threshold > 0) but no drafter_graphdef was given"
+      )
+    self.strategies = {s.name: s for s in config.strategies}
+    self.bandit = None
+    if config.spec_threshold and config.spec_adaptive:
+      arms = (PLAIN, *self.strategies)
+      # A ~100-chunk memory: long enough to settle on a steady best arm, short
+      # enough to follow a drafter that improves over RL steps.
+      default = StrategyBandit(arms, exploration=0.15, discount=0.99)
+      self.bandit = bandit if bandit is not None else default
+      if tuple(self.bandit.arms) != arms:
+        raise ValueError(f"bandit arms {tuple(self.bandit.arms)} != engine arms {arms}")
 
   # ---------------------------------------------------------------- programs
   # Pool keys hold every static input of a program, so engines with different
@@ -174,7 +279,9 @@ class RolloutEngine:
     b = args[3].shape[0]
     static = self._static(sampling)
     fn = functools.partial(programs.prefill, self.graphdef, static=static, slots=self.config.slots)
-    key = ("prefill", p, tp, b, self.config.slots, static, self.model_config)
+    cfg = self.config
+    fn = functools.partial(fn, cache_slots=cfg.cache_slots)
+    key = ("prefill", p, tp, b, cfg.slots, cfg.cache_slots, static, self.model_config)
     return self.pool.get(key, fn, args)
 
   def _decode_exe(self, sampling, view_len, args):
@@ -186,16 +293,92 @@ class RolloutEngine:
       args[1].batch,
       view_len,
       self.config.slots,
+      self.config.cache_slots,
       static,
       self.model_config,
     )
     return self.pool.get(key, fn, args, donate_argnums=(1,))
 
+  def _spec_exe(self, sampling, strategy: SpecStrategy, view_len: int, args):
+    cfg = self.config
+    dview = min(view_len + cfg.drafter_margin, cfg.drafter_slots)
+    static = self._static(sampling)
+
+    def fn(tparams, dparams, state, dcache, dlen, key, rounds):
+      return spec_decode_chunk(
+        self.graphdef,
+        tparams,
+        self.drafter_graphdef,
+        dparams,
+        state,
+        dcache,
+        dlen,
+        key,
+        rounds,
+        static=static,
+        strategy=strategy,
+        view_len=view_len,
+        drafter_view_len=dview,
+      )
+
+    key = (
+      "spec",
+      args[2].batch,
+      view_len,
+      dview,
+      strategy,
+      cfg.slots,
+      cfg.cache_slots,
+      cfg.drafter_slots,
+      static,
+      self.model_config,
+      self.drafter_graphdef,
+    )
+    return self.pool.get(key, fn, args, donate_argnums=(2, 3))
+
+  def _drafter_prefill_exe(self, width: int, args):
+    cfg = self.config
+
+    def fn(tparams, dparams, state):
+      return drafting.prefill_drafter_cache(
+        self.drafter_graphdef,
+        dparams,
+        self.graphdef,
+        tparams,
+        state.tokens[:, :width],
+        state.hidden[:, :width],
+        state.length,
+        slots=cfg.drafter_slots,
+      )
+
+    key = (
+      "drafter_prefill",
+      args[2].batch,
+      width,
+      cfg.drafter_slots,
+      self.drafter_graphdef,
+      *self._shapes(),
+    )
+    return self.pool.get(key, fn, args)
+
+  def _drafter_take_exe(self, args):
+    take = lambda tree, rows: jax.tree.map(lambda x: jnp.take(x, rows, axis=0), tree)
+    key = ("drafter_take", args[0][1].shape[0], args[1].shape[0], self.config.drafter_slots)
+    key += (self.model_config,)
+    return self.pool.get(key, take, args)
+
+  def _shapes(self) -> tuple:
+    """What fixes the state's shapes besides the batch (engines may share a pool)."""
+    cfg = self.config
+    return (cfg.slots, cfg.cache_slots, cfg.capture_hidden, self.model_config)
+
   def _take_exe(self, args):
-    return self.pool.get(("take", args[0].batch, args[1].shape[0]), programs.take_rows, args)
+    key = ("take", args[0].batch, args[1].shape[0], *self._shapes())
+    return self.pool.get(key, programs.take_rows, args)
 
   def _harvest_exe(self, args):
-    return self.pool.get(("harvest", args[0].batch, args[1].shape[0]), programs.harvest, args)
+    key = ("harvest", args[0].batch, args[1].shape[0], *self._shapes())
+    return self.pool.get(key, programs.harvest, args)
 
   # -------------------------------------------------------------- validation
   def _validate(
@@ -241,11 +424,14 @@ class RolloutEngine:
     sampling: SamplingConfig | None = None,
     num_prompts: Sequence[int] | None = None,
     num_samples: int = 1,
+    drafter_params: nnx.State | None = None,
   ) -> float:
     """Compiles every program a rollout can need; returns seconds spent.
 
     `num_prompts`: the prompt counts to prepare prefill for (default: the
-    batch buckets divided by num_samples).
+    batch buckets divided by num_samples). With `drafter_params` (and
+    spec_threshold > 0) the speculative programs are compiled too: one per
+    (batch bucket <= threshold) x cache bucket x strategy.
     """
     sampling = sampling or self.sampling
     cfg = self.config
@@ -274,13 +460,29 @@ class RolloutEngine:
           rows = jnp.zeros((b2,), jnp.int32)
           self._take_exe((state, rows, rows > 0))
       self._harvest_exe((state, jnp.zeros((b,), jnp.int32)))
+      if drafter_params is not None and cfg.spec_threshold and b <= cfg.spec_threshold:
+        self._warmup_spec(params, drafter_params, sampling, state)
     return time.perf_counter() - start
+
+  def _warmup_spec(self, params, drafter_params, sampling, state: RolloutState) -> None:
+    cfg, key = self.config, jax.random.key(0)
+    dstate = None
+    for width in sorted({min(v, cfg.slots) for v in cfg.view_buckets}):
+      args = (params, drafter_params, state)
+      dstate = self._drafter_prefill_exe(width, args)(*args)
+    for strategy in cfg.strategies:
+      for view in cfg.view_buckets:
+        if view >= strategy.nodes:
+          self._spec_exe(sampling, strategy, view, (params, drafter_params, state, *dstate, key, 0))
+    for b2 in cfg.batch_buckets:
+      if b2 < state.batch:
+        self._drafter_take_exe((dstate, jnp.zeros((b2,), jnp.int32)))
 
   def _dummy_state(self, b: int) -> RolloutState:
     cfg, m = self.config, self.model_config
     hid_len = cfg.slots if cfg.capture_hidden else 0
     return RolloutState(
-      cache=KVCache.zeros(m, b, cfg.slots),
+      cache=KVCache.zeros(m, b, cfg.cache_slots),
       tokens=jnp.zeros((b, cfg.slots), jnp.int32),
       logprobs=jnp.zeros((b, cfg.slots), jnp.float32),
       hidden=jnp.zeros((b, hid_len, m.d_model), m.jnp_dtype),
@@ -331,6 +533,7 @@ class RolloutEngine:
     max_new_tokens: int | Sequence[int] | None = None,
     sampling: SamplingConfig | None = None,
     seq_id_offset: int = 0,
+    drafter_params: nnx.State | None = None,
   ) -> RolloutResult:
     """Samples `num_samples` completions for each prompt.
 
@@ -343,6 +546,9 @@ class RolloutEngine:
       max_new_tokens: one limit for all rows, or one per prompt, or one per row.
       sampling: overrides the engine's sampling config for this call.
       seq_id_offset: shifts sequence ids (e.g. by RL step) so calls never reuse keys.
+      drafter_params: the EAGLE drafter's params; speculative decoding runs only
+        when they are given and the config's spec_threshold > 0. The output
+        distribution is the target's either way (greedy: the same tokens).
     """
     cfg = self.config
     sampling = sampling or self.sampling
@@ -362,6 +568,10 @@ class RolloutEngine:
         )
       max_new_rows = mx
     self._validate(prompts, num_samples, max_new_rows)
+    if drafter_params is not None:
+      if self.drafter_graphdef is None:
+        raise ValueError("drafter_params given but the engine was built without drafter_graphdef")
+      check_drafter_matches(drafter_params, self.model_config)
     if isinstance(key, int):
       key = jax.random.key(key)
 
@@ -409,6 +619,8 @@ class RolloutEngine:
         outputs[int(got["seq_id"][j]) - seq_id_offset] = {k: v[j] for k, v in got.items()}
 
     max_len = np.asarray(state.max_len)
+    spec_on = bool(cfg.spec_threshold) and drafter_params is not None
+    dstate = None  # (drafter cache, drafter_len) in step with `state`, or None
     while True:
       active = ~done & (row_seq >= 0)
       if not active.any():
@@ -423,33 +635,84 @@ class RolloutEngine:
           valid = np.arange(target) < keep.size
           args = (state, jnp.asarray(rows), jnp.asarray(valid))
           state = self._take_exe(args)(*args)
+          if dstate is not None:
+            args = (dstate, jnp.asarray(rows))
+            dstate = self._drafter_take_exe(args)(*args)
           row_seq = np.where(valid, row_seq[rows], -1)
           length, max_len = length[rows], max_len[rows]
           done = np.where(valid, done[rows], True)
           active = ~done
-      # Every active row may grow by chunk_steps; the cache view must cover it.
-      need = int(np.minimum(length + cfg.chunk_steps - 1, max_len)[active].max())
-      view = round_up(need, cfg.view_buckets)
-      steps = cfg.chunk_steps
-      if state.batch == cfg.batch_buckets[0]:
-        # Nothing left to compact: run to the end of the cache bucket in one
-        # device call (host round trips cost more than small-batch steps).
-        steps = max(steps, view - int(length[active].max()) + 1)
+      arm = PLAIN
+      learn = spec_on and self.bandit is not None and state.batch <= cfg.spec_threshold
+      if spec_on and state.batch <= cfg.spec_threshold:
+        arm = self.bandit.select(state.batch) if learn else cfg.strategies[0].name
+      compile_s = self.pool.compile_seconds
       before = int(length[active].sum())
       t0 = time.perf_counter()
-      args = (params, state, key, np.int32(steps))
-      state, steps = self._decode_exe(sampling, view, args)(*args)
-      length, done, steps = jax.device_get((state.length, state.done, steps))
+      if arm == PLAIN:
+        dstate = None  # plain decode does not advance the drafter's cache
+        # Every active row may grow by chunk_steps; the cache view must cover it.
+        need = int(np.minimum(length + cfg.chunk_steps - 1, max_len)[active].max())
+        view = round_up(need, cfg.view_buckets)
+        steps = cfg.chunk_steps
+        if state.batch == cfg.batch_buckets[0] and not learn:
+          # Nothing left to compact: run to the end of the cache bucket in one
+          # device call (host round trips cost more than small-batch steps).
+          # Not while the bandit compares arms: it needs chunk-sized samples.
+          steps = max(steps, view - int(length[active].max()) + 1)
+        args = (params, state, key, np.int32(steps))
+        state, steps = self._decode_exe(sampling, view, args)(*args)
+        length, done, steps = jax.device_get((state.length, state.done, steps))
+        entry = {"phase": "decode", "steps": int(steps)}
+      else:
+        strategy = self.strategies[arm]
+        rounds = cfg.spec_rounds
+        # A row starting a round at length L writes draft nodes at slots
+        # [L - 1, L - 1 + N); rows reaching max_len stop.
+        last = np.minimum(length + (rounds - 1) * strategy.max_emit, max_len - 1)
+        view = round_up(int((last - 1 + strategy.nodes)[active].max()), cfg.view_buckets)
+        if dstate is None:
+          width = min(view, cfg.slots)
+          args = (params, drafter_params, state)
+          dstate = self._drafter_prefill_exe(width, args)(*args)
+          timeline.append(
+            {
+              "t": t0 - start,
+              "dt": time.perf_counter() - t0,
+              "phase": "drafter_prefill",
+              "active": int(active.sum()),
+              "batch": state.batch,
+              "view": width,
+              "tokens": 0,
+            }
+          )
+          t0 = time.perf_counter()
+        args = (params, drafter_params, state, *dstate, key, np.int32(rounds))
+        state, dcache, dlen, stats = self._spec_exe(sampling, strategy, view, args)(*args)
+        dstate = (dcache, dlen)
+        length, done, stats = jax.device_get((state.length, state.done, stats))
+        entry = {
+          "phase": "spec",
+          "strategy": arm,
+          "rounds": int(stats.rounds),
+          "row_rounds": int(stats.row_rounds.sum()),
+          "accepted": int(stats.accepted.sum()),
+        }
+      dt = time.perf_counter() - t0
+      tokens = int(length[active].sum()) - before
+      if learn and tokens > 0:
+        # Reward: tokens/s of the chunk, less any compile it triggered (lazy pools).
+        run_s = dt - (self.pool.compile_seconds - compile_s)
+        self.bandit.update(state.batch, arm, tokens / max(run_s, 1e-6))
       timeline.append(
         {
           "t": t0 - start,
-          "dt": time.perf_counter() - t0,
-          "phase": "decode",
+          "dt": dt,
           "active": int(active.sum()),
           "batch": state.batch,
           "view": view,
-          "steps": int(steps),
-          "tokens": int(length[active].sum()) - before,
+          "tokens": tokens,
+          **entry,
         }
       )
     collect(np.nonzero(row_seq >= 0)[0])

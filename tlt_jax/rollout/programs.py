@@ -60,17 +60,19 @@ def prefill(
   *,
   static: DecodeStatic,
   slots: int,
+  cache_slots: int | None = None,
 ) -> RolloutState:
   """Prefills each distinct prompt once and shares its cache with its samples.
 
   Row b of the returned state is a sample of prompt `row_prompt[b]`; rows with
   seq_id < 0 are padding and start done. The first new token of every row is
   sampled here from the prompt's last-position logits, keyed by its own seq id.
+  `slots` sizes the token buffers, `cache_slots` (default: slots) the KV cache.
   """
   model: Transformer = nnx.merge(graphdef, params)
   cfg = model.config
   p, tp = prompts.shape
-  cache = KVCache.zeros(cfg, p, slots)
+  cache = KVCache.zeros(cfg, p, slots if cache_slots is None else cache_slots)
   positions = jnp.broadcast_to(jnp.arange(tp, dtype=jnp.int32), (p, tp))
   hidden, cache, _ = model(
     prompts, positions, cache=cache, cache_len=jnp.zeros((p,), jnp.int32), view_len=tp

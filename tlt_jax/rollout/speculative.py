@@ -8,8 +8,10 @@ tokens, log-probs and target features to the rollout state. In greedy mode the
 result equals `programs.decode_chunk` token for token.
 
 Capacity (guaranteed by the host for every active row, all rounds):
-  target: length - 1 + N <= view_len <= S (the N nodes are written at slots
-    [length - 1, length - 1 + N));
+  target: length - 1 + N <= view_len <= cache slots (the N nodes are written at
+    slots [length - 1, length - 1 + N), so the engine gives the cache N - 1
+    slots more than the token buffers: a row one token short of the buffer
+    end still has room for a full draft);
   drafter cache: drafter_len + max(depth + 1, tree_slots(depth, topk)) <=
     drafter view (default: all its slots), with drafter_len = length - 2.
 Finished rows may sit anywhere; their state is restored unchanged every round.
@@ -20,6 +22,7 @@ Shape letters: B batch, N draft nodes, S cache slots, D model width, V vocabular
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable
 
 import flax.struct
@@ -70,6 +73,30 @@ class SpecStrategy:
       pool = self.topk + (self.depth - 1) * self.topk * self.topk
       if not isinstance(self.num_nodes, int) or not 2 <= self.num_nodes <= pool + 1:
         raise ValueError(f"num_nodes must be in [2, {pool + 1}], got {self.num_nodes!r}")
+
+  @classmethod
+  def parse(cls, name: str) -> SpecStrategy:
+    """From a name: "chain<depth>" (e.g. "chain4") or "tree<depth>x<topk>x<nodes>"
+    (e.g. "tree5x4x16": depth 5, top-4 expansion, 16 nodes verified)."""
+    if isinstance(name, SpecStrategy):
+      return name
+    if not isinstance(name, str):
+      raise ValueError(f"a strategy name must be a str, got {name!r}")
+    if m := re.fullmatch(r"chain(\d+)", name):
+      return cls("chain", depth=int(m[1]))
+    if m := re.fullmatch(r"tree(\d+)x(\d+)x(\d+)", name):
+      return cls("tree", depth=int(m[1]), topk=int(m[2]), num_nodes=int(m[3]))
+    raise ValueError(
+      f"unknown speculative strategy {name!r}: expected 'chain<depth>' (e.g. 'chain4') or "
+      f"'tree<depth>x<topk>x<nodes>' (e.g. 'tree5x4x16')"
+    )
+
+  @property
+  def name(self) -> str:
+    """The strategy's name, inverse of `parse`."""
+    if self.kind == "chain":
+      return f"chain{self.depth}"
+    return f"tree{self.depth}x{self.topk}x{self.num_nodes}"
 
   @property
   def nodes(self) -> int:
@@ -218,8 +245,8 @@ def spec_decode_chunk(
   if not static.capture_hidden:
     raise ValueError("speculative decoding needs static.capture_hidden (the drafter's input)")
   n = strategy.nodes
-  if not n <= view_len <= state.slots:
-    raise ValueError(f"need {n} <= view_len <= {state.slots}, got view_len={view_len}")
+  if not n <= view_len <= state.cache.slots:
+    raise ValueError(f"need {n} <= view_len <= {state.cache.slots}, got view_len={view_len}")
   model: Transformer = nnx.merge(target_graphdef, target_params)
   dview = drafter_cache.slots if drafter_view_len is None else drafter_view_len
   dfwd = (drafter_graphdef, drafter_params, target_graphdef, target_params)

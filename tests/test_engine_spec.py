@@ -1,0 +1,213 @@
+"""Speculative decoding inside the rollout engine: lossless, switching, compaction, errors."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from tlt_jax.decode.sampling import SamplingConfig
+from tlt_jax.models.config import ModelConfig
+from tlt_jax.models.drafter import init_drafter
+from tlt_jax.models.transformer import init_model
+from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
+from tlt_jax.rollout.pool import ExecutablePool
+
+# Untied head: `_functional_pair` needs it, and one config lets all tests share programs.
+MODEL = ModelConfig(
+  vocab_size=40,
+  num_layers=2,
+  d_model=32,
+  num_heads=4,
+  num_kv_heads=2,
+  head_dim=8,
+  mlp_dim=64,
+  tie_embeddings=False,
+)
+ENGINE = EngineConfig(
+  max_prompt_len=8,
+  max_new_tokens=40,
+  max_batch=16,
+  chunk_steps=6,
+  min_batch_bucket=2,
+  min_cache_bucket=16,
+  min_prompt_bucket=8,
+  spec_threshold=16,
+  spec_strategies=("chain3", "tree3x2x6"),
+  spec_adaptive=False,
+  spec_rounds=2,
+)
+PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8], [9], [10, 11, 12, 13, 14, 15, 16, 17]]
+LIMITS = [5, 37, 12, 20]  # per-prompt max new tokens: a long tail
+GREEDY = SamplingConfig(temperature=0.0)
+
+
+@pytest.fixture(scope="module")
+def models():
+  tg, tp = nnx.split(init_model(MODEL, seed=3))
+  dg, dp = nnx.split(init_drafter(MODEL, seed=4))
+  return tg, tp, dg, dp
+
+
+@pytest.fixture(scope="module")
+def pool():
+  return ExecutablePool()
+
+
+def _engine(models, pool, sampling=GREEDY, model_config=MODEL, **changes):
+  tg, _, dg, _ = models
+  cfg = dataclasses.replace(ENGINE, **changes)
+  return RolloutEngine(tg, model_config, cfg, sampling, pool, drafter_graphdef=dg)
+
+
+def _run(engine, params, dparams, num_samples=2, key=7, **kw):
+  return engine.generate(
+    params, PROMPTS, num_samples, key=key, max_new_tokens=LIMITS, drafter_params=dparams, **kw
+  )
+
+
+def _phases(result):
+  return [e["phase"] for e in result.timeline]
+
+
+@pytest.mark.parametrize("strategy", ["chain3", "tree3x2x6"])
+def test_greedy_spec_equals_plain(models, pool, strategy):
+  _, tp, _, dp = models
+  plain = _run(_engine(models, pool, spec_threshold=0), tp, None)
+  spec = _run(_engine(models, pool, spec_strategies=(strategy,)), tp, dp)
+  assert "spec" in _phases(spec) and "decode" not in _phases(spec)
+  np.testing.assert_array_equal(spec.length, plain.length)
+  np.testing.assert_array_equal(spec.tokens, plain.tokens)
+  # Recorded log-probs and features are the target's (tree-masked forward vs one token).
+  np.testing.assert_allclose(spec.logprobs, plain.logprobs, atol=2e-5)
+  valid = np.arange(ENGINE.slots)[None, :] < (plain.length - 1)[:, None]
+  np.testing.assert_allclose(spec.hidden[valid], plain.hidden[valid], atol=1e-4)
+
+
+def test_threshold_switches_mid_rollout(models, pool):
+  """Plain while the batch bucket is above the threshold, speculative below it."""
+  _, tp, _, dp = models
+  plain = _run(_engine(models, pool, spec_threshold=0), tp, None, num_samples=4)
+  spec = _run(_engine(models, pool, spec_threshold=4), tp, dp, num_samples=4)
+  phases = [p for p in _phases(spec) if p in ("decode", "spec")]
+  assert phases[0] == "decode" and "spec" in phases
+  for e in spec.timeline:
+    if e["phase"] == "spec":
+      assert e["batch"] <= 4
+  np.testing.assert_array_equal(spec.tokens, plain.tokens)
+
+
+def test_adaptive_switches_both_ways(models, pool):
+  """The bandit explores plain and speculative arms at one bucket: the drafter cache
+  is rebuilt from captured features after plain chunks, and outputs stay exact."""
+  _, tp, _, dp = models
+  engine = _engine(models, pool, spec_adaptive=True, spec_threshold=8)
+  plain = _run(_engine(models, pool, spec_threshold=0), tp, None, num_samples=4)
+  spec = _run(engine, tp, dp, num_samples=4)
+  phases = [p for p in _phases(spec) if p in ("decode", "spec")]
+  pairs = set(zip(phases, phases[1:]))
+  assert ("spec", "decode") in pairs and ("decode", "spec") in pairs
+  assert _phases(spec).count("drafter_prefill") >= 2
+  np.testing.assert_array_equal(spec.tokens, plain.tokens)
+  summary = engine.bandit.summary()
+  assert summary and max(summary) <= 8  # buckets at or below the threshold only
+  pulls = {a: sum(b[a]["pulls"] for b in summary.values()) for a in ("plain", "chain3")}
+  assert pulls["plain"] > 0 and pulls["chain3"] > 0
+
+
+def test_drafter_cache_follows_compaction(models, pool):
+  """Per-row acceptance depends only on the row's own drafter cache: the same with
+  and without compaction (which gathers the drafter cache into smaller buckets)."""
+  _, tp, _, dp = models
+  a = _run(_engine(models, pool), tp, dp, num_samples=4)
+  b = _run(_engine(models, pool, compact=False), tp, dp, num_samples=4)
+  assert {e["batch"] for e in a.timeline if e["phase"] == "spec"} != {16}
+  np.testing.assert_array_equal(a.tokens, b.tokens)
+  assert a.spec_summary()["accepted_drafts"] > 0
+  assert a.spec_summary()["row_rounds"] == b.spec_summary()["row_rounds"]
+  assert a.spec_summary()["accepted_drafts"] == b.spec_summary()["accepted_drafts"]
+
+
+def _functional_pair():
+  """A target whose layers add nothing (next token = a function of the current one)
+  and a drafter that reproduces it exactly: every greedy draft is accepted."""
+  cfg = MODEL
+  target = init_model(cfg, seed=5)
+  # A sharp head: the drafter's path scores then favour the true path, as a
+  # trained drafter's do (flat draft probabilities would let trees go wide instead).
+  target.lm_head.kernel[...] = 1000.0 * target.lm_head.kernel[...]
+  for layer in target.layers:
+    layer.attn.o_proj.kernel[...] = jnp.zeros_like(layer.attn.o_proj.kernel[...])
+    layer.mlp.down_proj.kernel[...] = jnp.zeros_like(layer.mlp.down_proj.kernel[...])
+  drafter = init_drafter(cfg, seed=6)
+  d = cfg.d_model
+  # fc picks the next token's embedding; the layer adds nothing. The target's
+  # feature is the same embedding RMS-normalised: a positive rescaling, same argmax
+  # (x50 undoes the 0.02 init scale so draft probabilities are as sharp as the target's).
+  drafter.fc.kernel[...] = jnp.concatenate([50.0 * jnp.eye(d), jnp.zeros((d, d))])
+  drafter.layer.attn.o_proj.kernel[...] = jnp.zeros_like(drafter.layer.attn.o_proj.kernel[...])
+  drafter.layer.mlp.down_proj.kernel[...] = jnp.zeros_like(drafter.layer.mlp.down_proj.kernel[...])
+  return cfg, nnx.split(target), nnx.split(drafter)
+
+
+@pytest.mark.parametrize("strategy,depth", [("chain3", 3), ("tree3x2x6", 3)])
+def test_perfect_drafter_accepts_full_depth(pool, strategy, depth):
+  cfg, (tg, tp), (dg, dp) = _functional_pair()
+  models = (tg, tp, dg, dp)
+  plain = _run(_engine(models, pool, model_config=cfg, spec_threshold=0), tp, None)
+  spec = _run(_engine(models, pool, model_config=cfg, spec_strategies=(strategy,)), tp, dp)
+  np.testing.assert_array_equal(spec.tokens, plain.tokens)
+  summary = spec.spec_summary()
+  # Every round emits depth + 1 tokens except where max_len cuts it short.
+  assert summary["accept_length"] > 0.85 * (depth + 1)
+  assert summary["accepted_drafts"] > 0.85 * depth
+
+
+def test_sampling_records_target_logprobs(models, pool):
+  """Sampled SD rollouts: recorded log-probs are the target's own for the emitted tokens."""
+  tg, tp, _, dp = models
+  sampling = SamplingConfig(temperature=1.0)
+  spec = _run(_engine(models, pool, sampling=sampling), tp, dp, num_samples=3, key=11)
+
+  @jax.jit
+  def logprobs(params, tokens):  # [N, S] -> log p(tokens[:, t] | tokens[:, :t]) at t - 1
+    model = nnx.merge(tg, params)
+    hidden, _, _ = model(tokens, jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape))
+    logp = jax.nn.log_softmax(model.logits(hidden[:, :-1]), axis=-1)
+    return jnp.take_along_axis(logp, tokens[:, 1:, None], axis=2)[..., 0]
+
+  ref = np.asarray(logprobs(tp, jnp.asarray(spec.tokens)))  # causal: padding is harmless
+  for n in range(spec.tokens.shape[0]):
+    start, length = int(spec.prompt_len[n]), int(spec.length[n])
+    np.testing.assert_allclose(
+      spec.logprobs[n, start:length], ref[n, start - 1 : length - 1], atol=1e-4
+    )
+
+
+def test_spec_bad_inputs(models):
+  tg, tp, dg, _ = models
+  with pytest.raises(ValueError, match="unknown speculative strategy 'chian3'"):
+    dataclasses.replace(ENGINE, spec_strategies=("chian3",))
+  with pytest.raises(ValueError, match="spec_threshold must be an int in"):
+    dataclasses.replace(ENGINE, spec_threshold=17)
+  with pytest.raises(ValueError, match="spec_threshold must be an int in"):
+    dataclasses.replace(ENGINE, spec_threshold=-1)
+  with pytest.raises(ValueError, match="non-empty tuple"):
+    dataclasses.replace(ENGINE, spec_strategies=())
+  with pytest.raises(ValueError, match="non-empty tuple"):
+    dataclasses.replace(ENGINE, spec_strategies="chain3")
+  with pytest.raises(ValueError, match="duplicates"):
+    dataclasses.replace(ENGINE, spec_strategies=("chain3", "chain3"))
+  with pytest.raises(ValueError, match="num_nodes must be in"):
+    dataclasses.replace(ENGINE, spec_strategies=("tree3x2x40",))
+  with pytest.raises(ValueError, match="needs capture_hidden"):
+    dataclasses.replace(ENGINE, capture_hidden=False)
+  with pytest.raises(ValueError, match="no drafter_graphdef"):
+    RolloutEngine(tg, MODEL, ENGINE)
+  wide = dataclasses.replace(MODEL, mlp_dim=96)
+  _, wrong = nnx.split(init_drafter(wide, seed=0))
+  engine = RolloutEngine(tg, MODEL, ENGINE, GREEDY, drafter_graphdef=dg)
+  with pytest.raises(ValueError, match="drafter mlp_dim 96 != target mlp_dim 64"):
+    _run(engine, tp, wrong)

@@ -1,0 +1,323 @@
+"""Per-batch-bucket bandit that picks a speculative-decoding draft strategy per decode chunk.
+
+Why a bandit, and why one per batch bucket:
+
+* The best draft shape depends on the batch size. Verifying a draft costs roughly
+  batch x draft nodes of target-model compute, while drafting costs a fixed number of drafter
+  rounds per chunk whatever the batch. At batch 1 the target is memory bound, so deep chains or
+  wide trees are nearly free to verify and every accepted token is a win; at batch 64 the target
+  is compute bound, extra nodes cost real time, and plain decoding (or a short chain) can win.
+  So each batch-size bucket keeps its own statistics per arm and learns its own best arm.
+* The reward is measured throughput: accepted tokens per second of one chunk, wall clock. That
+  counts everything (drafting, verification, acceptance, host overhead), so no cost model has to
+  be right. Scales differ a lot between buckets, so rewards are normalised within a bucket (by the
+  best current discounted mean) before the exploration bonus is added; one `exploration` value
+  then means the same thing in every bucket.
+* The problem is non-stationary: the drafter is trained alongside the policy, its acceptance rate
+  rises, and deeper drafts become worth more over time. Discounted UCB handles that: every update
+  of a bucket multiplies that bucket's statistics by `discount`, so old observations fade (an
+  effective window of about 1 / (1 - discount) chunks) and the bonus of an arm that has not been
+  tried for a while grows until it is tried again.
+
+Selection in a bucket: first every arm is pulled `min_pulls` times, round-robin in arm order;
+then the arm maximising
+
+  mean_a / max_b mean_b + exploration * sqrt(log(sum_b n_b) / n_a)
+
+is chosen, where mean and n are discounted. Exact ties are broken by a seeded numpy Generator, so
+a bandit is deterministic given its seed and its history; `state_dict` includes the generator's
+state so that a restored bandit continues exactly as the original would.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+_STATE_VERSION = 1
+
+
+def _is_real(x: Any) -> bool:
+  return isinstance(x, int | float | np.integer | np.floating) and not isinstance(x, bool)
+
+
+def _bucket_key(bucket: int) -> int:
+  try:
+    return operator.index(bucket)
+  except TypeError:
+    raise ValueError(f"bucket must be an int, got {bucket!r}") from None
+
+
+class _BucketStats:
+  """Statistics of every arm in one bucket."""
+
+  def __init__(self, num_arms: int):
+    # Discounted count and discounted reward sum: the discounted mean is sum / count.
+    self.count = np.zeros(num_arms, dtype=np.float64)
+    self.reward_sum = np.zeros(num_arms, dtype=np.float64)
+    # Undiscounted pulls: drive the warm-up and are reported in `summary`.
+    self.pulls = np.zeros(num_arms, dtype=np.int64)
+    self.last: list[float | None] = [None] * num_arms
+
+  def means(self) -> np.ndarray:
+    """Discounted mean per arm, NaN for arms without (surviving) data."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+      return np.where(self.count > 0, self.reward_sum / self.count, np.nan)
+
+  def to_state(self, bucket: int) -> dict[str, Any]:
+    return {
+      "bucket": bucket,
+      "count": [float(x) for x in self.count],
+      "reward_sum": [float(x) for x in self.reward_sum],
+      "pulls": [int(x) for x in self.pulls],
+      "last": [None if x is None else float(x) for x in self.last],
+    }
+
+  @classmethod
+  def from_state(cls, state: Mapping[str, Any], num_arms: int) -> _BucketStats:
+    stats = cls(num_arms)
+    for key in ("count", "reward_sum", "pulls", "last"):
+      if len(state[key]) != num_arms:
+        raise ValueError(
+          f"bucket {state['bucket']}: {key!r} has {len(state[key])} entries, expected {num_arms}"
+        )
+    stats.count[:] = np.asarray(state["count"], dtype=np.float64)
+    stats.reward_sum[:] = np.asarray(state["reward_sum"], dtype=np.float64)
+    stats.pulls[:] = np.asarray(state["pulls"], dtype=np.int64)
+    stats.last = [None if x is None else float(x) for x in state["last"]]
+    return stats
+
+
+class StrategyBandit:
+  """Discounted-UCB bandit over draft strategies, with separate statistics per batch bucket.
+
+  Args:
+    arms: Strategy names, e.g. ``("plain", "chain4", "tree5x4x16")``. Order matters: warm-up
+      goes through the arms in this order, and the first arm is the default of `best` when a
+      bucket has no data.
+    exploration: Weight of the UCB bonus, in units of the bucket's best mean reward.
+    discount: Factor applied to a bucket's statistics on each of its updates, in (0, 1]; 1 means
+      stationary (plain UCB1 on normalised rewards).
+    min_pulls: Pulls of every arm in a bucket before UCB takes over.
+    seed: Seed of the generator that breaks exact ties.
+  """
+
+  def __init__(
+    self,
+    arms: Sequence[str],
+    *,
+    exploration: float = 0.3,
+    discount: float = 0.97,
+    min_pulls: int = 2,
+    seed: int = 0,
+  ):
+    if isinstance(arms, str):
+      raise ValueError(f"arms must be a sequence of strategy names, got the string {arms!r}")
+    arms = tuple(arms)
+    if not arms:
+      raise ValueError("arms must not be empty")
+    bad = [a for a in arms if not isinstance(a, str)]
+    if bad:
+      raise ValueError(f"arms must be strings, got {bad!r}")
+    dups = sorted({a for a in arms if arms.count(a) > 1})
+    if dups:
+      raise ValueError(f"arms must be unique, got duplicates {dups!r} in {list(arms)!r}")
+    if not (_is_real(exploration) and math.isfinite(exploration) and exploration >= 0):
+      raise ValueError(f"exploration must be a finite number >= 0, got {exploration!r}")
+    if not (_is_real(discount) and 0 < discount <= 1):
+      raise ValueError(f"discount must be in (0, 1], got {discount!r}")
+    if isinstance(min_pulls, bool) or not isinstance(min_pulls, int) or min_pulls < 1:
+      raise ValueError(f"min_pulls must be an int >= 1, got {min_pulls!r}")
+    self._arms = arms
+    self._index = {a: i for i, a in enumerate(arms)}
+    self._exploration = float(exploration)
+    self._discount = float(discount)
+    self._min_pulls = min_pulls
+    self._seed = int(seed)
+    self._rng = np.random.Generator(np.random.PCG64(self._seed))
+    self._buckets: dict[int, _BucketStats] = {}
+
+  # ------------------------------------------------------------------ properties
+
+  @property
+  def arms(self) -> tuple[str, ...]:
+    return self._arms
+
+  @property
+  def exploration(self) -> float:
+    return self._exploration
+
+  @property
+  def discount(self) -> float:
+    return self._discount
+
+  @property
+  def min_pulls(self) -> int:
+    return self._min_pulls
+
+  @property
+  def buckets(self) -> list[int]:
+    return sorted(self._buckets)
+
+  # ------------------------------------------------------------------ core
+
+  def _bucket(self, bucket: int) -> _BucketStats:
+    key = _bucket_key(bucket)
+    stats = self._buckets.get(key)
+    if stats is None:
+      stats = self._buckets[key] = _BucketStats(len(self._arms))
+    return stats
+
+  def _arm_index(self, arm: str) -> int:
+    try:
+      return self._index[arm]
+    except (KeyError, TypeError):
+      raise ValueError(f"unknown arm {arm!r}; known arms: {list(self._arms)!r}") from None
+
+  def select(self, bucket: int) -> str:
+    """Returns the strategy to run for the next chunk of `bucket`."""
+    stats = self._bucket(bucket)
+    # Warm-up, round-robin: the arm with the fewest pulls below min_pulls, first in order on ties.
+    fewest = int(np.argmin(stats.pulls))
+    if stats.pulls[fewest] < self._min_pulls:
+      return self._arms[fewest]
+    means = stats.means()
+    known = stats.count > 0
+    if not known.all():
+      # Data decayed to nothing (or state edited by hand): such an arm's bonus is infinite.
+      return self._arms[int(np.argmin(known))]
+    scale = float(np.max(means))
+    # Normalise so that the bonus is relative to this bucket's throughput scale.
+    normalised = means / scale if scale > 0 else means
+    log_total = max(math.log(float(stats.count.sum())), 0.0)
+    index = normalised + self._exploration * np.sqrt(log_total / stats.count)
+    top = np.flatnonzero(index >= index.max() - 1e-12 * max(1.0, abs(float(index.max()))))
+    choice = int(top[0]) if top.size == 1 else int(self._rng.choice(top))
+    return self._arms[choice]
+
+  def update(self, bucket: int, arm: str, reward: float) -> None:
+    """Records the measured throughput (accepted tokens / s) of one chunk run with `arm`."""
+    i = self._arm_index(arm)
+    try:
+      value = float(reward)
+    except (TypeError, ValueError):
+      raise ValueError(f"reward must be a number, got {reward!r}") from None
+    if not math.isfinite(value) or value < 0:
+      raise ValueError(f"reward must be finite and >= 0, got {reward!r}")
+    stats = self._bucket(bucket)
+    # Decay every arm of this bucket, pulled or not: "how long ago" is counted in this bucket's
+    # chunks, so an arm that is not being tried loses confidence and its bonus grows.
+    stats.count *= self._discount
+    stats.reward_sum *= self._discount
+    stats.count[i] += 1.0
+    stats.reward_sum[i] += value
+    stats.pulls[i] += 1
+    stats.last[i] = value
+
+  def best(self, bucket: int) -> str:
+    """Returns the arm with the highest discounted mean (the first arm if there is no data)."""
+    stats = self._buckets.get(_bucket_key(bucket))
+    if stats is None or not (stats.count > 0).any():
+      return self._arms[0]
+    means = np.where(stats.count > 0, stats.means(), -np.inf)
+    return self._arms[int(np.argmax(means))]  # argmax takes the first arm on ties.
+
+  def summary(self) -> dict[int, dict[str, dict[str, Any]]]:
+    """Per bucket, per arm: pulls (undiscounted), discounted mean reward, last reward."""
+    out: dict[int, dict[str, dict[str, Any]]] = {}
+    for bucket in sorted(self._buckets):
+      stats = self._buckets[bucket]
+      means = stats.means()
+      out[bucket] = {
+        arm: {
+          "pulls": int(stats.pulls[i]),
+          "mean": None if np.isnan(means[i]) else float(means[i]),
+          "last": stats.last[i],
+        }
+        for i, arm in enumerate(self._arms)
+      }
+    return out
+
+  # ------------------------------------------------------------------ state
+
+  def state_dict(self) -> dict[str, Any]:
+    """JSON-serialisable state: arms, hyperparameters, per-bucket statistics, generator state."""
+    rng_state = self._rng.bit_generator.state
+    return {
+      "version": _STATE_VERSION,
+      "arms": list(self._arms),
+      "exploration": self._exploration,
+      "discount": self._discount,
+      "min_pulls": self._min_pulls,
+      "seed": self._seed,
+      "buckets": [self._buckets[b].to_state(b) for b in sorted(self._buckets)],
+      # PCG64 state is a dict of str and (big) ints; JSON keeps big ints exact.
+      "rng": {
+        "bit_generator": rng_state["bit_generator"],
+        "state": {k: int(v) for k, v in rng_state["state"].items()},
+        "has_uint32": int(rng_state["has_uint32"]),
+        "uinteger": int(rng_state["uinteger"]),
+      },
+    }
+
+  @classmethod
+  def from_state_dict(cls, state: Mapping[str, Any]) -> StrategyBandit:
+    """Builds a bandit that continues exactly where the one that wrote `state` stopped."""
+    bandit = cls(
+      state["arms"],
+      exploration=state["exploration"],
+      discount=state["discount"],
+      min_pulls=state["min_pulls"],
+      seed=state.get("seed", 0),
+    )
+    bandit.load_state_dict(state)
+    return bandit
+
+  def load_state_dict(self, state: Mapping[str, Any]) -> None:
+    """Restores statistics, hyperparameters and generator state; the arms must match self's."""
+    version = state.get("version")
+    if version != _STATE_VERSION:
+      raise ValueError(f"unsupported bandit state version {version!r}, expected {_STATE_VERSION}")
+    arms = tuple(state["arms"])
+    if arms != self._arms:
+      raise ValueError(f"state has arms {list(arms)!r}, this bandit has {list(self._arms)!r}")
+    # Validate everything through the constructor before touching self.
+    fresh = type(self)(
+      arms,
+      exploration=state["exploration"],
+      discount=state["discount"],
+      min_pulls=state["min_pulls"],
+      seed=state.get("seed", 0),
+    )
+    buckets: dict[int, _BucketStats] = {}
+    for entry in state["buckets"]:
+      bucket = _bucket_key(entry["bucket"])
+      if bucket in buckets:
+        raise ValueError(f"bucket {bucket} appears twice in the state")
+      buckets[bucket] = _BucketStats.from_state(entry, len(arms))
+    rng_state = state["rng"]
+    if rng_state.get("bit_generator") != "PCG64":
+      raise ValueError(f"expected a PCG64 generator state, got {rng_state.get('bit_generator')!r}")
+    fresh._rng.bit_generator.state = {
+      "bit_generator": "PCG64",
+      "state": {k: int(v) for k, v in rng_state["state"].items()},
+      "has_uint32": int(rng_state["has_uint32"]),
+      "uinteger": int(rng_state["uinteger"]),
+    }
+    self._exploration = fresh._exploration
+    self._discount = fresh._discount
+    self._min_pulls = fresh._min_pulls
+    self._seed = fresh._seed
+    self._rng = fresh._rng
+    self._buckets = buckets
+
+  def __repr__(self) -> str:
+    return (
+      f"StrategyBandit(arms={list(self._arms)!r}, exploration={self._exploration}, "
+      f"discount={self._discount}, min_pulls={self._min_pulls}, seed={self._seed}, "
+      f"buckets={self.buckets})"
+    )
