@@ -66,6 +66,13 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.engine.compact = True
   c.engine.cache_buckets = True
   c.engine.capture_hidden = True
+  # Speculative decoding for batch buckets <= spec_threshold (0: off; it needs a
+  # trained drafter, see experiments/train_drafter.py). Strategy names: "chain<depth>",
+  # "tree<depth>x<topk>x<nodes>"; the adaptive bandit also considers plain decode.
+  c.engine.spec_threshold = 0
+  c.engine.spec_strategies = ("chain3", "chain6", "tree6x4x16")
+  c.engine.spec_adaptive = True
+  c.engine.spec_rounds = 8
 
   c.sampling = ml_collections.ConfigDict()
   c.sampling.temperature = 1.0

@@ -2,7 +2,10 @@ r"""Speculative decoding vs plain decode on a warm-started policy with its train
 
 For each batch size B and temperature, the same B held-out prompts are run to
 completion (EOS or the token budget) in one batch bucket of B rows (no
-compaction, so B is the batch every step pays for) by:
+compaction, so B is the batch every step pays for). The prompts are the
+held-out problems with the longest reference solutions: the long-tail rows that
+speculative decoding serves in a rollout, and rows that stay active for the
+whole budget, so B is the batch throughout. Configurations:
   plain      - plain decode (spec off),
   <strategy> - speculative decoding with that fixed strategy every chunk,
   adaptive   - the per-bucket bandit choosing among plain and the strategies.
@@ -13,7 +16,9 @@ shared CPU hits all alike; the table reports medians.
 
 Reported per (B, temperature, config): tokens/s, speedup over plain, and for
 speculative runs the mean accept length (tokens committed per sequence per
-round, bonus token included) and accepted draft tokens per round.
+round, bonus token included), accepted draft tokens per round, and the cost of
+one round in plain decode steps (round time / step time): speculative decoding
+gains accept_length / round_cost over plain decode.
 
   python experiments/bench_sd.py --workdir=runs/sd_policy --out=runs/bench_sd
 """
@@ -36,7 +41,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from tlt_jax import checkpoint, configuration, train  # noqa: E402
 from tlt_jax.data import get_tokenizer  # noqa: E402
-from tlt_jax.data.tasks import format_prompt  # noqa: E402
+from tlt_jax.data.tasks import format_prompt, format_target  # noqa: E402
 from tlt_jax.decode.sampling import SamplingConfig  # noqa: E402
 from tlt_jax.models.drafter import init_drafter  # noqa: E402
 from tlt_jax.rollout.engine import EngineConfig, RolloutEngine  # noqa: E402
@@ -47,7 +52,7 @@ _WORKDIR = flags.DEFINE_string("workdir", "runs/sd_policy", "warm_start/ and dra
 _OUT = flags.DEFINE_string("out", "runs/bench_sd", "output folder")
 _BATCHES = flags.DEFINE_list("batches", ["1", "2", "4", "8", "16", "32", "64"], "batch sizes")
 _TEMPS = flags.DEFINE_list("temperatures", ["0", "1"], "sampling temperatures")
-_STRATEGIES = flags.DEFINE_list("strategies", ["chain3", "chain6", "tree6x4x16"], "fixed arms")
+_STRATEGIES = flags.DEFINE_list("strategies", ["chain2", "chain4", "tree5x4x16"], "fixed arms")
 _MAX_NEW = flags.DEFINE_integer("max_new_tokens", 96, "token budget per sequence")
 _REPS = flags.DEFINE_integer("reps", 2, "timed repetitions per configuration")
 _LEARN = flags.DEFINE_integer("learn_runs", 3, "untimed runs for the adaptive bandit to learn")
@@ -92,11 +97,12 @@ def main(argv):
   temps = [float(t) for t in _TEMPS.value]
   strategies = list(_STRATEGIES.value)
   modes = ["plain", *strategies, "adaptive"]
-  examples = list(test_split)
+  examples = sorted(test_split, key=lambda ex: -len(format_target(ex)))
   prompts = [tokenizer.encode(format_prompt(ex), add_bos=True) for ex in examples]
   prompts = [p for p in prompts if len(p) <= base.max_prompt_len]
   pool = ExecutablePool()
   rows = []
+  timed_compiles = 0
   start = time.perf_counter()
   for b in batches:
     engines = {}
@@ -118,9 +124,13 @@ def main(argv):
           drafter_params=None if mode == "plain" else dparams,
         )
 
-      for mode in modes:  # compile (+ let the bandit learn)
+      for mode in modes:  # compile every program B can use, then let the bandit learn
+        engines[mode].warmup(
+          params, sampling, num_prompts=[b], drafter_params=None if mode == "plain" else dparams
+        )
         for i in range(_LEARN.value if mode == "adaptive" else 1):
           run(mode, 1000 + i)
+      compiled = pool.compiles
       times = {m: [] for m in modes}
       results = {m: [] for m in modes}
       for rep in range(_REPS.value):
@@ -129,18 +139,28 @@ def main(argv):
           r = run(mode, rep)
           times[mode].append(r.wall_seconds)
           results[mode].append(r)
-      plain_tps = None
+      if pool.compiles != compiled:
+        print(f"WARNING: {pool.compiles - compiled} compiles inside timed runs (B={b})")
+      timed_compiles += pool.compiles - compiled
+      plain_tps = plain_step_ms = None
       for mode in modes:
         tokens = [int(r.num_generated.sum()) for r in results[mode]]
         tps = float(np.median([t / s for t, s in zip(tokens, times[mode])]))
         plain_tps = tps if mode == "plain" else plain_tps
         spec = results[mode][-1].spec_summary()
         chosen = {}
+        step_s, round_s = [0.0, 0], [0.0, 0]
         for r in results[mode]:
           for e in r.timeline:
             if e["phase"] in ("decode", "spec"):
               arm = e.get("strategy", "plain")
               chosen[arm] = chosen.get(arm, 0) + 1
+              acc = step_s if e["phase"] == "decode" else round_s
+              acc[0] += e["dt"]
+              acc[1] += e["steps"] if e["phase"] == "decode" else e["rounds"]
+        ms = lambda a: 1000 * a[0] / a[1] if a[1] else None
+        if mode == "plain":
+          plain_step_ms = ms(step_s)
         row = {
           "batch": b,
           "temperature": temp,
@@ -149,6 +169,9 @@ def main(argv):
           "speedup": round(tps / plain_tps, 3),
           "accept_length": round(spec["accept_length"], 3),
           "accepted_drafts": round(spec["accepted_drafts"], 3),
+          "ms_per_step": ms(step_s),
+          "ms_per_round": ms(round_s),
+          "round_cost_in_steps": ms(round_s) / plain_step_ms if round_s[1] else None,
           "tokens": tokens[-1],
           "chunks_by_arm": chosen,
         }
@@ -157,7 +180,9 @@ def main(argv):
   elapsed = time.perf_counter() - start
   report = {
     "rows": rows,
+    "crossover": {str(t): crossover(rows, t) for t in temps},
     "compiles": pool.compiles,
+    "compiles_in_timed_runs": timed_compiles,
     "compile_seconds": pool.compile_seconds,
     "seconds": elapsed,
     "policy_params": model_cfg.num_params,
@@ -211,6 +236,21 @@ def _table(rows, modes, temps):
         acc = "" if mode == "plain" else f"; {r['accept_length']:.2f}"
         cells.append(f"{r['tokens_per_s']:.0f} ({r['speedup']:.2f}x{acc})")
       print(f"| {b} | " + " | ".join(cells) + " |")
+    print(
+      f"crossover (smallest batch where no fixed strategy beats plain): {crossover(rows, temp)}"
+    )
+
+
+def crossover(rows, temp):
+  for b in sorted({r["batch"] for r in rows}):
+    fixed = [
+      r["speedup"]
+      for r in rows
+      if r["batch"] == b and r["temperature"] == temp and r["config"] not in ("plain", "adaptive")
+    ]
+    if max(fixed) < 1.0:
+      return b
+  return None
 
 
 if __name__ == "__main__":

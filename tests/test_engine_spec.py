@@ -211,3 +211,27 @@ def test_spec_bad_inputs(models):
   engine = RolloutEngine(tg, MODEL, ENGINE, GREEDY, drafter_graphdef=dg)
   with pytest.raises(ValueError, match="drafter mlp_dim 96 != target mlp_dim 64"):
     _run(engine, tp, wrong)
+
+
+def test_bandit_state_restores_into_a_new_engine(models):
+  """The engine's bandit state survives a JSON checkpoint; mismatched arms are refused."""
+  import json
+
+  from tlt_jax.rollout.bandit import StrategyBandit
+
+  tg, _, dg, _ = models
+  cfg = dataclasses.replace(ENGINE, spec_adaptive=True)
+  engine = RolloutEngine(tg, MODEL, cfg, GREEDY, drafter_graphdef=dg)
+  for reward in (10.0, 30.0, 20.0, 25.0, 5.0, 40.0):
+    engine.bandit.update(4, engine.bandit.select(4), reward)
+  saved = json.loads(json.dumps(engine.bandit.state_dict()))
+  restored = RolloutEngine(
+    tg, MODEL, cfg, GREEDY, drafter_graphdef=dg, bandit=StrategyBandit.from_state_dict(saved)
+  )
+  assert restored.bandit.summary() == engine.bandit.summary()
+  picks = lambda e: [e.bandit.select(4) for _ in range(3)]
+  assert picks(restored) == picks(engine)
+  with pytest.raises(ValueError, match="bandit arms"):
+    RolloutEngine(
+      tg, MODEL, cfg, GREEDY, drafter_graphdef=dg, bandit=StrategyBandit(("plain", "chain3"))
+    )

@@ -65,6 +65,8 @@ def test_cli_rejects_typos_and_bad_types(tmp_path, override, message):
     ("sampling", "top_p", 2.0, "config.sampling: top_p must be in"),
     ("sampling", "temperature", -1.0, "config.sampling: temperature"),
     ("engine", "chunk_steps", 0, "config.engine: EngineConfig.chunk_steps"),
+    ("engine", "spec_strategies", ("chian3",), "config.engine: unknown speculative strategy"),
+    ("engine", "spec_threshold", 9, r"config.engine: EngineConfig.spec_threshold must be"),
     ("model", "num_kv_heads", 3, "config.model: num_heads"),
     ("model", "vocab_size", 10, "smaller than the tokenizer"),
   ],
@@ -77,6 +79,15 @@ def test_invalid_values_fail_with_the_config_path(section, field, value, message
     configuration.model_config(config, tok)
     configuration.sampling_config(config)
     configuration.engine_config(config, tok)
+
+
+def test_sd_bench_config_is_a_50m_policy():
+  from configs import sd_bench
+
+  config = sd_bench.get_config()
+  tok = CharTokenizer()
+  assert 50e6 <= configuration.model_config(config, tok).num_params <= 100e6
+  configuration.engine_config(config, tok)
 
 
 def test_unknown_variant():

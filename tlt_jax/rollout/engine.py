@@ -259,7 +259,8 @@ class RolloutEngine:
       arms = (PLAIN, *self.strategies)
       # A ~100-chunk memory: long enough to settle on a steady best arm, short
       # enough to follow a drafter that improves over RL steps.
-      default = StrategyBandit(arms, exploration=0.15, discount=0.99)
+      # Three pulls per arm first: single chunk timings on a shared host are noisy.
+      default = StrategyBandit(arms, exploration=0.2, discount=0.99, min_pulls=3)
       self.bandit = bandit if bandit is not None else default
       if tuple(self.bandit.arms) != arms:
         raise ValueError(f"bandit arms {tuple(self.bandit.arms)} != engine arms {arms}")
@@ -473,7 +474,10 @@ class RolloutEngine:
     for strategy in cfg.strategies:
       for view in cfg.view_buckets:
         if view >= strategy.nodes:
-          self._spec_exe(sampling, strategy, view, (params, drafter_params, state, *dstate, key, 0))
+          # Run each once (zero rounds): first executions carry one-time costs
+          # that would otherwise land in the bandit's first measurements.
+          args = (params, drafter_params, state, *dstate, key, np.int32(0))
+          state, *dstate, _ = self._spec_exe(sampling, strategy, view, args)(*args)
     for b2 in cfg.batch_buckets:
       if b2 < state.batch:
         self._drafter_take_exe((dstate, jnp.zeros((b2,), jnp.int32)))
@@ -661,9 +665,10 @@ class RolloutEngine:
           # Not while the bandit compares arms: it needs chunk-sized samples.
           steps = max(steps, view - int(length[active].max()) + 1)
         args = (params, state, key, np.int32(steps))
-        state, steps = self._decode_exe(sampling, view, args)(*args)
-        length, done, steps = jax.device_get((state.length, state.done, steps))
-        entry = {"phase": "decode", "steps": int(steps)}
+        state, ran = self._decode_exe(sampling, view, args)(*args)
+        length, done, ran = jax.device_get((state.length, state.done, ran))
+        entry = {"phase": "decode", "steps": int(ran)}
+        full = ran == steps
       else:
         strategy = self.strategies[arm]
         rounds = cfg.spec_rounds
@@ -691,6 +696,7 @@ class RolloutEngine:
         state, dcache, dlen, stats = self._spec_exe(sampling, strategy, view, args)(*args)
         dstate = (dcache, dlen)
         length, done, stats = jax.device_get((state.length, state.done, stats))
+        full = stats.rounds == rounds
         entry = {
           "phase": "spec",
           "strategy": arm,
@@ -700,8 +706,9 @@ class RolloutEngine:
         }
       dt = time.perf_counter() - t0
       tokens = int(length[active].sum()) - before
-      if learn and tokens > 0:
+      if learn and full and tokens > 0:
         # Reward: tokens/s of the chunk, less any compile it triggered (lazy pools).
+        # Chunks cut short by the last row finishing are mostly fixed overhead: skipped.
         run_s = dt - (self.pool.compile_seconds - compile_s)
         self.bandit.update(state.batch, arm, tokens / max(run_s, 1e-6))
       timeline.append(

@@ -1,0 +1,87 @@
+"""Group advantages, dynamic-sampling filter and DAPO overlong penalty."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tlt_jax.rl import group_advantages, informative_groups, overlong_penalty
+
+
+def test_group_advantages_hand_computed():
+  # Group [1, 0, 1, 0]: mean 0.5, population std 0.5.
+  # Group [0, 2, 4, 2]: mean 2, deviations [-2, 0, 2, 0], population std sqrt(2).
+  adv = group_advantages([1.0, 0.0, 1.0, 0.0, 0.0, 2.0, 4.0, 2.0], 4, eps=1e-12)
+  s2 = np.sqrt(2.0)
+  want = [1.0, -1.0, 1.0, -1.0, -2 / s2, 0.0, 2 / s2, 0.0]
+  np.testing.assert_allclose(adv, want, rtol=1e-6, atol=1e-6)
+  assert adv.dtype == np.float32
+
+
+def test_group_advantages_without_std_is_centred_reward():
+  adv = group_advantages([3.0, 1.0, 0.0, 10.0], 2, normalize_std=False)
+  np.testing.assert_allclose(adv, [1.0, -1.0, -5.0, 5.0])
+
+
+def test_all_equal_group_gives_zero_and_is_not_informative():
+  rewards = [1.0, 1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0]
+  adv = group_advantages(rewards, 3)
+  np.testing.assert_array_equal(adv[:3], 0.0)
+  np.testing.assert_array_equal(adv[6:], 0.0)
+  assert np.all(adv[3:6] != 0.0)
+  np.testing.assert_array_equal(informative_groups(rewards, 3), [False, True, False])
+
+
+def test_group_of_one_is_zero():
+  np.testing.assert_array_equal(group_advantages([0.3, 5.0], 1), [0.0, 0.0])
+  np.testing.assert_array_equal(informative_groups([0.3, 5.0], 1), [False, False])
+
+
+@pytest.mark.parametrize(
+  "rewards, group_size",
+  [
+    ([1.0, 2.0, 3.0], 2),  # not a multiple
+    ([], 2),  # empty
+    ([[1.0, 2.0]], 2),  # not 1-D
+    ([1.0, 2.0], 0),  # bad group size
+    ([1.0, 2.0], 1.5),
+    ([1.0, np.nan], 2),  # non-finite
+  ],
+)
+def test_group_functions_reject_bad_args(rewards, group_size):
+  with pytest.raises(ValueError):
+    group_advantages(rewards, group_size)
+  with pytest.raises(ValueError):
+    informative_groups(rewards, group_size)
+
+
+def test_group_advantages_rejects_bad_eps():
+  with pytest.raises(ValueError, match="eps"):
+    group_advantages([1.0, 2.0], 2, eps=0.0)
+
+
+def test_overlong_penalty_boundaries():
+  # max_len 20, buffer 4: free up to 16, ramp over (16, 20], -1 beyond.
+  lengths = np.array([0, 15, 16, 17, 18, 19, 20, 21, 100])
+  want = [0.0, 0.0, 0.0, -0.25, -0.5, -0.75, -1.0, -1.0, -1.0]
+  got = overlong_penalty(lengths, max_len=20, buffer=4)
+  np.testing.assert_allclose(got, want, rtol=0, atol=1e-7)
+  assert got.dtype == np.float32
+  # buffer == max_len: the ramp starts at 0.
+  np.testing.assert_allclose(overlong_penalty([0, 5, 10], 10, 10), [0.0, -0.5, -1.0])
+
+
+@pytest.mark.parametrize(
+  "lengths, max_len, buffer, match",
+  [
+    ([1], 0, 1, "max_len"),
+    ([1], 10, 0, "buffer"),
+    ([1], 10, 11, "buffer"),
+    ([1], 10.0, 2, "max_len"),
+    ([-1], 10, 2, "lengths"),
+    ([1.5], 10, 2, "lengths"),
+  ],
+)
+def test_overlong_penalty_rejects_bad_args(lengths, max_len, buffer, match):
+  with pytest.raises(ValueError, match=match):
+    overlong_penalty(lengths, max_len, buffer)

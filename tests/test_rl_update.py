@@ -1,0 +1,258 @@
+"""Policy update: log-probs match the sampler, micro-batching is exact, bad steps are skipped."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from tlt_jax.decode.sampling import SamplingConfig
+from tlt_jax.models.config import ModelConfig
+from tlt_jax.models.transformer import init_model
+from tlt_jax.rl import (
+  PolicyLossConfig,
+  UpdateConfig,
+  make_optimizer,
+  make_policy_update,
+  token_logprobs,
+)
+from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
+
+MODEL = ModelConfig(
+  vocab_size=40, num_layers=1, d_model=32, num_heads=4, num_kv_heads=2, head_dim=8, mlp_dim=64
+)
+# One batch, cache and prompt bucket and one chunk: as few compiled programs as possible.
+ENGINE = EngineConfig(
+  max_prompt_len=6,
+  max_new_tokens=10,
+  max_batch=8,
+  chunk_steps=10,
+  min_batch_bucket=8,
+  min_cache_bucket=32,
+  min_prompt_bucket=8,
+  compact=False,
+  cache_buckets=False,
+  capture_hidden=False,
+)
+PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8], [9], [10, 11, 12, 13, 14, 15]]
+B, T = 8, ENGINE.slots  # rollout and training batches share one log-prob program
+
+
+@pytest.fixture(scope="module")
+def model():
+  graphdef, params = nnx.split(init_model(MODEL, seed=5))
+  return graphdef, params
+
+
+def _copy(tree):
+  # The update donates its inputs: every call gets fresh buffers.
+  return jax.tree.map(jnp.copy, tree)
+
+
+def _host(tree):
+  return [np.array(x) for x in jax.tree.leaves(tree)]
+
+
+@functools.cache
+def _jit_logprobs(graphdef):
+  # Temperature traced: one compiled program serves every temperature.
+  return jax.jit(lambda p, t, temp: token_logprobs(graphdef, p, t, temp)[0])
+
+
+def _logprobs_fn(graphdef, temperature):
+  return lambda p, t: _jit_logprobs(graphdef)(p, t, jnp.float32(temperature))
+
+
+def _batch(graphdef, params, seed=0, noise=0.1, temperature=1.0):
+  """Random rows: a prompt of 2-4 tokens, then a response of varying length."""
+  rng = np.random.default_rng(seed)
+  tokens = rng.integers(0, MODEL.vocab_size, (B, T)).astype(np.int32)
+  mask = np.zeros((B, T), np.float32)
+  for b in range(B):
+    start = int(rng.integers(2, 5))
+    mask[b, start : start + int(rng.integers(1, T - start + 1))] = 1.0
+  logp = np.asarray(_logprobs_fn(graphdef, temperature)(params, tokens))
+  old = (logp + noise * rng.normal(size=(B, T))) * mask
+  adv = rng.normal(size=(B,)).astype(np.float32)
+  return dict(tokens=tokens, mask=mask, old_logp=old.astype(np.float32), advantages=adv)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_token_logprobs_match_rollout_engine(model, temperature):
+  graphdef, params = model
+  engine = RolloutEngine(graphdef, MODEL, ENGINE, SamplingConfig(temperature=temperature))
+  res = engine.generate(params, PROMPTS, num_samples=2, key=7)
+  assert res.tokens.shape == (B, T)
+  logp = np.asarray(_logprobs_fn(graphdef, temperature)(params, jnp.asarray(res.tokens)))
+  checked = 0
+  for n in range(res.tokens.shape[0]):
+    gen = slice(int(res.prompt_len[n]), int(res.length[n]))
+    np.testing.assert_allclose(logp[n, gen], res.logprobs[n, gen], atol=1e-4)
+    checked += gen.stop - gen.start
+  assert checked >= 16
+  assert np.all(logp[:, 0] == 0.0)
+
+
+def test_token_logprobs_temperature_changes_values_and_entropy(model):
+  graphdef, params = model
+  tokens = jnp.asarray(np.arange(2 * T).reshape(2, T) % MODEL.vocab_size, jnp.int32)
+  both = jax.jit(
+    lambda p, t: [token_logprobs(graphdef, p, t, temp, with_entropy=True) for temp in (1.0, 0.5)]
+  )
+  (lp1, ent1), (lp2, ent2) = jax.device_get(both(params, tokens))
+  assert np.max(np.abs(lp1 - lp2)) > 1e-3
+  # Sharper at lower temperature; bounded by log V; nothing at t = 0.
+  assert np.all(ent2[:, 1:] < ent1[:, 1:])
+  assert np.all(ent1 <= np.log(MODEL.vocab_size) + 1e-5)
+  assert np.all(ent1[:, 0] == 0.0)
+  with pytest.raises(ValueError, match="temperature"):
+    token_logprobs(graphdef, params, tokens, 0.0)
+
+
+MICRO_AGGREGATIONS = ("token-mean", "seq-mean-token-mean")
+
+
+@pytest.fixture(scope="module")
+def micro_runs(model):
+  """{aggregation: {num_micro_batches: (new params, metrics)}} for one update on one batch."""
+  graphdef, params = model
+  batch = _batch(graphdef, params, seed=1)
+  # Plain SGD at lr 1: the parameter change IS the gradient, so any weighting
+  # error shows at full size (Adam's first step would hide it behind sign(g)).
+  sgd = optax.sgd(1.0)
+  runs = {}
+  for aggregation in MICRO_AGGREGATIONS:
+    cfg = PolicyLossConfig(aggregation=aggregation, clip_high=0.28)
+    runs[aggregation] = {}
+    for n_mb in (1, 4):
+      fn = make_policy_update(graphdef, sgd, cfg, n_mb)
+      new, _, metrics = fn(_copy(params), sgd.init(params), batch, None)
+      runs[aggregation][n_mb] = (_host(new), jax.device_get(metrics))
+  return runs
+
+
+@pytest.mark.parametrize("aggregation", MICRO_AGGREGATIONS)
+def test_micro_batches_equal_full_batch(model, micro_runs, aggregation):
+  _, params = model
+  (full, m_full), (micro, m_micro) = micro_runs[aggregation][1], micro_runs[aggregation][4]
+  assert int(m_full["skipped"]) == 0 and int(m_micro["skipped"]) == 0
+  change = max(np.max(np.abs(a - b)) for a, b in zip(full, _host(params), strict=True))
+  assert change > 1e-3
+  for a, b in zip(full, micro, strict=True):
+    np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
+  for k in ("loss", "grad_norm", "ratio_mean", "clip_fraction_low", "clip_fraction_high"):
+    np.testing.assert_allclose(m_full[k], m_micro[k], rtol=1e-5, err_msg=k)
+
+
+def test_aggregations_give_different_updates(micro_runs):
+  # Guards the test above: rows have unequal token counts, so the token and row
+  # weightings must disagree; equal results would mean the weighting is untested.
+  a, b = (micro_runs[agg][4][0] for agg in MICRO_AGGREGATIONS)
+  assert max(np.max(np.abs(x - y)) for x, y in zip(a, b, strict=True)) > 1e-3
+
+
+TEMP = 0.7
+
+
+@pytest.fixture(scope="module")
+def adam_update(model):
+  """The full-featured step (AdamW, KL to a reference, entropy bonus, 4 micro-batches),
+  compiled once and shared by the tests below. Call it with the initial params as reference."""
+  graphdef, _ = model
+  ucfg = UpdateConfig(learning_rate=1e-2, warmup_steps=0, total_steps=100, micro_batch=2)
+  opt = make_optimizer(ucfg)
+  cfg = PolicyLossConfig(temperature=TEMP, kl_coef=0.01, entropy_coef=0.001, clip_high=0.28)
+  fn = make_policy_update(graphdef, opt, cfg, ucfg.num_micro_batches(B))
+  return opt, fn
+
+
+def test_non_finite_batch_is_skipped_bit_for_bit(model, adam_update):
+  graphdef, params = model
+  opt, fn = adam_update
+  batch = _batch(graphdef, params, seed=2, temperature=TEMP)
+  ref = _copy(params)
+  # One good step first so the optimizer state is not all zeros.
+  p, s, m = fn(_copy(params), opt.init(params), batch, ref)
+  assert int(m["skipped"]) == 0
+  before_p, before_s = _host(p), _host(s)
+  bad = dict(batch, advantages=batch["advantages"].copy())
+  bad["advantages"][3] = np.nan
+  p2, s2, m2 = fn(p, s, bad, ref)
+  assert int(m2["skipped"]) == 1
+  assert not np.isfinite(float(m2["loss"]))
+  for a, b in zip(before_p + before_s, _host(p2) + _host(s2), strict=True):
+    np.testing.assert_array_equal(a, b)
+  # And the same state still trains on a good batch.
+  p3, _, m3 = fn(p2, s2, batch, ref)
+  assert int(m3["skipped"]) == 0
+  assert any(np.any(a != b) for a, b in zip(before_p, _host(p3), strict=True))
+
+
+def test_first_update_has_unit_ratio_and_no_clipping(model, adam_update):
+  graphdef, params = model
+  opt, fn = adam_update
+  batch = _batch(graphdef, params, seed=3, noise=0.0, temperature=TEMP)
+  new, _, m = fn(_copy(params), opt.init(params), batch, _copy(params))
+  m = jax.device_get(m)
+  assert int(m["skipped"]) == 0
+  assert abs(float(m["ratio_mean"]) - 1.0) < 1e-5
+  assert abs(float(m["ratio_max"]) - 1.0) < 1e-5
+  assert float(m["clip_fraction_low"]) == 0.0 and float(m["clip_fraction_high"]) == 0.0
+  assert abs(float(m["approx_kl"])) < 1e-6 and abs(float(m["kl"])) < 1e-6
+  assert float(m["entropy"]) > 0.0 and float(m["grad_norm"]) > 0.0
+  # Old log-probs at another temperature do not give unit ratios: the check can fail.
+  wrong = _batch(graphdef, params, seed=3, noise=0.0, temperature=1.0)
+  _, _, m_wrong = fn(new, opt.init(params), wrong, _copy(params))
+  assert abs(float(m_wrong["ratio_mean"]) - 1.0) > 1e-3
+
+
+def test_kl_without_reference_raises(model):
+  graphdef, params = model
+  opt = optax.sgd(0.1)
+  fn = make_policy_update(graphdef, opt, PolicyLossConfig(kl_coef=0.1), 1)
+  batch = _batch(graphdef, params, seed=4)
+  with pytest.raises(ValueError, match="ref_params"):
+    fn(_copy(params), opt.init(params), batch, None)
+
+
+def test_positive_advantage_raises_sequence_logprob(model, adam_update):
+  graphdef, params = model
+  opt, fn = adam_update
+  batch = _batch(graphdef, params, seed=5, noise=0.0, temperature=TEMP)
+  batch["advantages"] = np.zeros((B,), np.float32)
+  batch["advantages"][2] = 1.0
+  logp_fn = _logprobs_fn(graphdef, TEMP)
+  row_logp = lambda p: float(np.sum(np.asarray(logp_fn(p, batch["tokens"]))[2] * batch["mask"][2]))
+  start = row_logp(params)
+  p, s, ref = _copy(params), opt.init(params), _copy(params)
+  for _ in range(4):
+    p, s, m = fn(p, s, batch, ref)
+    assert int(m["skipped"]) == 0
+  assert row_logp(p) > start + 0.1
+
+
+def test_update_config_validation():
+  assert UpdateConfig(micro_batch=4).num_micro_batches(16) == 4
+  with pytest.raises(ValueError, match="divide"):
+    UpdateConfig(micro_batch=3).num_micro_batches(16)
+  bad = [
+    dict(learning_rate=0.0),
+    dict(warmup_steps=10, total_steps=10),
+    dict(total_steps=0),
+    dict(weight_decay=-0.1),
+    dict(grad_clip=0.0),
+    dict(micro_batch=0),
+    dict(b1=1.0),
+    dict(b2=-0.5),
+  ]
+  for kwargs in bad:
+    with pytest.raises(ValueError, match=next(iter(kwargs))):
+      dataclasses.replace(UpdateConfig(), **kwargs)
+  with pytest.raises(ValueError, match="num_micro_batches"):
+    make_policy_update(None, optax.sgd(1.0), PolicyLossConfig(), 0)

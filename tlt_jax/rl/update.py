@@ -1,0 +1,241 @@
+"""One jitted policy-gradient step: log-probs, loss, micro-batched gradients,
+a non-finite guard and the optimizer update.
+
+The step recomputes log-probs exactly as the sampler recorded them
+(log_softmax(logits / temperature), untruncated), so on the first update after
+a rollout the ratio new / old is 1 up to float error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+from jaxtyping import Array, Float, Int
+
+from tlt_jax.rl.loss import PolicyLossConfig, policy_loss
+
+BATCH_KEYS = ("tokens", "mask", "old_logp", "advantages")
+
+
+def token_logprobs(
+  graphdef: nnx.GraphDef,
+  params: nnx.State,
+  tokens: Int[Array, "B T"],
+  temperature: float | Float[Array, ""],
+  *,
+  with_entropy: bool = False,
+) -> tuple[Float[Array, "B T"], Float[Array, "B T"] | None]:
+  """Log-prob of each token given its prefix under the tempered policy.
+
+  Rows start at position 0 (the rollout layout: prompt then completion);
+  whatever follows a row's length cannot change earlier log-probs (causal).
+
+  Args:
+    graphdef: the model's static structure.
+    params: its parameters.
+    tokens: [B, T] int32.
+    temperature: > 0; logits are divided by it before log_softmax. May be traced
+      (one compiled program for every temperature); only a concrete value is checked.
+    with_entropy: also return the entropy of each predictive distribution.
+
+  Returns:
+    logp [B, T] with logp[:, t] = log p(tokens[:, t] | tokens[:, :t]) for t >= 1
+    and logp[:, 0] = 0 (no prediction); entropy [B, T] aligned the same way
+    (entropy[:, 0] = 0), or None.
+  """
+  if isinstance(temperature, int | float) and not temperature > 0:
+    raise ValueError(f"temperature must be > 0, got {temperature!r}")
+  model = nnx.merge(graphdef, params)
+  b, t = tokens.shape
+  positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+  hidden, _, _ = model(tokens, positions)
+  logits = model.logits(hidden[:, :-1]) / temperature  # position t - 1 predicts token t
+  logp_all = jax.nn.log_softmax(logits, axis=-1)
+  logp = jnp.take_along_axis(logp_all, tokens[:, 1:, None], axis=-1)[..., 0]
+  pad = lambda x: jnp.pad(x, ((0, 0), (1, 0)))
+  if not with_entropy:
+    return pad(logp), None
+  entropy = -jnp.sum(jnp.exp(logp_all) * logp_all, axis=-1)
+  return pad(logp), pad(entropy)
+
+
+@dataclasses.dataclass(frozen=True)
+class UpdateConfig:
+  """Optimizer and batching of the policy update.
+
+  Attributes:
+    learning_rate: peak learning rate (after warmup).
+    warmup_steps: linear warmup from 0, in optimizer steps; < total_steps.
+    total_steps: the cosine decay reaches 0 here.
+    weight_decay: AdamW decoupled weight decay.
+    grad_clip: global-norm gradient clipping threshold.
+    micro_batch: rows per micro-batch (gradient accumulation); divides the batch.
+    b1, b2: Adam moment decay rates.
+  """
+
+  learning_rate: float = 1e-6
+  warmup_steps: int = 0
+  total_steps: int = 1000
+  weight_decay: float = 0.0
+  grad_clip: float = 1.0
+  micro_batch: int = 8
+  b1: float = 0.9
+  b2: float = 0.999
+
+  def __post_init__(self):
+    if not (self.learning_rate > 0 and math.isfinite(self.learning_rate)):
+      raise ValueError(f"learning_rate must be a finite number > 0, got {self.learning_rate!r}")
+    if not isinstance(self.total_steps, int) or self.total_steps <= 0:
+      raise ValueError(f"total_steps must be a positive int, got {self.total_steps!r}")
+    if not isinstance(self.warmup_steps, int) or not 0 <= self.warmup_steps < self.total_steps:
+      raise ValueError(
+        f"warmup_steps must be an int in [0, total_steps={self.total_steps}), "
+        f"got {self.warmup_steps!r}"
+      )
+    if not (self.weight_decay >= 0 and math.isfinite(self.weight_decay)):
+      raise ValueError(f"weight_decay must be a finite number >= 0, got {self.weight_decay!r}")
+    if not (self.grad_clip > 0 and math.isfinite(self.grad_clip)):
+      raise ValueError(f"grad_clip must be a finite number > 0, got {self.grad_clip!r}")
+    if not isinstance(self.micro_batch, int) or self.micro_batch <= 0:
+      raise ValueError(f"micro_batch must be a positive int, got {self.micro_batch!r}")
+    for name in ("b1", "b2"):
+      v = getattr(self, name)
+      if not 0.0 <= v < 1.0:
+        raise ValueError(f"{name} must be in [0, 1), got {v!r}")
+
+  def num_micro_batches(self, batch_rows: int) -> int:
+    """Micro-batches for a batch of `batch_rows` rows (which micro_batch must divide)."""
+    if batch_rows <= 0 or batch_rows % self.micro_batch:
+      raise ValueError(
+        f"micro_batch ({self.micro_batch}) must divide the batch rows ({batch_rows})"
+      )
+    return batch_rows // self.micro_batch
+
+
+def make_optimizer(cfg: UpdateConfig) -> optax.GradientTransformation:
+  """Global-norm clipping, then AdamW on a linear-warmup cosine schedule."""
+  schedule = optax.warmup_cosine_decay_schedule(
+    0.0, cfg.learning_rate, cfg.warmup_steps, cfg.total_steps, end_value=0.0
+  )
+  return optax.chain(
+    optax.clip_by_global_norm(cfg.grad_clip),
+    optax.adamw(schedule, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay),
+  )
+
+
+def _all_finite(tree: Any) -> jax.Array:
+  leaves = jax.tree.leaves(tree)
+  return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]))
+
+
+def make_policy_update(
+  graphdef: nnx.GraphDef,
+  optimizer: optax.GradientTransformation,
+  loss_cfg: PolicyLossConfig,
+  num_micro_batches: int,
+) -> Callable[..., tuple[nnx.State, optax.OptState, dict[str, jax.Array]]]:
+  """A jitted `(params, opt_state, batch, ref_params) -> (params, opt_state, metrics)`.
+
+  params and opt_state are donated: keep no other reference to them. batch holds
+  tokens [B, T] int32, mask [B, T] (1 on response tokens whose log-prob counts),
+  old_logp [B, T] and advantages [B]; other keys are ignored. ref_params is the
+  reference policy's params, or None (then loss_cfg.kl_coef must be 0).
+
+  The gradient is accumulated over `num_micro_batches` equal row slices with a
+  scan, weighted so it equals the full-batch gradient: by each slice's share of
+  the masked tokens for "token-mean", equally for the per-row aggregations.
+  A non-finite loss or gradient skips the step: params and opt_state come back
+  unchanged and metrics["skipped"] is 1.
+
+  Metrics: loss, grad_norm (before clipping), skipped, and policy_loss's
+  metrics, all of the pre-update policy on the full batch.
+  """
+  if not isinstance(num_micro_batches, int) or num_micro_batches <= 0:
+    raise ValueError(f"num_micro_batches must be a positive int, got {num_micro_batches!r}")
+  n_mb = num_micro_batches
+  temp = loss_cfg.temperature
+
+  def step(params, opt_state, batch, ref_params):
+    if loss_cfg.kl_coef > 0 and ref_params is None:
+      raise ValueError("loss_cfg.kl_coef > 0 needs ref_params")
+    missing = [k for k in BATCH_KEYS if k not in batch]
+    if missing:
+      raise ValueError(f"batch lacks {missing}; needs {BATCH_KEYS}")
+    rows = batch["tokens"].shape[0]
+    if rows % n_mb:
+      raise ValueError(f"num_micro_batches ({n_mb}) must divide the batch rows ({rows})")
+    batch = {k: jnp.asarray(batch[k]) for k in BATCH_KEYS}
+    mask = batch["mask"].astype(jnp.float32)
+    split = lambda x: x.reshape(n_mb, rows // n_mb, *x.shape[1:])
+    slices = {k: split(v) for k, v in batch.items()}
+    if loss_cfg.aggregation == "token-mean":
+      tokens_per_mb = jnp.sum(split(mask), axis=(1, 2))
+      weights = tokens_per_mb / jnp.maximum(jnp.sum(tokens_per_mb), 1.0)
+    else:  # a mean over rows: equal-sized slices weigh equally
+      weights = jnp.full((n_mb,), 1.0 / n_mb)
+
+    def micro_step(grad_acc, xs):
+      mb, w = xs
+      ref_logp = None
+      if ref_params is not None:
+        ref_logp, _ = token_logprobs(graphdef, ref_params, mb["tokens"], temp)
+        ref_logp = jax.lax.stop_gradient(ref_logp)
+
+      def loss_fn(p):
+        # Entropy always: a cheap, key diagnostic (entropy collapse) even when not in the loss.
+        logp, ent = token_logprobs(graphdef, p, mb["tokens"], temp, with_entropy=True)
+        if loss_cfg.entropy_coef == 0:
+          ent = jax.lax.stop_gradient(ent)  # metric only: no backward through it
+        loss, _ = policy_loss(
+          logp,
+          mb["old_logp"],
+          mb["advantages"],
+          mb["mask"],
+          loss_cfg,
+          ref_logp=ref_logp,
+          entropy=ent,
+        )
+        return loss, (logp, ent)
+
+      (_, (logp, ent)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+      grad_acc = jax.tree.map(lambda a, g: a + w * g, grad_acc, grads)
+      return grad_acc, (jax.lax.stop_gradient(logp), jax.lax.stop_gradient(ent), ref_logp)
+
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    grads, (logp, ent, ref_logp) = jax.lax.scan(micro_step, zeros, (slices, weights))
+    merge = lambda x: None if x is None else x.reshape(rows, *x.shape[2:])
+    # Loss and metrics once on the full batch: exact whatever the slicing.
+    loss, metrics = policy_loss(
+      merge(logp),
+      batch["old_logp"],
+      batch["advantages"],
+      batch["mask"],
+      loss_cfg,
+      ref_logp=merge(ref_logp),
+      entropy=merge(ent),
+    )
+    grad_norm = optax.global_norm(grads)
+    ok = jnp.isfinite(loss) & _all_finite(grads)
+
+    def apply(operands):
+      p, s = operands
+      updates, s = optimizer.update(grads, s, p)
+      return optax.apply_updates(p, updates), s
+
+    params, opt_state = jax.lax.cond(ok, apply, lambda ops: ops, (params, opt_state))
+    metrics = {
+      **metrics,
+      "loss": loss,
+      "grad_norm": grad_norm,
+      "skipped": jnp.logical_not(ok).astype(jnp.int32),
+    }
+    return params, opt_state, metrics
+
+  return jax.jit(step, donate_argnums=(0, 1))
