@@ -1,0 +1,325 @@
+"""The GRPO/DAPO training loop: rollout -> rewards -> advantages -> update -> new weights.
+
+One step:
+1. rollout: G samples for each of P prompts (the long-tail engine);
+2. rewards on the host (`RewardPool`, worker threads) while the device
+   recomputes the old log-probs of the same batch;
+3. advantages per group; with DAPO dynamic sampling, groups whose rewards are
+   all equal carry no signal: they are dropped and more prompts are rolled out
+   (up to `max_refills` times) to fill the batch;
+4. one jitted update (micro-batched, non-finite guard);
+5. the engine takes the new params on its next call (params are arguments).
+Every step logs a phase-time breakdown; checkpoints (orbax) hold params,
+optimizer state, data position and step, so a killed run resumes exactly.
+
+Batches have fixed shapes ([P * G, engine slots]): padding rows carry no mask,
+so the update compiles once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+from flax import nnx
+from tqdm.auto import tqdm
+
+from tlt_jax.data.tokenizer import Tokenizer
+from tlt_jax.rl.advantages import group_advantages, informative_groups, overlong_penalty
+from tlt_jax.rl.loss import PolicyLossConfig
+from tlt_jax.rl.rewards import RewardFn, RewardPool
+from tlt_jax.rl.update import UpdateConfig, make_optimizer, make_policy_update, token_logprobs
+from tlt_jax.rollout.engine import RolloutEngine
+from tlt_jax.training.evaluate import evaluate_pass_at_1
+
+
+@dataclasses.dataclass(frozen=True)
+class GRPOConfig:
+  """The RL loop's schedule and DAPO options.
+
+  Attributes:
+    steps: RL steps (policy updates).
+    prompts_per_step: P, prompts per step.
+    group_size: G, samples per prompt.
+    normalize_std: divide advantages by the group's std (GRPO); False: Dr. GRPO.
+    dynamic_sampling: drop groups with all-equal rewards and refill (DAPO).
+    max_refills: extra rollouts per step to refill dropped groups.
+    overlong_buffer: DAPO soft overlong punishment window in tokens (0: off).
+    eval_every: held-out greedy pass@1 every this many steps (0: only at the end).
+    eval_examples: held-out problems per evaluation.
+    checkpoint_every: steps between checkpoints.
+    reward_workers / reward_timeout_s: the host reward pool.
+    seed: data order and rollout keys.
+  """
+
+  steps: int = 20
+  prompts_per_step: int = 8
+  group_size: int = 8
+  normalize_std: bool = True
+  dynamic_sampling: bool = True
+  max_refills: int = 2
+  overlong_buffer: int = 0
+  eval_every: int = 10
+  eval_examples: int = 100
+  checkpoint_every: int = 5
+  reward_workers: int = 4
+  reward_timeout_s: float = 5.0
+  seed: int = 0
+
+  def __post_init__(self):
+    for name in ("steps", "prompts_per_step", "group_size", "eval_examples", "checkpoint_every"):
+      v = getattr(self, name)
+      if not isinstance(v, int) or v <= 0:
+        raise ValueError(f"GRPOConfig.{name} must be a positive int, got {v!r}")
+    if self.group_size < 2:
+      raise ValueError(
+        f"GRPOConfig.group_size must be >= 2 (advantages are relative), got {self.group_size}"
+      )
+    for name in ("max_refills", "overlong_buffer", "eval_every"):
+      v = getattr(self, name)
+      if not isinstance(v, int) or v < 0:
+        raise ValueError(f"GRPOConfig.{name} must be an int >= 0, got {v!r}")
+
+
+class GRPOTrainer:
+  """Runs GRPO/DAPO on (prompt, answer) examples; resumes from `workdir`."""
+
+  def __init__(
+    self,
+    graphdef: nnx.GraphDef,
+    params: nnx.State,
+    engine: RolloutEngine,
+    tokenizer: Tokenizer,
+    train_examples: Sequence[Mapping[str, str]],
+    eval_examples: Sequence[Mapping[str, str]],
+    reward_fn: RewardFn,
+    format_prompt: Callable[[Mapping[str, str]], str],
+    config: GRPOConfig,
+    loss_config: PolicyLossConfig,
+    update_config: UpdateConfig,
+    workdir: str,
+  ):
+    self.graphdef, self.engine, self.tokenizer = graphdef, engine, tokenizer
+    self.train, self.evals = list(train_examples), list(eval_examples)[: config.eval_examples]
+    self.reward_fn, self.format_prompt = reward_fn, format_prompt
+    self.cfg, self.loss_cfg, self.update_cfg = config, loss_config, update_config
+    self.workdir = workdir
+    if engine.sampling.temperature != loss_config.temperature:
+      raise ValueError(
+        f"the engine samples at temperature {engine.sampling.temperature} but the loss "
+        f"assumes {loss_config.temperature}: ratios would be off"
+      )
+    self.rows = config.prompts_per_step * config.group_size
+    if self.rows > engine.config.max_batch:
+      raise ValueError(
+        f"{config.prompts_per_step} prompts x {config.group_size} samples exceeds the "
+        f"engine's max_batch {engine.config.max_batch}"
+      )
+    self.optimizer = make_optimizer(update_config)
+    self.update = make_policy_update(
+      graphdef, self.optimizer, loss_config, update_config.num_micro_batches(self.rows)
+    )
+    self.old_logp = jax.jit(lambda p, t: token_logprobs(graphdef, p, t, loss_config.temperature)[0])
+    self.params = params
+    self.opt_state = self.optimizer.init(params)
+    self.step = 0
+    self.cursor = 0  # position in the shuffled training order
+    self.order = np.random.default_rng(config.seed).permutation(len(self.train))
+    self.ckpt = ocp.CheckpointManager(
+      os.path.abspath(os.path.join(workdir, "checkpoints")),
+      options=ocp.CheckpointManagerOptions(max_to_keep=2, create=True),
+    )
+    self.metrics_path = os.path.join(workdir, "metrics.jsonl")
+    self._restore()
+
+  # ------------------------------------------------------------ checkpoints
+  def _pytree(self) -> dict[str, Any]:
+    return {"params": nnx.to_pure_dict(self.params), "opt_state": self.opt_state}
+
+  def save(self) -> None:
+    """Writes step, params, optimizer, data position (orbax finalises atomically,
+    so a write cut short never replaces the last good checkpoint)."""
+    meta = {"step": self.step, "cursor": self.cursor}
+    self.ckpt.save(
+      self.step,
+      args=ocp.args.Composite(
+        state=ocp.args.StandardSave(self._pytree()), meta=ocp.args.JsonSave(meta)
+      ),
+    )
+    self.ckpt.wait_until_finished()
+
+  def _restore(self) -> None:
+    last = self.ckpt.latest_step()
+    if last is None:
+      return
+    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, self._pytree())
+    got = self.ckpt.restore(
+      last,
+      args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()
+      ),
+    )
+    nnx.replace_by_pure_dict(self.params, got["state"]["params"])
+    self.opt_state = got["state"]["opt_state"]
+    self.step, self.cursor = int(got["meta"]["step"]), int(got["meta"]["cursor"])
+    # Metrics past the checkpoint belong to the lost tail of the killed run.
+    if os.path.exists(self.metrics_path):
+      with open(self.metrics_path) as f:
+        keep = [line for line in f if json.loads(line)["step"] < self.step]
+      with open(self.metrics_path, "w") as f:
+        f.writelines(keep)
+
+  # ------------------------------------------------------------------- step
+  def _next_examples(self, n: int) -> list[Mapping[str, str]]:
+    idx = [int(self.order[(self.cursor + i) % len(self.order)]) for i in range(n)]
+    self.cursor += n
+    return [self.train[i] for i in idx]
+
+  def _rollout(self, examples, rewards: RewardPool, salt: int):
+    p, g = len(examples), self.cfg.group_size
+    prompts = [self.tokenizer.encode(self.format_prompt(ex), add_bos=True) for ex in examples]
+    key = jax.random.fold_in(jax.random.key(self.cfg.seed), self.step * 64 + salt)
+    result = self.engine.generate(
+      self.params, prompts, g, key=key, seq_id_offset=(self.cursor - p) * g
+    )
+    texts = [self.tokenizer.decode(result.completion(n)) for n in range(p * g)]
+    answers = [examples[n // g]["answer"] for n in range(p * g)]
+    return result, rewards.submit(texts, answers)
+
+  def train_step(self, rewards: RewardPool) -> dict[str, Any]:
+    cfg, g, p = self.cfg, self.cfg.group_size, self.cfg.prompts_per_step
+    times: dict[str, float] = {}
+    t = time.perf_counter()
+    result, pending = self._rollout(self._next_examples(p), rewards, 0)
+    times["rollout"] = time.perf_counter() - t
+    width = self.engine.config.slots
+    tokens = np.zeros((self.rows, width), np.int32)
+    tokens[:] = result.tokens[:, :width]
+    # The device recomputes old log-probs while the host threads score rewards.
+    t = time.perf_counter()
+    old = self.old_logp(self.params, jnp.asarray(tokens))
+    got = pending()
+    times["reward"] = time.perf_counter() - t
+    r = got.rewards.copy()
+    if cfg.overlong_buffer:
+      r += overlong_penalty(
+        result.num_generated, self.engine.config.max_new_tokens, cfg.overlong_buffer
+      )
+    kept = np.ones(p, bool)
+    refills = 0
+    batch_result, batch_rewards, raw = [result], [r], [got.rewards]
+    if cfg.dynamic_sampling:
+      kept = informative_groups(r, g)
+      while kept.sum() < p and refills < cfg.max_refills:
+        refills += 1
+        t = time.perf_counter()
+        extra, pend = self._rollout(self._next_examples(p), rewards, refills)
+        times["rollout"] += time.perf_counter() - t
+        more = pend()
+        er = more.rewards.copy()
+        if cfg.overlong_buffer:
+          er += overlong_penalty(
+            extra.num_generated, self.engine.config.max_new_tokens, cfg.overlong_buffer
+          )
+        batch_result.append(extra)
+        batch_rewards.append(er)
+        raw.append(more.rewards)
+        kept = np.concatenate([kept, informative_groups(er, g)])
+    # Assemble the first P informative groups (all groups without dynamic sampling).
+    groups = [(i, j) for i, res in enumerate(batch_result) for j in range(p)]
+    flags = kept if cfg.dynamic_sampling else np.ones(len(groups), bool)
+    chosen = [grp for grp, f in zip(groups, flags) if f][:p]
+    mask = np.zeros((self.rows, width), np.float32)
+    adv = np.zeros((self.rows,), np.float32)
+    rollout_lp = np.zeros((self.rows, width), np.float32)
+    for slot, (i, j) in enumerate(chosen):
+      res, rew = batch_result[i], batch_rewards[i]
+      rows = slice(j * g, (j + 1) * g)
+      dst = slice(slot * g, (slot + 1) * g)
+      tokens[dst] = res.tokens[rows, :width]
+      rollout_lp[dst] = res.logprobs[rows, :width]
+      cols = np.arange(width)[None]
+      mask[dst] = (cols >= res.prompt_len[rows, None]) & (cols < res.length[rows, None])
+      adv[dst] = group_advantages(rew[rows], g, normalize_std=cfg.normalize_std)
+    t = time.perf_counter()
+    if len(batch_result) > 1 or chosen != groups[: len(chosen)]:
+      old = self.old_logp(self.params, jnp.asarray(tokens))
+    old = np.asarray(old)
+    times["old_logp"] = time.perf_counter() - t
+    diff = np.abs(old - rollout_lp)[mask > 0]
+    batch = {
+      "tokens": jnp.asarray(tokens),
+      "mask": jnp.asarray(mask),
+      "old_logp": jnp.asarray(old),
+      "advantages": jnp.asarray(adv),
+    }
+    t = time.perf_counter()
+    self.params, self.opt_state, m = self.update(self.params, self.opt_state, batch, None)
+    m = {k: float(v) for k, v in jax.device_get(m).items()}
+    times["update"] = time.perf_counter() - t
+    all_raw = np.concatenate(raw)
+    lengths = np.concatenate([res.num_generated for res in batch_result])
+    self.step += 1
+    return {
+      "step": self.step - 1,
+      "reward_mean": float(got.rewards.mean()),
+      "accuracy": float((got.rewards > 0.5).mean()),
+      "length_mean": float(result.num_generated.mean()),
+      "length_max": int(result.num_generated.max()),
+      "groups_used": len(chosen),
+      "refills": refills,
+      "reward_errors": got.errors,
+      "reward_timeouts": got.timeouts,
+      "samples_rolled_out": int(all_raw.size),
+      "update_tokens": int(mask.sum()),
+      "logp_rollout_vs_trainer_max_abs": float(diff.max()) if diff.size else 0.0,
+      "rollout_tokens": int(lengths.sum()),
+      **{f"loss/{k}": v for k, v in m.items()},
+      **{f"time/{k}": v for k, v in times.items()},
+    }
+
+  def evaluate(self) -> dict[str, Any]:
+    out = evaluate_pass_at_1(
+      self.engine, self.params, self.tokenizer, self.evals, self.reward_fn, self.format_prompt
+    )
+    return {"accuracy": out["accuracy"], "mean_length": out["mean_length"]}
+
+  def run(self, progress: bool = True) -> list[dict[str, Any]]:
+    """Trains to `config.steps`, resuming from the last checkpoint; returns this call's metrics."""
+    cfg = self.cfg
+    rewards = RewardPool(self.reward_fn, workers=cfg.reward_workers, timeout_s=cfg.reward_timeout_s)
+    history = []
+    bar = tqdm(total=cfg.steps, initial=self.step, desc="grpo", disable=not progress)
+    try:
+      while self.step < cfg.steps:
+        t0 = time.perf_counter()
+        row = self.train_step(rewards)
+        skipped = row.get("loss/skipped", 0.0) > 0
+        if cfg.eval_every and self.step % cfg.eval_every == 0 or self.step == cfg.steps:
+          row["eval"] = self.evaluate()
+        t = time.perf_counter()
+        if not skipped and (self.step % cfg.checkpoint_every == 0 or self.step == cfg.steps):
+          self.save()
+        row["time/checkpoint"] = time.perf_counter() - t
+        row["time/step"] = time.perf_counter() - t0
+        with open(self.metrics_path, "a") as f:
+          f.write(json.dumps(row) + "\n")
+        history.append(row)
+        bar.update(1)
+        bar.set_postfix(
+          reward=f"{row['reward_mean']:.2f}",
+          len=f"{row['length_mean']:.0f}",
+          **({"eval": f"{row['eval']['accuracy']:.2f}"} if "eval" in row else {}),
+        )
+    finally:
+      bar.close()
+      rewards.close()
+    return history
