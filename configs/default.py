@@ -86,6 +86,34 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.eval = ml_collections.ConfigDict()
   c.eval.num_examples = 200
 
+  # GRPO/DAPO after the warm start (steps = 0: warm start + rollout report only).
+  c.rl = ml_collections.ConfigDict()
+  c.rl.steps = 20
+  c.rl.prompts_per_step = 16
+  c.rl.group_size = 8
+  c.rl.normalize_std = True
+  c.rl.dynamic_sampling = True
+  c.rl.max_refills = 1
+  c.rl.overlong_buffer = 0
+  c.rl.eval_every = 10
+  c.rl.eval_examples = 200
+  c.rl.checkpoint_every = 5
+  c.rl.reward_workers = 2
+  c.rl.reward_timeout_s = 5.0
+  c.rl_loss = ml_collections.ConfigDict()
+  c.rl_loss.clip_low = 0.2
+  c.rl_loss.clip_high = 0.28  # DAPO clip-higher
+  c.rl_loss.aggregation = "token-mean"
+  c.rl_loss.kl_coef = 0.0
+  c.rl_loss.kl_type = "k3"
+  c.rl_loss.entropy_coef = 0.0
+  c.rl_update = ml_collections.ConfigDict()
+  c.rl_update.learning_rate = 1e-3
+  c.rl_update.warmup_steps = 2
+  c.rl_update.weight_decay = 0.0
+  c.rl_update.grad_clip = 1.0
+  c.rl_update.micro_batch = 32
+
   if variant == "tiny":
     c.task.train_size = 400
     c.task.test_size = 16
@@ -107,4 +135,12 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     c.rollout.num_prompts = 2
     c.rollout.num_samples = 4
     c.eval.num_examples = 4
+    c.rl.steps = 2
+    c.rl.prompts_per_step = 2
+    c.rl.group_size = 4
+    c.rl.eval_every = 0
+    c.rl.eval_examples = 4
+    c.rl.checkpoint_every = 1
+    c.rl_update.warmup_steps = 0
+    c.rl_update.micro_batch = 4
   return c

@@ -15,6 +15,9 @@ import ml_collections
 from tlt_jax.data.tokenizer import Tokenizer
 from tlt_jax.decode.sampling import SamplingConfig
 from tlt_jax.models.config import ModelConfig
+from tlt_jax.rl.loss import PolicyLossConfig
+from tlt_jax.rl.trainer import GRPOConfig
+from tlt_jax.rl.update import UpdateConfig
 from tlt_jax.rollout.engine import EngineConfig
 from tlt_jax.training.sft import SFTConfig
 
@@ -61,3 +64,15 @@ def sampling_config(config: ml_collections.ConfigDict) -> SamplingConfig:
 
 def sft_config(config: ml_collections.ConfigDict) -> SFTConfig:
   return to_dataclass(SFTConfig, config.sft, "sft", seed=int(config.seed))
+
+
+def rl_configs(
+  config: ml_collections.ConfigDict,
+) -> tuple[GRPOConfig, PolicyLossConfig, UpdateConfig]:
+  """The RL loop, loss and optimizer configs; the loss takes the sampling temperature."""
+  rl = to_dataclass(GRPOConfig, config.rl, "rl", seed=int(config.seed))
+  loss = to_dataclass(
+    PolicyLossConfig, config.rl_loss, "rl_loss", temperature=float(config.sampling.temperature)
+  )
+  update = to_dataclass(UpdateConfig, config.rl_update, "rl_update", total_steps=max(rl.steps, 1))
+  return rl, loss, update
