@@ -104,7 +104,12 @@ def main(argv):
   rows = []
   timed_compiles = 0
   start = time.perf_counter()
+  compiles = compile_s = 0.0
   for b in batches:
+    # A fresh pool per batch size: the executables of a 50M model add up (LLVM ran out of
+    # memory holding every batch size's programs at once on the 24 GB machine).
+    compiles, compile_s = compiles + pool.compiles, compile_s + pool.compile_seconds
+    pool = ExecutablePool()
     engines = {}
     for mode in modes:
       cfg = _engine_config(base, b, strategies, mode)
@@ -181,9 +186,9 @@ def main(argv):
   report = {
     "rows": rows,
     "crossover": {str(t): crossover(rows, t) for t in temps},
-    "compiles": pool.compiles,
+    "compiles": compiles + pool.compiles,
     "compiles_in_timed_runs": timed_compiles,
-    "compile_seconds": pool.compile_seconds,
+    "compile_seconds": compile_s + pool.compile_seconds,
     "seconds": elapsed,
     "policy_params": model_cfg.num_params,
     "max_new_tokens": _MAX_NEW.value,
