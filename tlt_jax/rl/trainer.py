@@ -12,8 +12,8 @@ One step:
 Every step logs a phase-time breakdown; checkpoints (orbax) hold params,
 optimizer state, data position and step, so a killed run resumes exactly.
 
-Batches have fixed shapes ([P * G, engine slots]): padding rows carry no mask,
-so the update compiles once.
+Batches are [P * G, W] with W the longest row rounded up to 64 (padding rows
+and columns carry no mask), so the update compiles once per width bucket.
 """
 
 from __future__ import annotations
@@ -194,15 +194,19 @@ class GRPOTrainer:
     answers = [examples[n // g]["answer"] for n in range(p * g)]
     return result, rewards.submit(texts, answers)
 
+  def _width(self, results) -> int:
+    """Batch columns: the longest row rounded up to 64 (few shapes, little padding)."""
+    longest = max(int(r.length.max()) for r in results)
+    return min(self.engine.config.slots, -(-longest // 64) * 64)
+
   def train_step(self, rewards: RewardPool) -> dict[str, Any]:
     cfg, g, p = self.cfg, self.cfg.group_size, self.cfg.prompts_per_step
     times: dict[str, float] = {}
     t = time.perf_counter()
     result, pending = self._rollout(self._next_examples(p), rewards, 0)
     times["rollout"] = time.perf_counter() - t
-    width = self.engine.config.slots
-    tokens = np.zeros((self.rows, width), np.int32)
-    tokens[:] = result.tokens[:, :width]
+    width = self._width([result])
+    tokens = np.ascontiguousarray(result.tokens[:, :width])
     # The device recomputes old log-probs while the host threads score rewards.
     t = time.perf_counter()
     old = self.old_logp(self.params, jnp.asarray(tokens))
@@ -233,6 +237,9 @@ class GRPOTrainer:
         batch_rewards.append(er)
         raw.append(more.rewards)
         kept = np.concatenate([kept, informative_groups(er, g)])
+    if len(batch_result) > 1:
+      width = self._width(batch_result)
+      tokens = np.zeros((self.rows, width), np.int32)
     # Assemble the first P informative groups (all groups without dynamic sampling).
     groups = [(i, j) for i, res in enumerate(batch_result) for j in range(p)]
     flags = kept if cfg.dynamic_sampling else np.ones(len(groups), bool)
