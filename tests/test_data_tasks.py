@@ -197,3 +197,19 @@ def test_arithmetic_styles_are_checkable_and_long_tailed(style):
 def test_unknown_arithmetic_style():
   with pytest.raises(ValueError, match="style"):
     tasks.generate_arithmetic(0, 1, style="fancy")
+
+
+def test_sft_pairs_mix_direct_answers():
+  data = tasks.generate_arithmetic(
+    0, 400, max_steps=6, max_operand=9, max_value=99, style="labelled"
+  )
+  assert tasks.sft_pairs(data) == [(ex["question"], tasks.format_target(ex)) for ex in data]
+  mixed = tasks.sft_pairs(data, 0.5, seed=1)
+  direct = [t == tasks.format_direct_target(ex) for (_, t), ex in zip(mixed, data)]
+  assert 0.4 < np.mean(direct) < 0.6
+  assert all(t == "#" + ex["answer"] for (_, t), ex, d in zip(mixed, data, direct) if d)
+  assert mixed == tasks.sft_pairs(data, 0.5, seed=1)  # deterministic
+  with pytest.raises(ValueError, match="direct_fraction"):
+    tasks.sft_pairs(data, 1.5)
+  with pytest.raises(ValueError, match="marker"):
+    tasks.format_direct_target({"solution": "no answer here"})

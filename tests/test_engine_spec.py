@@ -235,3 +235,61 @@ def test_bandit_state_restores_into_a_new_engine(models):
     RolloutEngine(
       tg, MODEL, cfg, GREEDY, drafter_graphdef=dg, bandit=StrategyBandit(("plain", "chain3"))
     )
+
+
+def test_rl_trainer_rolls_out_with_the_drafter_and_checkpoints_the_bandit(models, tmp_path):
+  """GRPO with speculative rollouts (frozen drafter, adaptive engine): the bandit's
+  statistics are saved with the RL checkpoint and restored on resume."""
+  from tlt_jax.rl import PolicyLossConfig, UpdateConfig
+  from tlt_jax.rl.trainer import GRPOConfig, GRPOTrainer
+
+  class Tok:  # token ids 1..39 as text, "0" is EOS
+    eos_id = 0
+
+    def encode(self, text, add_bos=False):
+      return [int(t) for t in text.split()]
+
+    def decode(self, ids):
+      return " ".join(str(int(i)) for i in ids)
+
+  tg, tp, dg, dp = models
+  sampling = SamplingConfig(temperature=1.0)
+  examples = [{"question": " ".join(map(str, p)), "answer": ""} for p in PROMPTS]
+
+  def trainer(steps):
+    engine = RolloutEngine(
+      tg, MODEL, dataclasses.replace(ENGINE, spec_adaptive=True), sampling, drafter_graphdef=dg
+    )
+    return GRPOTrainer(
+      tg,
+      jax.tree.map(jnp.copy, tp),
+      engine,
+      Tok(),
+      examples,
+      examples[:2],
+      lambda text, answer: float("7" in text.split()),
+      lambda ex: ex["question"],
+      GRPOConfig(
+        steps=steps,
+        prompts_per_step=2,
+        group_size=4,
+        eval_every=0,
+        eval_examples=2,
+        checkpoint_every=1,
+        dynamic_sampling=False,
+        reward_workers=1,
+      ),
+      PolicyLossConfig(),
+      UpdateConfig(learning_rate=1e-3, total_steps=10, micro_batch=4),
+      str(tmp_path),
+      drafter_params=dp,
+    )
+
+  first = trainer(1)
+  rows = first.run(progress=False)
+  assert rows[0]["loss/skipped"] == 0
+  saved = first.engine.bandit.state_dict()
+  assert saved["buckets"], "the rollout ran speculative chunks through the bandit"
+  resumed = trainer(2)
+  assert resumed.step == 1
+  assert resumed.engine.bandit.state_dict() == saved

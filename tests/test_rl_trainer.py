@@ -3,6 +3,7 @@
 import json
 import time
 
+import jax
 import numpy as np
 import pytest
 from flax import nnx
@@ -41,7 +42,7 @@ def seven(completion: str, answer: str) -> float:
   return float("7" in completion)
 
 
-def _trainer(workdir, steps, reward_fn=seven, **changes):
+def _trainer(workdir, steps, reward_fn=seven, loss=None, update=None, **changes):
   graphdef, params = nnx.split(init_model(MODEL, seed=0))
   engine = RolloutEngine(graphdef, MODEL, ENGINE, SamplingConfig(temperature=1.0), POOL)
   cfg = GRPOConfig(
@@ -64,8 +65,8 @@ def _trainer(workdir, steps, reward_fn=seven, **changes):
     reward_fn,
     format_prompt,
     cfg,
-    PolicyLossConfig(clip_high=0.28),
-    UpdateConfig(learning_rate=3e-3, total_steps=10, micro_batch=4),
+    loss or PolicyLossConfig(clip_high=0.28),
+    update or UpdateConfig(learning_rate=3e-3, total_steps=10, micro_batch=4),
     str(workdir),
   )
 
@@ -90,6 +91,64 @@ def test_runs_and_resumes_exactly(tmp_path):
     assert _comparable(a) == pytest.approx(_comparable(b), rel=1e-5, abs=1e-6)
   with open(tmp_path / "b" / "metrics.jsonl") as f:
     assert [json.loads(line)["step"] for line in f] == [0, 1, 2, 3]
+
+
+def _events(logdir):
+  """(tag, step, value) of every scalar in a TensorBoard log folder (TFRecord framing)."""
+  from tensorboardX.proto import event_pb2
+
+  out = []
+  for path in sorted(logdir.iterdir()):
+    data = path.read_bytes()
+    i = 0
+    while i < len(data):
+      n = int.from_bytes(data[i : i + 8], "little")
+      event = event_pb2.Event.FromString(data[i + 12 : i + 12 + n])
+      i += 12 + n + 4
+      out += [(v.tag, event.step, v.simple_value) for v in event.summary.value]
+  return out
+
+
+def test_learns_a_controlled_reward(tmp_path):
+  """The whole loop climbs a reward it can reach: "7" in the completion goes from a
+  random policy's rate to nearly always (the end-to-end sign check of the gradient)."""
+  update = UpdateConfig(learning_rate=3e-2, total_steps=100, micro_batch=4)
+  rows = _trainer(tmp_path, 16, update=update, max_refills=0).run(progress=False)
+  first = np.mean([r["reward_mean"] for r in rows[:4]])
+  last = np.mean([r["reward_mean"] for r in rows[-4:]])
+  assert first < 0.5 and last > 0.85, (first, last)
+
+
+def test_ppo_mini_batches_and_tensorboard(tmp_path):
+  update = UpdateConfig(
+    learning_rate=3e-2, total_steps=100, micro_batch=2, mini_batches=2, epochs=2
+  )
+  rows = _trainer(tmp_path, 2, update=update, max_refills=0).run(progress=False)
+  for r in rows:
+    assert r["loss/optimizer_steps"] == 4
+    # Later mini-batches see a moved policy: the ratio leaves 1 and the clip can bind.
+    assert r["loss/approx_kl"] > 0 and r["loss/ratio_max"] > 1.0
+    assert r["time/other"] >= 0
+  events = _events(tmp_path / "tensorboard")
+  rewards = [(step, v) for tag, step, v in events if tag == "reward_mean"]
+  assert rewards == [(r["step"], pytest.approx(r["reward_mean"])) for r in rows]
+  assert {"loss/approx_kl", "time/rollout", "eval/accuracy"} <= {tag for tag, _, _ in events}
+
+
+def test_kl_reference_is_frozen_and_checkpointed(tmp_path):
+  loss = PolicyLossConfig(clip_high=0.28, kl_coef=0.5)
+  trainer = _trainer(tmp_path, 2, loss=loss)
+  start = jax.tree.map(np.array, nnx.to_pure_dict(trainer.params))  # params are donated
+  rows = trainer.run(progress=False)
+  assert rows[0]["loss/kl"] == pytest.approx(0.0, abs=1e-7)  # policy == reference at first
+  assert rows[1]["loss/kl"] > 0
+  resumed = _trainer(tmp_path, 3, loss=loss)
+  assert resumed.step == 2
+  same = lambda a, b: all(
+    np.array_equal(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))
+  )
+  assert same(nnx.to_pure_dict(resumed.ref_params), start)
+  assert not same(nnx.to_pure_dict(resumed.params), start)
 
 
 def test_dynamic_sampling_drops_uninformative_groups(tmp_path):
@@ -125,3 +184,16 @@ def test_bad_configs():
     GRPOConfig(prompts_per_step=0)
   with pytest.raises(ValueError, match="workers"):
     RewardPool(seven, workers=0)
+
+
+def test_format_reward():
+  from tlt_jax.data.checkers import check_arithmetic, extract_marked_answer
+  from tlt_jax.rl.rewards import with_format_reward
+
+  fn = with_format_reward(check_arithmetic, extract_marked_answer, 0.1)
+  assert fn("1;a+2=3;#3", "3") == pytest.approx(1.1)
+  assert fn("1;a+2=4;#4", "3") == pytest.approx(0.1)
+  assert fn("1;a+2=3;", "3") == 0.0
+  assert with_format_reward(check_arithmetic, extract_marked_answer, 0.0) is check_arithmetic
+  with pytest.raises(ValueError, match="format reward"):
+    with_format_reward(check_arithmetic, extract_marked_answer, 0.5)

@@ -239,8 +239,13 @@ def test_positive_advantage_raises_sequence_logprob(model, adam_update):
 
 def test_update_config_validation():
   assert UpdateConfig(micro_batch=4).num_micro_batches(16) == 4
+  assert UpdateConfig(micro_batch=4, mini_batches=2).num_micro_batches(16) == 2
   with pytest.raises(ValueError, match="divide"):
     UpdateConfig(micro_batch=3).num_micro_batches(16)
+  with pytest.raises(ValueError, match="mini_batches \\(3\\) must divide"):
+    UpdateConfig(micro_batch=1, mini_batches=3).num_micro_batches(16)
+  with pytest.raises(ValueError, match="rows of a mini-batch"):
+    UpdateConfig(micro_batch=8, mini_batches=4).num_micro_batches(16)
   bad = [
     dict(learning_rate=0.0),
     dict(warmup_steps=10, total_steps=10),
@@ -248,6 +253,8 @@ def test_update_config_validation():
     dict(weight_decay=-0.1),
     dict(grad_clip=0.0),
     dict(micro_batch=0),
+    dict(mini_batches=0),
+    dict(epochs=0),
     dict(b1=1.0),
     dict(b2=-0.5),
   ]

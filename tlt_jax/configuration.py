@@ -63,16 +63,24 @@ def sampling_config(config: ml_collections.ConfigDict) -> SamplingConfig:
 
 
 def sft_config(config: ml_collections.ConfigDict) -> SFTConfig:
-  return to_dataclass(SFTConfig, config.sft, "sft", seed=int(config.seed))
+  # direct_answer_fraction is the data recipe (train.build_policy), not the optimizer's.
+  return to_dataclass(
+    SFTConfig, config.sft, "sft", ignore=("direct_answer_fraction",), seed=int(config.seed)
+  )
 
 
 def rl_configs(
   config: ml_collections.ConfigDict,
 ) -> tuple[GRPOConfig, PolicyLossConfig, UpdateConfig]:
   """The RL loop, loss and optimizer configs; the loss takes the sampling temperature."""
-  rl = to_dataclass(GRPOConfig, config.rl, "rl", seed=int(config.seed))
+  # format_reward shapes the reward function (train._reinforce), not the loop.
+  rl = to_dataclass(GRPOConfig, config.rl, "rl", ignore=("format_reward",), seed=int(config.seed))
   loss = to_dataclass(
     PolicyLossConfig, config.rl_loss, "rl_loss", temperature=float(config.sampling.temperature)
   )
-  update = to_dataclass(UpdateConfig, config.rl_update, "rl_update", total_steps=max(rl.steps, 1))
+  # The schedule counts optimizer steps: mini_batches x epochs per RL step.
+  per_step = config.rl_update.get("mini_batches", 1) * config.rl_update.get("epochs", 1)
+  update = to_dataclass(
+    UpdateConfig, config.rl_update, "rl_update", total_steps=max(rl.steps, 1) * per_step
+  )
   return rl, loss, update

@@ -21,8 +21,10 @@ from flax import nnx
 
 from tlt_jax import checkpoint, configuration
 from tlt_jax.data import get_task, get_tokenizer, load_task_split
-from tlt_jax.data.tasks import format_prompt, format_target
+from tlt_jax.data.checkers import extract_marked_answer
+from tlt_jax.data.tasks import format_prompt, sft_pairs
 from tlt_jax.models.transformer import init_model
+from tlt_jax.rl.rewards import with_format_reward
 from tlt_jax.rl.trainer import GRPOTrainer
 from tlt_jax.rollout.engine import RolloutEngine, RolloutResult
 from tlt_jax.training.evaluate import evaluate_pass_at_1
@@ -57,7 +59,7 @@ def build_policy(config, workdir, tokenizer, train, progress: bool = True):
   if os.path.isdir(ckpt_dir):
     logging.info("restoring the warm-started policy from %s", ckpt_dir)
     return model_cfg, graphdef, checkpoint.restore_params(ckpt_dir, params), {"source": ckpt_dir}
-  pairs = [(format_prompt(ex), format_target(ex)) for ex in train]
+  pairs = sft_pairs(train, config.sft.get("direct_answer_fraction", 0.0), seed=config.seed)
   start = time.perf_counter()
   params, history = train_sft(graphdef, params, tokenizer, pairs, sft_cfg, progress=progress)
   seconds = time.perf_counter() - start
@@ -181,6 +183,9 @@ def train_and_evaluate(
 def _reinforce(config, workdir, graphdef, params, engine, tokenizer, train, test, task, progress):
   """GRPO/DAPO from the warm start; resumes from workdir/checkpoints if present."""
   rl_cfg, loss_cfg, update_cfg = configuration.rl_configs(config)
+  reward = with_format_reward(
+    task.check, extract_marked_answer, float(config.rl.get("format_reward", 0.0))
+  )
   trainer = GRPOTrainer(
     graphdef,
     params,
@@ -188,12 +193,13 @@ def _reinforce(config, workdir, graphdef, params, engine, tokenizer, train, test
     tokenizer,
     train,
     [test[i] for i in range(min(rl_cfg.eval_examples, len(test)))],
-    task.check,
+    reward,
     format_prompt,
     rl_cfg,
     loss_cfg,
     update_cfg,
     workdir,
+    eval_check=task.check,
   )
   start = time.perf_counter()
   trainer.run(progress=progress)

@@ -393,6 +393,32 @@ def format_target(example: Mapping[str, str]) -> str:
   return example["solution"]
 
 
+def format_direct_target(example: Mapping[str, str]) -> str:
+  """The solution without its scratchpad: the final marked answer alone (e.g. "#66")."""
+  solution = example["solution"]
+  cut = solution.rfind(checkers.MARKER)
+  if cut < 0:
+    raise ValueError(f"solution has no final answer marker {checkers.MARKER!r}: {solution!r}")
+  return solution[cut:]
+
+
+def sft_pairs(
+  examples: Sequence[Mapping[str, str]], direct_fraction: float = 0.0, seed: int = 0
+) -> list[tuple[str, str]]:
+  """(prompt, target) pairs for the warm start; a `direct_fraction` of the targets skip
+  the scratchpad and state the answer alone.
+
+  A warm start that has seen both habits must choose between them at the first
+  response token; reasoning pays only through the reward, so the choice is what
+  RL learns first (responses get longer, as in reasoning-RL runs).
+  """
+  if not 0.0 <= direct_fraction <= 1.0:
+    raise ValueError(f"direct_fraction must be in [0, 1], got {direct_fraction!r}")
+  draw = random.Random(seed).random
+  target = lambda ex: format_direct_target(ex) if draw() < direct_fraction else format_target(ex)
+  return [(format_prompt(ex), target(ex)) for ex in examples]
+
+
 def split_seed(seed: int, split: str) -> int:
   """The example-stream seed of a split: `seed` itself for train, a hash-derived one otherwise."""
   if split == "train":

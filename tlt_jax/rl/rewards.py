@@ -21,6 +21,26 @@ import numpy as np
 RewardFn = Callable[[str, str], float]
 
 
+def with_format_reward(
+  check: RewardFn, extract: Callable[[str], str | None], weight: float
+) -> RewardFn:
+  """`check` plus `weight` when `extract` finds an answer in the completion at all
+  (a well-formed response: e.g. "#### 42", "\\boxed{42}" or the synthetic tasks' "#42").
+
+  weight in [0, 0.5): a correct answer (>= 1) still outscores every wrong one, and
+  "reward > 0.5" still means "correct" in the trainer's accuracy metric.
+  """
+  if not 0.0 <= weight < 0.5:
+    raise ValueError(f"format reward weight must be in [0, 0.5), got {weight!r}")
+  if weight == 0.0:
+    return check
+
+  def reward(completion: str, answer: str) -> float:
+    return check(completion, answer) + (weight if extract(completion) is not None else 0.0)
+
+  return reward
+
+
 @dataclasses.dataclass
 class RewardResult:
   rewards: np.ndarray  # [N] float32

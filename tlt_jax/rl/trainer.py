@@ -9,8 +9,10 @@ One step:
    (up to `max_refills` times) to fill the batch;
 4. one jitted update (micro-batched, non-finite guard);
 5. the engine takes the new params on its next call (params are arguments).
-Every step logs a phase-time breakdown; checkpoints (orbax) hold params,
-optimizer state, data position and step, so a killed run resumes exactly.
+Every step logs a phase-time breakdown (time/other: host work between phases)
+to metrics.jsonl and TensorBoard (workdir/tensorboard); checkpoints (orbax)
+hold params, optimizer state, the KL reference when used, data position and
+step, so a killed run resumes exactly.
 
 Batches are [P * G, W] with W the longest row rounded up to 64 (padding rows
 and columns carry no mask), so the update compiles once per width bucket.
@@ -30,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 from flax import nnx
+from tensorboardX import SummaryWriter
 from tqdm.auto import tqdm
 
 from tlt_jax.data.tokenizer import Tokenizer
@@ -106,8 +109,20 @@ class GRPOTrainer:
     loss_config: PolicyLossConfig,
     update_config: UpdateConfig,
     workdir: str,
+    drafter_params: nnx.State | None = None,
+    eval_check: RewardFn | None = None,
   ):
+    """See the module docstring.
+
+    `drafter_params` (optional, for an engine built with a drafter and
+    spec_threshold > 0): rollouts use speculative decoding with this frozen
+    drafter; the engine's bandit statistics go into every checkpoint.
+    `eval_check`: the held-out checker (default `reward_fn`); give the bare task
+    checker when `reward_fn` adds shaping such as a format bonus.
+    """
     self.graphdef, self.engine, self.tokenizer = graphdef, engine, tokenizer
+    self.drafter_params = drafter_params
+    self.eval_check = eval_check or reward_fn
     self.train, self.evals = list(train_examples), list(eval_examples)[: config.eval_examples]
     self.reward_fn, self.format_prompt = reward_fn, format_prompt
     self.cfg, self.loss_cfg, self.update_cfg = config, loss_config, update_config
@@ -129,6 +144,8 @@ class GRPOTrainer:
     )
     self.old_logp = jax.jit(lambda p, t: token_logprobs(graphdef, p, t, loss_config.temperature)[0])
     self.params = params
+    # The frozen KL reference: the starting policy, kept (and checkpointed) only when used.
+    self.ref_params = jax.tree.map(jnp.copy, params) if loss_config.kl_coef > 0 else None
     self.opt_state = self.optimizer.init(params)
     self.step = 0
     self.cursor = 0  # position in the shuffled training order
@@ -142,12 +159,17 @@ class GRPOTrainer:
 
   # ------------------------------------------------------------ checkpoints
   def _pytree(self) -> dict[str, Any]:
-    return {"params": nnx.to_pure_dict(self.params), "opt_state": self.opt_state}
+    tree = {"params": nnx.to_pure_dict(self.params), "opt_state": self.opt_state}
+    if self.ref_params is not None:
+      tree["reference"] = nnx.to_pure_dict(self.ref_params)
+    return tree
 
   def save(self) -> None:
     """Writes step, params, optimizer, data position (orbax finalises atomically,
     so a write cut short never replaces the last good checkpoint)."""
     meta = {"step": self.step, "cursor": self.cursor}
+    if self.engine.bandit is not None:
+      meta["bandit"] = self.engine.bandit.state_dict()
     self.ckpt.save(
       self.step,
       args=ocp.args.Composite(
@@ -168,8 +190,12 @@ class GRPOTrainer:
       ),
     )
     nnx.replace_by_pure_dict(self.params, got["state"]["params"])
+    if self.ref_params is not None:
+      nnx.replace_by_pure_dict(self.ref_params, got["state"]["reference"])
     self.opt_state = got["state"]["opt_state"]
     self.step, self.cursor = int(got["meta"]["step"]), int(got["meta"]["cursor"])
+    if self.engine.bandit is not None and "bandit" in got["meta"]:
+      self.engine.bandit.load_state_dict(got["meta"]["bandit"])
     # Metrics past the checkpoint belong to the lost tail of the killed run.
     if os.path.exists(self.metrics_path):
       with open(self.metrics_path) as f:
@@ -188,7 +214,12 @@ class GRPOTrainer:
     prompts = [self.tokenizer.encode(self.format_prompt(ex), add_bos=True) for ex in examples]
     key = jax.random.fold_in(jax.random.key(self.cfg.seed), self.step * 64 + salt)
     result = self.engine.generate(
-      self.params, prompts, g, key=key, seq_id_offset=(self.cursor - p) * g
+      self.params,
+      prompts,
+      g,
+      key=key,
+      seq_id_offset=(self.cursor - p) * g,
+      drafter_params=self.drafter_params,
     )
     texts = [self.tokenizer.decode(result.completion(n)) for n in range(p * g)]
     answers = [examples[n // g]["answer"] for n in range(p * g)]
@@ -269,8 +300,7 @@ class GRPOTrainer:
       "advantages": jnp.asarray(adv),
     }
     t = time.perf_counter()
-    self.params, self.opt_state, m = self.update(self.params, self.opt_state, batch, None)
-    m = {k: float(v) for k, v in jax.device_get(m).items()}
+    m = self._optimize(batch)
     times["update"] = time.perf_counter() - t
     all_raw = np.concatenate(raw)
     lengths = np.concatenate([res.num_generated for res in batch_result])
@@ -293,9 +323,39 @@ class GRPOTrainer:
       **{f"time/{k}": v for k, v in times.items()},
     }
 
+  def _optimize(self, batch: dict[str, jax.Array]) -> dict[str, float]:
+    """epochs x mini_batches optimizer steps on one rollout batch (PPO-style).
+
+    Rows are reshuffled every epoch by a generator keyed on (seed, step), so a
+    resumed run repeats them. Metrics: the first mini-batch's (its ratio is 1:
+    the policy that sampled the batch) for the loss terms, with clip fractions,
+    approx_kl, skips and grad norms averaged over all optimizer steps.
+    """
+    ucfg, n = self.update_cfg, self.rows
+    size = n // ucfg.mini_batches
+    rng = np.random.default_rng([self.cfg.seed, self.step])
+    rows = []
+    for _ in range(ucfg.epochs):
+      perm = np.arange(n) if ucfg.mini_batches == 1 else rng.permutation(n)
+      for i in range(ucfg.mini_batches):
+        idx = jnp.asarray(np.sort(perm[i * size : (i + 1) * size]))
+        mb = {k: v[idx] for k, v in batch.items()}
+        self.params, self.opt_state, m = self.update(
+          self.params, self.opt_state, mb, self.ref_params
+        )
+        rows.append(m)
+    rows = [{k: float(v) for k, v in r.items()} for r in jax.device_get(rows)]
+    out = dict(rows[0])
+    for k in ("clip_fraction_low", "clip_fraction_high", "approx_kl", "grad_norm"):
+      out[k] = float(np.mean([r[k] for r in rows]))
+    out["ratio_max"] = max(r["ratio_max"] for r in rows)
+    out["skipped"] = float(sum(r["skipped"] for r in rows))
+    out["optimizer_steps"] = float(len(rows))
+    return out
+
   def evaluate(self) -> dict[str, Any]:
     out = evaluate_pass_at_1(
-      self.engine, self.params, self.tokenizer, self.evals, self.reward_fn, self.format_prompt
+      self.engine, self.params, self.tokenizer, self.evals, self.eval_check, self.format_prompt
     )
     return {"accuracy": out["accuracy"], "mean_length": out["mean_length"]}
 
@@ -305,6 +365,9 @@ class GRPOTrainer:
     rewards = RewardPool(self.reward_fn, workers=cfg.reward_workers, timeout_s=cfg.reward_timeout_s)
     history = []
     bar = tqdm(total=cfg.steps, initial=self.step, desc="grpo", disable=not progress)
+    # purge_step drops events a killed run logged past the checkpoint we resume from.
+    tb = SummaryWriter(os.path.join(self.workdir, "tensorboard"), purge_step=self.step)
+    last_eval = {}
     try:
       while self.step < cfg.steps:
         t0 = time.perf_counter()
@@ -317,16 +380,35 @@ class GRPOTrainer:
           self.save()
         row["time/checkpoint"] = time.perf_counter() - t
         row["time/step"] = time.perf_counter() - t0
+        # Weight sync costs nothing here: the engine reads the trainer's arrays.
+        phases = ("rollout", "reward", "old_logp", "update", "checkpoint")
+        row["time/other"] = row["time/step"] - sum(row[f"time/{p}"] for p in phases)
         with open(self.metrics_path, "a") as f:
           f.write(json.dumps(row) + "\n")
+        self._log_tensorboard(tb, row)
         history.append(row)
+        if "eval" in row:
+          last_eval = {"eval": f"{row['eval']['accuracy']:.3f}"}
         bar.update(1)
         bar.set_postfix(
           reward=f"{row['reward_mean']:.2f}",
+          acc=f"{row['accuracy']:.2f}",
           len=f"{row['length_mean']:.0f}",
-          **({"eval": f"{row['eval']['accuracy']:.2f}"} if "eval" in row else {}),
+          **last_eval,
         )
     finally:
       bar.close()
+      tb.close()
       rewards.close()
     return history
+
+  @staticmethod
+  def _log_tensorboard(tb: SummaryWriter, row: Mapping[str, Any]) -> None:
+    """Every number of a metrics row as a scalar at its step (eval/* nested ones too)."""
+    flat = dict(row)
+    for k, v in row.get("eval", {}).items():
+      flat[f"eval/{k}"] = v
+    for k, v in flat.items():
+      if k != "step" and isinstance(v, int | float) and not isinstance(v, bool):
+        tb.add_scalar(k, v, row["step"])
+    tb.flush()

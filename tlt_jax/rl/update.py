@@ -76,7 +76,12 @@ class UpdateConfig:
     total_steps: the cosine decay reaches 0 here.
     weight_decay: AdamW decoupled weight decay.
     grad_clip: global-norm gradient clipping threshold.
-    micro_batch: rows per micro-batch (gradient accumulation); divides the batch.
+    micro_batch: rows per micro-batch (gradient accumulation); divides a mini-batch.
+    mini_batches: optimizer steps per rollout batch (PPO mini-batches): the batch's
+      rows are shuffled and split into this many equal parts, each one update
+      against the same old log-probs, so the clipped ratio does its job. 1: one
+      on-policy step per rollout (ratio 1, the clip never binds).
+    epochs: passes over the rollout batch (each reshuffled).
     b1, b2: Adam moment decay rates.
   """
 
@@ -86,6 +91,8 @@ class UpdateConfig:
   weight_decay: float = 0.0
   grad_clip: float = 1.0
   micro_batch: int = 8
+  mini_batches: int = 1
+  epochs: int = 1
   b1: float = 0.9
   b2: float = 0.999
 
@@ -103,20 +110,29 @@ class UpdateConfig:
       raise ValueError(f"weight_decay must be a finite number >= 0, got {self.weight_decay!r}")
     if not (self.grad_clip > 0 and math.isfinite(self.grad_clip)):
       raise ValueError(f"grad_clip must be a finite number > 0, got {self.grad_clip!r}")
-    if not isinstance(self.micro_batch, int) or self.micro_batch <= 0:
-      raise ValueError(f"micro_batch must be a positive int, got {self.micro_batch!r}")
+    for name in ("micro_batch", "mini_batches", "epochs"):
+      v = getattr(self, name)
+      if not isinstance(v, int) or v <= 0:
+        raise ValueError(f"{name} must be a positive int, got {v!r}")
     for name in ("b1", "b2"):
       v = getattr(self, name)
       if not 0.0 <= v < 1.0:
         raise ValueError(f"{name} must be in [0, 1), got {v!r}")
 
   def num_micro_batches(self, batch_rows: int) -> int:
-    """Micro-batches for a batch of `batch_rows` rows (which micro_batch must divide)."""
-    if batch_rows <= 0 or batch_rows % self.micro_batch:
+    """Micro-batches per optimizer step for a rollout batch of `batch_rows` rows
+    (mini_batches must divide it, and micro_batch each mini-batch)."""
+    if batch_rows <= 0 or batch_rows % self.mini_batches:
       raise ValueError(
-        f"micro_batch ({self.micro_batch}) must divide the batch rows ({batch_rows})"
+        f"mini_batches ({self.mini_batches}) must divide the batch rows ({batch_rows})"
       )
-    return batch_rows // self.micro_batch
+    rows = batch_rows // self.mini_batches
+    if rows % self.micro_batch:
+      raise ValueError(
+        f"micro_batch ({self.micro_batch}) must divide the rows of a mini-batch ({rows} = "
+        f"{batch_rows} rows / {self.mini_batches} mini-batches)"
+      )
+    return rows // self.micro_batch
 
 
 def make_optimizer(cfg: UpdateConfig) -> optax.GradientTransformation:
