@@ -207,8 +207,8 @@ def _reinforce(config, workdir, graphdef, params, engine, tokenizer, train, test
   with open(trainer.metrics_path) as f:
     rows = [json.loads(line) for line in f]
   plot_rl(rows, os.path.join(workdir, "rl.png"))
-  phases = ("rollout", "reward", "old_logp", "update", "checkpoint", "step")
-  mean = {p: float(np.mean([r[f"time/{p}"] for r in rows])) for p in phases}
+  phases = ("rollout", "reward", "old_logp", "update", "eval", "checkpoint", "other", "step")
+  mean = {p: float(np.mean([r.get(f"time/{p}", 0.0) for r in rows])) for p in phases}
   evals = [r for r in rows if "eval" in r]
   out = {
     "steps": len(rows),

@@ -373,15 +373,17 @@ class GRPOTrainer:
         t0 = time.perf_counter()
         row = self.train_step(rewards)
         skipped = row.get("loss/skipped", 0.0) > 0
+        t = time.perf_counter()
         if cfg.eval_every and self.step % cfg.eval_every == 0 or self.step == cfg.steps:
           row["eval"] = self.evaluate()
+        row["time/eval"] = time.perf_counter() - t
         t = time.perf_counter()
         if not skipped and (self.step % cfg.checkpoint_every == 0 or self.step == cfg.steps):
           self.save()
         row["time/checkpoint"] = time.perf_counter() - t
         row["time/step"] = time.perf_counter() - t0
         # Weight sync costs nothing here: the engine reads the trainer's arrays.
-        phases = ("rollout", "reward", "old_logp", "update", "checkpoint")
+        phases = ("rollout", "reward", "old_logp", "update", "eval", "checkpoint")
         row["time/other"] = row["time/step"] - sum(row[f"time/{p}"] for p in phases)
         with open(self.metrics_path, "a") as f:
           f.write(json.dumps(row) + "\n")
