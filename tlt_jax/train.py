@@ -25,7 +25,7 @@ from tlt_jax.data.checkers import extract_marked_answer
 from tlt_jax.data.tasks import format_prompt, sft_pairs
 from tlt_jax.models.transformer import init_model
 from tlt_jax.rl.rewards import with_format_reward
-from tlt_jax.rl.trainer import GRPOTrainer
+from tlt_jax.rl.trainer import PHASES, GRPOTrainer
 from tlt_jax.rollout.engine import RolloutEngine, RolloutResult
 from tlt_jax.training.evaluate import evaluate_pass_at_1
 from tlt_jax.training.sft import train_sft
@@ -207,7 +207,7 @@ def _reinforce(config, workdir, graphdef, params, engine, tokenizer, train, test
   with open(trainer.metrics_path) as f:
     rows = [json.loads(line) for line in f]
   plot_rl(rows, os.path.join(workdir, "rl.png"))
-  phases = ("rollout", "reward", "old_logp", "update", "eval", "checkpoint", "other", "step")
+  phases = (*PHASES, "other", "step")
   mean = {p: float(np.mean([r.get(f"time/{p}", 0.0) for r in rows])) for p in phases}
   evals = [r for r in rows if "eval" in r]
   out = {

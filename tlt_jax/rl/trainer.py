@@ -43,6 +43,9 @@ from tlt_jax.rl.update import UpdateConfig, make_optimizer, make_policy_update, 
 from tlt_jax.rollout.engine import RolloutEngine
 from tlt_jax.training.evaluate import evaluate_pass_at_1
 
+# Timed phases of a step (metrics "time/<phase>"); time/other is the step's remainder.
+PHASES = ("rollout", "reward", "old_logp", "update", "eval", "checkpoint")
+
 
 @dataclasses.dataclass(frozen=True)
 class GRPOConfig:
@@ -338,8 +341,11 @@ class GRPOTrainer:
     for _ in range(ucfg.epochs):
       perm = np.arange(n) if ucfg.mini_batches == 1 else rng.permutation(n)
       for i in range(ucfg.mini_batches):
-        idx = jnp.asarray(np.sort(perm[i * size : (i + 1) * size]))
-        mb = {k: v[idx] for k, v in batch.items()}
+        if ucfg.mini_batches == 1:
+          mb = batch  # the whole batch: no gather
+        else:
+          idx = jnp.asarray(np.sort(perm[i * size : (i + 1) * size]))
+          mb = {k: v[idx] for k, v in batch.items()}
         self.params, self.opt_state, m = self.update(
           self.params, self.opt_state, mb, self.ref_params
         )
@@ -383,8 +389,7 @@ class GRPOTrainer:
         row["time/checkpoint"] = time.perf_counter() - t
         row["time/step"] = time.perf_counter() - t0
         # Weight sync costs nothing here: the engine reads the trainer's arrays.
-        phases = ("rollout", "reward", "old_logp", "update", "eval", "checkpoint")
-        row["time/other"] = row["time/step"] - sum(row[f"time/{p}"] for p in phases)
+        row["time/other"] = row["time/step"] - sum(row[f"time/{p}"] for p in PHASES)
         with open(self.metrics_path, "a") as f:
           f.write(json.dumps(row) + "\n")
         self._log_tensorboard(tb, row)
