@@ -16,6 +16,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     raise ValueError(f"unknown config variant {variant!r}; expected '' (default) or 'tiny'")
   c = ml_collections.ConfigDict()
   c.seed = 0
+  # baseline: no speculative decoding; sd: a drafter trained once on the warm
+  # start's rollouts, then frozen; tlt: the same drafter, trained on in RL's idle slices.
+  c.mode = "baseline"
 
   c.task = ml_collections.ConfigDict()
   c.task.name = "arithmetic"
@@ -73,10 +76,29 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   # Speculative decoding for batch buckets <= spec_threshold (0: off; it needs a
   # trained drafter, see experiments/train_drafter.py). Strategy names: "chain<depth>",
   # "tree<depth>x<topk>x<nodes>"; the adaptive bandit also considers plain decode.
-  c.engine.spec_threshold = 0
+  c.engine.spec_threshold = 32  # used by modes sd and tlt only
   c.engine.spec_strategies = ("chain3", "chain6", "tree6x4x16")
   c.engine.spec_adaptive = True
   c.engine.spec_rounds = 8
+
+  # The EAGLE drafter (modes sd and tlt): warm start on the warm-start policy's rollouts,
+  # then (tlt) online updates from each RL step's rollouts.
+  c.drafter = ml_collections.ConfigDict()
+  c.drafter.init_seed = 0
+  c.drafter.warmup_prompts = 256  # training prompts rolled out (G = 1) for the warm start
+  c.drafter.offline_steps = 300
+  c.drafter.learning_rate = 2e-3
+  c.drafter.warmup_steps = 20
+  c.drafter.weight_decay = 0.01
+  c.drafter.grad_clip = 1.0
+  c.drafter.batch_rows = 4
+  c.drafter.row_len = 0  # 0: the engine's cache slots
+  c.drafter.buffer_rows = 512
+  c.drafter.keep_steps = 2
+  c.scheduler = ml_collections.ConfigDict()
+  c.scheduler.rollout_budget = 0.05
+  c.scheduler.long_tail_batch = 8
+  c.scheduler.max_window_updates = 200
 
   c.sampling = ml_collections.ConfigDict()
   c.sampling.temperature = 1.0
@@ -104,6 +126,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.rl.checkpoint_every = 4
   c.rl.reward_workers = 2
   c.rl.reward_timeout_s = 5.0
+  # Compile every rollout program before step 0 (experiments comparing step times).
+  c.rl.warmup_engine = False
   c.rl.format_reward = 0.0  # bonus in [0, 0.5) for a response with a final "#answer"
   c.rl_loss = ml_collections.ConfigDict()
   c.rl_loss.clip_low = 0.2
@@ -155,4 +179,12 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     c.rl.checkpoint_every = 1
     c.rl_update.warmup_steps = 0
     c.rl_update.micro_batch = 4
+    c.engine.spec_threshold = 4
+    c.engine.spec_strategies = ("chain2", "tree2x2x4")
+    c.engine.spec_rounds = 2
+    c.drafter.warmup_prompts = 4
+    c.drafter.offline_steps = 3
+    c.drafter.batch_rows = 2
+    c.drafter.buffer_rows = 32
+    c.scheduler.long_tail_batch = 4
   return c

@@ -237,59 +237,151 @@ def test_bandit_state_restores_into_a_new_engine(models):
     )
 
 
-def test_rl_trainer_rolls_out_with_the_drafter_and_checkpoints_the_bandit(models, tmp_path):
-  """GRPO with speculative rollouts (frozen drafter, adaptive engine): the bandit's
-  statistics are saved with the RL checkpoint and restored on resume."""
+class _Tok:  # token ids 1..39 as text, "0" is EOS
+  eos_id = 0
+
+  def encode(self, text, add_bos=False):
+    return [int(t) for t in text.split()]
+
+  def decode(self, ids):
+    return " ".join(str(int(i)) for i in ids)
+
+
+def _rl_trainer(models, workdir, steps, **kwargs):
+  """A GRPO trainer on PROMPTS (reward: a "7" in the completion) over an adaptive engine."""
   from tlt_jax.rl import PolicyLossConfig, UpdateConfig
   from tlt_jax.rl.trainer import GRPOConfig, GRPOTrainer
 
-  class Tok:  # token ids 1..39 as text, "0" is EOS
-    eos_id = 0
-
-    def encode(self, text, add_bos=False):
-      return [int(t) for t in text.split()]
-
-    def decode(self, ids):
-      return " ".join(str(int(i)) for i in ids)
-
-  tg, tp, dg, dp = models
+  tg, tp, dg, _ = models
   sampling = SamplingConfig(temperature=1.0)
   examples = [{"question": " ".join(map(str, p)), "answer": ""} for p in PROMPTS]
+  engine = RolloutEngine(
+    tg, MODEL, dataclasses.replace(ENGINE, spec_adaptive=True), sampling, drafter_graphdef=dg
+  )
+  return GRPOTrainer(
+    tg,
+    jax.tree.map(jnp.copy, tp),
+    engine,
+    _Tok(),
+    examples,
+    examples[:2],
+    lambda text, answer: float("7" in text.split()),
+    lambda ex: ex["question"],
+    GRPOConfig(
+      steps=steps,
+      prompts_per_step=2,
+      group_size=4,
+      eval_every=0,
+      eval_examples=2,
+      checkpoint_every=1,
+      dynamic_sampling=False,
+      reward_workers=1,
+    ),
+    PolicyLossConfig(),
+    UpdateConfig(learning_rate=1e-3, total_steps=10, micro_batch=4),
+    str(workdir),
+    **kwargs,
+  )
 
-  def trainer(steps):
-    engine = RolloutEngine(
-      tg, MODEL, dataclasses.replace(ENGINE, spec_adaptive=True), sampling, drafter_graphdef=dg
-    )
-    return GRPOTrainer(
-      tg,
-      jax.tree.map(jnp.copy, tp),
-      engine,
-      Tok(),
-      examples,
-      examples[:2],
-      lambda text, answer: float("7" in text.split()),
-      lambda ex: ex["question"],
-      GRPOConfig(
-        steps=steps,
-        prompts_per_step=2,
-        group_size=4,
-        eval_every=0,
-        eval_examples=2,
-        checkpoint_every=1,
-        dynamic_sampling=False,
-        reward_workers=1,
-      ),
-      PolicyLossConfig(),
-      UpdateConfig(learning_rate=1e-3, total_steps=10, micro_batch=4),
-      str(tmp_path),
-      drafter_params=dp,
-    )
 
-  first = trainer(1)
+def test_rl_trainer_rolls_out_with_the_drafter_and_checkpoints_the_bandit(models, tmp_path):
+  """GRPO with speculative rollouts (frozen drafter, adaptive engine): the bandit's
+  statistics are saved with the RL checkpoint and restored on resume."""
+  dp = models[3]
+  first = _rl_trainer(models, tmp_path, 1, drafter_params=dp)
   rows = first.run(progress=False)
   assert rows[0]["loss/skipped"] == 0
+  assert rows[0]["spec/accept_length"] >= 1.0
   saved = first.engine.bandit.state_dict()
   assert saved["buckets"], "the rollout ran speculative chunks through the bandit"
-  resumed = trainer(2)
+  resumed = _rl_trainer(models, tmp_path, 2, drafter_params=dp)
   assert resumed.step == 1
   assert resumed.engine.bandit.state_dict() == saved
+
+
+def _online(models, **scheduler):
+  from tlt_jax.drafter import DrafterTrainConfig, OnlineDrafter
+  from tlt_jax.scheduler import SchedulerConfig, SliceScheduler
+
+  tg, _, dg, dp = models
+  drafter = OnlineDrafter(
+    dg,
+    jax.tree.map(jnp.copy, dp),
+    tg,
+    DrafterTrainConfig(learning_rate=1e-2, warmup_steps=0, batch_rows=2),
+    slots=ENGINE.slots,
+    feature_dim=MODEL.d_model,
+  )
+  return SliceScheduler(drafter, SchedulerConfig(**scheduler))
+
+
+def test_rl_trainer_trains_the_drafter_online_and_checkpoints_it(models, tmp_path):
+  """TLT mode: rollouts feed the drafter's buffer, updates run in the reward and
+  checkpoint windows and the long tail (budget 0.5 here to force some), new
+  versions reach the engine at chunk boundaries, and the drafter (params,
+  optimizer, version) is saved with the policy and restored on resume."""
+  first_sched = _online(models, rollout_budget=0.5, long_tail_batch=16)
+  saved = {}
+  fill = first_sched.fill
+
+  def spy(window, busy, target):  # the checkpoint window opens right after the save call
+    if window == "checkpoint":
+      saved.update(version=first_sched.drafter.version, params=first_sched.drafter.params)
+    return fill(window, busy, target)
+
+  first_sched.fill = spy
+  first = _rl_trainer(models, tmp_path, 2, scheduler=first_sched)
+  rows = first.run(progress=False)
+  assert rows[-1]["drafter/version"] > 0
+  assert rows[0]["drafter/buffer_rows"] > 0
+  assert sum(r["drafter/updates"] for r in rows) == first_sched.drafter.version
+  assert sum(r["drafter/long_tail_updates"] for r in rows) > 0
+  for r in rows:  # the long tail took no more than its budget (plus one estimate)
+    assert r["drafter/rollout_charged_s"] <= 0.5 * r["time/rollout"] + r["drafter/update_seconds"]
+  # the drafter moved and is checkpointed with the policy
+  moved = jax.tree.map(
+    lambda a, b: float(jnp.abs(a - b).max()), first_sched.drafter.params, models[3]
+  )
+  assert max(jax.tree.leaves(moved)) > 0
+  second_sched = _online(models)
+  resumed = _rl_trainer(models, tmp_path, 3, scheduler=second_sched)
+  assert resumed.step == 2 and second_sched.drafter.version == saved["version"] > 0
+  for a, b in zip(jax.tree.leaves(second_sched.drafter.params), jax.tree.leaves(saved["params"])):
+    np.testing.assert_array_equal(a, b)
+  with pytest.raises(ValueError, match="not both"):
+    _rl_trainer(models, tmp_path / "x", 1, scheduler=_online(models), drafter_params=models[3])
+
+
+def test_pushed_drafter_versions_keep_greedy_exact(models, pool):
+  """A hook that swaps the drafter at chunk boundaries (here: alternating between a
+  trained-looking and a random drafter) changes speed only, never the tokens."""
+  tg, tp, dg, dp = models
+  other = nnx.split(init_drafter(MODEL, seed=11))[1]
+  calls = []
+
+  def hook(batch):
+    calls.append(batch)
+    return other if len(calls) % 2 else dp
+
+  plain = _run(_engine(models, pool, spec_threshold=0), tp, None)
+  spec = _run(_engine(models, pool), tp, dp, on_chunk=hook)
+  assert len(calls) >= 2
+  pushes = [e for e in spec.timeline if e["phase"] == "drafter_hook" and e["pushed"]]
+  assert len(pushes) == len(calls)
+  np.testing.assert_array_equal(spec.tokens, plain.tokens)
+
+
+def test_bandit_reward_charges_the_drafter_rebuild_to_the_spec_chunk(models, pool):
+  """Leaving the plain arm costs a drafter-cache rebuild; the speculative chunk that needed it
+  is rewarded tokens / (rebuild + chunk) seconds, so switching never looks free."""
+  _, tp, _, dp = models
+  engine = _engine(models, pool, spec_adaptive=True, spec_threshold=8)
+  result = _run(engine, tp, dp, num_samples=4)
+  checked = 0
+  for prev, entry in zip(result.timeline, result.timeline[1:]):
+    if entry["phase"] == "spec" and "reward" in entry:
+      charged = entry["dt"] + (prev["dt"] if prev["phase"] == "drafter_prefill" else 0.0)
+      charged -= entry.get("compile_s", 0.0)
+      assert entry["reward"] == pytest.approx(entry["tokens"] / charged, rel=1e-6)
+      checked += prev["phase"] == "drafter_prefill"
+  assert checked > 0, "no rewarded speculative chunk followed a plain one"

@@ -49,6 +49,38 @@ def test_default_job_runs_on_tiny_config(tmp_path):
   assert 0 < summary["rl"]["rollout_share"] < 1
 
 
+def test_tlt_mode_trains_the_drafter_online_and_exports_it(tmp_path):
+  """--config.mode=tlt: the drafter's warm start, speculative rollouts, online updates in
+  idle slices, and the standalone drafter artifact at the end."""
+  from tlt_jax.drafter.export import load_drafter
+
+  workdir = str(tmp_path / "tlt")
+  out = _cli("--config=configs/default.py:tiny", f"--workdir={workdir}", "--config.mode=tlt")
+  assert out.returncode == 0, out.stderr[-3000:]
+  summary = _read_json(workdir, "summary.json")
+  assert summary["mode"] == "tlt" and summary["drafter_warm_start"]["steps"] == 3
+  assert summary["rl"]["drafter_updates"] > 0
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    rows = [json.loads(line) for line in f]
+  assert rows[-1]["drafter/version"] > 3 and "spec/accept_length" in rows[-1]
+  _, _, _, info = load_drafter(os.path.join(workdir, "drafter"))
+  assert info["mode"] == "tlt" and info["version"] == rows[-1]["drafter/version"]
+
+
+def test_mode_flag_is_checked():
+  config = default.get_config("tiny")
+  tok = CharTokenizer()
+  config.mode = "fast"
+  with pytest.raises(ValueError, match="config.mode must be one of"):
+    configuration.engine_config(config, tok)
+  config.mode = "sd"
+  config.engine.spec_threshold = 0
+  with pytest.raises(ValueError, match="spec_threshold > 0"):
+    configuration.engine_config(config, tok)
+  config.mode = "baseline"
+  assert configuration.engine_config(config, tok).spec_threshold == 0
+
+
 def _metrics(workdir):
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
     rows = [json.loads(line) for line in f]
@@ -124,6 +156,7 @@ def test_cli_rejects_typos_and_bad_types(tmp_path, override, message):
 )
 def test_invalid_values_fail_with_the_config_path(section, field, value, message):
   config = default.get_config("tiny")
+  config.mode = "sd"  # speculative settings are checked in the modes that use them
   config[section][field] = value
   tok = CharTokenizer()
   with pytest.raises(ValueError, match=message):

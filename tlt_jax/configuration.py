@@ -14,11 +14,13 @@ import ml_collections
 
 from tlt_jax.data.tokenizer import Tokenizer
 from tlt_jax.decode.sampling import SamplingConfig
+from tlt_jax.drafter.online import DrafterTrainConfig
 from tlt_jax.models.config import ModelConfig
 from tlt_jax.rl.loss import PolicyLossConfig
 from tlt_jax.rl.trainer import GRPOConfig
 from tlt_jax.rl.update import UpdateConfig
 from tlt_jax.rollout.engine import EngineConfig
+from tlt_jax.scheduler import SchedulerConfig
 from tlt_jax.training.sft import SFTConfig
 
 T = TypeVar("T")
@@ -53,9 +55,41 @@ def model_config(config: ml_collections.ConfigDict, tokenizer: Tokenizer) -> Mod
   return mc
 
 
+MODES = ("baseline", "sd", "tlt")
+
+
+def mode(config: ml_collections.ConfigDict) -> str:
+  """The training mode: baseline (no SD), sd (frozen drafter), tlt (online drafter)."""
+  m = config.get("mode", "baseline")
+  if m not in MODES:
+    raise ValueError(f"config.mode must be one of {MODES}, got {m!r}")
+  return m
+
+
 def engine_config(config: ml_collections.ConfigDict, tokenizer: Tokenizer) -> EngineConfig:
+  """The engine; speculative decoding (engine.spec_threshold) only outside baseline mode."""
   stops = tuple(getattr(tokenizer, "eos_ids", (tokenizer.eos_id,)))
-  return to_dataclass(EngineConfig, config.engine, "engine", stop_tokens=stops)
+  engine = to_dataclass(EngineConfig, config.engine, "engine", stop_tokens=stops)
+  if mode(config) == "baseline":
+    return dataclasses.replace(engine, spec_threshold=0)
+  if not engine.spec_threshold:
+    raise ValueError(f"config.mode={mode(config)!r} needs config.engine.spec_threshold > 0")
+  return engine
+
+
+def drafter_config(config: ml_collections.ConfigDict) -> DrafterTrainConfig:
+  # warmup_prompts / offline_steps are the drafter's warm start (train.build_drafter).
+  return to_dataclass(
+    DrafterTrainConfig,
+    config.drafter,
+    "drafter",
+    ignore=("warmup_prompts", "offline_steps", "init_seed"),
+    seed=int(config.seed),
+  )
+
+
+def scheduler_config(config: ml_collections.ConfigDict) -> SchedulerConfig:
+  return to_dataclass(SchedulerConfig, config.scheduler, "scheduler")
 
 
 def sampling_config(config: ml_collections.ConfigDict) -> SamplingConfig:
@@ -74,7 +108,9 @@ def rl_configs(
 ) -> tuple[GRPOConfig, PolicyLossConfig, UpdateConfig]:
   """The RL loop, loss and optimizer configs; the loss takes the sampling temperature."""
   # format_reward shapes the reward function (train._reinforce), not the loop.
-  rl = to_dataclass(GRPOConfig, config.rl, "rl", ignore=("format_reward",), seed=int(config.seed))
+  rl = to_dataclass(
+    GRPOConfig, config.rl, "rl", ignore=("format_reward", "warmup_engine"), seed=int(config.seed)
+  )
   loss = to_dataclass(
     PolicyLossConfig, config.rl_loss, "rl_loss", temperature=float(config.sampling.temperature)
   )

@@ -8,6 +8,7 @@ and rollout.png (response-length distribution and active-batch timeline).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -18,15 +19,20 @@ import ml_collections
 import numpy as np
 from absl import logging
 from flax import nnx
+from tqdm.auto import tqdm
 
 from tlt_jax import checkpoint, configuration
 from tlt_jax.data import get_task, get_tokenizer, load_task_split
 from tlt_jax.data.checkers import extract_marked_answer
 from tlt_jax.data.tasks import format_prompt, sft_pairs
+from tlt_jax.drafter import OnlineDrafter
+from tlt_jax.drafter.export import save_drafter
+from tlt_jax.models.drafter import init_drafter
 from tlt_jax.models.transformer import init_model
 from tlt_jax.rl.rewards import with_format_reward
 from tlt_jax.rl.trainer import PHASES, GRPOTrainer
 from tlt_jax.rollout.engine import RolloutEngine, RolloutResult
+from tlt_jax.scheduler import SliceScheduler
 from tlt_jax.training.evaluate import evaluate_pass_at_1
 from tlt_jax.training.sft import train_sft
 
@@ -72,6 +78,52 @@ def build_policy(config, workdir, tokenizer, train, progress: bool = True):
     "final_token_accuracy": history[-1]["token_accuracy"],
   }
   return model_cfg, graphdef, params, info
+
+
+def build_drafter(
+  config, workdir, model_cfg, graphdef, params, engine, tokenizer, train, progress: bool = True
+) -> tuple[OnlineDrafter, dict[str, Any]]:
+  """The EAGLE drafter's warm start for modes sd and tlt (reused from
+  workdir/drafter_warm_start when present): `drafter.warmup_prompts` training
+  prompts rolled out once by the warm-start policy (features captured), then
+  `drafter.offline_steps` optax updates on them."""
+  dcfg = configuration.drafter_config(config)
+  dg, dp = nnx.split(init_drafter(model_cfg, seed=config.drafter.init_seed))
+  drafter = OnlineDrafter(
+    dg, dp, graphdef, dcfg, slots=engine.config.slots, feature_dim=model_cfg.d_model
+  )
+  path = os.path.join(workdir, "drafter_warm_start")
+  if os.path.isdir(path):
+    drafter.params = checkpoint.restore_params(path, dp)
+    return drafter, {"source": path}
+  start = time.perf_counter()
+  # Prompts disjoint from the RL stream's first steps: drawn from the end of a fixed shuffle.
+  order = np.random.default_rng(config.seed + 1).permutation(len(train))
+  picks = order[-config.drafter.warmup_prompts :]
+  prompts = [tokenizer.encode(format_prompt(train[int(i)]), add_bos=True) for i in picks]
+  batch = engine.config.max_batch
+  for i in range(0, len(prompts), batch):
+    result = engine.generate(params, prompts[i : i + batch], key=10**6 + i, seq_id_offset=10**8 + i)
+    drafter.observe(result, step=0)
+  rollout_s = time.perf_counter() - start
+  bar = tqdm(range(config.drafter.offline_steps), desc="drafter", disable=not progress)
+  for _ in bar:
+    m = drafter.update(params)
+    if drafter.version % 20 == 0:
+      bar.set_postfix(loss=f"{float(m['loss']):.3f}", top1=f"{float(m['top1_agreement']):.2f}")
+  m = {k: float(v) for k, v in jax.device_get(drafter.last_metrics).items()}
+  checkpoint.save_params(path, drafter.params)
+  info = {
+    "source": "trained",
+    "rollout_seconds": rollout_s,
+    "seconds": time.perf_counter() - start,
+    "rows": len(drafter.buffer),
+    "steps": config.drafter.offline_steps,
+    "final_loss": m["loss"],
+    "final_top1_agreement": m["top1_agreement"],
+  }
+  logging.info("drafter warm start: %s", info)
+  return drafter, info
 
 
 def length_stats(lengths: np.ndarray) -> dict[str, float]:
@@ -125,8 +177,23 @@ def train_and_evaluate(
   train, test = _load_data(config, workdir)
 
   model_cfg, graphdef, params, warm = build_policy(config, workdir, tokenizer, train, progress)
-  engine = RolloutEngine(graphdef, model_cfg, engine_cfg, sampling)
-  summary: dict[str, Any] = {"model_params": model_cfg.num_params, "warm_start": warm}
+  mode = configuration.mode(config)
+  drafter = None
+  if mode == "baseline":
+    engine = RolloutEngine(graphdef, model_cfg, engine_cfg, sampling)
+  else:
+    # The drafter's warm start rolls out with plain decode (there is no drafter yet).
+    plain_cfg = dataclasses.replace(engine_cfg, spec_threshold=0)
+    plain = RolloutEngine(graphdef, model_cfg, plain_cfg, sampling)
+    drafter, drafter_info = build_drafter(
+      config, workdir, model_cfg, graphdef, params, plain, tokenizer, train, progress
+    )
+    engine = RolloutEngine(
+      graphdef, model_cfg, engine_cfg, sampling, plain.pool, drafter_graphdef=drafter.graphdef
+    )
+  summary: dict[str, Any] = {"mode": mode, "model_params": model_cfg.num_params, "warm_start": warm}
+  if drafter is not None:
+    summary["drafter_warm_start"] = drafter_info
 
   evals = [test[i] for i in range(min(config.eval.num_examples, len(test)))]
   start = time.perf_counter()
@@ -135,19 +202,37 @@ def train_and_evaluate(
 
   if config.rl.steps > 0:
     params, summary["rl"] = _reinforce(
-      config, workdir, graphdef, params, engine, tokenizer, train, test, task, progress
+      config, workdir, graphdef, params, engine, tokenizer, train, test, task, drafter, progress
     )
+  drafter_params = None if drafter is None else drafter.params
+  if drafter is not None:
+    export = save_drafter(
+      os.path.join(workdir, "drafter"),
+      drafter.params,
+      model_cfg,
+      mode=mode,
+      version=drafter.version,
+    )
+    summary["drafter_export"] = str(export)
 
   # The long-tail rollout: G samples per prompt from the train split.
   rng = np.random.default_rng(config.seed)
   picks = rng.choice(len(train), config.rollout.num_prompts, replace=False)
   prompts = [tokenizer.encode(format_prompt(train[int(i)]), add_bos=True) for i in picks]
   warm_s = engine.warmup(
-    params, sampling, num_prompts=[len(prompts)], num_samples=config.rollout.num_samples
+    params,
+    sampling,
+    num_prompts=[len(prompts)],
+    num_samples=config.rollout.num_samples,
+    drafter_params=drafter_params,
   )
   compiles = engine.pool.compiles
   result = engine.generate(
-    params, prompts, config.rollout.num_samples, key=jax.random.key(config.seed)
+    params,
+    prompts,
+    config.rollout.num_samples,
+    key=jax.random.key(config.seed),
+    drafter_params=drafter_params,
   )
   rewards = [
     task.check(
@@ -170,6 +255,8 @@ def train_and_evaluate(
     "executable_temp_MB": sum(r["temp_bytes"] or 0 for r in engine.pool.summary()) / 2**20,
     "recompiles_during_rollout": engine.pool.compiles - compiles,
   }
+  if drafter is not None:
+    summary["rollout"]["spec"] = result.spec_summary()
   with open(os.path.join(workdir, "executables.json"), "w") as f:
     json.dump(engine.pool.summary(), f, indent=1)
   plot_rollout(result, os.path.join(workdir, "rollout.png"))
@@ -180,8 +267,13 @@ def train_and_evaluate(
   return summary
 
 
-def _reinforce(config, workdir, graphdef, params, engine, tokenizer, train, test, task, progress):
-  """GRPO/DAPO from the warm start; resumes from workdir/checkpoints if present."""
+def _reinforce(
+  config, workdir, graphdef, params, engine, tokenizer, train, test, task, drafter, progress
+):
+  """GRPO/DAPO from the warm start; resumes from workdir/checkpoints if present.
+
+  Mode sd rolls out with the warm-start drafter, frozen; mode tlt hands it to a
+  `SliceScheduler` that trains it on in idle slices."""
   rl_cfg, loss_cfg, update_cfg = configuration.rl_configs(config)
   reward = with_format_reward(
     task.check, extract_marked_answer, float(config.rl.get("format_reward", 0.0))
@@ -200,7 +292,22 @@ def _reinforce(config, workdir, graphdef, params, engine, tokenizer, train, test
     update_cfg,
     workdir,
     eval_check=task.check,
+    drafter_params=drafter.params if configuration.mode(config) == "sd" else None,
+    scheduler=(
+      SliceScheduler(drafter, configuration.scheduler_config(config))
+      if configuration.mode(config) == "tlt"
+      else None
+    ),
   )
+  warm_s = 0.0
+  if config.rl.get("warmup_engine", False):
+    # Compile every rollout program first, so step times compare modes, not compiles.
+    warm_s = engine.warmup(
+      trainer.params,
+      num_prompts=[rl_cfg.prompts_per_step],
+      num_samples=rl_cfg.group_size,
+      drafter_params=None if drafter is None else drafter.params,
+    )
   start = time.perf_counter()
   trainer.run(progress=progress)
   seconds = time.perf_counter() - start
@@ -213,6 +320,7 @@ def _reinforce(config, workdir, graphdef, params, engine, tokenizer, train, test
   out = {
     "steps": len(rows),
     "seconds_this_run": seconds,
+    "engine_warmup_seconds": warm_s,
     "final_eval": evals[-1]["eval"] if evals else None,
     "reward_first_last": [rows[0]["reward_mean"], rows[-1]["reward_mean"]],
     "mean_phase_seconds": mean,
@@ -222,6 +330,15 @@ def _reinforce(config, workdir, graphdef, params, engine, tokenizer, train, test
     ),
     "skipped_updates": int(sum(r["loss/skipped"] > 0 for r in rows)),
   }
+  accept = [r["spec/accept_length"] for r in rows if "spec/accept_length" in r]
+  if accept:
+    out["accept_length_first_last"] = [accept[0], accept[-1]]
+  if trainer.scheduler is not None:
+    out["drafter_updates"] = int(sum(r["drafter/updates"] for r in rows))
+    out["drafter_reclaimed_seconds"] = float(sum(r["drafter/reclaimed_s"] for r in rows))
+    out["drafter_rollout_charged_seconds"] = float(
+      sum(r["drafter/rollout_charged_s"] for r in rows)
+    )
   return trainer.params, out
 
 

@@ -1,5 +1,8 @@
-"""EAGLE drafter training: aligned data from rollouts, the loss and the update step."""
+"""EAGLE drafter training: aligned data from rollouts, the loss, the update step, the
+online drafter (buffer + versioned params) and its standalone export."""
 
+from tlt_jax.drafter.buffer import DrafterBuffer
+from tlt_jax.drafter.online import DrafterTrainConfig, OnlineDrafter, drafter_optimizer
 from tlt_jax.drafter.training import (
   default_drafter_optimizer,
   drafter_loss,
@@ -8,8 +11,12 @@ from tlt_jax.drafter.training import (
 )
 
 __all__ = [
+  "DrafterBuffer",
+  "DrafterTrainConfig",
+  "OnlineDrafter",
   "default_drafter_optimizer",
   "drafter_loss",
+  "drafter_optimizer",
   "make_drafter_update",
   "make_training_batch",
 ]

@@ -41,6 +41,7 @@ def make_training_batch(
   *,
   row_len: int | None = None,
   num_rows: int | None = None,
+  skip_overflow: bool = False,
 ) -> dict[str, np.ndarray]:
   """Packs aligned drafter training pairs from rollouts into rows (host side, numpy).
 
@@ -52,6 +53,9 @@ def make_training_batch(
     row_len: pairs per packed row; default the longest sample (length - 2 pairs).
     num_rows: pad the output to this many rows (static shapes across calls);
       default as many as the packing needs.
+    skip_overflow: leave out samples longer than row_len or beyond num_rows
+      instead of raising (online training fills a fixed-shape batch from a
+      buffer holding more than fits).
 
   Returns:
     A dict of [R, row_len] arrays: tokens (x_{t+1}), positions (t, per sample),
@@ -75,7 +79,9 @@ def make_training_batch(
     raise ValueError("no sample has a response pair (length - 2 >= prompt_len)")
   longest = int(max(pairs[n] for n in use))
   row_len = longest if row_len is None else row_len
-  if longest > row_len:
+  if skip_overflow:
+    use = [n for n in use if pairs[n] <= row_len]
+  elif longest > row_len:
     raise ValueError(f"a sample has {longest} pairs, more than row_len={row_len}")
 
   # First-fit decreasing: few rows, deterministic.
@@ -88,6 +94,8 @@ def make_training_batch(
         free[r] -= pairs[n]
         break
     else:
+      if skip_overflow and num_rows is not None and len(rows) == num_rows:
+        continue  # no room left for this sample
       rows.append([n])
       free.append(row_len - pairs[n])
   num_rows = len(rows) if num_rows is None else num_rows
@@ -198,10 +206,12 @@ def make_drafter_update(
   *,
   feature_weight: float = 1.0,
   logit_weight: float = 0.1,
+  donate: bool = True,
 ) -> Callable[..., tuple[nnx.State, Any, dict[str, jax.Array]]]:
   """A jitted `(drafter_params, opt_state, target_params, batch) -> (drafter_params,
-  opt_state, metrics)`; drafter params and opt_state are donated, the target's
-  params are read only (never differentiated, never returned)."""
+  opt_state, metrics)`; drafter params and opt_state are donated (unless `donate`
+  is False: a rollout may still read the old params), the target's params are
+  read only (never differentiated, never returned)."""
 
   def update(drafter_params, opt_state, target_params, batch):
     def loss_fn(dp):
@@ -220,4 +230,4 @@ def make_drafter_update(
     drafter_params = optax.apply_updates(drafter_params, updates)
     return drafter_params, opt_state, {**metrics, "grad_norm": optax.global_norm(grads)}
 
-  return jax.jit(update, donate_argnums=(0, 1))
+  return jax.jit(update, donate_argnums=(0, 1) if donate else (1,))

@@ -95,6 +95,7 @@ class RewardPool:
         errors += not ok
       return RewardResult(rewards, errors, timeouts, time.perf_counter() - start)
 
+    collect.done = lambda: all(f.done() for f in futures)  # type: ignore[attr-defined]
     return collect
 
   def close(self) -> None:

@@ -41,6 +41,7 @@ from tlt_jax.rl.loss import PolicyLossConfig
 from tlt_jax.rl.rewards import RewardFn, RewardPool
 from tlt_jax.rl.update import UpdateConfig, make_optimizer, make_policy_update, token_logprobs
 from tlt_jax.rollout.engine import RolloutEngine
+from tlt_jax.scheduler import SliceScheduler
 from tlt_jax.training.evaluate import evaluate_pass_at_1
 
 # Timed phases of a step (metrics "time/<phase>"); time/other is the step's remainder.
@@ -114,6 +115,7 @@ class GRPOTrainer:
     workdir: str,
     drafter_params: nnx.State | None = None,
     eval_check: RewardFn | None = None,
+    scheduler: SliceScheduler | None = None,
   ):
     """See the module docstring.
 
@@ -122,9 +124,15 @@ class GRPOTrainer:
     drafter; the engine's bandit statistics go into every checkpoint.
     `eval_check`: the held-out checker (default `reward_fn`); give the bare task
     checker when `reward_fn` adds shaping such as a format bonus.
+    `scheduler` (TLT, instead of `drafter_params`): an online drafter trained from
+    every rollout's tokens and features in idle slices (reward scoring, checkpoint
+    writes, the rollout's long tail); its params, optimizer state and version are
+    checkpointed with the policy.
     """
     self.graphdef, self.engine, self.tokenizer = graphdef, engine, tokenizer
-    self.drafter_params = drafter_params
+    if scheduler is not None and drafter_params is not None:
+      raise ValueError("give drafter_params (frozen drafter) or scheduler (online), not both")
+    self.drafter_params, self.scheduler = drafter_params, scheduler
     self.eval_check = eval_check or reward_fn
     self.train, self.evals = list(train_examples), list(eval_examples)[: config.eval_examples]
     self.reward_fn, self.format_prompt = reward_fn, format_prompt
@@ -165,6 +173,8 @@ class GRPOTrainer:
     tree = {"params": nnx.to_pure_dict(self.params), "opt_state": self.opt_state}
     if self.ref_params is not None:
       tree["reference"] = nnx.to_pure_dict(self.ref_params)
+    if self.scheduler is not None:
+      tree["drafter"] = self.scheduler.drafter.state_pytree()
     return tree
 
   def save(self) -> None:
@@ -173,12 +183,17 @@ class GRPOTrainer:
     meta = {"step": self.step, "cursor": self.cursor}
     if self.engine.bandit is not None:
       meta["bandit"] = self.engine.bandit.state_dict()
+    if self.scheduler is not None:
+      meta["scheduler"] = self.scheduler.state()
     self.ckpt.save(
       self.step,
       args=ocp.args.Composite(
         state=ocp.args.StandardSave(self._pytree()), meta=ocp.args.JsonSave(meta)
       ),
     )
+    if self.scheduler is not None:
+      # The write runs in orbax's threads: a device slice for the drafter.
+      self.scheduler.fill("checkpoint", self.ckpt.is_saving_in_progress, self.params)
     self.ckpt.wait_until_finished()
 
   def _restore(self) -> None:
@@ -199,6 +214,10 @@ class GRPOTrainer:
     self.step, self.cursor = int(got["meta"]["step"]), int(got["meta"]["cursor"])
     if self.engine.bandit is not None and "bandit" in got["meta"]:
       self.engine.bandit.load_state_dict(got["meta"]["bandit"])
+    if self.scheduler is not None:
+      meta = got["meta"]["scheduler"]
+      self.scheduler.drafter.load_state_pytree(got["state"]["drafter"], meta["version"])
+      self.scheduler.load_state(meta)
     # Metrics past the checkpoint belong to the lost tail of the killed run.
     if os.path.exists(self.metrics_path):
       with open(self.metrics_path) as f:
@@ -216,14 +235,21 @@ class GRPOTrainer:
     p, g = len(examples), self.cfg.group_size
     prompts = [self.tokenizer.encode(self.format_prompt(ex), add_bos=True) for ex in examples]
     key = jax.random.fold_in(jax.random.key(self.cfg.seed), self.step * 64 + salt)
+    drafter_params, hook = self.drafter_params, None
+    if self.scheduler is not None:
+      drafter_params, hook = self.scheduler.begin_rollout(self.params), self.scheduler.on_chunk
     result = self.engine.generate(
       self.params,
       prompts,
       g,
       key=key,
       seq_id_offset=(self.cursor - p) * g,
-      drafter_params=self.drafter_params,
+      drafter_params=drafter_params,
+      on_chunk=hook,
     )
+    if self.scheduler is not None:
+      self.scheduler.end_rollout()
+      self.scheduler.drafter.observe(result, self.step)
     texts = [self.tokenizer.decode(result.completion(n)) for n in range(p * g)]
     answers = [examples[n // g]["answer"] for n in range(p * g)]
     return result, rewards.submit(texts, answers)
@@ -244,6 +270,10 @@ class GRPOTrainer:
     # The device recomputes old log-probs while the host threads score rewards.
     t = time.perf_counter()
     old = self.old_logp(self.params, jnp.asarray(tokens))
+    if self.scheduler is not None:
+      # Once the old log-probs are done the device idles until the host has scored.
+      jax.block_until_ready(old)
+      self.scheduler.fill("reward", lambda: not pending.done(), self.params)
     got = pending()
     times["reward"] = time.perf_counter() - t
     r = got.rewards.copy()
@@ -324,6 +354,19 @@ class GRPOTrainer:
       "rollout_tokens": int(lengths.sum()),
       **{f"loss/{k}": v for k, v in m.items()},
       **{f"time/{k}": v for k, v in times.items()},
+      **self._spec_metrics(batch_result),
+    }
+
+  def _spec_metrics(self, results) -> dict[str, float]:
+    """Speculative-decoding figures of this step's rollouts (nothing when SD is off)."""
+    chunks = [s for s in (r.spec_summary() for r in results) if s["row_rounds"]]
+    if not chunks:
+      return {}
+    rounds = sum(s["row_rounds"] for s in chunks)
+    return {
+      "spec/accept_length": sum(s["accept_length"] * s["row_rounds"] for s in chunks) / rounds,
+      "spec/tokens": sum(s["tokens"] for s in chunks),
+      "spec/seconds": sum(s["seconds"] for s in chunks),
     }
 
   def _optimize(self, batch: dict[str, jax.Array]) -> dict[str, float]:
@@ -388,6 +431,8 @@ class GRPOTrainer:
           self.save()
         row["time/checkpoint"] = time.perf_counter() - t
         row["time/step"] = time.perf_counter() - t0
+        if self.scheduler is not None:
+          row.update(self.scheduler.step_records())
         # Weight sync costs nothing here: the engine reads the trainer's arrays.
         row["time/other"] = row["time/step"] - sum(row[f"time/{p}"] for p in PHASES)
         with open(self.metrics_path, "a") as f:

@@ -28,19 +28,21 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import Mesh
 
 from tlt_jax.decode import drafting
 from tlt_jax.decode.sampling import SamplingConfig
 from tlt_jax.models.config import ModelConfig
 from tlt_jax.models.drafter import check_drafter_matches
 from tlt_jax.models.transformer import KVCache
+from tlt_jax.parallel.meshes import BatchPlacement
 from tlt_jax.rollout import programs
 from tlt_jax.rollout.bandit import StrategyBandit
 from tlt_jax.rollout.pool import ExecutablePool
@@ -239,8 +241,11 @@ class RolloutEngine:
     pool: ExecutablePool | None = None,
     drafter_graphdef: nnx.GraphDef | None = None,
     bandit: StrategyBandit | None = None,
+    mesh: Mesh | None = None,
   ):
     self.graphdef = graphdef
+    # Rows split over a 1-D "data" mesh; a compacted bucket moves to fewer devices.
+    self.placement = BatchPlacement(mesh) if mesh is not None else None
     self.model_config = model_config
     self.config = config
     self.sampling = sampling if sampling is not None else SamplingConfig()
@@ -268,6 +273,19 @@ class RolloutEngine:
   # ---------------------------------------------------------------- programs
   # Pool keys hold every static input of a program, so engines with different
   # configs can share one pool (and its compiled programs) safely.
+  def _rows(self, tree: Any) -> Any:
+    """Per-row state onto its batch bucket's devices (identity without a mesh)."""
+    if self.placement is None or tree is None:
+      return tree
+    batch = jax.tree.leaves(tree)[0].shape[0]
+    return self.placement.rows(tree, batch)
+
+  def _rep(self, tree: Any, batch: int) -> Any:
+    """Params / keys replicated on the devices of a `batch`-row bucket."""
+    if self.placement is None or tree is None:
+      return tree
+    return self.placement.replicate(tree, batch)
+
   def _static(self, sampling: SamplingConfig) -> programs.DecodeStatic:
     return programs.DecodeStatic(
       sampling=sampling,
@@ -452,9 +470,9 @@ class RolloutEngine:
           key,
         )
     for b in cfg.batch_buckets:
-      state = self._dummy_state(b)
+      state = self._rows(self._dummy_state(b))
       for view in cfg.view_buckets:
-        args = (params, state, key, np.int32(0))
+        args = (self._rep(params, b), state, self._rep(key, b), np.int32(0))
         state, _ = self._decode_exe(sampling, view, args)(*args)
       for b2 in cfg.batch_buckets:
         if b2 < b:
@@ -462,15 +480,17 @@ class RolloutEngine:
           self._take_exe((state, rows, rows > 0))
       self._harvest_exe((state, jnp.zeros((b,), jnp.int32)))
       if drafter_params is not None and cfg.spec_threshold and b <= cfg.spec_threshold:
-        self._warmup_spec(params, drafter_params, sampling, state)
+        self._warmup_spec(self._rep(params, b), self._rep(drafter_params, b), sampling, state)
+    if self.placement is not None:
+      self.placement.clear()
     return time.perf_counter() - start
 
   def _warmup_spec(self, params, drafter_params, sampling, state: RolloutState) -> None:
-    cfg, key = self.config, jax.random.key(0)
+    cfg, key = self.config, self._rep(jax.random.key(0), state.batch)
     dstate = None
     for width in sorted({min(v, cfg.slots) for v in cfg.view_buckets}):
       args = (params, drafter_params, state)
-      dstate = self._drafter_prefill_exe(width, args)(*args)
+      dstate = self._rows(self._drafter_prefill_exe(width, args)(*args))
     for strategy in cfg.strategies:
       for view in cfg.view_buckets:
         if view >= strategy.nodes:
@@ -525,7 +545,9 @@ class RolloutEngine:
       jnp.asarray(mx),
       key,
     )
-    return self._prefill_exe(sampling, args)(*args)
+    if self.placement is not None:
+      args = (self._rep(args[0], b), *args[1:6], self._rep(key, b))
+    return self._rows(self._prefill_exe(sampling, args)(*args))
 
   def generate(
     self,
@@ -538,6 +560,7 @@ class RolloutEngine:
     sampling: SamplingConfig | None = None,
     seq_id_offset: int = 0,
     drafter_params: nnx.State | None = None,
+    on_chunk: Callable[[int], nnx.State | None] | None = None,
   ) -> RolloutResult:
     """Samples `num_samples` completions for each prompt.
 
@@ -553,6 +576,10 @@ class RolloutEngine:
       drafter_params: the EAGLE drafter's params; speculative decoding runs only
         when they are given and the config's spec_threshold > 0. The output
         distribution is the target's either way (greedy: the same tokens).
+      on_chunk: called with the batch bucket at every chunk boundary (after
+        compaction); may return new drafter params, used from the next chunk on
+        (a host-side scheduler trains the drafter during the long tail). Never
+        changes the output: verification is exact whatever the drafter.
     """
     cfg = self.config
     sampling = sampling or self.sampling
@@ -578,6 +605,8 @@ class RolloutEngine:
       check_drafter_matches(drafter_params, self.model_config)
     if isinstance(key, int):
       key = jax.random.key(key)
+    if self.placement is not None:
+      self.placement.clear()  # params are placed once per rollout and bucket
 
     start = time.perf_counter()
     lens = np.array([len(p) for p in prompts], np.int32)
@@ -638,14 +667,34 @@ class RolloutEngine:
           rows[: keep.size] = keep
           valid = np.arange(target) < keep.size
           args = (state, jnp.asarray(rows), jnp.asarray(valid))
-          state = self._take_exe(args)(*args)
+          state = self._rows(self._take_exe(args)(*args))
           if dstate is not None:
             args = (dstate, jnp.asarray(rows))
-            dstate = self._drafter_take_exe(args)(*args)
+            dstate = self._rows(self._drafter_take_exe(args)(*args))
           row_seq = np.where(valid, row_seq[rows], -1)
           length, max_len = length[rows], max_len[rows]
           done = np.where(valid, done[rows], True)
           active = ~done
+      if on_chunk is not None:
+        t_hook = time.perf_counter()
+        pushed = on_chunk(state.batch)
+        if pushed is not None:
+          check_drafter_matches(pushed, self.model_config)
+          drafter_params, dstate = pushed, None  # the cache was built by the old drafter
+        hook_s = time.perf_counter() - t_hook
+        if pushed is not None or hook_s > 1e-3:
+          timeline.append(
+            {
+              "t": t_hook - start,
+              "dt": hook_s,
+              "phase": "drafter_hook",
+              "active": int(active.sum()),
+              "batch": state.batch,
+              "view": 0,
+              "tokens": 0,
+              "pushed": pushed is not None,
+            }
+          )
       arm = PLAIN
       learn = spec_on and self.bandit is not None and state.batch <= cfg.spec_threshold
       if spec_on and state.batch <= cfg.spec_threshold:
@@ -653,6 +702,7 @@ class RolloutEngine:
       compile_s = self.pool.compile_seconds
       before = int(length[active].sum())
       t0 = time.perf_counter()
+      switch_s = 0.0  # drafter-cache rebuild this chunk needed (switching from plain)
       if arm == PLAIN:
         dstate = None  # plain decode does not advance the drafter's cache
         # Every active row may grow by chunk_steps; the cache view must cover it.
@@ -664,7 +714,8 @@ class RolloutEngine:
           # device call (host round trips cost more than small-batch steps).
           # Not while the bandit compares arms: it needs chunk-sized samples.
           steps = max(steps, view - int(length[active].max()) + 1)
-        args = (params, state, key, np.int32(steps))
+        b = state.batch
+        args = (self._rep(params, b), state, self._rep(key, b), np.int32(steps))
         state, ran = self._decode_exe(sampling, view, args)(*args)
         length, done, ran = jax.device_get((state.length, state.done, ran))
         entry = {"phase": "decode", "steps": int(ran)}
@@ -678,12 +729,14 @@ class RolloutEngine:
         view = round_up(int((last - 1 + strategy.nodes)[active].max()), cfg.view_buckets)
         if dstate is None:
           width = min(view, cfg.slots)
-          args = (params, drafter_params, state)
-          dstate = self._drafter_prefill_exe(width, args)(*args)
+          args = (self._rep(params, state.batch), self._rep(drafter_params, state.batch), state)
+          dstate = self._rows(self._drafter_prefill_exe(width, args)(*args))
+          jax.block_until_ready(dstate)
+          switch_s = time.perf_counter() - t0
           timeline.append(
             {
               "t": t0 - start,
-              "dt": time.perf_counter() - t0,
+              "dt": switch_s,
               "phase": "drafter_prefill",
               "active": int(active.sum()),
               "batch": state.batch,
@@ -692,7 +745,15 @@ class RolloutEngine:
             }
           )
           t0 = time.perf_counter()
-        args = (params, drafter_params, state, *dstate, key, np.int32(rounds))
+        b = state.batch
+        args = (
+          self._rep(params, b),
+          self._rep(drafter_params, b),
+          state,
+          *dstate,
+          self._rep(key, b),
+          np.int32(rounds),
+        )
         state, dcache, dlen, stats = self._spec_exe(sampling, strategy, view, args)(*args)
         dstate = (dcache, dlen)
         length, done, stats = jax.device_get((state.length, state.done, stats))
@@ -706,11 +767,17 @@ class RolloutEngine:
         }
       dt = time.perf_counter() - t0
       tokens = int(length[active].sum()) - before
+      compiled = self.pool.compile_seconds - compile_s
+      if compiled:
+        entry["compile_s"] = compiled  # lazy pools: this chunk (or its rebuild) compiled
       if learn and full and tokens > 0:
         # Reward: tokens/s of the chunk, less any compile it triggered (lazy pools).
         # Chunks cut short by the last row finishing are mostly fixed overhead: skipped.
-        run_s = dt - (self.pool.compile_seconds - compile_s)
-        self.bandit.update(state.batch, arm, tokens / max(run_s, 1e-6))
+        # A speculative chunk after a plain one pays for rebuilding the drafter's cache:
+        # otherwise leaving the plain arm looks free and the bandit alternates too often.
+        run_s = dt + switch_s - compiled
+        entry["reward"] = tokens / max(run_s, 1e-6)
+        self.bandit.update(state.batch, arm, entry["reward"])
       timeline.append(
         {
           "t": t0 - start,

@@ -26,6 +26,19 @@ class CompiledEntry:
   calls: int = 0
 
 
+def _placement(args: tuple[Any, ...]) -> tuple[Any, ...]:
+  """The device sets of the committed array arguments (uncommitted and host values
+  follow the others). One device: () so single-device keys stay simple."""
+  devices = {
+    tuple(d.id for d in x.sharding.device_set)
+    for x in jax.tree.leaves(args)
+    if isinstance(x, jax.Array) and x.committed
+  }
+  if all(len(d) <= 1 for d in devices) and len(devices) <= 1:
+    return ()
+  return tuple(sorted(devices))
+
+
 class ExecutablePool:
   """Compiled programs keyed by a hashable static key."""
 
@@ -44,6 +57,9 @@ class ExecutablePool:
     `fn` must be a pure function whose static parts are already bound (the
     key must identify them); `args` fix the shapes.
     """
+    # The placement is part of the program: the same shapes on 8 devices or on 2
+    # are different executables (a compacted bucket runs on fewer devices).
+    key = (key, _placement(args))
     entry = self._entries.get(key)
     if entry is None:
       start = time.perf_counter()
@@ -76,7 +92,8 @@ class ExecutablePool:
     """One row per executable: key, compile time, memory, calls."""
     return [
       {
-        "key": str(k),
+        "key": str(k[0]),
+        "devices": max((len(d) for d in k[1]), default=1),
         "compile_s": round(e.compile_seconds, 3),
         "temp_bytes": e.temp_bytes,
         "argument_bytes": e.argument_bytes,

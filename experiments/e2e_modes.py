@@ -1,0 +1,181 @@
+r"""End-to-end RL in the three modes, side by side: baseline, sd (frozen drafter), tlt.
+
+The paper's headline table (end-to-end step time and speedup) and its
+accepted-length-over-training figure, scaled to this machine. One process, one
+config, the same warm-start policy, the same drafter warm start, the same
+prompts and seeds; only `config.mode` differs. The warm start and the drafter's
+warm start are built once in <out>/shared and copied into each mode's workdir.
+
+Writes <out>/e2e_modes.json, .csv (one row per mode and step) and .png
+(step time per mode, reward and held-out accuracy curves, accepted length over
+RL steps for sd vs tlt, drafter time reclaimed per step).
+
+  python experiments/e2e_modes.py --out=runs/e2e_modes [--config.rl.steps=8]
+  python experiments/e2e_modes.py --config=configs/default.py:tiny --out=/tmp/e2e   # smoke
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+import sys
+import time
+
+import numpy as np
+from absl import app, flags
+from ml_collections import config_flags
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from tlt_jax import train  # noqa: E402
+
+_CONFIG = config_flags.DEFINE_config_file("config", "configs/default.py", "job config")
+_OUT = flags.DEFINE_string("out", "runs/e2e_modes", "output folder")
+_MODES = flags.DEFINE_list("modes", ["baseline", "sd", "tlt"], "modes to run, in order")
+
+
+def _prepare(config, out):
+  """SFT warm start and drafter warm start, once, in <out>/shared."""
+  shared = os.path.join(out, "shared")
+  config.task.data_dir = os.path.join(shared, "tfds")
+  warm = config.copy_and_resolve_references()
+  warm.mode, warm.rl.steps = "sd", 0
+  warm.rollout.num_prompts, warm.rollout.num_samples = 1, 1
+  train.train_and_evaluate(warm, shared)
+  return shared
+
+
+def main(argv):
+  del argv
+  out = _OUT.value
+  os.makedirs(out, exist_ok=True)
+  config = _CONFIG.value.copy_and_resolve_references()
+  shared = _prepare(config, out)
+  results, rows = {}, []
+  for mode in _MODES.value:
+    workdir = os.path.join(out, mode)
+    if os.path.isdir(workdir):
+      shutil.rmtree(workdir)  # a fresh run: resuming would skip the steps we time
+    os.makedirs(workdir)
+    for piece in ("warm_start", "drafter_warm_start"):
+      shutil.copytree(os.path.join(shared, piece), os.path.join(workdir, piece))
+    cfg = config.copy_and_resolve_references()
+    cfg.mode = mode
+    cfg.rl.warmup_engine = True  # step times measure the modes, not lazy compiles
+    start = time.perf_counter()
+    summary = train.train_and_evaluate(cfg, workdir)
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+      steps = [json.loads(line) for line in f]
+    results[mode] = {"summary": summary, "wall_seconds": time.perf_counter() - start}
+    for r in steps:
+      rows.append(
+        {
+          "mode": mode,
+          "step": r["step"],
+          "step_s": r["time/step"],
+          "rollout_s": r["time/rollout"],
+          "reward": r["reward_mean"],
+          "eval": r.get("eval", {}).get("accuracy", ""),
+          "accept_length": r.get("spec/accept_length", ""),
+          "drafter_version": r.get("drafter/version", ""),
+          "reclaimed_s": r.get("drafter/reclaimed_s", ""),
+          "charged_s": r.get("drafter/rollout_charged_s", ""),
+        }
+      )
+  table = _table(results, rows)
+  with open(os.path.join(out, "e2e_modes.json"), "w") as f:
+    json.dump({"table": table, "steps": rows, "results": results}, f, indent=1, default=str)
+  with open(os.path.join(out, "e2e_modes.csv"), "w", newline="") as f:
+    w = csv.DictWriter(f, fieldnames=list(rows[0]))
+    w.writeheader()
+    w.writerows(rows)
+  _plot(rows, os.path.join(out, "e2e_modes.png"))
+  print(_markdown(table))
+
+
+def _table(results, rows):
+  """Per mode: mean step and rollout time over steps after the first (compiles), speedup."""
+  table = {}
+  for mode in results:
+    mine = [r for r in rows if r["mode"] == mode]
+    timed = mine[1:] if len(mine) > 1 else mine
+    step = float(np.mean([r["step_s"] for r in timed]))
+    rollout = float(np.mean([r["rollout_s"] for r in timed]))
+    rl = results[mode]["summary"].get("rl", {})
+    table[mode] = {
+      "step_s": step,
+      "rollout_s": rollout,
+      "rollout_share": rollout / step,
+      "final_eval": (rl.get("final_eval") or {}).get("accuracy"),
+      "accept_length": [r["accept_length"] for r in mine if r["accept_length"] != ""],
+    }
+  if "baseline" in table:
+    base = table["baseline"]
+    for t in table.values():
+      t["step_speedup"] = base["step_s"] / t["step_s"]
+      s = base["rollout_s"] / t["rollout_s"]
+      t["rollout_speedup"] = s
+      # Amdahl at the baseline's own rollout share r and at the paper's r = 0.85.
+      for name, r in (("implied_at_own_r", base["rollout_share"]), ("implied_at_r085", 0.85)):
+        t[name] = 1.0 / ((1 - r) + r / s)
+  return table
+
+
+def _markdown(table):
+  lines = [
+    "| mode | step s | rollout s | rollout share | step speedup | rollout speedup s | "
+    "implied at r=0.85 | final pass@1 | accept length first -> last |",
+    "|---|---|---|---|---|---|---|---|---|",
+  ]
+  for mode, t in table.items():
+    acc = t["accept_length"]
+    lines.append(
+      f"| {mode} | {t['step_s']:.2f} | {t['rollout_s']:.2f} | {t['rollout_share']:.2f} | "
+      f"{t.get('step_speedup', float('nan')):.2f}x | {t.get('rollout_speedup', float('nan')):.2f}x"
+      f" | {t.get('implied_at_r085', float('nan')):.2f}x | {t['final_eval']} | "
+      + (f"{acc[0]:.2f} -> {acc[-1]:.2f} |" if acc else "- |")
+    )
+  return "\n".join(lines)
+
+
+def _plot(rows, path):
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  modes = sorted({r["mode"] for r in rows}, key=["baseline", "sd", "tlt"].index)
+  fig, ax = plt.subplots(1, 4, figsize=(18, 3.8))
+  for m in modes:
+    mine = [r for r in rows if r["mode"] == m]
+    steps = [r["step"] for r in mine]
+    ax[0].plot(steps, [r["step_s"] for r in mine], marker="o", label=m)
+    ax[1].plot(steps, [r["reward"] for r in mine], label=f"{m} train reward")
+    ev = [r for r in mine if r["eval"] != ""]
+    ax[1].plot([r["step"] for r in ev], [r["eval"] for r in ev], "o--", label=f"{m} pass@1")
+    acc = [r for r in mine if r["accept_length"] != ""]
+    if acc:
+      ax[2].plot([r["step"] for r in acc], [r["accept_length"] for r in acc], marker="o", label=m)
+    rec = [r for r in mine if r["reclaimed_s"] != ""]
+    if rec:
+      ax[3].bar(
+        [r["step"] - 0.2 for r in rec], [r["reclaimed_s"] for r in rec], 0.4, label="idle reclaimed"
+      )
+      ax[3].bar(
+        [r["step"] + 0.2 for r in rec], [r["charged_s"] for r in rec], 0.4, label="long tail"
+      )
+  ax[0].set(xlabel="RL step", ylabel="seconds", title="step time")
+  ax[1].set(xlabel="RL step", title="reward and held-out accuracy")
+  ax[2].set(xlabel="RL step", ylabel="tokens per round", title="accepted length (sd vs tlt)")
+  ax[3].set(xlabel="RL step", ylabel="seconds", title="drafter training time (tlt)")
+  for a in ax:
+    a.legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+
+
+if __name__ == "__main__":
+  app.run(main)

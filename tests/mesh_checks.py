@@ -1,0 +1,240 @@
+"""Checks that need several devices; run by tests/test_parallel.py in a subprocess.
+
+`python tests/mesh_checks.py NAME` with XLA_FLAGS=--xla_force_host_platform_device_count=8
+(set by the caller before JAX starts), or as one of two jax.distributed processes:
+`python tests/mesh_checks.py distributed PROCESS_ID PORT OUT_DIR`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from tlt_jax.decode.sampling import SamplingConfig
+from tlt_jax.drafter import DrafterTrainConfig, OnlineDrafter
+from tlt_jax.models.config import ModelConfig
+from tlt_jax.models.drafter import init_drafter
+from tlt_jax.models.transformer import init_model
+from tlt_jax.parallel import BatchPlacement, data_mesh, replicated, rows_sharding
+from tlt_jax.rl import PolicyLossConfig, UpdateConfig, make_optimizer, make_policy_update
+from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
+
+MODEL = ModelConfig(
+  vocab_size=40,
+  num_layers=1,
+  d_model=32,
+  num_heads=4,
+  num_kv_heads=2,
+  head_dim=8,
+  mlp_dim=64,
+  tie_embeddings=False,
+)
+ENGINE = EngineConfig(
+  max_prompt_len=8,
+  max_new_tokens=24,
+  max_batch=16,
+  chunk_steps=4,
+  min_batch_bucket=1,
+  min_cache_bucket=16,
+  min_prompt_bucket=8,
+)
+PROMPTS = [[1, 2, 3], [4, 5, 6, 7], [9], [10, 11, 12, 13, 14]]
+LIMITS = [3, 22, 7, 12]  # per prompt: the batch compacts 16 -> 8 -> 4 rows
+GREEDY = SamplingConfig(temperature=0.0)
+
+
+def _models():
+  tg, tp = nnx.split(init_model(MODEL, seed=3))
+  dg, dp = nnx.split(init_drafter(MODEL, seed=4))
+  return tg, tp, dg, dp
+
+
+def check_placement():
+  placement = BatchPlacement(data_mesh())
+  assert [placement.num_devices(b) for b in (16, 8, 12, 6, 3, 1)] == [8, 8, 4, 2, 1, 1]
+  assert len(placement.free_devices(2)) == 6 and placement.free_devices(8) == []
+
+
+def check_sharded_rollout():
+  """Rows split over the mesh and compacted onto fewer devices: the same tokens as one
+  device, for plain decoding and for speculative decoding with the drafter."""
+  tg, tp, dg, dp = _models()
+  single = RolloutEngine(tg, MODEL, dataclasses.replace(ENGINE, spec_threshold=0), GREEDY)
+  ref = single.generate(tp, PROMPTS, 4, key=0, max_new_tokens=LIMITS)
+  mesh = data_mesh()
+  sharded = RolloutEngine(
+    tg, MODEL, dataclasses.replace(ENGINE, spec_threshold=0), GREEDY, mesh=mesh
+  )
+  got = sharded.generate(tp, PROMPTS, 4, key=0, max_new_tokens=LIMITS)
+  np.testing.assert_array_equal(got.tokens, ref.tokens)
+  np.testing.assert_allclose(got.logprobs, ref.logprobs, atol=1e-5)
+  devices = {e["devices"] for e in sharded.pool.summary() if e["key"].startswith("('decode'")}
+  assert {8, 4} <= devices, f"decode ran on {devices} devices: expected 16 rows on 8, 4 on 4"
+  buckets = sorted({e["batch"] for e in got.timeline}, reverse=True)
+  assert buckets[0] == 16 and buckets[-1] <= 4, buckets
+  spec_cfg = dataclasses.replace(ENGINE, spec_threshold=8, spec_strategies=("chain3",))
+  spec = RolloutEngine(tg, MODEL, spec_cfg, GREEDY, drafter_graphdef=dg, mesh=mesh)
+  out = spec.generate(tp, PROMPTS, 4, key=0, max_new_tokens=LIMITS, drafter_params=dp)
+  assert any(e["phase"] == "spec" for e in out.timeline)
+  np.testing.assert_array_equal(out.tokens, ref.tokens)
+
+
+def _update_inputs(tp, rows=16, width=16):
+  rng = np.random.default_rng(0)
+  tokens = rng.integers(1, MODEL.vocab_size, (rows, width)).astype(np.int32)
+  mask = (np.arange(width)[None] >= 4).astype(np.float32) * np.ones((rows, 1), np.float32)
+  batch = {
+    "tokens": tokens,
+    "mask": mask,
+    "old_logp": np.full((rows, width), -3.0, np.float32),
+    "advantages": rng.standard_normal(rows).astype(np.float32),
+  }
+  return batch
+
+
+def _policy_update(tg, tp, batch, mesh=None):
+  ucfg = UpdateConfig(learning_rate=1e-2, total_steps=4, micro_batch=batch["tokens"].shape[0])
+  optimizer = make_optimizer(ucfg)
+  update = make_policy_update(tg, optimizer, PolicyLossConfig(), 1)
+  params = jax.tree.map(jnp.copy, tp)
+  opt_state = optimizer.init(params)
+  if mesh is not None:
+    params, opt_state = jax.device_put((params, opt_state), replicated(mesh))
+    batch = jax.device_put(batch, rows_sharding(mesh))
+  params, _, metrics = update(params, opt_state, batch, None)
+  return params, metrics
+
+
+def check_sharded_update():
+  """The policy update with rows split over the train mesh equals one device's."""
+  tg, tp, _, _ = _models()
+  batch = _update_inputs(tp)
+  ref, ref_m = _policy_update(tg, tp, batch)
+  got, got_m = _policy_update(tg, tp, batch, data_mesh())
+  leaf = jax.tree.leaves(got)[0]
+  assert len(leaf.sharding.device_set) == 8
+  np.testing.assert_allclose(float(got_m["loss"]), float(ref_m["loss"]), rtol=1e-5)
+  np.testing.assert_allclose(float(got_m["grad_norm"]), float(ref_m["grad_norm"]), rtol=1e-5)
+  # Adam's first step is ~lr * sign(g): reduction-order noise on tiny gradients moves a few
+  # entries by a fraction of lr (1e-2).
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(ref)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=5e-4)
+
+
+def check_drafter_on_freed_devices():
+  """A 2-row long-tail bucket uses 2 devices; the 6 it frees train the drafter, and the
+  update there equals one device's (replicas stay identical: one SPMD program)."""
+  tg, tp, dg, dp = _models()
+  placement = BatchPlacement(data_mesh())
+  free = placement.free_devices(2)
+  assert len(free) == 6
+  sub = data_mesh(free)
+  cfg = DrafterTrainConfig(learning_rate=1e-2, warmup_steps=0, batch_rows=6, row_len=24)
+  ref_engine = RolloutEngine(tg, MODEL, dataclasses.replace(ENGINE, spec_threshold=0), GREEDY)
+  rollout = ref_engine.generate(tp, PROMPTS, 4, key=0, max_new_tokens=LIMITS)
+
+  def one(mesh):
+    d = OnlineDrafter(dg, jax.tree.map(jnp.copy, dp), tg, cfg, slots=ENGINE.slots, feature_dim=32)
+    d.observe(rollout, step=0)
+    if mesh is not None:
+      d.params, d.opt_state = jax.device_put((d.params, d.opt_state), replicated(mesh))
+      target = jax.device_put(tp, replicated(mesh))
+    else:
+      target = tp
+    d.update(target)
+    return d.params
+
+  ref, got = one(None), one(sub)
+  leaf = jax.tree.leaves(got)[0]
+  assert leaf.sharding.device_set == set(free)
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(ref)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5)
+
+
+def check_tlt_on_freed_devices():
+  """TLT on a mesh: as the long tail compacts onto fewer devices, the scheduler trains
+  the drafter on the freed ones and pushes versions at chunk boundaries; the rollout's
+  tokens stay those of one device without SD."""
+  from tlt_jax.scheduler import SchedulerConfig, SliceScheduler
+
+  tg, tp, dg, dp = _models()
+  single = RolloutEngine(tg, MODEL, dataclasses.replace(ENGINE, spec_threshold=0), GREEDY)
+  ref = single.generate(tp, PROMPTS, 4, key=0, max_new_tokens=LIMITS)
+  cfg = dataclasses.replace(ENGINE, spec_threshold=8, spec_strategies=("chain3",))
+  engine = RolloutEngine(tg, MODEL, cfg, GREEDY, drafter_graphdef=dg, mesh=data_mesh())
+  drafter = OnlineDrafter(
+    dg,
+    dp,
+    tg,
+    DrafterTrainConfig(learning_rate=1e-2, warmup_steps=0, batch_rows=2, row_len=24),
+    slots=ENGINE.slots,
+    feature_dim=32,
+  )
+  drafter.observe(ref, step=0)
+  sched = SliceScheduler(drafter, SchedulerConfig(rollout_budget=0.0), placement=engine.placement)
+  hooks = []
+  for _ in range(3):
+    params = sched.begin_rollout(tp)
+    out = engine.generate(
+      tp, PROMPTS, 4, key=0, max_new_tokens=LIMITS, drafter_params=params, on_chunk=sched.on_chunk
+    )
+    sched.end_rollout()
+    np.testing.assert_array_equal(out.tokens, ref.tokens)
+    hooks += [e for e in out.timeline if e["phase"] == "drafter_hook" and e["pushed"]]
+  rec = sched.step_records()
+  assert rec["drafter/freed_device_updates"] >= 2 and rec["drafter/pushes"] >= 1, rec
+  assert rec["drafter/long_tail_updates"] == 0  # budget 0: only the freed devices trained
+  assert hooks and all(e["batch"] <= 8 for e in hooks)
+  # one window update on all devices after the freed-device ones: the state moves back
+  sched.fill("reward", iter([True] + [False] * 3).__next__, tp)
+  assert len(jax.tree.leaves(drafter.params)[0].sharding.device_set) == 8
+
+
+def distributed(process_id: int, port: int, out_dir: str):
+  """One of two processes: a rollout sharded over this process's devices (prompts split
+  by process), then one policy update over the global mesh (both processes' devices)."""
+  jax.distributed.initialize(f"localhost:{port}", num_processes=2, process_id=process_id)
+  assert jax.process_count() == 2 and len(jax.devices()) == 2 * len(jax.local_devices())
+  tg, tp, _, _ = _models()
+  mine = PROMPTS[process_id::2]
+  engine = RolloutEngine(
+    tg, MODEL, dataclasses.replace(ENGINE, max_batch=8), GREEDY, mesh=data_mesh(jax.local_devices())
+  )
+  out = engine.generate(tp, mine, 4, key=0, max_new_tokens=LIMITS[process_id::2])
+  batch = _update_inputs(tp, rows=8)
+  mesh = data_mesh()  # global: 2 processes x local devices
+  glob = lambda x, spec: jax.make_array_from_process_local_data(spec, x)
+  params = jax.tree.map(lambda x: glob(np.asarray(x), replicated(mesh)), tp)
+  ucfg = UpdateConfig(learning_rate=1e-2, total_steps=4, micro_batch=16)
+  optimizer = make_optimizer(ucfg)
+  opt_state = jax.tree.map(lambda x: glob(np.asarray(x), replicated(mesh)), optimizer.init(tp))
+  gbatch = {k: glob(v, rows_sharding(mesh)) for k, v in batch.items()}
+  assert gbatch["tokens"].shape[0] == 16  # 8 rows from each process
+  update = make_policy_update(tg, optimizer, PolicyLossConfig(), 1)
+  new, _, metrics = update(params, opt_state, gbatch, None)
+  local = {
+    "/".join(map(str, k)): np.asarray(v.addressable_data(0))
+    for k, v in jax.tree_util.tree_leaves_with_path(nnx.to_pure_dict(new))
+  }
+  np.savez(
+    os.path.join(out_dir, f"process{process_id}.npz"),
+    tokens=out.tokens,
+    loss=np.asarray(metrics["loss"].addressable_data(0)),
+    **{f"param:{k}": v for k, v in local.items()},
+  )
+  jax.distributed.shutdown()
+
+
+if __name__ == "__main__":
+  name = sys.argv[1]
+  if name == "distributed":
+    distributed(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
+  else:
+    globals()[f"check_{name}"]()
+  print("ok", name)

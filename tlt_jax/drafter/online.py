@@ -1,0 +1,141 @@
+"""The drafter as a trainable, versioned object: params, optax state, buffer, update.
+
+`OnlineDrafter.update(target_params)` runs one optax step on a batch sampled
+from its `DrafterBuffer` and bumps `version`; the rollout engine picks the new
+params up at its next chunk boundary. The same object trains the drafter
+offline (a warm-start: many updates on the warm-start policy's rollouts) and
+online (a few updates per RL step, fitted into idle slices by
+`tlt_jax.scheduler.SliceScheduler`). One process holds one copy of the drafter
+and every update is one program over the full batch, so replicas cannot drift
+(under a mesh, jit keeps the params replicated).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import numpy as np
+import optax
+from flax import nnx
+from jax.sharding import Mesh
+
+from tlt_jax.drafter.buffer import DrafterBuffer
+from tlt_jax.drafter.training import make_drafter_update
+from tlt_jax.parallel.meshes import replicated, rows_sharding
+
+
+@dataclasses.dataclass(frozen=True)
+class DrafterTrainConfig:
+  """Online drafter training.
+
+  Attributes:
+    learning_rate: AdamW peak rate (constant after a linear warm-up).
+    warmup_steps: linear warm-up updates.
+    weight_decay, grad_clip: AdamW weight decay, global-norm clip.
+    batch_rows, row_len: a packed update batch is [batch_rows, row_len] pairs
+      (row_len 0: the engine's cache slots).
+    buffer_rows: rows the buffer holds.
+    keep_steps: RL steps of rollouts the buffer samples from (newest first).
+    seed: batch sampling.
+  """
+
+  learning_rate: float = 1e-3
+  warmup_steps: int = 10
+  weight_decay: float = 0.01
+  grad_clip: float = 1.0
+  batch_rows: int = 4
+  row_len: int = 0
+  buffer_rows: int = 512
+  keep_steps: int = 2
+  seed: int = 0
+
+  def __post_init__(self):
+    if not (self.learning_rate > 0):
+      raise ValueError(f"DrafterTrainConfig.learning_rate must be > 0, got {self.learning_rate}")
+    for name in ("batch_rows", "buffer_rows", "keep_steps"):
+      v = getattr(self, name)
+      if not isinstance(v, int) or v < 1:
+        raise ValueError(f"DrafterTrainConfig.{name} must be a positive int, got {v!r}")
+    for name in ("warmup_steps", "row_len"):
+      v = getattr(self, name)
+      if not isinstance(v, int) or v < 0:
+        raise ValueError(f"DrafterTrainConfig.{name} must be an int >= 0, got {v!r}")
+
+
+def drafter_optimizer(cfg: DrafterTrainConfig) -> optax.GradientTransformation:
+  """AdamW with clipping; linear warm-up, then constant: online training has no end."""
+  lr = optax.linear_schedule(0.0, cfg.learning_rate, max(cfg.warmup_steps, 1))
+  return optax.chain(
+    optax.clip_by_global_norm(cfg.grad_clip),
+    optax.adamw(lr, b1=0.9, b2=0.95, weight_decay=cfg.weight_decay),
+  )
+
+
+class OnlineDrafter:
+  """Params, optimizer state, data buffer and version counter of one drafter."""
+
+  def __init__(
+    self,
+    graphdef: nnx.GraphDef,
+    params: nnx.State,
+    target_graphdef: nnx.GraphDef,
+    config: DrafterTrainConfig,
+    *,
+    slots: int,
+    feature_dim: int,
+  ):
+    self.graphdef, self.config = graphdef, config
+    self.row_len = config.row_len or slots
+    self.buffer = DrafterBuffer(config.buffer_rows, slots, feature_dim, config.keep_steps)
+    self.optimizer = drafter_optimizer(config)
+    # Not donated: the rollout engine may still hold the previous version's arrays.
+    self._update = make_drafter_update(graphdef, target_graphdef, self.optimizer, donate=False)
+    self.params = params
+    self.opt_state = self.optimizer.init(params)
+    self.version = 0  # optimizer updates applied
+    self._rng = np.random.default_rng(config.seed)
+    self.last_metrics: dict[str, jax.Array] = {}
+
+  def ready(self) -> bool:
+    """Whether the buffer holds data to train on."""
+    return len(self.buffer) > 0
+
+  def observe(self, result: Any, step: int) -> int:
+    """Adds a RolloutResult's rows (tokens + target features) from RL step `step`."""
+    return self.buffer.add(result.tokens, result.hidden, result.prompt_len, result.length, step)
+
+  def update(self, target_params: nnx.State, mesh: Mesh | None = None) -> dict[str, jax.Array]:
+    """One optax step on a fresh buffer batch; dispatched asynchronously (returns device
+    arrays). The sampling rng is re-seeded from the version, so resume repeats batches.
+
+    With `mesh` (the devices a rollout's long tail left free) the drafter state moves
+    there, replicated, and the batch's rows are split over it when they divide evenly:
+    one SPMD program, so the replicas cannot drift apart."""
+    if not self.ready():
+      raise ValueError("the drafter buffer is empty: observe rollouts before updating")
+    rng = np.random.default_rng([self.config.seed, self.version])
+    batch = self.buffer.sample(rng, self.config.batch_rows, self.row_len)
+    if mesh is not None:
+      rep = replicated(mesh)
+      self.params, self.opt_state, target_params = jax.device_put(
+        (self.params, self.opt_state, target_params), rep
+      )
+      fits = self.config.batch_rows % mesh.devices.size == 0
+      batch = jax.device_put(batch, rows_sharding(mesh) if fits else rep)
+    self.params, self.opt_state, metrics = self._update(
+      self.params, self.opt_state, target_params, batch
+    )
+    self.version += 1
+    self.last_metrics = metrics
+    return metrics
+
+  # ---------------------------------------------------------------- checkpoints
+  def state_pytree(self) -> dict[str, Any]:
+    return {"params": nnx.to_pure_dict(self.params), "opt_state": self.opt_state}
+
+  def load_state_pytree(self, tree: dict[str, Any], version: int) -> None:
+    nnx.replace_by_pure_dict(self.params, tree["params"])
+    self.opt_state = tree["opt_state"]
+    self.version = int(version)
