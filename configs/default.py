@@ -100,6 +100,12 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.scheduler.long_tail_batch = 8
   c.scheduler.max_window_updates = 200
 
+  # Devices for the rollout and policy-training meshes (1: one device; 0: all). On a
+  # mesh, rollout rows and update rows are split over the devices, and in mode tlt the
+  # devices a compacted long tail frees train the drafter.
+  c.parallel = ml_collections.ConfigDict()
+  c.parallel.devices = 1
+
   c.sampling = ml_collections.ConfigDict()
   c.sampling.temperature = 1.0
   c.sampling.top_k = 0

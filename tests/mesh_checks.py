@@ -196,6 +196,50 @@ def check_tlt_on_freed_devices():
   assert len(jax.tree.leaves(drafter.params)[0].sharding.device_set) == 8
 
 
+def _trainer(workdir, mesh):
+  from rl_helpers import IdTokenizer, seven_reward, tiny_grpo
+
+  from tlt_jax.rl.trainer import GRPOTrainer
+
+  tg, tp, _, _ = _models()
+  sampling = SamplingConfig(temperature=1.0)
+  engine = RolloutEngine(
+    tg, MODEL, dataclasses.replace(ENGINE, stop_tokens=(0,)), sampling, mesh=mesh
+  )
+  examples = [{"question": " ".join(map(str, p)), "answer": ""} for p in PROMPTS]
+  return GRPOTrainer(
+    tg,
+    tp,
+    engine,
+    IdTokenizer(),
+    examples,
+    examples[:2],
+    seven_reward,
+    lambda ex: ex["question"],
+    tiny_grpo(steps=2, group_size=8, checkpoint_every=2),
+    PolicyLossConfig(),
+    UpdateConfig(learning_rate=1e-3, total_steps=4, micro_batch=8, mini_batches=2),
+    workdir,
+    mesh=mesh,
+  )
+
+
+def check_trainer_on_mesh():
+  """GRPO with rollout rows and update rows split over 8 devices: the same samples
+  (randomness is keyed per sequence, not per device) and the same metrics as one device."""
+  import tempfile
+
+  with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
+    ref = _trainer(a, None).run(progress=False)
+    trainer = _trainer(b, data_mesh())
+    got = trainer.run(progress=False)
+  assert len(jax.tree.leaves(trainer.params)[0].sharding.device_set) == 8
+  for r, g in zip(ref, got):
+    assert g["rollout_tokens"] == r["rollout_tokens"] and g["reward_mean"] == r["reward_mean"]
+    for k in ("loss/loss", "loss/grad_norm", "loss/approx_kl"):
+      np.testing.assert_allclose(g[k], r[k], rtol=1e-4, atol=1e-6)
+
+
 def distributed(process_id: int, port: int, out_dir: str):
   """One of two processes: a rollout sharded over this process's devices (prompts split
   by process), then one policy update over the global mesh (both processes' devices)."""

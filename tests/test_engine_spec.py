@@ -237,20 +237,12 @@ def test_bandit_state_restores_into_a_new_engine(models):
     )
 
 
-class _Tok:  # token ids 1..39 as text, "0" is EOS
-  eos_id = 0
-
-  def encode(self, text, add_bos=False):
-    return [int(t) for t in text.split()]
-
-  def decode(self, ids):
-    return " ".join(str(int(i)) for i in ids)
-
-
 def _rl_trainer(models, workdir, steps, **kwargs):
   """A GRPO trainer on PROMPTS (reward: a "7" in the completion) over an adaptive engine."""
+  from rl_helpers import IdTokenizer, seven_reward, tiny_grpo
+
   from tlt_jax.rl import PolicyLossConfig, UpdateConfig
-  from tlt_jax.rl.trainer import GRPOConfig, GRPOTrainer
+  from tlt_jax.rl.trainer import GRPOTrainer
 
   tg, tp, dg, _ = models
   sampling = SamplingConfig(temperature=1.0)
@@ -262,21 +254,12 @@ def _rl_trainer(models, workdir, steps, **kwargs):
     tg,
     jax.tree.map(jnp.copy, tp),
     engine,
-    _Tok(),
+    IdTokenizer(),
     examples,
     examples[:2],
-    lambda text, answer: float("7" in text.split()),
+    seven_reward,
     lambda ex: ex["question"],
-    GRPOConfig(
-      steps=steps,
-      prompts_per_step=2,
-      group_size=4,
-      eval_every=0,
-      eval_examples=2,
-      checkpoint_every=1,
-      dynamic_sampling=False,
-      reward_workers=1,
-    ),
+    tiny_grpo(steps, group_size=4),
     PolicyLossConfig(),
     UpdateConfig(learning_rate=1e-3, total_steps=10, micro_batch=4),
     str(workdir),

@@ -127,24 +127,27 @@ def test_scheduler_keeps_the_rollout_within_its_budget():
   clock = _Clock()
   drafter = _FakeDrafter(clock, cost=0.5)
   sched = SliceScheduler(drafter, SchedulerConfig(rollout_budget=0.1, long_tail_batch=4), clock)
-  sched.begin_rollout(target_params={})
+  sched.begin_rollout(target_params={})  # compiles + times the update before the rollout
+  assert drafter.version == 2 and sched.update_seconds == 0.5
+  primed = clock.t
   pushes, last = 0, 0.0
   for i in range(200):  # chunks of 0.25 s; the long tail starts at chunk 40
     clock.t += 0.25
     got = sched.on_chunk(batch=16 if i < 40 else 2)
     if i < 40:
-      assert drafter.version == 0 and got is None
+      assert drafter.version == 2 and got is None
     if got is not None:
       pushes += 1
       assert last < got["w"] <= drafter.version  # newer versions, never an unfinished one
       last = got["w"]
-    elapsed = clock.t
+    elapsed = clock.t - primed
     assert sched._charged <= 0.1 * elapsed + 1e-9
   sched.end_rollout()
   rec = sched.step_records()
-  assert rec["drafter/long_tail_updates"] == drafter.version > 5
+  assert rec["drafter/long_tail_updates"] == drafter.version - 2 > 5
   assert rec["drafter/pushes"] == pushes > 0
-  assert rec["drafter/rollout_charged_s"] <= 0.1 * clock.t
+  assert rec["drafter/rollout_charged_s"] <= 0.1 * (clock.t - primed)
+  assert rec["drafter/prime_s"] == pytest.approx(1.0)
 
 
 def test_scheduler_fills_idle_windows_and_records_them():

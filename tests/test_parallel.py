@@ -33,6 +33,7 @@ def _env(devices: int) -> dict[str, str]:
     "sharded_update",
     "drafter_on_freed_devices",
     "tlt_on_freed_devices",
+    "trainer_on_mesh",
   ],
 )
 def test_on_eight_devices(check):

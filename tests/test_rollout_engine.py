@@ -173,3 +173,26 @@ def test_bad_engine_configs_fail_clearly(model):
     EngineConfig(chunk_steps=0)
   with pytest.raises(ValueError, match="stop token 99"):
     RolloutEngine(graphdef, MODEL, dataclasses.replace(ENGINE, stop_tokens=(99,)))
+
+
+def test_pool_evicts_least_recently_used_programs():
+  """A capped pool (CPU processes run out of JIT memory mappings at a few hundred
+  executables) keeps the most recently used programs and counts every compile."""
+  from tlt_jax.rollout.pool import ExecutablePool
+
+  pool = ExecutablePool(max_executables=2)
+  x = jnp.ones((3,))
+  add = lambda k: pool.get(("add", k), lambda v, k=k: v + k, (x,))
+  add(1), add(2), add(1), add(3)  # 2 was used least recently: evicted
+  assert len(pool) == 2 and pool.evictions == 1 and pool.compiles == 3
+  assert ("add", 1) in [k[0] for k in pool._entries] and float(add(1)(x)[0]) == 2.0
+  assert pool.compiles == 3
+  add(2)
+  assert pool.compiles == 4 and len(pool) == 2
+  with pytest.raises(ValueError, match="max_executables"):
+    ExecutablePool(max_executables=0)
+  # The mapping budget: each CPU executable holds JIT code mappings; a budget of 1 keeps one.
+  small = ExecutablePool(max_mappings=1)
+  for k in range(3):
+    small.get(("add", k), lambda v, k=k: v + k, (x,))
+  assert len(small) == 1 and small.evictions == 2

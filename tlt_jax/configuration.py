@@ -10,12 +10,15 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, TypeVar
 
+import jax
 import ml_collections
+from jax.sharding import Mesh
 
 from tlt_jax.data.tokenizer import Tokenizer
 from tlt_jax.decode.sampling import SamplingConfig
 from tlt_jax.drafter.online import DrafterTrainConfig
 from tlt_jax.models.config import ModelConfig
+from tlt_jax.parallel.meshes import data_mesh
 from tlt_jax.rl.loss import PolicyLossConfig
 from tlt_jax.rl.trainer import GRPOConfig
 from tlt_jax.rl.update import UpdateConfig
@@ -90,6 +93,18 @@ def drafter_config(config: ml_collections.ConfigDict) -> DrafterTrainConfig:
 
 def scheduler_config(config: ml_collections.ConfigDict) -> SchedulerConfig:
   return to_dataclass(SchedulerConfig, config.scheduler, "scheduler")
+
+
+def mesh(config: ml_collections.ConfigDict) -> Mesh | None:
+  """The rollout/training mesh over `parallel.devices` devices (0: all; 1: none)."""
+  n = config.get("parallel", {}).get("devices", 1)
+  available = jax.devices()
+  if not isinstance(n, int) or n < 0 or n > len(available):
+    raise ValueError(
+      f"config.parallel.devices must be an int in [0, {len(available)}] (0: all), got {n!r}"
+    )
+  n = n or len(available)
+  return None if n == 1 else data_mesh(available[:n])
 
 
 def sampling_config(config: ml_collections.ConfigDict) -> SamplingConfig:

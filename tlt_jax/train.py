@@ -178,18 +178,25 @@ def train_and_evaluate(
 
   model_cfg, graphdef, params, warm = build_policy(config, workdir, tokenizer, train, progress)
   mode = configuration.mode(config)
+  mesh = configuration.mesh(config)
   drafter = None
   if mode == "baseline":
-    engine = RolloutEngine(graphdef, model_cfg, engine_cfg, sampling)
+    engine = RolloutEngine(graphdef, model_cfg, engine_cfg, sampling, mesh=mesh)
   else:
     # The drafter's warm start rolls out with plain decode (there is no drafter yet).
     plain_cfg = dataclasses.replace(engine_cfg, spec_threshold=0)
-    plain = RolloutEngine(graphdef, model_cfg, plain_cfg, sampling)
+    plain = RolloutEngine(graphdef, model_cfg, plain_cfg, sampling, mesh=mesh)
     drafter, drafter_info = build_drafter(
       config, workdir, model_cfg, graphdef, params, plain, tokenizer, train, progress
     )
     engine = RolloutEngine(
-      graphdef, model_cfg, engine_cfg, sampling, plain.pool, drafter_graphdef=drafter.graphdef
+      graphdef,
+      model_cfg,
+      engine_cfg,
+      sampling,
+      plain.pool,
+      drafter_graphdef=drafter.graphdef,
+      mesh=mesh,
     )
   summary: dict[str, Any] = {"mode": mode, "model_params": model_cfg.num_params, "warm_start": warm}
   if drafter is not None:
@@ -215,6 +222,10 @@ def train_and_evaluate(
     )
     summary["drafter_export"] = str(export)
 
+  if config.rollout.num_prompts == 0:  # no closing rollout report
+    with open(os.path.join(workdir, "summary.json"), "w") as f:
+      json.dump(summary, f, indent=2)
+    return summary
   # The long-tail rollout: G samples per prompt from the train split.
   rng = np.random.default_rng(config.seed)
   picks = rng.choice(len(train), config.rollout.num_prompts, replace=False)
@@ -294,10 +305,11 @@ def _reinforce(
     eval_check=task.check,
     drafter_params=drafter.params if configuration.mode(config) == "sd" else None,
     scheduler=(
-      SliceScheduler(drafter, configuration.scheduler_config(config))
+      SliceScheduler(drafter, configuration.scheduler_config(config), placement=engine.placement)
       if configuration.mode(config) == "tlt"
       else None
     ),
+    mesh=engine.placement.mesh if engine.placement is not None else None,
   )
   warm_s = 0.0
   if config.rl.get("warmup_engine", False):
@@ -367,7 +379,14 @@ def plot_rl(rows: list[dict[str, Any]], path: str) -> None:
 
 
 def format_summary(summary: dict[str, Any]) -> str:
-  r, e, w = summary["rollout"], summary["eval"], summary["warm_start"]
+  e, w = summary["eval"], summary["warm_start"]
+  head = [
+    f"policy: {summary['model_params'] / 1e6:.2f}M params, warm start from {w['source']}",
+    f"held-out pass@1 (greedy): {e['accuracy']:.3f} on {e['num_examples']} problems",
+  ]
+  if "rollout" not in summary:
+    return "\n".join(head)
+  r = summary["rollout"]
   lines = [
     f"policy: {summary['model_params'] / 1e6:.2f}M params, warm start from {w['source']}"
     + (f" ({w['sft_steps']} SFT steps, {w['sft_seconds']:.0f}s)" if "sft_seconds" in w else ""),

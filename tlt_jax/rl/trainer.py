@@ -32,10 +32,12 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 from flax import nnx
+from jax.sharding import Mesh
 from tensorboardX import SummaryWriter
 from tqdm.auto import tqdm
 
 from tlt_jax.data.tokenizer import Tokenizer
+from tlt_jax.parallel.meshes import replicated, rows_sharding
 from tlt_jax.rl.advantages import group_advantages, informative_groups, overlong_penalty
 from tlt_jax.rl.loss import PolicyLossConfig
 from tlt_jax.rl.rewards import RewardFn, RewardPool
@@ -116,6 +118,7 @@ class GRPOTrainer:
     drafter_params: nnx.State | None = None,
     eval_check: RewardFn | None = None,
     scheduler: SliceScheduler | None = None,
+    mesh: Mesh | None = None,
   ):
     """See the module docstring.
 
@@ -128,6 +131,9 @@ class GRPOTrainer:
     every rollout's tokens and features in idle slices (reward scoring, checkpoint
     writes, the rollout's long tail); its params, optimizer state and version are
     checkpointed with the policy.
+    `mesh` (the policy-training role's 1-D "data" mesh): params, optimizer state and
+    reference replicated on it, every update's rows split over it (the engine has its
+    own rollout mesh, `RolloutEngine(mesh=...)`).
     """
     self.graphdef, self.engine, self.tokenizer = graphdef, engine, tokenizer
     if scheduler is not None and drafter_params is not None:
@@ -154,6 +160,14 @@ class GRPOTrainer:
       graphdef, self.optimizer, loss_config, update_config.num_micro_batches(self.rows)
     )
     self.old_logp = jax.jit(lambda p, t: token_logprobs(graphdef, p, t, loss_config.temperature)[0])
+    self.mesh = mesh
+    if mesh is not None:
+      size = self.rows // update_config.mini_batches
+      if size % mesh.devices.size:
+        raise ValueError(
+          f"a mini-batch of {size} rows does not split over the {mesh.devices.size}-device mesh"
+        )
+      params = jax.device_put(params, replicated(mesh))
     self.params = params
     # The frozen KL reference: the starting policy, kept (and checkpointed) only when used.
     self.ref_params = jax.tree.map(jnp.copy, params) if loss_config.kl_coef > 0 else None
@@ -262,6 +276,7 @@ class GRPOTrainer:
   def train_step(self, rewards: RewardPool) -> dict[str, Any]:
     cfg, g, p = self.cfg, self.cfg.group_size, self.cfg.prompts_per_step
     times: dict[str, float] = {}
+    compiled = self.engine.pool.compile_seconds
     t = time.perf_counter()
     result, pending = self._rollout(self._next_examples(p), rewards, 0)
     times["rollout"] = time.perf_counter() - t
@@ -269,7 +284,7 @@ class GRPOTrainer:
     tokens = np.ascontiguousarray(result.tokens[:, :width])
     # The device recomputes old log-probs while the host threads score rewards.
     t = time.perf_counter()
-    old = self.old_logp(self.params, jnp.asarray(tokens))
+    old = self.old_logp(self.params, self._rows(tokens))
     if self.scheduler is not None:
       # Once the old log-probs are done the device idles until the host has scored.
       jax.block_until_ready(old)
@@ -322,16 +337,12 @@ class GRPOTrainer:
       adv[dst] = group_advantages(rew[rows], g, normalize_std=cfg.normalize_std)
     t = time.perf_counter()
     if len(batch_result) > 1 or chosen != groups[: len(chosen)]:
-      old = self.old_logp(self.params, jnp.asarray(tokens))
+      old = self.old_logp(self.params, self._rows(tokens))
     old = np.asarray(old)
     times["old_logp"] = time.perf_counter() - t
     diff = np.abs(old - rollout_lp)[mask > 0]
-    batch = {
-      "tokens": jnp.asarray(tokens),
-      "mask": jnp.asarray(mask),
-      "old_logp": jnp.asarray(old),
-      "advantages": jnp.asarray(adv),
-    }
+    batch = {"tokens": tokens, "mask": mask, "old_logp": old, "advantages": adv}
+    batch = {k: self._rows(v) for k, v in batch.items()}
     t = time.perf_counter()
     m = self._optimize(batch)
     times["update"] = time.perf_counter() - t
@@ -354,6 +365,8 @@ class GRPOTrainer:
       "rollout_tokens": int(lengths.sum()),
       **{f"loss/{k}": v for k, v in m.items()},
       **{f"time/{k}": v for k, v in times.items()},
+      # Programs the rollouts compiled lazily (inside time/rollout): compare modes without it.
+      "time/rollout_compile": self.engine.pool.compile_seconds - compiled,
       **self._spec_metrics(batch_result),
     }
 
@@ -368,6 +381,12 @@ class GRPOTrainer:
       "spec/tokens": sum(s["tokens"] for s in chunks),
       "spec/seconds": sum(s["seconds"] for s in chunks),
     }
+
+  def _rows(self, x: np.ndarray) -> jax.Array:
+    """A batch array on the training devices, rows split over the mesh when there is one."""
+    if self.mesh is None:
+      return jnp.asarray(x)
+    return jax.device_put(x, rows_sharding(self.mesh))
 
   def _optimize(self, batch: dict[str, jax.Array]) -> dict[str, float]:
     """epochs x mini_batches optimizer steps on one rollout batch (PPO-style).
@@ -389,6 +408,8 @@ class GRPOTrainer:
         else:
           idx = jnp.asarray(np.sort(perm[i * size : (i + 1) * size]))
           mb = {k: v[idx] for k, v in batch.items()}
+          if self.mesh is not None:
+            mb = jax.device_put(mb, rows_sharding(self.mesh))
         self.params, self.opt_state, m = self.update(
           self.params, self.opt_state, mb, self.ref_params
         )

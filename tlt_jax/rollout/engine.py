@@ -497,7 +497,8 @@ class RolloutEngine:
           # Run each once (zero rounds): first executions carry one-time costs
           # that would otherwise land in the bandit's first measurements.
           args = (params, drafter_params, state, *dstate, key, np.int32(0))
-          state, *dstate, _ = self._spec_exe(sampling, strategy, view, args)(*args)
+          state, dcache, dlen, _ = self._spec_exe(sampling, strategy, view, args)(*args)
+          dstate = (dcache, dlen)  # a tuple, as in generate: the pytree types must match
     for b2 in cfg.batch_buckets:
       if b2 < state.batch:
         self._drafter_take_exe((dstate, jnp.zeros((b2,), jnp.int32)))

@@ -4,6 +4,14 @@ The rollout engine asks for a program by (name, static shapes/options); the
 pool lowers and compiles it once, records compile time and memory, and hands
 back the executable. After warm-up, a rollout never compiles: `compiles` stays
 put, which tests and benchmarks check.
+
+The pool evicts the least recently used programs beyond `max_executables`, or
+beyond `max_mappings` memory mappings: on CPU every executable keeps its JIT code
+in 150 (a decode chunk) to 500+ (a speculative chunk) mappings, a process may hold
+65530 (vm.max_map_count), and a speculative engine's full warm-up plus a greedy
+evaluation set otherwise dies with "LLVM ERROR: Unable to allocate section memory".
+Mappings are counted from /proc/self/maps around each compile (Linux; elsewhere
+only the count cap applies).
 """
 
 from __future__ import annotations
@@ -16,6 +24,14 @@ from typing import Any
 import jax
 
 
+def _mappings() -> int | None:
+  try:
+    with open("/proc/self/maps", "rb") as f:
+      return sum(1 for _ in f)
+  except OSError:
+    return None
+
+
 @dataclasses.dataclass
 class CompiledEntry:
   executable: Any
@@ -24,14 +40,15 @@ class CompiledEntry:
   temp_bytes: int | None
   argument_bytes: int | None
   calls: int = 0
+  mappings: int = 0  # memory mappings its JIT code added (CPU, Linux)
 
 
-def _placement(args: tuple[Any, ...]) -> tuple[Any, ...]:
+def _placement(leaves: list[Any]) -> tuple[Any, ...]:
   """The device sets of the committed array arguments (uncommitted and host values
   follow the others). One device: () so single-device keys stay simple."""
   devices = {
     tuple(d.id for d in x.sharding.device_set)
-    for x in jax.tree.leaves(args)
+    for x in leaves
     if isinstance(x, jax.Array) and x.committed
   }
   if all(len(d) <= 1 for d in devices) and len(devices) <= 1:
@@ -42,8 +59,15 @@ def _placement(args: tuple[Any, ...]) -> tuple[Any, ...]:
 class ExecutablePool:
   """Compiled programs keyed by a hashable static key."""
 
-  def __init__(self):
+  def __init__(self, max_executables: int = 1000, max_mappings: int = 40_000):
+    for name, v in (("max_executables", max_executables), ("max_mappings", max_mappings)):
+      if not isinstance(v, int) or v < 1:
+        raise ValueError(f"{name} must be a positive int, got {v!r}")
+    self.max_executables, self.max_mappings = max_executables, max_mappings
     self._entries: dict[Hashable, CompiledEntry] = {}
+    self._compiles = 0
+    self._compile_seconds = 0.0
+    self.evictions = 0
 
   def get(
     self,
@@ -58,12 +82,16 @@ class ExecutablePool:
     key must identify them); `args` fix the shapes.
     """
     # The placement is part of the program: the same shapes on 8 devices or on 2
-    # are different executables (a compacted bucket runs on fewer devices).
-    key = (key, _placement(args))
+    # are different executables (a compacted bucket runs on fewer devices). So is the
+    # argument tree (a list where a tuple was compiled is refused by the executable).
+    leaves, treedef = jax.tree.flatten(args)
+    key = (key, _placement(leaves), treedef)
     entry = self._entries.get(key)
     if entry is None:
       start = time.perf_counter()
+      before = _mappings()
       compiled = jax.jit(fn, donate_argnums=donate_argnums).lower(*args).compile()
+      after = _mappings()
       seconds = time.perf_counter() - start
       temp = arg = None
       try:
@@ -72,8 +100,18 @@ class ExecutablePool:
         arg = int(mem.argument_size_in_bytes)
       except Exception:  # noqa: BLE001 - memory stats are best effort per backend.
         pass
-      entry = CompiledEntry(compiled, seconds, temp, arg)
+      maps = max(after - before, 0) if before is not None and after is not None else 0
+      entry = CompiledEntry(compiled, seconds, temp, arg, mappings=maps)
+      self._compiles += 1
+      self._compile_seconds += seconds
+      while self._entries and (
+        len(self._entries) >= self.max_executables or self.mappings + maps > self.max_mappings
+      ):
+        del self._entries[next(iter(self._entries))]  # least recently used
+        self.evictions += 1
       self._entries[key] = entry
+    else:
+      self._entries[key] = self._entries.pop(key)  # most recently used last
     entry.calls += 1
     return entry.executable
 
@@ -82,11 +120,20 @@ class ExecutablePool:
 
   @property
   def compiles(self) -> int:
-    return len(self._entries)
+    """Programs compiled so far (recompiles after an eviction count again)."""
+    return self._compiles
 
   @property
   def compile_seconds(self) -> float:
-    return sum(e.compile_seconds for e in self._entries.values())
+    return self._compile_seconds
+
+  def __len__(self) -> int:
+    return len(self._entries)
+
+  @property
+  def mappings(self) -> int:
+    """Memory mappings held by the pool's executables (0 where not measurable)."""
+    return sum(e.mappings for e in self._entries.values())
 
   def summary(self) -> list[dict[str, Any]]:
     """One row per executable: key, compile time, memory, calls."""
