@@ -3,10 +3,9 @@
 from tlt_jax.parallel.meshes import (
   AXIS,
   BatchPlacement,
-  RoleMeshes,
   data_mesh,
   replicated,
   rows_sharding,
 )
 
-__all__ = ["AXIS", "BatchPlacement", "RoleMeshes", "data_mesh", "replicated", "rows_sharding"]
+__all__ = ["AXIS", "BatchPlacement", "data_mesh", "replicated", "rows_sharding"]

@@ -1,6 +1,7 @@
 """Meshes per role and the placement of a rollout's rows on them.
 
-Every role uses one named axis, "data": rollout rows, policy-update rows and
+Every role (rollout, policy training, drafter training) uses a 1-D mesh with one
+named axis, "data": rollout rows, policy-update rows and
 drafter-update rows are split along it, parameters are replicated (these
 models fit one device; a "model" axis for tensor parallelism would be added
 here). The rollout's long tail shrinks the batch bucket; `BatchPlacement` puts
@@ -11,7 +12,6 @@ that divides B, and the devices it frees form the drafter-training sub-mesh
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -38,21 +38,6 @@ def rows_sharding(mesh: Mesh) -> NamedSharding:
 
 def replicated(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P())
-
-
-@dataclasses.dataclass(frozen=True)
-class RoleMeshes:
-  """The device sets of the three roles. By default rollout and policy training
-  share every device (they alternate in time) and the drafter trains on whatever
-  the rollout's long tail frees (`BatchPlacement.free_devices`)."""
-
-  rollout: Mesh
-  train: Mesh
-
-  @classmethod
-  def build(cls, devices: Sequence[jax.Device] | None = None) -> RoleMeshes:
-    mesh = data_mesh(devices)
-    return cls(rollout=mesh, train=mesh)
 
 
 class BatchPlacement:
