@@ -152,7 +152,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.rl_update.warmup_steps = 2
   c.rl_update.weight_decay = 0.0
   c.rl_update.grad_clip = 1.0
-  c.rl_update.micro_batch = 32
+  c.rl_update.micro_batch = 8  # packed rows (rl/packing.py)
   c.rl_update.mini_batches = 1  # PPO mini-batches: optimizer steps per rollout batch
   c.rl_update.epochs = 1
 

@@ -101,7 +101,7 @@ def _update_inputs(tp, rows=16, width=16):
 def _policy_update(tg, tp, batch, mesh=None):
   ucfg = UpdateConfig(learning_rate=1e-2, total_steps=4, micro_batch=batch["tokens"].shape[0])
   optimizer = make_optimizer(ucfg)
-  update = make_policy_update(tg, optimizer, PolicyLossConfig(), 1)
+  update = make_policy_update(tg, optimizer, PolicyLossConfig(), ucfg.micro_batch)
   params = jax.tree.map(jnp.copy, tp)
   opt_state = optimizer.init(params)
   if mesh is not None:
@@ -260,7 +260,7 @@ def distributed(process_id: int, port: int, out_dir: str):
   opt_state = jax.tree.map(lambda x: glob(np.asarray(x), replicated(mesh)), optimizer.init(tp))
   gbatch = {k: glob(v, rows_sharding(mesh)) for k, v in batch.items()}
   assert gbatch["tokens"].shape[0] == 16  # 8 rows from each process
-  update = make_policy_update(tg, optimizer, PolicyLossConfig(), 1)
+  update = make_policy_update(tg, optimizer, PolicyLossConfig(), ucfg.micro_batch)
   new, _, metrics = update(params, opt_state, gbatch, None)
   local = {
     "/".join(map(str, k)): np.asarray(v.addressable_data(0))

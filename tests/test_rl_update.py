@@ -120,7 +120,7 @@ MICRO_AGGREGATIONS = ("token-mean", "seq-mean-token-mean")
 
 @pytest.fixture(scope="module")
 def micro_runs(model):
-  """{aggregation: {num_micro_batches: (new params, metrics)}} for one update on one batch."""
+  """{aggregation: {micro-batches: (new params, metrics)}} for one update on one batch."""
   graphdef, params = model
   batch = _batch(graphdef, params, seed=1)
   # Plain SGD at lr 1: the parameter change IS the gradient, so any weighting
@@ -131,7 +131,7 @@ def micro_runs(model):
     cfg = PolicyLossConfig(aggregation=aggregation, clip_high=0.28)
     runs[aggregation] = {}
     for n_mb in (1, 4):
-      fn = make_policy_update(graphdef, sgd, cfg, n_mb)
+      fn = make_policy_update(graphdef, sgd, cfg, B // n_mb)
       new, _, metrics = fn(_copy(params), sgd.init(params), batch, None)
       runs[aggregation][n_mb] = (_host(new), jax.device_get(metrics))
   return runs
@@ -168,7 +168,7 @@ def adam_update(model):
   ucfg = UpdateConfig(learning_rate=1e-2, warmup_steps=0, total_steps=100, micro_batch=2)
   opt = make_optimizer(ucfg)
   cfg = PolicyLossConfig(temperature=TEMP, kl_coef=0.01, entropy_coef=0.001, clip_high=0.28)
-  fn = make_policy_update(graphdef, opt, cfg, ucfg.num_micro_batches(B))
+  fn = make_policy_update(graphdef, opt, cfg, ucfg.micro_batch)
   return opt, fn
 
 
@@ -215,7 +215,7 @@ def test_first_update_has_unit_ratio_and_no_clipping(model, adam_update):
 def test_kl_without_reference_raises(model):
   graphdef, params = model
   opt = optax.sgd(0.1)
-  fn = make_policy_update(graphdef, opt, PolicyLossConfig(kl_coef=0.1), 1)
+  fn = make_policy_update(graphdef, opt, PolicyLossConfig(kl_coef=0.1), B)
   batch = _batch(graphdef, params, seed=4)
   with pytest.raises(ValueError, match="ref_params"):
     fn(_copy(params), opt.init(params), batch, None)
@@ -238,14 +238,10 @@ def test_positive_advantage_raises_sequence_logprob(model, adam_update):
 
 
 def test_update_config_validation():
-  assert UpdateConfig(micro_batch=4).num_micro_batches(16) == 4
-  assert UpdateConfig(micro_batch=4, mini_batches=2).num_micro_batches(16) == 2
-  with pytest.raises(ValueError, match="divide"):
-    UpdateConfig(micro_batch=3).num_micro_batches(16)
+  assert UpdateConfig().mini_batch_samples(16) == 16
+  assert UpdateConfig(mini_batches=4).mini_batch_samples(16) == 4
   with pytest.raises(ValueError, match="mini_batches \\(3\\) must divide"):
-    UpdateConfig(micro_batch=1, mini_batches=3).num_micro_batches(16)
-  with pytest.raises(ValueError, match="rows of a mini-batch"):
-    UpdateConfig(micro_batch=8, mini_batches=4).num_micro_batches(16)
+    UpdateConfig(mini_batches=3).mini_batch_samples(16)
   bad = [
     dict(learning_rate=0.0),
     dict(warmup_steps=10, total_steps=10),
@@ -261,5 +257,5 @@ def test_update_config_validation():
   for kwargs in bad:
     with pytest.raises(ValueError, match=next(iter(kwargs))):
       dataclasses.replace(UpdateConfig(), **kwargs)
-  with pytest.raises(ValueError, match="num_micro_batches"):
+  with pytest.raises(ValueError, match="micro_batch must be"):
     make_policy_update(None, optax.sgd(1.0), PolicyLossConfig(), 0)

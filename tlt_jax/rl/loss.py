@@ -96,23 +96,28 @@ def _aggregate(x: Float[Array, "B T"], m: Float[Array, "B T"], aggregation: str)
 def policy_loss(
   logp: Float[Array, "B T"],
   old_logp: Float[Array, "B T"],
-  advantages: Float[Array, " B"],
+  advantages: Float[Array, " B"] | Float[Array, "B T"],
   mask: Float[Array, "B T"],
   cfg: PolicyLossConfig,
   *,
   ref_logp: Float[Array, "B T"] | None = None,
   entropy: Float[Array, "B T"] | None = None,
+  token_weights: Float[Array, "B T"] | None = None,
 ) -> tuple[Float[Array, ""], dict[str, Float[Array, ""]]]:
   """Clipped surrogate + optional KL penalty - optional entropy bonus.
 
   Args:
     logp: current policy log-probs (the differentiated input).
     old_logp: behaviour-policy log-probs from the rollout (constant).
-    advantages: one per row, broadcast over its tokens (constant).
+    advantages: one per row, broadcast over its tokens, or one per token [B, T]
+      (packed rows hold several samples) (constant).
     mask: 1 on tokens that count, 0 elsewhere.
     cfg: the loss configuration.
     ref_logp: reference-policy log-probs; required when cfg.kl_coef > 0.
     entropy: per-token policy entropy; required when cfg.entropy_coef > 0.
+    token_weights: the aggregation folded into per-token weights (packed rows,
+      see rl/packing.py): the loss is sum(weights * token loss) and
+      cfg.aggregation is not used.
 
   Returns:
     (loss, metrics). Metrics are token means over the masked tokens whatever the
@@ -133,7 +138,8 @@ def policy_loss(
   zero_off = lambda x: jnp.where(on, x.astype(jnp.float32), 0.0)
   logp = zero_off(logp)
   old_logp = jax.lax.stop_gradient(zero_off(old_logp))
-  adv = jax.lax.stop_gradient(advantages.astype(jnp.float32))[:, None]
+  adv = jax.lax.stop_gradient(advantages.astype(jnp.float32))
+  adv = adv[:, None] if adv.ndim == 1 else zero_off(adv)
 
   log_ratio = logp - old_logp
   ratio = jnp.exp(log_ratio)
@@ -158,5 +164,9 @@ def policy_loss(
     metrics["entropy"] = mean(jax.lax.stop_gradient(ent))
   # where, not multiply: a NaN advantage on a row must still poison the loss
   # (and so skip the update) only through that row's counted tokens.
-  loss = _aggregate(jnp.where(on, per_token, 0.0), m, cfg.aggregation)
+  per_token = jnp.where(on, per_token, 0.0)
+  if token_weights is None:
+    loss = _aggregate(per_token, m, cfg.aggregation)
+  else:
+    loss = jnp.sum(per_token * zero_off(token_weights))
   return loss, metrics

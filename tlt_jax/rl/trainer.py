@@ -14,8 +14,11 @@ to metrics.jsonl and TensorBoard (workdir/tensorboard); checkpoints (orbax)
 hold params, optimizer state, the KL reference when used, data position and
 step, so a killed run resumes exactly.
 
-Batches are [P * G, W] with W the longest row rounded up to 64 (padding rows
-and columns carry no mask), so the update compiles once per width bucket.
+The trainer's forward passes (old log-probs, update) run on packed rows
+(rl/packing.py): samples first-fit into rows of W columns (the longest sample
+rounded up to 128), rows padded to a multiple of the micro-batch, so a long-tailed
+batch costs its tokens, not P * G x its longest row, and compiles once per
+(rows, width) bucket.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from tlt_jax.data.tokenizer import Tokenizer
 from tlt_jax.parallel.meshes import replicated, rows_sharding
 from tlt_jax.rl.advantages import group_advantages, informative_groups, overlong_penalty
 from tlt_jax.rl.loss import PolicyLossConfig
+from tlt_jax.rl.packing import pack_policy_batch, plan_packing
 from tlt_jax.rl.rewards import RewardFn, RewardPool
 from tlt_jax.rl.update import UpdateConfig, make_optimizer, make_policy_update, token_logprobs
 from tlt_jax.rollout.engine import RolloutEngine
@@ -156,16 +160,21 @@ class GRPOTrainer:
         f"engine's max_batch {engine.config.max_batch}"
       )
     self.optimizer = make_optimizer(update_config)
+    update_config.mini_batch_samples(self.rows)  # validates mini_batches
     self.update = make_policy_update(
-      graphdef, self.optimizer, loss_config, update_config.num_micro_batches(self.rows)
+      graphdef, self.optimizer, loss_config, update_config.micro_batch
     )
-    self.old_logp = jax.jit(lambda p, t: token_logprobs(graphdef, p, t, loss_config.temperature)[0])
+    self.old_logp = jax.jit(
+      lambda p, t, pos, seg: token_logprobs(
+        graphdef, p, t, loss_config.temperature, positions=pos, segment_ids=seg
+      )[0]
+    )
     self.mesh = mesh
     if mesh is not None:
-      size = self.rows // update_config.mini_batches
-      if size % mesh.devices.size:
+      if update_config.micro_batch % mesh.devices.size:
         raise ValueError(
-          f"a mini-batch of {size} rows does not split over the {mesh.devices.size}-device mesh"
+          f"a micro-batch of {update_config.micro_batch} rows does not split over the "
+          f"{mesh.devices.size}-device mesh"
         )
       params = jax.device_put(params, replicated(mesh))
     self.params = params
@@ -269,9 +278,21 @@ class GRPOTrainer:
     return result, rewards.submit(texts, answers)
 
   def _width(self, results) -> int:
-    """Batch columns: the longest row rounded up to 64 (few shapes, little padding)."""
+    """Packed-row columns: the longest sample rounded up to 128 (few shapes)."""
     longest = max(int(r.length.max()) for r in results)
-    return min(self.engine.config.slots, -(-longest // 64) * 64)
+    return min(self.engine.config.slots, -(-longest // 128) * 128)
+
+  def _old_logp(self, result) -> Callable[[], np.ndarray]:
+    """Dispatches the old log-probs of a rollout's samples on packed rows; the
+    returned function waits and gives them per sample, [N, slots]."""
+    width = self._width([result])
+    plan = plan_packing(result.length, width, self.update_cfg.micro_batch)
+    n, t = result.tokens.shape
+    cols = np.broadcast_to(np.arange(t, dtype=np.int32), (n, t))
+    seg = np.broadcast_to(np.arange(1, n + 1, dtype=np.int32)[:, None], (n, t))
+    packed = [plan.pack(np.asarray(x, np.int32)) for x in (result.tokens, cols, seg)]
+    out = self.old_logp(self.params, *map(self._rows, packed))
+    return lambda: plan.unpack(np.asarray(out), t)
 
   def train_step(self, rewards: RewardPool) -> dict[str, Any]:
     cfg, g, p = self.cfg, self.cfg.group_size, self.cfg.prompts_per_step
@@ -280,14 +301,13 @@ class GRPOTrainer:
     t = time.perf_counter()
     result, pending = self._rollout(self._next_examples(p), rewards, 0)
     times["rollout"] = time.perf_counter() - t
-    width = self._width([result])
-    tokens = np.ascontiguousarray(result.tokens[:, :width])
-    # The device recomputes old log-probs while the host threads score rewards.
+    # The device computes old log-probs while the host threads score rewards.
     t = time.perf_counter()
-    old = self.old_logp(self.params, self._rows(tokens))
+    old_of = [self._old_logp(result)]
     if self.scheduler is not None:
       # Once the old log-probs are done the device idles until the host has scored.
-      jax.block_until_ready(old)
+      old_first = old_of[0]()
+      old_of[0] = lambda: old_first
       self.scheduler.fill("reward", lambda: not pending.done(), self.params)
     got = pending()
     times["reward"] = time.perf_counter() - t
@@ -306,6 +326,7 @@ class GRPOTrainer:
         t = time.perf_counter()
         extra, pend = self._rollout(self._next_examples(p), rewards, refills)
         times["rollout"] += time.perf_counter() - t
+        old_of.append(self._old_logp(extra))
         more = pend()
         er = more.rewards.copy()
         if cfg.overlong_buffer:
@@ -316,35 +337,42 @@ class GRPOTrainer:
         batch_rewards.append(er)
         raw.append(more.rewards)
         kept = np.concatenate([kept, informative_groups(er, g)])
-    if len(batch_result) > 1:
-      width = self._width(batch_result)
-      tokens = np.zeros((self.rows, width), np.int32)
+    t = time.perf_counter()
+    olds = [f() for f in old_of]
+    times["old_logp"] = time.perf_counter() - t
     # Assemble the first P informative groups (all groups without dynamic sampling).
     groups = [(i, j) for i, res in enumerate(batch_result) for j in range(p)]
     flags = kept if cfg.dynamic_sampling else np.ones(len(groups), bool)
     chosen = [grp for grp, f in zip(groups, flags) if f][:p]
-    mask = np.zeros((self.rows, width), np.float32)
-    adv = np.zeros((self.rows,), np.float32)
-    rollout_lp = np.zeros((self.rows, width), np.float32)
+    width = self._width(batch_result)
+    n = len(chosen) * g
+    tokens = np.zeros((n, width), np.int32)
+    length = np.zeros((n,), np.int32)
+    mask = np.zeros((n, width), np.float32)
+    adv = np.zeros((n,), np.float32)
+    rollout_lp = np.zeros((n, width), np.float32)
+    old = np.zeros((n, width), np.float32)
     for slot, (i, j) in enumerate(chosen):
       res, rew = batch_result[i], batch_rewards[i]
       rows = slice(j * g, (j + 1) * g)
       dst = slice(slot * g, (slot + 1) * g)
       tokens[dst] = res.tokens[rows, :width]
+      length[dst] = res.length[rows]
       rollout_lp[dst] = res.logprobs[rows, :width]
+      old[dst] = olds[i][rows, :width]
       cols = np.arange(width)[None]
       mask[dst] = (cols >= res.prompt_len[rows, None]) & (cols < res.length[rows, None])
       adv[dst] = group_advantages(rew[rows], g, normalize_std=cfg.normalize_std)
-    t = time.perf_counter()
-    if len(batch_result) > 1 or chosen != groups[: len(chosen)]:
-      old = self.old_logp(self.params, self._rows(tokens))
-    old = np.asarray(old)
-    times["old_logp"] = time.perf_counter() - t
     diff = np.abs(old - rollout_lp)[mask > 0]
-    batch = {"tokens": tokens, "mask": mask, "old_logp": old, "advantages": adv}
-    batch = {k: self._rows(v) for k, v in batch.items()}
+    samples = {
+      "tokens": tokens,
+      "length": length,
+      "mask": mask,
+      "old_logp": old,
+      "advantages": adv,
+    }
     t = time.perf_counter()
-    m = self._optimize(batch)
+    m = self._optimize(samples, width)
     times["update"] = time.perf_counter() - t
     all_raw = np.concatenate(raw)
     lengths = np.concatenate([res.num_generated for res in batch_result])
@@ -388,30 +416,39 @@ class GRPOTrainer:
       return jnp.asarray(x)
     return jax.device_put(x, rows_sharding(self.mesh))
 
-  def _optimize(self, batch: dict[str, jax.Array]) -> dict[str, float]:
+  def _optimize(self, samples: dict[str, np.ndarray], width: int) -> dict[str, float]:
     """epochs x mini_batches optimizer steps on one rollout batch (PPO-style).
 
-    Rows are reshuffled every epoch by a generator keyed on (seed, step), so a
-    resumed run repeats them. Metrics: the first mini-batch's (its ratio is 1:
-    the policy that sampled the batch) for the loss terms, with clip fractions,
-    approx_kl, skips and grad norms averaged over all optimizer steps.
+    With no sample (no informative group) there is no optimizer step. Samples are
+    reshuffled every epoch by a generator keyed on (seed, step), so a
+    resumed run repeats them, and each mini-batch is packed into rows of `width`.
+    Metrics: the first mini-batch's (its ratio is 1: the policy that sampled the
+    batch) for the loss terms, with clip fractions, approx_kl, skips and grad
+    norms averaged over all optimizer steps; update_rows / update_fill (share of
+    the packed cells holding sample tokens) of all of them.
     """
-    ucfg, n = self.update_cfg, self.rows
-    size = n // ucfg.mini_batches
+    ucfg, n = self.update_cfg, len(samples["length"])
+    if n == 0:  # dynamic sampling found no informative group: nothing to learn from
+      return {"skipped": 0.0, "optimizer_steps": 0.0}
     rng = np.random.default_rng([self.cfg.seed, self.step])
-    rows = []
+    rows, cells = [], 0
     for _ in range(ucfg.epochs):
       perm = np.arange(n) if ucfg.mini_batches == 1 else rng.permutation(n)
-      for i in range(ucfg.mini_batches):
-        if ucfg.mini_batches == 1:
-          mb = batch  # the whole batch: no gather
-        else:
-          idx = jnp.asarray(np.sort(perm[i * size : (i + 1) * size]))
-          mb = {k: v[idx] for k, v in batch.items()}
-          if self.mesh is not None:
-            mb = jax.device_put(mb, rows_sharding(self.mesh))
+      # Equal parts when the batch is full; a short (refill-limited) batch splits unevenly.
+      for part in np.array_split(perm, ucfg.mini_batches):
+        if not part.size:
+          continue
+        idx = np.sort(part)
+        batch, plan = pack_policy_batch(
+          **{k: v[idx] for k, v in samples.items()},
+          aggregation=self.loss_cfg.aggregation,
+          width=width,
+          row_multiple=ucfg.micro_batch,
+        )
+        cells += plan.num_rows * plan.width
+        batch = {k: self._rows(v) for k, v in batch.items()}
         self.params, self.opt_state, m = self.update(
-          self.params, self.opt_state, mb, self.ref_params
+          self.params, self.opt_state, batch, self.ref_params
         )
         rows.append(m)
     rows = [{k: float(v) for k, v in r.items()} for r in jax.device_get(rows)]
@@ -421,6 +458,8 @@ class GRPOTrainer:
     out["ratio_max"] = max(r["ratio_max"] for r in rows)
     out["skipped"] = float(sum(r["skipped"] for r in rows))
     out["optimizer_steps"] = float(len(rows))
+    out["update_rows"] = float(cells // width)
+    out["update_fill"] = float(ucfg.epochs * samples["length"].sum() / cells)
     return out
 
   def evaluate(self) -> dict[str, Any]:

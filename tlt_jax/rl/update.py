@@ -22,6 +22,8 @@ from jaxtyping import Array, Float, Int
 from tlt_jax.rl.loss import PolicyLossConfig, policy_loss
 
 BATCH_KEYS = ("tokens", "mask", "old_logp", "advantages")
+# A packed batch (rl/packing.py) has these too: several samples per row.
+PACKED_KEYS = ("positions", "segment_ids", "weights")
 
 
 def token_logprobs(
@@ -31,11 +33,16 @@ def token_logprobs(
   temperature: float | Float[Array, ""],
   *,
   with_entropy: bool = False,
+  positions: Int[Array, "B T"] | None = None,
+  segment_ids: Int[Array, "B T"] | None = None,
 ) -> tuple[Float[Array, "B T"], Float[Array, "B T"] | None]:
   """Log-prob of each token given its prefix under the tempered policy.
 
   Rows start at position 0 (the rollout layout: prompt then completion);
   whatever follows a row's length cannot change earlier log-probs (causal).
+  Packed rows (rl/packing.py) give `positions` and `segment_ids`: each sample
+  then sees only itself, and the first token of a sample gets a meaningless
+  value (it is a prompt token: never counted).
 
   Args:
     graphdef: the model's static structure.
@@ -54,8 +61,9 @@ def token_logprobs(
     raise ValueError(f"temperature must be > 0, got {temperature!r}")
   model = nnx.merge(graphdef, params)
   b, t = tokens.shape
-  positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-  hidden, _, _ = model(tokens, positions)
+  if positions is None:
+    positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+  hidden, _, _ = model(tokens, positions, segment_ids=segment_ids)
   logits = model.logits(hidden[:, :-1]) / temperature  # position t - 1 predicts token t
   logp_all = jax.nn.log_softmax(logits, axis=-1)
   logp = jnp.take_along_axis(logp_all, tokens[:, 1:, None], axis=-1)[..., 0]
@@ -76,9 +84,10 @@ class UpdateConfig:
     total_steps: the cosine decay reaches 0 here.
     weight_decay: AdamW decoupled weight decay.
     grad_clip: global-norm gradient clipping threshold.
-    micro_batch: rows per micro-batch (gradient accumulation); divides a mini-batch.
+    micro_batch: rows per micro-batch (gradient accumulation); the trainer packs
+      samples into rows (rl/packing.py) and pads the rows to a multiple of it.
     mini_batches: optimizer steps per rollout batch (PPO mini-batches): the batch's
-      rows are shuffled and split into this many equal parts, each one update
+      samples are shuffled and split into this many equal parts, each one update
       against the same old log-probs, so the clipped ratio does its job. 1: one
       on-policy step per rollout (ratio 1, the clip never binds).
     epochs: passes over the rollout batch (each reshuffled).
@@ -119,20 +128,13 @@ class UpdateConfig:
       if not 0.0 <= v < 1.0:
         raise ValueError(f"{name} must be in [0, 1), got {v!r}")
 
-  def num_micro_batches(self, batch_rows: int) -> int:
-    """Micro-batches per optimizer step for a rollout batch of `batch_rows` rows
-    (mini_batches must divide it, and micro_batch each mini-batch)."""
-    if batch_rows <= 0 or batch_rows % self.mini_batches:
+  def mini_batch_samples(self, samples: int) -> int:
+    """Samples per optimizer step for a rollout batch of `samples` (mini_batches must divide it)."""
+    if samples <= 0 or samples % self.mini_batches:
       raise ValueError(
-        f"mini_batches ({self.mini_batches}) must divide the batch rows ({batch_rows})"
+        f"mini_batches ({self.mini_batches}) must divide the batch's samples ({samples})"
       )
-    rows = batch_rows // self.mini_batches
-    if rows % self.micro_batch:
-      raise ValueError(
-        f"micro_batch ({self.micro_batch}) must divide the rows of a mini-batch ({rows} = "
-        f"{batch_rows} rows / {self.mini_batches} mini-batches)"
-      )
-    return rows // self.micro_batch
+    return samples // self.mini_batches
 
 
 def make_optimizer(cfg: UpdateConfig) -> optax.GradientTransformation:
@@ -155,27 +157,30 @@ def make_policy_update(
   graphdef: nnx.GraphDef,
   optimizer: optax.GradientTransformation,
   loss_cfg: PolicyLossConfig,
-  num_micro_batches: int,
+  micro_batch: int,
 ) -> Callable[..., tuple[nnx.State, optax.OptState, dict[str, jax.Array]]]:
   """A jitted `(params, opt_state, batch, ref_params) -> (params, opt_state, metrics)`.
 
   params and opt_state are donated: keep no other reference to them. batch holds
   tokens [B, T] int32, mask [B, T] (1 on response tokens whose log-prob counts),
-  old_logp [B, T] and advantages [B]; other keys are ignored. ref_params is the
-  reference policy's params, or None (then loss_cfg.kl_coef must be 0).
+  old_logp [B, T] and advantages [B]; other keys are ignored. A packed batch
+  (rl/packing.py: several samples per row) adds positions, segment_ids and
+  weights [B, T] and has per-token advantages [B, T]; the weights carry the
+  aggregation. ref_params is the reference policy's params, or None (then
+  loss_cfg.kl_coef must be 0).
 
-  The gradient is accumulated over `num_micro_batches` equal row slices with a
-  scan, weighted so it equals the full-batch gradient: by each slice's share of
-  the masked tokens for "token-mean", equally for the per-row aggregations.
-  A non-finite loss or gradient skips the step: params and opt_state come back
-  unchanged and metrics["skipped"] is 1.
+  The gradient is accumulated over slices of `micro_batch` rows with a scan,
+  weighted so it equals the full-batch gradient: by each slice's share of the
+  masked tokens for "token-mean", equally for the per-row aggregations, and as a
+  plain sum for packed batches (their weights are global). A non-finite loss or
+  gradient skips the step: params and opt_state come back unchanged and
+  metrics["skipped"] is 1.
 
   Metrics: loss, grad_norm (before clipping), skipped, and policy_loss's
   metrics, all of the pre-update policy on the full batch.
   """
-  if not isinstance(num_micro_batches, int) or num_micro_batches <= 0:
-    raise ValueError(f"num_micro_batches must be a positive int, got {num_micro_batches!r}")
-  n_mb = num_micro_batches
+  if not isinstance(micro_batch, int) or micro_batch <= 0:
+    raise ValueError(f"micro_batch must be a positive int, got {micro_batch!r}")
   temp = loss_cfg.temperature
 
   def step(params, opt_state, batch, ref_params):
@@ -184,29 +189,39 @@ def make_policy_update(
     missing = [k for k in BATCH_KEYS if k not in batch]
     if missing:
       raise ValueError(f"batch lacks {missing}; needs {BATCH_KEYS}")
+    packed = [k for k in PACKED_KEYS if k in batch]
+    if packed and len(packed) != len(PACKED_KEYS):
+      raise ValueError(f"a packed batch needs all of {PACKED_KEYS}; got only {packed}")
+    keys = BATCH_KEYS + (PACKED_KEYS if packed else ())
     rows = batch["tokens"].shape[0]
-    if rows % n_mb:
-      raise ValueError(f"num_micro_batches ({n_mb}) must divide the batch rows ({rows})")
-    batch = {k: jnp.asarray(batch[k]) for k in BATCH_KEYS}
+    if rows % micro_batch:
+      raise ValueError(f"micro_batch ({micro_batch}) must divide the batch rows ({rows})")
+    n_mb = rows // micro_batch
+    batch = {k: jnp.asarray(batch[k]) for k in keys}
     mask = batch["mask"].astype(jnp.float32)
-    split = lambda x: x.reshape(n_mb, rows // n_mb, *x.shape[1:])
+    split = lambda x: x.reshape(n_mb, micro_batch, *x.shape[1:])
     slices = {k: split(v) for k, v in batch.items()}
-    if loss_cfg.aggregation == "token-mean":
+    if packed:  # global per-token weights: micro-batch losses simply add up
+      weights = jnp.ones((n_mb,))
+    elif loss_cfg.aggregation == "token-mean":
       tokens_per_mb = jnp.sum(split(mask), axis=(1, 2))
       weights = tokens_per_mb / jnp.maximum(jnp.sum(tokens_per_mb), 1.0)
     else:  # a mean over rows: equal-sized slices weigh equally
       weights = jnp.full((n_mb,), 1.0 / n_mb)
+    layout = lambda mb: (
+      dict(positions=mb["positions"], segment_ids=mb["segment_ids"]) if packed else {}
+    )
 
     def micro_step(grad_acc, xs):
       mb, w = xs
       ref_logp = None
       if ref_params is not None:
-        ref_logp, _ = token_logprobs(graphdef, ref_params, mb["tokens"], temp)
+        ref_logp, _ = token_logprobs(graphdef, ref_params, mb["tokens"], temp, **layout(mb))
         ref_logp = jax.lax.stop_gradient(ref_logp)
 
       def loss_fn(p):
         # Entropy always: a cheap, key diagnostic (entropy collapse) even when not in the loss.
-        logp, ent = token_logprobs(graphdef, p, mb["tokens"], temp, with_entropy=True)
+        logp, ent = token_logprobs(graphdef, p, mb["tokens"], temp, with_entropy=True, **layout(mb))
         if loss_cfg.entropy_coef == 0:
           ent = jax.lax.stop_gradient(ent)  # metric only: no backward through it
         loss, _ = policy_loss(
@@ -217,6 +232,7 @@ def make_policy_update(
           loss_cfg,
           ref_logp=ref_logp,
           entropy=ent,
+          token_weights=mb["weights"] if packed else None,
         )
         return loss, (logp, ent)
 
@@ -236,6 +252,7 @@ def make_policy_update(
       loss_cfg,
       ref_logp=merge(ref_logp),
       entropy=merge(ent),
+      token_weights=batch["weights"] if packed else None,
     )
     grad_norm = optax.global_norm(grads)
     ok = jnp.isfinite(loss) & _all_finite(grads)
