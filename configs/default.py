@@ -129,6 +129,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.rl.overlong_buffer = 0
   c.rl.eval_every = 4
   c.rl.eval_examples = 100
+  # Sampled pass@1 too: the mean accuracy of k samples per held-out problem at the
+  # rollout temperature (fixed key), the figure RL at that temperature optimises.
+  c.rl.eval_samples = 4
   c.rl.checkpoint_every = 4
   c.rl.reward_workers = 2
   c.rl.reward_timeout_s = 5.0
@@ -182,6 +185,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     c.rl.group_size = 4
     c.rl.eval_every = 0
     c.rl.eval_examples = 4
+    c.rl.eval_samples = 2
     c.rl.checkpoint_every = 1
     c.rl_update.warmup_steps = 0
     c.rl_update.micro_batch = 4

@@ -197,3 +197,24 @@ def test_format_reward():
   assert with_format_reward(check_arithmetic, extract_marked_answer, 0.0) is check_arithmetic
   with pytest.raises(ValueError, match="format reward"):
     with_format_reward(check_arithmetic, extract_marked_answer, 0.5)
+
+
+def test_sampled_evaluation_is_keyed_and_counts_every_sample(tmp_path):
+  from tlt_jax.training.evaluate import evaluate_pass_at_1
+
+  trainer = _trainer(tmp_path, 1, eval_samples=3)
+  row = trainer.evaluate()
+  assert 0.0 <= row["sampled_accuracy"] <= 1.0
+  assert trainer.evaluate() == row  # a fixed key: the same samples again
+  calls = []
+
+  def counting(completion, answer):
+    calls.append(completion)
+    return seven(completion, answer)
+
+  args = (trainer.engine, trainer.params, TOK, trainer.evals, counting, format_prompt)
+  out = evaluate_pass_at_1(*args, sampling=trainer.engine.sampling, num_samples=3)
+  assert out["num_samples"] == 3 and len(calls) == 3 * len(trainer.evals)
+  assert out["accuracy"] == pytest.approx(np.mean([seven(c, "") for c in calls]))
+  with pytest.raises(ValueError, match="num_samples"):
+    evaluate_pass_at_1(*args, num_samples=2)  # greedy samples are all the same

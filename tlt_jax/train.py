@@ -205,6 +205,19 @@ def train_and_evaluate(
   evals = [test[i] for i in range(min(config.eval.num_examples, len(test)))]
   start = time.perf_counter()
   summary["eval"] = evaluate_pass_at_1(engine, params, tokenizer, evals, task.check, format_prompt)
+  k = int(config.rl.get("eval_samples", 0))
+  if k:  # the trainer's protocol: same problems, k samples at the rollout temperature, same key
+    summary["eval"]["sampled_accuracy"] = evaluate_pass_at_1(
+      engine,
+      params,
+      tokenizer,
+      evals,
+      task.check,
+      format_prompt,
+      sampling=sampling,
+      num_samples=k,
+      key=int(config.seed),
+    )["accuracy"]
   summary["eval"]["seconds"] = time.perf_counter() - start
 
   if config.rl.steps > 0:
@@ -369,6 +382,14 @@ def plot_rl(rows: list[dict[str, Any]], path: str) -> None:
     marker="o",
     label="held-out pass@1 (greedy)",
   )
+  sampled = [r for r in evals if "sampled_accuracy" in r["eval"]]
+  if sampled:
+    ax.plot(
+      [r["step"] for r in sampled],
+      [r["eval"]["sampled_accuracy"] for r in sampled],
+      marker="s",
+      label="held-out pass@1 (sampled, mean of k)",
+    )
   ax.set_xlabel("RL step")
   ax.set_ylabel("reward / accuracy")
   ax.set_title("GRPO from the warm start")
@@ -406,10 +427,12 @@ def format_summary(summary: dict[str, Any]) -> str:
   ]
   if "rl" in summary:
     rl = summary["rl"]
-    final = rl["final_eval"]["accuracy"] if rl["final_eval"] else float("nan")
-    lines.insert(
-      2,
-      f"after {rl['steps']} GRPO steps: held-out pass@1 {final:.3f} (warm start "
-      f"{e['accuracy']:.3f}); rollout {100 * rl['rollout_share']:.0f}% of step time",
+    final = rl["final_eval"] or {}
+    text = (
+      f"after {rl['steps']} GRPO steps: held-out pass@1 (greedy) "
+      f"{final.get('accuracy', float('nan')):.3f} (warm start {e['accuracy']:.3f})"
     )
+    if "sampled_accuracy" in final and "sampled_accuracy" in e:
+      text += f", sampled {final['sampled_accuracy']:.3f} (warm start {e['sampled_accuracy']:.3f})"
+    lines.insert(2, text + f"; rollout {100 * rl['rollout_share']:.0f}% of step time")
   return "\n".join(lines)

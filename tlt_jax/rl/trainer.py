@@ -68,6 +68,8 @@ class GRPOConfig:
     overlong_buffer: DAPO soft overlong punishment window in tokens (0: off).
     eval_every: held-out greedy pass@1 every this many steps (0: only at the end).
     eval_examples: held-out problems per evaluation.
+    eval_samples: also sampled pass@1 (mean accuracy of this many samples per
+      problem at the rollout temperature, fixed key); 0: greedy only.
     checkpoint_every: steps between checkpoints.
     reward_workers / reward_timeout_s: the host reward pool.
     seed: data order and rollout keys.
@@ -82,6 +84,7 @@ class GRPOConfig:
   overlong_buffer: int = 0
   eval_every: int = 10
   eval_examples: int = 100
+  eval_samples: int = 0
   checkpoint_every: int = 5
   reward_workers: int = 4
   reward_timeout_s: float = 5.0
@@ -96,7 +99,7 @@ class GRPOConfig:
       raise ValueError(
         f"GRPOConfig.group_size must be >= 2 (advantages are relative), got {self.group_size}"
       )
-    for name in ("max_refills", "overlong_buffer", "eval_every"):
+    for name in ("max_refills", "overlong_buffer", "eval_every", "eval_samples"):
       v = getattr(self, name)
       if not isinstance(v, int) or v < 0:
         raise ValueError(f"GRPOConfig.{name} must be an int >= 0, got {v!r}")
@@ -463,10 +466,20 @@ class GRPOTrainer:
     return out
 
   def evaluate(self) -> dict[str, Any]:
-    out = evaluate_pass_at_1(
-      self.engine, self.params, self.tokenizer, self.evals, self.eval_check, self.format_prompt
-    )
-    return {"accuracy": out["accuracy"], "mean_length": out["mean_length"]}
+    """Greedy pass@1 and (eval_samples > 0) sampled pass@1 on the held-out problems."""
+    args = (self.engine, self.params, self.tokenizer, self.evals, self.eval_check)
+    out = evaluate_pass_at_1(*args, self.format_prompt)
+    row = {"accuracy": out["accuracy"], "mean_length": out["mean_length"]}
+    if self.cfg.eval_samples:
+      sampled = evaluate_pass_at_1(
+        *args,
+        self.format_prompt,
+        sampling=self.engine.sampling,
+        num_samples=self.cfg.eval_samples,
+        key=self.cfg.seed,
+      )
+      row["sampled_accuracy"] = sampled["accuracy"]
+    return row
 
   def run(self, progress: bool = True) -> list[dict[str, Any]]:
     """Trains to `config.steps`, resuming from the last checkpoint; returns this call's metrics."""
@@ -501,6 +514,8 @@ class GRPOTrainer:
         history.append(row)
         if "eval" in row:
           last_eval = {"eval": f"{row['eval']['accuracy']:.3f}"}
+          if "sampled_accuracy" in row["eval"]:
+            last_eval["eval_sampled"] = f"{row['eval']['sampled_accuracy']:.3f}"
         bar.update(1)
         bar.set_postfix(
           reward=f"{row['reward_mean']:.2f}",

@@ -1,4 +1,11 @@
-"""Held-out evaluation: pass@1 with greedy decoding through the rollout engine."""
+"""Held-out evaluation through the rollout engine: greedy pass@1, and sampled pass@1.
+
+Greedy pass@1 scores the policy's mode. RL at temperature T optimises the
+*sampling* distribution, so the figure it moves first is sampled pass@1: the mean
+accuracy of k samples per problem at T (avg@k, the pass@1 estimate reasoning-RL
+papers report). Both are computed on the same problems; sampling uses a fixed key
+so two policies are compared on the same random numbers.
+"""
 
 from __future__ import annotations
 
@@ -23,15 +30,28 @@ def evaluate_pass_at_1(
   check: Callable[[str, str], float],
   format_prompt: Callable[[Mapping[str, str]], str],
   batch_prompts: int | None = None,
+  *,
+  sampling: SamplingConfig = GREEDY,
+  num_samples: int = 1,
+  key: int = 0,
 ) -> dict[str, Any]:
-  """Greedy pass@1 over `examples`; returns accuracy, lengths and a few samples."""
-  batch_prompts = batch_prompts or engine.config.max_batch
+  """pass@1 over `examples`: greedy by default; with a sampling config, the mean
+  accuracy of `num_samples` samples per problem drawn with `key`.
+
+  Returns accuracy, num_examples, num_samples, mean_length and a few samples.
+  """
+  if num_samples < 1 or (sampling.greedy and num_samples != 1):
+    raise ValueError(f"num_samples must be 1 for greedy and >= 1 otherwise, got {num_samples}")
+  batch_prompts = batch_prompts or max(engine.config.max_batch // num_samples, 1)
   rewards, lengths, samples = [], [], []
   for i in range(0, len(examples), batch_prompts):
     chunk = examples[i : i + batch_prompts]
     prompts = [tokenizer.encode(format_prompt(ex), add_bos=True) for ex in chunk]
-    res = engine.generate(params, prompts, 1, sampling=GREEDY)
-    for n, ex in enumerate(chunk):
+    res = engine.generate(
+      params, prompts, num_samples, sampling=sampling, key=key, seq_id_offset=i * num_samples
+    )
+    for n in range(len(chunk) * num_samples):
+      ex = chunk[n // num_samples]
       text = tokenizer.decode(res.completion(n))
       rewards.append(check(text, ex["answer"]))
       lengths.append(int(res.num_generated[n]))
@@ -39,7 +59,8 @@ def evaluate_pass_at_1(
         samples.append({"prompt": format_prompt(ex), "completion": text, "answer": ex["answer"]})
   return {
     "accuracy": float(np.mean(rewards)),
-    "num_examples": len(rewards),
+    "num_examples": len(examples),
+    "num_samples": num_samples,
     "mean_length": float(np.mean(lengths)),
     "samples": samples,
   }
