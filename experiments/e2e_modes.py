@@ -70,14 +70,18 @@ def main(argv):
       steps = [json.loads(line) for line in f]
     results[mode] = {"summary": summary, "wall_seconds": time.perf_counter() - start}
     for r in steps:
+      compile_s = r["time/rollout_compile"] + r.get("time/train_compile", 0.0)
       rows.append(
         {
           "mode": mode,
           "step": r["step"],
-          # Lazy compiles (more programs with SD) are not the modes' cost: left out.
-          "step_s": r["time/step"] - r["time/rollout_compile"],
+          # Lazy compiles (more programs with SD; update shapes that differ between
+          # the modes' rollouts) are not the modes' cost: left out.
+          "step_s": r["time/step"] - compile_s,
           "rollout_s": r["time/rollout"] - r["time/rollout_compile"],
-          "compile_s": r["time/rollout_compile"],
+          "compile_s": compile_s,
+          "tail_s": r.get("time/rollout_tail", ""),
+          "generate_s": r.get("time/rollout_generate", ""),
           "reward": r["reward_mean"],
           "eval": r.get("eval", {}).get("accuracy", ""),
           "accept_length": r.get("spec/accept_length", ""),
@@ -106,7 +110,13 @@ def _table(results, rows):
     step = float(np.mean([r["step_s"] for r in timed]))
     rollout = float(np.mean([r["rollout_s"] for r in timed]))
     rl = results[mode]["summary"].get("rl", {})
+    gen = [r for r in timed if r["generate_s"] != ""]
+    tail = sum(r["tail_s"] for r in gen) / max(sum(r["generate_s"] for r in gen), 1e-9)
     table[mode] = {
+      # Share of generation time at batch <= max_batch / 4: SD (on only there) can at
+      # most cut the rollout by it, so the rollout speedup is capped at 1 / (1 - share).
+      "tail_share": tail,
+      "rollout_speedup_cap": 1.0 / max(1.0 - tail, 1e-9),
       "step_s": step,
       "rollout_s": rollout,
       "rollout_share": rollout / step,
@@ -127,15 +137,16 @@ def _table(results, rows):
 
 def _markdown(table):
   lines = [
-    "| mode | step s | rollout s | rollout share | step speedup | rollout speedup s | "
-    "implied at r=0.85 | final pass@1 | accept length first -> last |",
-    "|---|---|---|---|---|---|---|---|---|",
+    "| mode | step s | rollout s | rollout share | tail share | step speedup | "
+    "rollout speedup s | implied at r=0.85 | final pass@1 | accept length first -> last |",
+    "|---|---|---|---|---|---|---|---|---|---|",
   ]
   for mode, t in table.items():
     acc = t["accept_length"]
     lines.append(
       f"| {mode} | {t['step_s']:.2f} | {t['rollout_s']:.2f} | {t['rollout_share']:.2f} | "
-      f"{t.get('step_speedup', float('nan')):.2f}x | {t.get('rollout_speedup', float('nan')):.2f}x"
+      f"{t['tail_share']:.2f} | {t.get('step_speedup', float('nan')):.2f}x | "
+      f"{t.get('rollout_speedup', float('nan')):.2f}x"
       f" | {t.get('implied_at_r085', float('nan')):.2f}x | {t['final_eval']} | "
       + (f"{acc[0]:.2f} -> {acc[-1]:.2f} |" if acc else "- |")
     )

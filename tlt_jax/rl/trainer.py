@@ -47,6 +47,7 @@ from tlt_jax.rl.packing import pack_policy_batch, plan_packing
 from tlt_jax.rl.rewards import RewardFn, RewardPool
 from tlt_jax.rl.update import UpdateConfig, make_optimizer, make_policy_update, token_logprobs
 from tlt_jax.rollout.engine import RolloutEngine
+from tlt_jax.rollout.pool import ExecutablePool
 from tlt_jax.scheduler import SliceScheduler
 from tlt_jax.training.evaluate import evaluate_pass_at_1
 
@@ -157,6 +158,7 @@ class GRPOTrainer:
         f"assumes {loss_config.temperature}: ratios would be off"
       )
     self.rows = config.prompts_per_step * config.group_size
+    self._tail_batch = max(engine.config.max_batch // 4, 1)
     if self.rows > engine.config.max_batch:
       raise ValueError(
         f"{config.prompts_per_step} prompts x {config.group_size} samples exceeds the "
@@ -172,6 +174,9 @@ class GRPOTrainer:
         graphdef, p, t, loss_config.temperature, positions=pos, segment_ids=seg
       )[0]
     )
+    # Update and old-log-prob programs, compiled ahead of time per packed shape, so a
+    # step's compile seconds are counted (time/train_compile) apart from its compute.
+    self.programs = ExecutablePool()
     self.mesh = mesh
     if mesh is not None:
       if update_config.micro_batch % mesh.devices.size:
@@ -293,14 +298,19 @@ class GRPOTrainer:
     n, t = result.tokens.shape
     cols = np.broadcast_to(np.arange(t, dtype=np.int32), (n, t))
     seg = np.broadcast_to(np.arange(1, n + 1, dtype=np.int32)[:, None], (n, t))
-    packed = [plan.pack(np.asarray(x, np.int32)) for x in (result.tokens, cols, seg)]
-    out = self.old_logp(self.params, *map(self._rows, packed))
+    args = (
+      self.params,
+      *(self._rows(plan.pack(np.asarray(x, np.int32))) for x in (result.tokens, cols, seg)),
+    )
+    fn = self.programs.get(("old_logp", args[1].shape), self.old_logp, args)
+    out = fn(*args)
     return lambda: plan.unpack(np.asarray(out), t)
 
   def train_step(self, rewards: RewardPool) -> dict[str, Any]:
     cfg, g, p = self.cfg, self.cfg.group_size, self.cfg.prompts_per_step
     times: dict[str, float] = {}
     compiled = self.engine.pool.compile_seconds
+    train_compiled = self.programs.compile_seconds
     t = time.perf_counter()
     result, pending = self._rollout(self._next_examples(p), rewards, 0)
     times["rollout"] = time.perf_counter() - t
@@ -398,7 +408,14 @@ class GRPOTrainer:
       **{f"time/{k}": v for k, v in times.items()},
       # Programs the rollouts compiled lazily (inside time/rollout): compare modes without it.
       "time/rollout_compile": self.engine.pool.compile_seconds - compiled,
+      # Old-log-prob and update programs compiled for new packed shapes (inside
+      # time/reward or time/old_logp, and time/update).
+      "time/train_compile": self.programs.compile_seconds - train_compiled,
       **self._spec_metrics(batch_result),
+      # Generation time at batch buckets <= max_batch / 4 (the long tail) and in all:
+      # their ratio caps what speculative decoding can save (1 / (1 - share)).
+      "time/rollout_tail": sum(res.generation_seconds(self._tail_batch) for res in batch_result),
+      "time/rollout_generate": sum(res.generation_seconds() for res in batch_result),
     }
 
   def _spec_metrics(self, results) -> dict[str, float]:
@@ -450,9 +467,10 @@ class GRPOTrainer:
         )
         cells += plan.num_rows * plan.width
         batch = {k: self._rows(v) for k, v in batch.items()}
-        self.params, self.opt_state, m = self.update(
-          self.params, self.opt_state, batch, self.ref_params
-        )
+        args = (self.params, self.opt_state, batch, self.ref_params)
+        key = ("policy_update", batch["tokens"].shape)
+        update = self.programs.get(key, self.update, args, donate_argnums=(0, 1))
+        self.params, self.opt_state, m = update(*args)
         rows.append(m)
     rows = [{k: float(v) for k, v in r.items()} for r in jax.device_get(rows)]
     out = dict(rows[0])

@@ -203,6 +203,18 @@ class RolloutResult:
   def tokens_per_second(self) -> float:
     return float(self.num_generated.sum()) / max(self.wall_seconds, 1e-9)
 
+  def generation_seconds(self, max_batch: int | None = None) -> float:
+    """Seconds of decode chunks (plain, speculative and drafter-cache rebuilds) run at
+    batch buckets <= `max_batch` (all when None), lazy compiles left out. The long
+    tail's share, generation_seconds(small) / generation_seconds(), bounds what
+    speculative decoding can save: SD runs only at small batches."""
+    phases = ("decode", "spec", "drafter_prefill")
+    return sum(
+      e["dt"] - e.get("compile_s", 0.0)
+      for e in self.timeline
+      if e["phase"] in phases and (max_batch is None or e["batch"] <= max_batch)
+    )
+
   def spec_summary(self) -> dict[str, float]:
     """Speculative chunks of this rollout: rounds, and per active row-round the
     tokens committed (`accept_length`, the bonus/correction token included) and
