@@ -112,6 +112,12 @@ def test_sampled_tokens_do_not_depend_on_layout(model, pool):
       np.testing.assert_allclose(
         other.completion_logprobs(n), base.completion_logprobs(n), atol=1e-4
       )
+  # Generation time by batch bucket: the tail's share is a part of the whole.
+  decode = [e for e in base.timeline if e["phase"] == "decode"]
+  small = min(e["batch"] for e in decode)
+  total = sum(e["dt"] - e.get("compile_s", 0.0) for e in decode)
+  assert base.generation_seconds() == pytest.approx(total)
+  assert 0 < base.generation_seconds(small) < base.generation_seconds()
   # Different samples of one prompt differ; a different key changes the output.
   assert not np.array_equal(base.completion(3), base.completion(4))
   again = _engine(model, pool, sampling).generate(params, PROMPTS, 3, key=12, max_new_tokens=LIMITS)
