@@ -34,6 +34,9 @@ from tlt_jax import train  # noqa: E402
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/default.py", "job config")
 _OUT = flags.DEFINE_string("out", "runs/e2e_modes", "output folder")
 _MODES = flags.DEFINE_list("modes", ["baseline", "sd", "tlt"], "modes to run, in order")
+_ANALYZE = flags.DEFINE_bool(
+  "analyze_only", False, "rebuild the tables and plot from the runs already in --out"
+)
 
 
 def _prepare(config, out):
@@ -52,44 +55,27 @@ def main(argv):
   out = _OUT.value
   os.makedirs(out, exist_ok=True)
   config = _CONFIG.value.copy_and_resolve_references()
-  shared = _prepare(config, out)
+  shared = None if _ANALYZE.value else _prepare(config, out)
   results, rows = {}, []
   for mode in _MODES.value:
     workdir = os.path.join(out, mode)
-    if os.path.isdir(workdir):
-      shutil.rmtree(workdir)  # a fresh run: resuming would skip the steps we time
-    os.makedirs(workdir)
-    for piece in ("warm_start", "drafter_warm_start"):
-      shutil.copytree(os.path.join(shared, piece), os.path.join(workdir, piece))
-    cfg = config.copy_and_resolve_references()
-    cfg.mode = mode
-    cfg.rollout.num_prompts = 0  # no closing rollout report: the RL steps are the measurement
-    start = time.perf_counter()
-    summary = train.train_and_evaluate(cfg, workdir)
+    if _ANALYZE.value:
+      with open(os.path.join(workdir, "summary.json")) as f:
+        results[mode] = {"summary": json.load(f)}
+    else:
+      if os.path.isdir(workdir):
+        shutil.rmtree(workdir)  # a fresh run: resuming would skip the steps we time
+      os.makedirs(workdir)
+      for piece in ("warm_start", "drafter_warm_start"):
+        shutil.copytree(os.path.join(shared, piece), os.path.join(workdir, piece))
+      cfg = config.copy_and_resolve_references()
+      cfg.mode = mode
+      cfg.rollout.num_prompts = 0  # no closing rollout report: the RL steps are the measurement
+      start = time.perf_counter()
+      summary = train.train_and_evaluate(cfg, workdir)
+      results[mode] = {"summary": summary, "wall_seconds": time.perf_counter() - start}
     with open(os.path.join(workdir, "metrics.jsonl")) as f:
-      steps = [json.loads(line) for line in f]
-    results[mode] = {"summary": summary, "wall_seconds": time.perf_counter() - start}
-    for r in steps:
-      compile_s = r["time/rollout_compile"] + r.get("time/train_compile", 0.0)
-      rows.append(
-        {
-          "mode": mode,
-          "step": r["step"],
-          # Lazy compiles (more programs with SD; update shapes that differ between
-          # the modes' rollouts) are not the modes' cost: left out.
-          "step_s": r["time/step"] - compile_s,
-          "rollout_s": r["time/rollout"] - r["time/rollout_compile"],
-          "compile_s": compile_s,
-          "tail_s": r.get("time/rollout_tail", ""),
-          "generate_s": r.get("time/rollout_generate", ""),
-          "reward": r["reward_mean"],
-          "eval": r.get("eval", {}).get("accuracy", ""),
-          "accept_length": r.get("spec/accept_length", ""),
-          "drafter_version": r.get("drafter/version", ""),
-          "reclaimed_s": r.get("drafter/reclaimed_s", ""),
-          "charged_s": r.get("drafter/rollout_charged_s", ""),
-        }
-      )
+      rows += [_row(mode, json.loads(line)) for line in f]
   table = _table(results, rows)
   with open(os.path.join(out, "e2e_modes.json"), "w") as f:
     json.dump({"table": table, "steps": rows, "results": results}, f, indent=1, default=str)
@@ -99,6 +85,31 @@ def main(argv):
     w.writerows(rows)
   _plot(rows, os.path.join(out, "e2e_modes.png"))
   print(_markdown(table))
+
+
+def _row(mode, r):
+  """One step of one mode, as the table and plot use it."""
+  compile_s = r["time/rollout_compile"] + r.get("time/train_compile", 0.0)
+  return {
+    "mode": mode,
+    "step": r["step"],
+    # The RL step (rollout -> update): lazy compiles (more programs with SD; update
+    # shapes that differ between the modes' rollouts) and held-out evaluation (plain
+    # decode in every mode) are not the modes' cost, so they are left out.
+    "step_s": r["time/step"] - compile_s - r.get("time/eval", 0.0),
+    "rollout_s": r["time/rollout"] - r["time/rollout_compile"],
+    "compile_s": compile_s,
+    "eval_s": r.get("time/eval", 0.0),
+    "tail_s": r.get("time/rollout_tail", ""),
+    "generate_s": r.get("time/rollout_generate", ""),
+    "reward": r["reward_mean"],
+    "eval": r.get("eval", {}).get("accuracy", ""),
+    "eval_sampled": r.get("eval", {}).get("sampled_accuracy", ""),
+    "accept_length": r.get("spec/accept_length", ""),
+    "drafter_version": r.get("drafter/version", ""),
+    "reclaimed_s": r.get("drafter/reclaimed_s", ""),
+    "charged_s": r.get("drafter/rollout_charged_s", ""),
+  }
 
 
 def _table(results, rows):
@@ -121,6 +132,7 @@ def _table(results, rows):
       "rollout_s": rollout,
       "rollout_share": rollout / step,
       "final_eval": (rl.get("final_eval") or {}).get("accuracy"),
+      "final_eval_sampled": (rl.get("final_eval") or {}).get("sampled_accuracy"),
       "accept_length": [r["accept_length"] for r in mine if r["accept_length"] != ""],
     }
   if "baseline" in table:
@@ -138,7 +150,8 @@ def _table(results, rows):
 def _markdown(table):
   lines = [
     "| mode | step s | rollout s | rollout share | tail share | step speedup | "
-    "rollout speedup s | implied at r=0.85 | final pass@1 | accept length first -> last |",
+    "rollout speedup s | implied at r=0.85 | final pass@1 greedy / sampled | "
+    "accept length first -> last |",
     "|---|---|---|---|---|---|---|---|---|---|",
   ]
   for mode, t in table.items():
@@ -147,8 +160,8 @@ def _markdown(table):
       f"| {mode} | {t['step_s']:.2f} | {t['rollout_s']:.2f} | {t['rollout_share']:.2f} | "
       f"{t['tail_share']:.2f} | {t.get('step_speedup', float('nan')):.2f}x | "
       f"{t.get('rollout_speedup', float('nan')):.2f}x"
-      f" | {t.get('implied_at_r085', float('nan')):.2f}x | {t['final_eval']} | "
-      + (f"{acc[0]:.2f} -> {acc[-1]:.2f} |" if acc else "- |")
+      f" | {t.get('implied_at_r085', float('nan')):.2f}x | {t['final_eval']} / "
+      f"{t['final_eval_sampled']} | " + (f"{acc[0]:.2f} -> {acc[-1]:.2f} |" if acc else "- |")
     )
   return "\n".join(lines)
 
@@ -168,6 +181,10 @@ def _plot(rows, path):
     ax[1].plot(steps, [r["reward"] for r in mine], label=f"{m} train reward")
     ev = [r for r in mine if r["eval"] != ""]
     ax[1].plot([r["step"] for r in ev], [r["eval"] for r in ev], "o--", label=f"{m} pass@1")
+    ev = [r for r in mine if r["eval_sampled"] != ""]
+    ax[1].plot(
+      [r["step"] for r in ev], [r["eval_sampled"] for r in ev], "s:", label=f"{m} sampled pass@1"
+    )
     acc = [r for r in mine if r["accept_length"] != ""]
     if acc:
       ax[2].plot([r["step"] for r in acc], [r["accept_length"] for r in acc], marker="o", label=m)
