@@ -173,7 +173,7 @@ def _plot(rows, path):
   import matplotlib.pyplot as plt
 
   modes = sorted({r["mode"] for r in rows}, key=["baseline", "sd", "tlt"].index)
-  fig, ax = plt.subplots(1, 4, figsize=(18, 3.8))
+  fig, ax = plt.subplots(1, 5, figsize=(22, 3.8))
   for m in modes:
     mine = [r for r in rows if r["mode"] == m]
     steps = [r["step"] for r in mine]
@@ -188,6 +188,18 @@ def _plot(rows, path):
     acc = [r for r in mine if r["accept_length"] != ""]
     if acc:
       ax[2].plot([r["step"] for r in acc], [r["accept_length"] for r in acc], marker="o", label=m)
+    gen = [r for r in mine if r["generate_s"] != ""]
+    if gen:
+      line = ax[4].plot(
+        [r["step"] for r in gen], [r["generate_s"] for r in gen], "o-", label=f"{m} all"
+      )
+      ax[4].plot(
+        [r["step"] for r in gen],
+        [r["tail_s"] for r in gen],
+        "s--",
+        color=line[0].get_color(),
+        label=f"{m} tail",
+      )
     rec = [r for r in mine if r["reclaimed_s"] != ""]
     if rec:
       ax[3].bar(
@@ -200,6 +212,9 @@ def _plot(rows, path):
   ax[1].set(xlabel="RL step", title="reward and held-out accuracy")
   ax[2].set(xlabel="RL step", ylabel="tokens per round", title="accepted length (sd vs tlt)")
   ax[3].set(xlabel="RL step", ylabel="seconds", title="drafter training time (tlt)")
+  ax[4].set(
+    xlabel="RL step", ylabel="seconds", title="generation time: all vs batch <= max/4 (tail)"
+  )
   for a in ax:
     a.legend(fontsize=7)
   fig.tight_layout()
