@@ -49,6 +49,15 @@ class Packing:
     out[s, t] = packed[r, c]
     return out
 
+  def layout(self) -> tuple[np.ndarray, np.ndarray]:
+    """Packed positions (restarting at 0 per sample) and segment ids (sample + 1, 0 on
+    padding), both [num_rows, width] int32."""
+    positions = np.zeros((self.num_rows, self.width), np.int32)
+    segment_ids = np.zeros_like(positions)
+    r, c, s, t = self._index()
+    positions[r, c], segment_ids[r, c] = t, s + 1
+    return positions, segment_ids
+
   def _index(self):
     """(packed row, packed column, sample, sample column) of every sample token."""
     s = np.repeat(np.arange(len(self.row)), self.length)
@@ -118,11 +127,11 @@ def pack_policy_batch(
   """
   p = plan_packing(length, width, row_multiple)
   n, t = tokens.shape
-  cols = np.broadcast_to(np.arange(t, dtype=np.int32), (n, t))
+  positions, segment_ids = p.layout()
   batch = {
     "tokens": p.pack(tokens.astype(np.int32)),
-    "positions": p.pack(cols),
-    "segment_ids": p.pack(np.broadcast_to(np.arange(1, n + 1, dtype=np.int32)[:, None], (n, t))),
+    "positions": positions,
+    "segment_ids": segment_ids,
     "mask": p.pack(mask.astype(np.float32)),
     "old_logp": p.pack(old_logp.astype(np.float32)),
     "advantages": p.pack(np.broadcast_to(advantages.astype(np.float32)[:, None], (n, t)).copy()),

@@ -295,13 +295,9 @@ class GRPOTrainer:
     returned function waits and gives them per sample, [N, slots]."""
     width = self._width([result])
     plan = plan_packing(result.length, width, self.update_cfg.micro_batch)
-    n, t = result.tokens.shape
-    cols = np.broadcast_to(np.arange(t, dtype=np.int32), (n, t))
-    seg = np.broadcast_to(np.arange(1, n + 1, dtype=np.int32)[:, None], (n, t))
-    args = (
-      self.params,
-      *(self._rows(plan.pack(np.asarray(x, np.int32))) for x in (result.tokens, cols, seg)),
-    )
+    t = result.tokens.shape[1]
+    tokens = self._rows(plan.pack(np.asarray(result.tokens, np.int32)))
+    args = (self.params, tokens, *map(self._rows, plan.layout()))
     fn = self.programs.get(("old_logp", args[1].shape), self.old_logp, args)
     out = fn(*args)
     return lambda: plan.unpack(np.asarray(out), t)
