@@ -2,8 +2,33 @@
 
 Every new shape compiles (seconds on these CPUs), so fixtures that build
 engines are module-scoped and share compiled programs across tests.
+
+The whole run also shares one persistent XLA compilation cache: the xdist
+workers, and the CLI runs and notebook kernels the tests start as subprocesses
+(they inherit the environment), build many identical programs (the tiny
+config's engines, the SIGKILL test's three runs of one job). A cache hit loads
+the very executable a compile would build, so results do not change. The cache
+lives in a fresh directory per run (a cold start, as on a new machine) and is
+removed at the end; the size limit turns on JAX's file lock, which makes the
+directory safe to share between processes.
 """
 
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+_CACHE_ENV = "TLT_JAX_TEST_XLA_CACHE"
+_OWNS_CACHE = _CACHE_ENV not in os.environ  # the xdist controller (or a plain run)
+if _OWNS_CACHE:
+  os.environ[_CACHE_ENV] = tempfile.mkdtemp(prefix="tlt_jax_xla_cache_")
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.environ[_CACHE_ENV])
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.3")
+os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(8 << 30))
+
+
+def pytest_unconfigure(config):
+  del config
+  if _OWNS_CACHE:
+    shutil.rmtree(os.environ[_CACHE_ENV], ignore_errors=True)
