@@ -200,8 +200,10 @@ def test_fresh_bucket_warms_up_round_robin(min_pulls):
   for _ in range(len(ARMS) * min_pulls):
     arm = bandit.select(16)
     chosen.append(arm)
+    assert not bandit.warmed_up(16)
     bandit.update(16, arm, rewards[arm])
   assert chosen == list(ARMS) * min_pulls
+  assert bandit.warmed_up(16) and not bandit.warmed_up(32)
   # Buckets are independent: a new one starts its own warm-up.
   assert bandit.select(32) == ARMS[0]
   assert bandit.buckets == [16, 32]

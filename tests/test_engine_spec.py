@@ -368,3 +368,21 @@ def test_bandit_reward_charges_the_drafter_rebuild_to_the_spec_chunk(models, poo
       assert entry["reward"] == pytest.approx(entry["tokens"] / charged, rel=1e-6)
       checked += prev["phase"] == "drafter_prefill"
   assert checked > 0, "no rewarded speculative chunk followed a plain one"
+
+
+def test_settled_plain_runs_the_last_bucket_to_the_end(models, pool):
+  """Once the bandit's best arm for the last bucket is plain decode (warm-up done), that
+  bucket runs to the end in one call like the plain engine, without feeding the bandit."""
+  _, tp, _, dp = models
+  engine = _engine(models, pool, spec_adaptive=True, spec_threshold=8)
+  for bucket in (2, 4, 8):
+    for arm, reward in (("plain", 1000.0), ("chain3", 1.0), ("tree3x2x6", 1.0)):
+      engine.bandit.update(bucket, arm, reward)
+  assert engine.bandit.warmed_up(2) and not engine.bandit.warmed_up(16)
+  before = engine.bandit.summary()[2]["plain"]["pulls"]
+  spec = _run(engine, tp, dp)
+  plain = _run(_engine(models, pool, spec_threshold=0), tp, None)
+  np.testing.assert_array_equal(spec.tokens, plain.tokens)
+  last = [e for e in spec.timeline if e["phase"] == "decode" and e["batch"] == 2]
+  assert last and max(e["steps"] for e in last) > ENGINE.chunk_steps
+  assert engine.bandit.summary()[2]["plain"]["pulls"] == before

@@ -218,6 +218,11 @@ class StrategyBandit:
     stats.pulls[i] += 1
     stats.last[i] = value
 
+  def warmed_up(self, bucket: int) -> bool:
+    """True once every arm of `bucket` has had its `min_pulls` warm-up pulls."""
+    stats = self._buckets.get(_bucket_key(bucket))
+    return stats is not None and int(stats.pulls.min()) >= self._min_pulls
+
   def best(self, bucket: int) -> str:
     """Returns the arm with the highest discounted mean (the first arm if there is no data)."""
     stats = self._buckets.get(_bucket_key(bucket))

@@ -518,6 +518,10 @@ class RolloutEngine:
       if b2 < state.batch:
         self._drafter_take_exe((dstate, jnp.zeros((b2,), jnp.int32)))
 
+  def _exploits_plain(self, bucket: int) -> bool:
+    """The bandit's pick for `bucket` is plain decode as exploitation, not exploration."""
+    return self.bandit.warmed_up(bucket) and self.bandit.best(bucket) == PLAIN
+
   def _dummy_state(self, b: int) -> RolloutState:
     cfg, m = self.config, self.model_config
     hid_len = cfg.slots if cfg.capture_hidden else 0
@@ -715,6 +719,12 @@ class RolloutEngine:
       learn = spec_on and self.bandit is not None and state.batch <= cfg.spec_threshold
       if spec_on and state.batch <= cfg.spec_threshold:
         arm = self.bandit.select(state.batch) if learn else cfg.strategies[0].name
+      last_bucket = state.batch == cfg.batch_buckets[0]
+      if learn and arm == PLAIN and last_bucket and self._exploits_plain(state.batch):
+        # The bandit has settled on plain decode for the last bucket: run it to the end
+        # in one call, as the plain engine does (no host round trip per chunk). Such a
+        # chunk is not chunk-sized, so it does not feed the bandit.
+        learn = False
       compile_s = self.pool.compile_seconds
       before = int(length[active].sum())
       t0 = time.perf_counter()
@@ -725,7 +735,7 @@ class RolloutEngine:
         need = int(np.minimum(length + cfg.chunk_steps - 1, max_len)[active].max())
         view = round_up(need, cfg.view_buckets)
         steps = cfg.chunk_steps
-        if state.batch == cfg.batch_buckets[0] and not learn:
+        if last_bucket and not learn:
           # Nothing left to compact: run to the end of the cache bucket in one
           # device call (host round trips cost more than small-batch steps).
           # Not while the bandit compares arms: it needs chunk-sized samples.
