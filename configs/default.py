@@ -31,7 +31,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   # ~1M-parameter model in minutes on a CPU; the step count (and so the
   # response length) stays long-tailed: median ~26 characters, max ~280.
   c.task.params = ml_collections.ConfigDict(
-    {"max_operand": 9, "max_value": 99, "max_steps": 40, "style": "labelled"}
+    {"max_operand": 9, "max_value": 99, "max_steps": 40, "style": "labelled", "slip_rate": 0.0}
   )
 
   c.model = ml_collections.ConfigDict()
@@ -61,6 +61,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   # (a habit for RL to unlearn). Measured at 0.5 with 300 steps: the scratchpad was
   # learned too poorly (5-7% right) for RL to prefer it, so it is off by default.
   c.sft.direct_answer_fraction = 0.0
+  # A fraction of warm-start targets that stop after the scratchpad without the final
+  # "#answer" line (a format habit for RL to unlearn; the checker scores such a trace 0).
+  c.sft.unanswered_fraction = 0.0
 
   c.engine = ml_collections.ConfigDict()
   c.engine.max_prompt_len = 192

@@ -211,5 +211,57 @@ def test_sft_pairs_mix_direct_answers():
   assert mixed == tasks.sft_pairs(data, 0.5, seed=1)  # deterministic
   with pytest.raises(ValueError, match="direct_fraction"):
     tasks.sft_pairs(data, 1.5)
+  with pytest.raises(ValueError, match="unanswered_fraction"):
+    tasks.sft_pairs(data, unanswered_fraction=-0.1)
   with pytest.raises(ValueError, match="marker"):
     tasks.format_direct_target({"solution": "no answer here"})
+
+
+def test_sft_pairs_drop_final_answers():
+  data = tasks.generate_arithmetic(0, 400, max_operand=9, max_value=99, style="labelled")
+  check = tasks.get_task("arithmetic").check
+  pairs = tasks.sft_pairs(data, seed=2, unanswered_fraction=0.6)
+  unanswered = [t == tasks.format_unanswered_target(ex) for (_, t), ex in zip(pairs, data)]
+  assert 0.5 < np.mean(unanswered) < 0.7
+  for (_, t), ex, u in zip(pairs, data, unanswered):
+    assert t == (tasks.format_unanswered_target(ex) if u else tasks.format_target(ex))
+    assert ex["solution"].startswith(t)  # the whole scratchpad, only the answer line is cut
+    assert check(t, ex["answer"]) == float(not u)
+  # The direct-answer draws do not depend on the unanswered habit.
+  direct = tasks.sft_pairs(data, 0.3, seed=2)
+  both = tasks.sft_pairs(data, 0.3, seed=2, unanswered_fraction=0.6)
+  for (_, a), (_, b), ex in zip(direct, both, data):
+    assert (a == tasks.format_direct_target(ex)) == (b == tasks.format_direct_target(ex))
+
+
+@pytest.mark.parametrize("style", ["chain", "labelled"])
+def test_slipping_demonstrator(style):
+  kw = dict(max_operand=9, max_value=99, style=style)
+  clean = tasks.generate_arithmetic(0, 1000, **kw)
+  slipped = tasks.generate_arithmetic(0, 1000, slip_rate=0.1, **kw)
+  # Same questions and answers: slips draw from their own stream and touch only solutions.
+  assert [(e["question"], e["answer"]) for e in clean] == [
+    (e["question"], e["answer"]) for e in slipped
+  ]
+  lines = wrong = 0
+  check = tasks.get_task("arithmetic").check
+  for ex in slipped:
+    steps = ex["solution"].split(checkers.MARKER)[0].rstrip(";").split(";")
+    prev = int(steps[0]) if style == "labelled" else None
+    for step in steps[1:] if style == "labelled" else steps:
+      lhs, rhs = step.split("=")
+      m = re.fullmatch(r"(-?\d+|[a-zA-Z])([+-])(\d+)", lhs)
+      if style == "chain":
+        assert prev is None or int(m.group(1)) == prev  # restates what it wrote last
+        prev = int(m.group(1))
+      expected = prev + int(m.group(3)) if m.group(2) == "+" else prev - int(m.group(3))
+      # Each line is off by at most 2 and the next line carries on from what was written.
+      assert abs(int(rhs) - expected) <= 2
+      lines, wrong = lines + 1, wrong + (int(rhs) != expected)
+      prev = int(rhs)
+    # The final answer is the trace's own last value, so a slipped trace scores 0.
+    assert ex["solution"].endswith(f"{checkers.MARKER}{prev}")
+    assert check(ex["solution"], ex["answer"]) == float(str(prev) == ex["answer"])
+  assert 0.08 < wrong / lines < 0.12
+  with pytest.raises(ValueError, match="slip_rate"):
+    tasks.generate_arithmetic(0, 1, slip_rate=1.5)

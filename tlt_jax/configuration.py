@@ -114,7 +114,11 @@ def sampling_config(config: ml_collections.ConfigDict) -> SamplingConfig:
 def sft_config(config: ml_collections.ConfigDict) -> SFTConfig:
   # direct_answer_fraction is the data recipe (train.build_policy), not the optimizer's.
   return to_dataclass(
-    SFTConfig, config.sft, "sft", ignore=("direct_answer_fraction",), seed=int(config.seed)
+    SFTConfig,
+    config.sft,
+    "sft",
+    ignore=("direct_answer_fraction", "unanswered_fraction"),
+    seed=int(config.seed),
   )
 
 

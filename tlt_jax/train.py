@@ -65,7 +65,12 @@ def build_policy(config, workdir, tokenizer, train, progress: bool = True):
   if os.path.isdir(ckpt_dir):
     logging.info("restoring the warm-started policy from %s", ckpt_dir)
     return model_cfg, graphdef, checkpoint.restore_params(ckpt_dir, params), {"source": ckpt_dir}
-  pairs = sft_pairs(train, config.sft.get("direct_answer_fraction", 0.0), seed=config.seed)
+  pairs = sft_pairs(
+    train,
+    config.sft.get("direct_answer_fraction", 0.0),
+    seed=config.seed,
+    unanswered_fraction=config.sft.get("unanswered_fraction", 0.0),
+  )
   start = time.perf_counter()
   params, history = train_sft(graphdef, params, tokenizer, pairs, sft_cfg, progress=progress)
   seconds = time.perf_counter() - start

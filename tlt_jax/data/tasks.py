@@ -64,9 +64,13 @@ def _arithmetic_example(
   max_operand: int,
   max_value: int,
   style: str,
+  slip: random.Random | None = None,
+  slip_rate: float = 0.0,
 ) -> Example:
   steps = _lognormal_int(rng, median_steps, steps_sigma, max_steps)
   value = rng.randint(1, max_operand)
+  # `shown` is the demonstrator's running value: `value` plus the `offset` its slips add.
+  shown, offset = value, 0
   question = [str(value)]
   lines = [] if style == "chain" else [f"{value};"]
   labels = _STEP_LABELS if style == "labelled" else [""] * steps
@@ -83,12 +87,16 @@ def _arithmetic_example(
     # for a small model to learn) and does one local addition.
     # "labelled" names each operation (a, b, c, ...) in the question and the
     # scratchpad: finding the next operation is a lookup by label.
-    prefix = str(value) if style == "chain" else label
-    lines.append(f"{prefix}{op}{operand}={new_value};")
-    value = new_value
+    prefix = str(shown) if style == "chain" else label
+    if slip is not None and slip.random() < slip_rate:
+      # The demonstrator miscomputes this line by 1 or 2 and carries on from its own result.
+      offset += slip.choice([d for d in (-2, -1, 1, 2) if new_value + offset + d >= 0] or [1, 2])
+    shown_new = new_value + offset
+    lines.append(f"{prefix}{op}{operand}={shown_new};")
+    value, shown = new_value, shown_new
   return {
     "question": "".join(question) + "=",
-    "solution": "".join(lines) + f"{checkers.MARKER}{value}",
+    "solution": "".join(lines) + f"{checkers.MARKER}{shown}",
     "answer": str(value),
   }
 
@@ -104,6 +112,7 @@ def generate_arithmetic(
   max_operand: int = 99,
   max_value: int = 999,
   style: str = "chain",
+  slip_rate: float = 0.0,
 ) -> list[Example]:
   """Multi-step addition/subtraction with a worked scratchpad.
 
@@ -121,7 +130,11 @@ def generate_arithmetic(
     steps_sigma: Log-space spread of the number of steps; larger means a longer tail.
     max_operand: Operands are drawn from [1, max_operand].
     max_value: Running values stay in [0, max_value].
-    style: "chain" or "running" (see above).
+    style: "chain", "running" or "labelled" (see above).
+    slip_rate: Probability that a scratchpad line of the solution is off by 1 or 2, the
+      following lines continuing from the wrong value (an imperfect demonstrator for the
+      warm start; `answer` stays the true result, so a checker scores such a trace wrong).
+      Slips come from their own random stream: questions do not depend on the rate.
 
   Returns:
     `num` examples.
@@ -132,10 +145,12 @@ def generate_arithmetic(
     or max_value < max_operand
     or median_steps <= 0
     or steps_sigma < 0
+    or not 0.0 <= slip_rate <= 1.0
   ):
     raise ValueError(
       f"Bad arithmetic parameters: max_steps={max_steps}, max_operand={max_operand}, "
-      f"max_value={max_value}, median_steps={median_steps}, steps_sigma={steps_sigma}."
+      f"max_value={max_value}, median_steps={median_steps}, steps_sigma={steps_sigma}, "
+      f"slip_rate={slip_rate}."
     )
   if style not in ("chain", "running", "labelled"):
     raise ValueError(
@@ -152,6 +167,8 @@ def generate_arithmetic(
       max_operand,
       max_value,
       style,
+      _rng("arithmetic-slip", seed, i) if slip_rate > 0 else None,
+      slip_rate,
     )
     for i in range(start, start + num)
   ]
@@ -402,20 +419,48 @@ def format_direct_target(example: Mapping[str, str]) -> str:
   return solution[cut:]
 
 
+def format_unanswered_target(example: Mapping[str, str]) -> str:
+  """The solution's scratchpad without the final marked answer (e.g. "1+2=3;"): a trace
+  that never states its result, which a checker scores 0."""
+  solution = example["solution"]
+  cut = solution.rfind(checkers.MARKER)
+  if cut < 0:
+    raise ValueError(f"solution has no final answer marker {checkers.MARKER!r}: {solution!r}")
+  return solution[:cut]
+
+
 def sft_pairs(
-  examples: Sequence[Mapping[str, str]], direct_fraction: float = 0.0, seed: int = 0
+  examples: Sequence[Mapping[str, str]],
+  direct_fraction: float = 0.0,
+  seed: int = 0,
+  unanswered_fraction: float = 0.0,
 ) -> list[tuple[str, str]]:
   """(prompt, target) pairs for the warm start; a `direct_fraction` of the targets skip
-  the scratchpad and state the answer alone.
+  the scratchpad and state the answer alone, and an `unanswered_fraction` of the others
+  stop after the scratchpad without stating the answer.
 
-  A warm start that has seen both habits must choose between them at the first
-  response token; reasoning pays only through the reward, so the choice is what
-  RL learns first (responses get longer, as in reasoning-RL runs).
+  A warm start that has seen both habits must choose between them (at the first response
+  token for direct answers, after the last step for unanswered ones); only the reward
+  tells them apart, so that choice is what RL learns first (for direct answers, responses
+  get longer, as in reasoning-RL runs).
   """
-  if not 0.0 <= direct_fraction <= 1.0:
-    raise ValueError(f"direct_fraction must be in [0, 1], got {direct_fraction!r}")
+  for name, value in (
+    ("direct_fraction", direct_fraction),
+    ("unanswered_fraction", unanswered_fraction),
+  ):
+    if not 0.0 <= value <= 1.0:
+      raise ValueError(f"{name} must be in [0, 1], got {value!r}")
   draw = random.Random(seed).random
-  target = lambda ex: format_direct_target(ex) if draw() < direct_fraction else format_target(ex)
+  # A second stream for the unanswered habit keeps the direct-answer draws what they were.
+  draw_unanswered = random.Random(f"unanswered/{seed}").random
+
+  def target(ex: Mapping[str, str]) -> str:
+    if draw() < direct_fraction:
+      return format_direct_target(ex)
+    if unanswered_fraction and draw_unanswered() < unanswered_fraction:
+      return format_unanswered_target(ex)
+    return format_target(ex)
+
   return [(format_prompt(ex), target(ex)) for ex in examples]
 
 

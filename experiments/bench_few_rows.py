@@ -1,0 +1,89 @@
+r"""What does a forward over a few rows cost, relative to one row, under XLA flags?
+
+Speculative verification pays when scoring k draft tokens costs about one decode step
+(memory-bound on GPUs). This measures that ratio for a stack of MLP blocks shaped like a
+50-100M policy's (16 x 512 -> 1536 -> 512, fp32, jit), once per XLA_FLAGS setting, each in its
+own process (XLA reads the flags once). Output: median ms per forward by row count, and each
+row count's cost in one-row forwards.
+
+  python experiments/bench_few_rows.py
+  python experiments/bench_few_rows.py --flags="--xla_cpu_use_xnnpack=true" --rows=1,5,16
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+from absl import app, flags
+
+# Flag sets compared by default: XLA's own CPU options that change how small dots run.
+_DEFAULT_FLAGS = (
+  "",
+  "--xla_cpu_use_xnnpack=true",
+  "--xla_cpu_experimental_xnn_fusion_type=dot,eltwise",
+  "--xla_cpu_experimental_ynn_fusion_type=dot,eltwise",
+  "--xla_cpu_use_onednn=true",
+  "--xla_cpu_multi_thread_eigen=false",
+)
+
+_FLAGS = flags.DEFINE_list("flags", list(_DEFAULT_FLAGS), "XLA_FLAGS settings to compare")
+_ROWS = flags.DEFINE_list("rows", ["1", "5", "16", "64"], "rows (tokens) per forward")
+_REPS = flags.DEFINE_integer("reps", 20, "timed forwards per row count")
+_CHILD = flags.DEFINE_bool("child", False, "internal: measure under the inherited XLA_FLAGS")
+
+
+def _measure(rows: list[int], reps: int) -> dict[int, float]:
+  import jax
+  import jax.numpy as jnp
+
+  d, f, layers = 512, 1536, 16
+  key = jax.random.key(0)
+  up = [jax.random.normal(jax.random.fold_in(key, i), (d, f)) * 0.02 for i in range(layers)]
+  down = [jax.random.normal(jax.random.fold_in(key, 99 + i), (f, d)) * 0.02 for i in range(layers)]
+
+  @jax.jit
+  def forward(x, up, down):
+    for a, b in zip(up, down):
+      x = x + jax.nn.gelu(x @ a) @ b
+    return x
+
+  out = {}
+  for m in rows:
+    x = jnp.ones((m, d))
+    forward(x, up, down).block_until_ready()  # compile
+    times = []
+    for _ in range(reps):
+      t = time.perf_counter()
+      forward(x, up, down).block_until_ready()
+      times.append(time.perf_counter() - t)
+    out[m] = 1e3 * float(np.median(times))
+  return out
+
+
+def main(argv):
+  del argv
+  rows = [int(r) for r in _ROWS.value]
+  if _CHILD.value:
+    print(json.dumps(_measure(rows, _REPS.value)))
+    return
+  print(f"{'XLA_FLAGS':<52} " + " ".join(f"{m:>8} rows   " for m in rows))
+  for setting in _FLAGS.value:
+    env = dict(os.environ, XLA_FLAGS=setting)
+    cmd = [sys.executable, __file__, "--child", f"--rows={','.join(map(str, rows))}"]
+    cmd.append(f"--reps={_REPS.value}")
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if proc.returncode:
+      print(f"{setting or '(default)':<52} failed: {proc.stderr.strip().splitlines()[-1:]}")
+      continue
+    ms = {int(k): v for k, v in json.loads(proc.stdout.strip().splitlines()[-1]).items()}
+    cells = " ".join(f"{ms[m]:6.1f} ms ({ms[m] / ms[rows[0]]:3.1f}x)" for m in rows)
+    print(f"{setting or '(default)':<52} {cells}")
+
+
+if __name__ == "__main__":
+  app.run(main)
