@@ -161,6 +161,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.rl_update.micro_batch = 8  # packed rows (rl/packing.py)
   c.rl_update.mini_batches = 1  # PPO mini-batches: optimizer steps per rollout batch
   c.rl_update.epochs = 1
+  # A regex over parameter paths to update ("": all), e.g. "layers/3|final_norm".
+  c.rl_update.trainable = ""
 
   if variant == "tiny":
     c.task.train_size = 400

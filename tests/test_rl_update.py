@@ -20,6 +20,7 @@ from tlt_jax.rl import (
   UpdateConfig,
   make_optimizer,
   make_policy_update,
+  param_path,
   token_logprobs,
 )
 from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
@@ -237,6 +238,29 @@ def test_positive_advantage_raises_sequence_logprob(model, adam_update):
   assert row_logp(p) > start + 0.1
 
 
+def test_trainable_pattern_freezes_the_rest(model):
+  graphdef, params = model
+  ucfg = UpdateConfig(
+    learning_rate=1e-2, total_steps=10, micro_batch=B, trainable="final_norm|layers/0/mlp"
+  )
+  opt = make_optimizer(ucfg)
+  fn = make_policy_update(graphdef, opt, PolicyLossConfig(), ucfg.micro_batch)
+  batch = _batch(graphdef, params, seed=6)
+  new, _, m = fn(_copy(params), opt.init(params), batch, None)
+  assert int(m["skipped"]) == 0
+  moved = {
+    param_path(path)
+    for (path, a), b in zip(
+      jax.tree_util.tree_leaves_with_path(params), jax.tree.leaves(new), strict=True
+    )
+    if np.any(np.asarray(a) != np.asarray(b))
+  }
+  assert "final_norm/scale" in moved and "layers/0/mlp/up_proj/kernel" in moved
+  assert all(p == "final_norm/scale" or p.startswith("layers/0/mlp/") for p in moved)
+  with pytest.raises(ValueError, match="matches no parameter"):
+    make_optimizer(dataclasses.replace(ucfg, trainable="no_such_layer")).init(params)
+
+
 def test_update_config_validation():
   assert UpdateConfig().mini_batch_samples(16) == 16
   assert UpdateConfig(mini_batches=4).mini_batch_samples(16) == 4
@@ -253,6 +277,7 @@ def test_update_config_validation():
     dict(epochs=0),
     dict(b1=1.0),
     dict(b2=-0.5),
+    dict(trainable="layers/(3"),
   ]
   for kwargs in bad:
     with pytest.raises(ValueError, match=next(iter(kwargs))):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -92,6 +93,9 @@ class UpdateConfig:
       on-policy step per rollout (ratio 1, the clip never binds).
     epochs: passes over the rollout batch (each reshuffled).
     b1, b2: Adam moment decay rates.
+    trainable: a regular expression over parameter paths ("layers/3/mlp/down_proj/kernel",
+      "embed/embedding", "final_norm/scale"; re.search): only matching parameters are
+      updated, the rest stay frozen. "": all parameters.
   """
 
   learning_rate: float = 1e-6
@@ -104,6 +108,7 @@ class UpdateConfig:
   epochs: int = 1
   b1: float = 0.9
   b2: float = 0.999
+  trainable: str = ""
 
   def __post_init__(self):
     if not (self.learning_rate > 0 and math.isfinite(self.learning_rate)):
@@ -127,6 +132,10 @@ class UpdateConfig:
       v = getattr(self, name)
       if not 0.0 <= v < 1.0:
         raise ValueError(f"{name} must be in [0, 1), got {v!r}")
+    try:
+      re.compile(self.trainable)
+    except re.error as e:
+      raise ValueError(f"trainable is not a regular expression: {self.trainable!r} ({e})") from e
 
   def mini_batch_samples(self, samples: int) -> int:
     """Samples per optimizer step for a rollout batch of `samples` (mini_batches must divide it)."""
@@ -137,15 +146,40 @@ class UpdateConfig:
     return samples // self.mini_batches
 
 
+def param_path(path: tuple[Any, ...]) -> str:
+  """A parameter's path as "layers/3/mlp/down_proj/kernel" (the `trainable` pattern's subject)."""
+  parts = []
+  for k in path:
+    name = getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))
+    if name != "value":
+      parts.append(str(name))
+  return "/".join(parts)
+
+
 def make_optimizer(cfg: UpdateConfig) -> optax.GradientTransformation:
-  """Global-norm clipping, then AdamW on a linear-warmup cosine schedule."""
+  """Global-norm clipping, then AdamW on a linear-warmup cosine schedule; with
+  `cfg.trainable`, parameters whose paths do not match get zero updates."""
   schedule = optax.warmup_cosine_decay_schedule(
     0.0, cfg.learning_rate, cfg.warmup_steps, cfg.total_steps, end_value=0.0
   )
-  return optax.chain(
+  adamw = optax.chain(
     optax.clip_by_global_norm(cfg.grad_clip),
     optax.adamw(schedule, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay),
   )
+  if not cfg.trainable:
+    return adamw
+  pattern = re.compile(cfg.trainable)
+
+  def labels(params):
+    tree = jax.tree_util.tree_map_with_path(
+      lambda path, _: "train" if pattern.search(param_path(path)) else "freeze", params
+    )
+    if "train" not in jax.tree.leaves(tree):
+      raise ValueError(f"trainable={cfg.trainable!r} matches no parameter path")
+    return tree
+
+  # Clipping sits inside the trained branch: frozen gradients do not scale the others.
+  return optax.multi_transform({"train": adamw, "freeze": optax.set_to_zero()}, labels)
 
 
 def _all_finite(tree: Any) -> jax.Array:
