@@ -1,9 +1,9 @@
 r"""Where does a policy go wrong on the arithmetic task's held-out problems?
 
-Decodes held-out problems (greedy, and at temperature 1 with 4 samples each) and compares
-every wrong response with the reference scratchpad: pass@1 by the problem's number of steps,
-the step of the first wrong character, and what it is (the operation copied from the
-question, i.e. the lookup by label, or the line's result).
+Decodes held-out problems (or, with --split=train, training ones), greedy and at temperature 1
+with 4 samples each, and compares every wrong response with the reference scratchpad: pass@1
+by the problem's number of steps, the step of the first wrong character, and what it is
+(the operation copied from the question, i.e. the lookup by label, or the line's result).
 
   python experiments/error_analysis.py --workdir=runs/default
   python experiments/error_analysis.py --workdir=runs/default --rl_step=8
@@ -35,7 +35,10 @@ _WORKDIR = flags.DEFINE_string("workdir", "runs/default", "the run's workdir (tf
 _RL_STEP = flags.DEFINE_integer(
   "rl_step", -1, "the policy of this RL checkpoint (workdir/checkpoints/<step>); -1: the warm start"
 )
-_NUM = flags.DEFINE_integer("num", 200, "held-out problems")
+_NUM = flags.DEFINE_integer("num", 200, "problems")
+_SPLIT = flags.DEFINE_enum(
+  "split", "test", ["test", "train"], "held-out problems, or training ones (the SFT/RL prompts)"
+)
 _TEMPERATURES = flags.DEFINE_list("temperatures", ["0", "1"], "0 = greedy")
 _SAMPLES = flags.DEFINE_integer("samples", 4, "samples per problem when sampling")
 
@@ -64,7 +67,7 @@ def main(argv):
     raise app.UsageError("the error classes are the arithmetic task's scratchpad lines")
   tok = get_tokenizer(config.task.tokenizer)
   task = get_task(config.task.name)
-  _, test = train._load_data(config, workdir)
+  train_split, test_split = train._load_data(config, workdir)
   model_cfg = configuration.model_config(config, tok)
   graphdef, params = nnx.split(init_model(model_cfg, seed=0))
   if _RL_STEP.value < 0:
@@ -73,7 +76,7 @@ def main(argv):
     path = os.path.join(os.path.abspath(workdir), "checkpoints", str(_RL_STEP.value), "state")
     nnx.replace_by_pure_dict(params, ocp.StandardCheckpointer().restore(path)["params"])
   engine = RolloutEngine(graphdef, model_cfg, configuration.engine_config(config, tok))
-  examples = list(test)[: _NUM.value]
+  examples = list(test_split if _SPLIT.value == "test" else train_split)[: _NUM.value]
   prompts = [tok.encode(format_prompt(ex), add_bos=True) for ex in examples]
   for temperature in (float(t) for t in _TEMPERATURES.value):
     k = 1 if temperature == 0 else _SAMPLES.value
