@@ -20,10 +20,10 @@ from tlt_jax.rl import (
   UpdateConfig,
   make_optimizer,
   make_policy_update,
-  param_path,
   token_logprobs,
 )
 from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
+from tlt_jax.utils.trees import path_name
 
 MODEL = ModelConfig(
   vocab_size=40, num_layers=1, d_model=32, num_heads=4, num_kv_heads=2, head_dim=8, mlp_dim=64
@@ -249,7 +249,7 @@ def test_trainable_pattern_freezes_the_rest(model):
   new, _, m = fn(_copy(params), opt.init(params), batch, None)
   assert int(m["skipped"]) == 0
   moved = {
-    param_path(path)
+    path_name(path)
     for (path, a), b in zip(
       jax.tree_util.tree_leaves_with_path(params), jax.tree.leaves(new), strict=True
     )

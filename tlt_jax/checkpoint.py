@@ -8,6 +8,8 @@ import jax
 import orbax.checkpoint as ocp
 from flax import nnx
 
+from tlt_jax.utils.trees import path_name
+
 
 def save_params(path: str | os.PathLike, params: nnx.State) -> None:
   """Writes params as a pure pytree; the write is atomic (orbax finalises a tmp dir)."""
@@ -18,8 +20,7 @@ def save_params(path: str | os.PathLike, params: nnx.State) -> None:
 
 def _shapes(tree) -> dict[str, tuple[int, ...]]:
   # Orbax stores integer keys (layer indices) as strings: compare by text.
-  name = lambda path: "/".join(str(getattr(p, "key", p)) for p in path)
-  return {name(k): tuple(v.shape) for k, v in jax.tree_util.tree_leaves_with_path(tree)}
+  return {path_name(k): tuple(v.shape) for k, v in jax.tree_util.tree_leaves_with_path(tree)}
 
 
 def restore_params(path: str | os.PathLike, like: nnx.State) -> nnx.State:

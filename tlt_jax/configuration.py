@@ -112,7 +112,7 @@ def sampling_config(config: ml_collections.ConfigDict) -> SamplingConfig:
 
 
 def sft_config(config: ml_collections.ConfigDict) -> SFTConfig:
-  # direct_answer_fraction is the data recipe (train.build_policy), not the optimizer's.
+  # The answer fractions are the data recipe (train.build_policy), not the optimizer's.
   return to_dataclass(
     SFTConfig,
     config.sft,

@@ -410,23 +410,25 @@ def format_target(example: Mapping[str, str]) -> str:
   return example["solution"]
 
 
-def format_direct_target(example: Mapping[str, str]) -> str:
-  """The solution without its scratchpad: the final marked answer alone (e.g. "#66")."""
-  solution = example["solution"]
+def _answer_start(solution: str) -> int:
+  """Index of the final answer marker in a solution."""
   cut = solution.rfind(checkers.MARKER)
   if cut < 0:
     raise ValueError(f"solution has no final answer marker {checkers.MARKER!r}: {solution!r}")
-  return solution[cut:]
+  return cut
+
+
+def format_direct_target(example: Mapping[str, str]) -> str:
+  """The solution without its scratchpad: the final marked answer alone (e.g. "#66")."""
+  solution = example["solution"]
+  return solution[_answer_start(solution) :]
 
 
 def format_unanswered_target(example: Mapping[str, str]) -> str:
   """The solution's scratchpad without the final marked answer (e.g. "1+2=3;"): a trace
   that never states its result, which a checker scores 0."""
   solution = example["solution"]
-  cut = solution.rfind(checkers.MARKER)
-  if cut < 0:
-    raise ValueError(f"solution has no final answer marker {checkers.MARKER!r}: {solution!r}")
-  return solution[:cut]
+  return solution[: _answer_start(solution)]
 
 
 def sft_pairs(

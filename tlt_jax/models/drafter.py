@@ -38,6 +38,7 @@ from tlt_jax.models.transformer import (
   full_mask,
   rope_tables,
 )
+from tlt_jax.utils.trees import path_name
 
 
 class Drafter(nnx.Module):
@@ -181,8 +182,7 @@ def _param_shapes(params: Any) -> dict[str, tuple[int, ...]]:
     params = nnx.to_pure_dict(params)
   out = {}
   for path, leaf in jax.tree_util.tree_leaves_with_path(params):
-    name = "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
-    out[name] = tuple(leaf.shape)
+    out[path_name(path)] = tuple(leaf.shape)
   return out
 
 

@@ -6,7 +6,6 @@ from tlt_jax.rl.update import (
   UpdateConfig,
   make_optimizer,
   make_policy_update,
-  param_path,
   token_logprobs,
 )
 
@@ -21,7 +20,6 @@ __all__ = [
   "make_optimizer",
   "make_policy_update",
   "overlong_penalty",
-  "param_path",
   "policy_loss",
   "token_logprobs",
 ]

@@ -21,6 +21,7 @@ from flax import nnx
 from jaxtyping import Array, Float, Int
 
 from tlt_jax.rl.loss import PolicyLossConfig, policy_loss
+from tlt_jax.utils.trees import path_name
 
 BATCH_KEYS = ("tokens", "mask", "old_logp", "advantages")
 # A packed batch (rl/packing.py) has these too: several samples per row.
@@ -146,16 +147,6 @@ class UpdateConfig:
     return samples // self.mini_batches
 
 
-def param_path(path: tuple[Any, ...]) -> str:
-  """A parameter's path as "layers/3/mlp/down_proj/kernel" (the `trainable` pattern's subject)."""
-  parts = []
-  for k in path:
-    name = getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))
-    if name != "value":
-      parts.append(str(name))
-  return "/".join(parts)
-
-
 def make_optimizer(cfg: UpdateConfig) -> optax.GradientTransformation:
   """Global-norm clipping, then AdamW on a linear-warmup cosine schedule; with
   `cfg.trainable`, parameters whose paths do not match get zero updates."""
@@ -172,7 +163,7 @@ def make_optimizer(cfg: UpdateConfig) -> optax.GradientTransformation:
 
   def labels(params):
     tree = jax.tree_util.tree_map_with_path(
-      lambda path, _: "train" if pattern.search(param_path(path)) else "freeze", params
+      lambda path, _: "train" if pattern.search(path_name(path)) else "freeze", params
     )
     if "train" not in jax.tree.leaves(tree):
       raise ValueError(f"trainable={cfg.trainable!r} matches no parameter path")
