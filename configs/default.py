@@ -127,6 +127,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.rl.prompts_per_step = 16
   c.rl.group_size = 8
   c.rl.normalize_std = True
+  # Scale of negative advantages: 1 is GRPO; 0 learns from better-than-average samples only.
+  c.rl.negative_weight = 1.0
   c.rl.dynamic_sampling = True
   c.rl.max_refills = 1
   c.rl.overlong_buffer = 0

@@ -7,7 +7,14 @@ import pytest
 from flax import nnx
 
 from tlt_jax.models.config import ModelConfig
-from tlt_jax.models.transformer import KVCache, cache_mask, init_model
+from tlt_jax.models.transformer import (
+  KVCache,
+  attend,
+  attend_causal,
+  cache_mask,
+  full_mask,
+  init_model,
+)
 
 BASE = dict(
   vocab_size=61, num_layers=2, d_model=32, num_heads=4, num_kv_heads=2, head_dim=8, mlp_dim=48
@@ -93,6 +100,31 @@ def test_packed_segments_do_not_attend_to_each_other():
   h, _, _ = model(packed, positions, segment_ids=seg)
   np.testing.assert_allclose(model.logits(h)[:, :5], _full_logits(model, a)[0], atol=1e-5)
   np.testing.assert_allclose(model.logits(h)[:, 5:], _full_logits(model, b)[0], atol=1e-5)
+
+
+def test_blocked_causal_attention_matches_dense_in_values_and_gradients():
+  # 300 tokens: two full query blocks and a partial one; packed segments and right padding.
+  b, t, h, kv, e = 2, 300, 4, 2, 8
+  ks = jax.random.split(jax.random.key(5), 4)
+  q = jax.random.normal(ks[0], (b, t, h, e))
+  k, v = (jax.random.normal(x, (b, kv, t, e)) for x in ks[1:3])
+  seg = jnp.cumsum(jax.random.bernoulli(ks[3], 0.02, (b, t)), axis=1) + 1
+  valid = jnp.arange(t)[None] < jnp.array([[t], [t - 37]])
+  mask = full_mask(valid, seg)
+  w = valid[:, :, None, None]  # padded query rows are garbage in both
+
+  @jax.jit
+  def outputs_and_grads(q, k, v):
+    def run(fn):
+      f = lambda q, k, v: jnp.where(w, fn(q, k, v, mask), 0.0)
+      return f(q, k, v), jax.grad(lambda *a: jnp.sum(f(*a) ** 2), (0, 1, 2))(q, k, v)
+
+    return run(attend), run(attend_causal)
+
+  (dense, g_dense), (blocked, g_block) = outputs_and_grads(q, k, v)
+  np.testing.assert_allclose(blocked, dense, atol=1e-5)
+  for gd, gb in zip(g_dense, g_block, strict=True):
+    np.testing.assert_allclose(gb, gd, atol=1e-4)
 
 
 def test_return_layers_and_tree_mask():

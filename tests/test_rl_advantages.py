@@ -23,6 +23,18 @@ def test_group_advantages_without_std_is_centred_reward():
   np.testing.assert_allclose(adv, [1.0, -1.0, -5.0, 5.0])
 
 
+def test_negative_weight_scales_only_below_mean_samples():
+  rewards = [1.0, 0.0, 1.0, 0.0, 0.0, 2.0, 4.0, 2.0]
+  full = group_advantages(rewards, 4)
+  for w in (0.0, 0.25):
+    adv = group_advantages(rewards, 4, negative_weight=w)
+    np.testing.assert_allclose(adv, np.where(full < 0, w * full, full))
+  assert np.all(group_advantages(rewards, 4, negative_weight=0.0) >= 0.0)
+  for bad in (-0.1, 1.5, np.nan):
+    with pytest.raises(ValueError, match="negative_weight"):
+      group_advantages(rewards, 4, negative_weight=bad)
+
+
 def test_all_equal_group_gives_zero_and_is_not_informative():
   rewards = [1.0, 1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0]
   adv = group_advantages(rewards, 3)

@@ -33,6 +33,7 @@ def group_advantages(
   group_size: int,
   *,
   normalize_std: bool = True,
+  negative_weight: float = 1.0,
   eps: float = 1e-6,
 ) -> Float[np.ndarray, " N"]:
   """Per-sample GRPO advantage: reward minus its group's mean, optionally over the group's std.
@@ -42,6 +43,10 @@ def group_advantages(
     group_size: G.
     normalize_std: divide by (std + eps) (GRPO); False keeps the centred reward
       (Dr. GRPO: the std division over-weights near-uniform groups).
+    negative_weight: scales the negative advantages (samples worse than their group's
+      mean): 1 is GRPO; 0 keeps only the push towards better-than-average samples
+      (rejection-sampling fine-tuning within the group, cf. RAFT, Dong et al. 2023;
+      Xiong et al. 2025, arXiv:2504.11343), less noisy and safer at a high learning rate.
     eps: added to the std; keeps all-equal groups at exactly 0.
 
   Returns:
@@ -49,10 +54,14 @@ def group_advantages(
   """
   if not eps > 0:
     raise ValueError(f"eps must be positive, got {eps!r}")
+  if not 0.0 <= negative_weight <= 1.0:
+    raise ValueError(f"negative_weight must be in [0, 1], got {negative_weight!r}")
   r = _grouped(rewards, group_size)
   adv = r - r.mean(axis=1, keepdims=True)
   if normalize_std:
     adv = adv / (r.std(axis=1, keepdims=True) + eps)
+  if negative_weight != 1.0:
+    adv = np.where(adv < 0, negative_weight * adv, adv)
   return adv.reshape(-1).astype(np.float32)
 
 

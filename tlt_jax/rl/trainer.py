@@ -64,6 +64,7 @@ class GRPOConfig:
     prompts_per_step: P, prompts per step.
     group_size: G, samples per prompt.
     normalize_std: divide advantages by the group's std (GRPO); False: Dr. GRPO.
+    negative_weight: scale of negative advantages (1: GRPO; 0: positive samples only).
     dynamic_sampling: drop groups with all-equal rewards and refill (DAPO).
     max_refills: extra rollouts per step to refill dropped groups.
     overlong_buffer: DAPO soft overlong punishment window in tokens (0: off).
@@ -80,6 +81,7 @@ class GRPOConfig:
   prompts_per_step: int = 8
   group_size: int = 8
   normalize_std: bool = True
+  negative_weight: float = 1.0
   dynamic_sampling: bool = True
   max_refills: int = 2
   overlong_buffer: int = 0
@@ -104,6 +106,10 @@ class GRPOConfig:
       v = getattr(self, name)
       if not isinstance(v, int) or v < 0:
         raise ValueError(f"GRPOConfig.{name} must be an int >= 0, got {v!r}")
+    if not 0.0 <= self.negative_weight <= 1.0:
+      raise ValueError(
+        f"GRPOConfig.negative_weight must be in [0, 1], got {self.negative_weight!r}"
+      )
 
 
 class GRPOTrainer:
@@ -371,7 +377,9 @@ class GRPOTrainer:
       old[dst] = olds[i][rows, :width]
       cols = np.arange(width)[None]
       mask[dst] = (cols >= res.prompt_len[rows, None]) & (cols < res.length[rows, None])
-      adv[dst] = group_advantages(rew[rows], g, normalize_std=cfg.normalize_std)
+      adv[dst] = group_advantages(
+        rew[rows], g, normalize_std=cfg.normalize_std, negative_weight=cfg.negative_weight
+      )
     diff = np.abs(old - rollout_lp)[mask > 0]
     samples = {
       "tokens": tokens,

@@ -1,0 +1,79 @@
+r"""Blocked causal attention vs dense, on the default job's SFT step.
+
+The full-sequence forward (SFT, the trainer's log-prob passes) attends in query blocks that
+read only the keys up to their own end (`models.transformer.attend_causal`). This times one
+SFT step (forward, backward, AdamW) of the default policy on packed rows of real task data,
+for dense attention and several block sizes. Settings are interleaved round by round, so
+machine drift hits them alike; output: median seconds per step and speed-up over dense.
+
+  python experiments/bench_attention.py
+  python experiments/bench_attention.py --blocks=0,64,128,224 --rounds=5
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import jax
+import numpy as np
+from absl import app, flags
+from flax import nnx
+from ml_collections import config_flags
+
+from tlt_jax import configuration
+from tlt_jax.data import get_tokenizer
+from tlt_jax.data.tasks import generate_arithmetic, sft_pairs
+from tlt_jax.models import transformer
+from tlt_jax.training import sft
+
+_CONFIG = config_flags.DEFINE_config_file("config", "configs/default.py", "job config")
+_BLOCKS = flags.DEFINE_list("blocks", ["0", "64", "128", "224"], "query block sizes (0: dense)")
+_ROUNDS = flags.DEFINE_integer("rounds", 3, "interleaved rounds")
+_STEPS = flags.DEFINE_integer("steps", 5, "timed steps per setting and round")
+_OUT = flags.DEFINE_string("out", "", "optional JSON file for the results")
+
+
+def _step_seconds(block: int, batch, model_cfg, sft_cfg, steps: int) -> float:
+  # The block size is read when the step is traced: set it, then build a fresh jit.
+  transformer._CAUSAL_BLOCK = block or 10**9
+  graphdef, params = nnx.split(transformer.init_model(model_cfg, seed=0))
+  optimizer = sft.make_optimizer(sft_cfg)
+  opt_state = optimizer.init(params)
+  step = sft.make_train_step(graphdef, optimizer)
+  params, opt_state, m = step(params, opt_state, batch)  # compile
+  jax.block_until_ready(m)
+  start = time.perf_counter()
+  for _ in range(steps):
+    params, opt_state, m = step(params, opt_state, batch)
+  jax.block_until_ready(m)
+  return (time.perf_counter() - start) / steps
+
+
+def main(argv):
+  del argv
+  config = _CONFIG.value
+  tokenizer = get_tokenizer(config.task.tokenizer)
+  model_cfg = configuration.model_config(config, tokenizer)
+  sft_cfg = configuration.sft_config(config)
+  examples = generate_arithmetic(0, 2000, **config.task.params.to_dict())
+  seqs = [sft.encode_example(tokenizer, p, t) for p, t in sft_pairs(examples)]
+  batch = next(sft.pack_batches(seqs, sft_cfg.batch_rows, sft_cfg.row_len, seed=0))
+  blocks = [int(b) for b in _BLOCKS.value]
+  times: dict[int, list[float]] = {b: [] for b in blocks}
+  for r in range(_ROUNDS.value):
+    for b in blocks:
+      times[b].append(_step_seconds(b, batch, model_cfg, sft_cfg, _STEPS.value))
+    print(f"round {r}: " + ", ".join(f"{b or 'dense'} {times[b][-1]:.3f}s" for b in blocks))
+  dense = float(np.median(times[blocks[0]]))
+  print(f"SFT step, {sft_cfg.batch_rows} x {sft_cfg.row_len} packed rows; median s (speed-up):")
+  for b in blocks:
+    med = float(np.median(times[b]))
+    print(f"  {'dense' if b == 0 else f'block {b}':>10}: {med:.3f}  ({dense / med:.2f}x)")
+  if _OUT.value:
+    with open(_OUT.value, "w") as f:
+      json.dump({str(b): times[b] for b in blocks}, f, indent=1)
+
+
+if __name__ == "__main__":
+  app.run(main)
