@@ -21,6 +21,25 @@ BASE = dict(
 )
 
 
+class _Jitted:
+  """The model with its forward compiled whole: op-by-op eager calls cost ~10 s each here."""
+
+  def __init__(self, model):
+    graphdef, self.state = nnx.split(model)
+    self.logits = model.logits
+    self.fn = jax.jit(
+      lambda state, *a, **k: nnx.merge(graphdef, state)(*a, **k),
+      static_argnames=("view_len", "return_layers"),
+    )
+
+  def __call__(self, *args, **kwargs):
+    return self.fn(self.state, *args, **kwargs)
+
+
+def _model(cfg, seed=0):
+  return _Jitted(init_model(cfg, seed=seed))
+
+
 def _full_logits(model, tokens):
   b, t = tokens.shape
   hidden, _, _ = model(tokens, jnp.broadcast_to(jnp.arange(t), (b, t)))
@@ -39,7 +58,7 @@ def _full_logits(model, tokens):
 )
 def test_cached_prefill_decode_and_extend_match_full_forward(extra):
   cfg = ModelConfig(**{**BASE, **extra})
-  model = init_model(cfg, seed=1)
+  model = _model(cfg, seed=1)
   tokens = jax.random.randint(jax.random.key(0), (3, 12), 0, cfg.vocab_size)
   full, full_hidden = _full_logits(model, tokens)
   # Rows start at different lengths: prefill 5, then decode 1 token at a time
@@ -69,7 +88,7 @@ def test_cached_prefill_decode_and_extend_match_full_forward(extra):
 
 def test_per_row_cache_lengths_are_independent():
   cfg = ModelConfig(**BASE)
-  model = init_model(cfg)
+  model = _model(cfg)
   a = jax.random.randint(jax.random.key(1), (1, 9), 0, cfg.vocab_size)
   b = jax.random.randint(jax.random.key(2), (1, 4), 0, cfg.vocab_size)
   full_a, _ = _full_logits(model, a)
@@ -91,7 +110,7 @@ def test_per_row_cache_lengths_are_independent():
 
 def test_packed_segments_do_not_attend_to_each_other():
   cfg = ModelConfig(**BASE)
-  model = init_model(cfg)
+  model = _model(cfg)
   a = jax.random.randint(jax.random.key(3), (1, 5), 0, cfg.vocab_size)
   b = jax.random.randint(jax.random.key(4), (1, 6), 0, cfg.vocab_size)
   packed = jnp.concatenate([a, b], axis=1)
@@ -129,7 +148,7 @@ def test_blocked_causal_attention_matches_dense_in_values_and_gradients():
 
 def test_return_layers_and_tree_mask():
   cfg = ModelConfig(**BASE)
-  model = init_model(cfg)
+  model = _model(cfg)
   tokens = jnp.array([[3, 4, 5, 6]])
   _, _, layers = model(tokens, jnp.arange(4)[None], return_layers=(0, 1))
   assert len(layers) == 2 and layers[0].shape == (1, 4, cfg.d_model)
@@ -170,7 +189,7 @@ def test_config_validation_and_param_count():
 
 def test_explicit_per_row_mask_matches_shared_tree_mask():
   cfg = ModelConfig(**BASE)
-  model = init_model(cfg)
+  model = _model(cfg)
   cache = KVCache.zeros(cfg, 2, 8)
   _, cache, _ = model(
     jnp.array([[3, 4], [5, 6]]),
