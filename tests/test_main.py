@@ -194,9 +194,15 @@ def test_unknown_variant():
     default.get_config("huge")
 
 
-def test_notebooks_execute():
+_NOTEBOOKS = sorted(n for n in os.listdir(os.path.join(ROOT, "notebooks")) if n.endswith(".py"))
+
+
+@pytest.mark.parametrize("name", _NOTEBOOKS)
+def test_notebook_executes(name):
   import runpy
 
-  for name in sorted(os.listdir(os.path.join(ROOT, "notebooks"))):
-    if name.endswith(".py"):
-      runpy.run_path(os.path.join(ROOT, "notebooks", name), run_name="__main__")
+  runpy.run_path(os.path.join(ROOT, "notebooks", name), run_name="__main__")
+
+
+def test_notebooks_are_found():
+  assert len(_NOTEBOOKS) >= 3

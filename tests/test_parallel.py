@@ -19,7 +19,9 @@ SCRIPT = os.path.join(ROOT, "tests", "mesh_checks.py")
 
 def _env(devices: int) -> dict[str, str]:
   env = dict(os.environ)
-  env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+  # Keep the suite's compile flags (conftest.py), add the device count.
+  flags = env.get("XLA_FLAGS", "")
+  env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={devices}".strip()
   env["JAX_PLATFORMS"] = "cpu"
   env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
   return env
