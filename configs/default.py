@@ -161,6 +161,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.rl_update.weight_decay = 0.0
   c.rl_update.grad_clip = 1.0
   c.rl_update.micro_batch = 8  # packed rows (rl/packing.py)
+  c.rl_update.pow2_rows = True  # packed rows padded to micro_batch x 2^k: few programs
   c.rl_update.mini_batches = 1  # PPO mini-batches: optimizer steps per rollout batch
   c.rl_update.epochs = 1
   # A regex over parameter paths to update ("": all), e.g. "layers/3|final_norm".

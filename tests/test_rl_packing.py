@@ -59,6 +59,17 @@ def test_plan_packs_without_overlap_and_round_trips():
   np.testing.assert_array_equal(again.col, plan.col)
 
 
+def test_pow2_rows_pad_to_the_multiple_times_a_power_of_two():
+  # Ten samples of 8 columns fill 10 rows of 8: multiples of 4 -> 12, powers -> 4 x 4 = 16.
+  lengths = np.full(10, 8)
+  assert plan_packing(lengths, 8, row_multiple=4).num_rows == 12
+  plan = plan_packing(lengths, 8, row_multiple=4, pow2_rows=True)
+  assert plan.num_rows == 16
+  np.testing.assert_array_equal(plan.row, plan_packing(lengths, 8, row_multiple=4).row)
+  rows = {n: plan_packing(np.full(n, 8), 8, 3, pow2_rows=True).num_rows for n in (1, 3, 4, 7, 13)}
+  assert rows == {1: 3, 3: 3, 4: 6, 7: 12, 13: 24}
+
+
 def test_plan_rejects_bad_input():
   with pytest.raises(ValueError, match="columns"):
     plan_packing(np.array([3, 40]), WIDTH)

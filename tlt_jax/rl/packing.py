@@ -65,12 +65,16 @@ class Packing:
     return self.row[s], self.col[s] + t, s, t
 
 
-def plan_packing(lengths: np.ndarray, width: int, row_multiple: int = 1) -> Packing:
+def plan_packing(
+  lengths: np.ndarray, width: int, row_multiple: int = 1, pow2_rows: bool = False
+) -> Packing:
   """First-fit decreasing bin packing of samples into rows of `width` columns.
 
   Rows are padded up to a multiple of `row_multiple` (micro-batch and mesh
-  divisibility; few distinct shapes, few compiles). Deterministic: ties keep
-  sample order.
+  divisibility), with `pow2_rows` to `row_multiple` times a power of two: every
+  new row count is a new program to compile, and powers of two bound them to a
+  handful per width, for at most twice the rows (padding rows weigh 0).
+  Deterministic: ties keep sample order.
   """
   lengths = np.asarray(lengths, np.int64)
   if lengths.ndim != 1 or lengths.size == 0:
@@ -91,8 +95,10 @@ def plan_packing(lengths: np.ndarray, width: int, row_multiple: int = 1) -> Pack
       used.append(0)
     row[n], col[n] = r, used[r]
     used[r] += size
-  num_rows = -(-len(used) // row_multiple) * row_multiple
-  return Packing(row, col, lengths, num_rows, width)
+  blocks = -(-len(used) // row_multiple)
+  if pow2_rows:
+    blocks = 1 << (blocks - 1).bit_length()
+  return Packing(row, col, lengths, blocks * row_multiple, width)
 
 
 def token_weights(mask: np.ndarray, aggregation: str) -> np.ndarray:
@@ -118,6 +124,7 @@ def pack_policy_batch(
   aggregation: str,
   width: int,
   row_multiple: int = 1,
+  pow2_rows: bool = False,
 ) -> tuple[dict[str, np.ndarray], Packing]:
   """Per-sample rollout arrays ([N, T] rows, [N] advantages) -> a packed policy batch.
 
@@ -125,7 +132,7 @@ def pack_policy_batch(
   padding), mask, old_logp, advantages (per token) and weights, all
   [num_rows, width], the layout `make_policy_update` takes.
   """
-  p = plan_packing(length, width, row_multiple)
+  p = plan_packing(length, width, row_multiple, pow2_rows)
   n, t = tokens.shape
   positions, segment_ids = p.layout()
   batch = {

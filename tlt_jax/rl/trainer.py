@@ -16,9 +16,9 @@ step, so a killed run resumes exactly.
 
 The trainer's forward passes (old log-probs, update) run on packed rows
 (rl/packing.py): samples first-fit into rows of W columns (the longest sample
-rounded up to 128), rows padded to a multiple of the micro-batch, so a long-tailed
-batch costs its tokens, not P * G x its longest row, and compiles once per
-(rows, width) bucket.
+rounded up to 128), rows padded to the micro-batch times a power of two, so a
+long-tailed batch costs its tokens, not P * G x its longest row, and compiles once
+per (rows, width) bucket.
 """
 
 from __future__ import annotations
@@ -300,7 +300,9 @@ class GRPOTrainer:
     """Dispatches the old log-probs of a rollout's samples on packed rows; the
     returned function waits and gives them per sample, [N, slots]."""
     width = self._width([result])
-    plan = plan_packing(result.length, width, self.update_cfg.micro_batch)
+    plan = plan_packing(
+      result.length, width, self.update_cfg.micro_batch, self.update_cfg.pow2_rows
+    )
     t = result.tokens.shape[1]
     tokens = self._rows(plan.pack(np.asarray(result.tokens, np.int32)))
     args = (self.params, tokens, *map(self._rows, plan.layout()))
@@ -468,6 +470,7 @@ class GRPOTrainer:
           aggregation=self.loss_cfg.aggregation,
           width=width,
           row_multiple=ucfg.micro_batch,
+          pow2_rows=ucfg.pow2_rows,
         )
         cells += plan.num_rows * plan.width
         batch = {k: self._rows(v) for k, v in batch.items()}

@@ -88,6 +88,9 @@ class UpdateConfig:
     grad_clip: global-norm gradient clipping threshold.
     micro_batch: rows per micro-batch (gradient accumulation); the trainer packs
       samples into rows (rl/packing.py) and pads the rows to a multiple of it.
+    pow2_rows: pad packed rows further, to micro_batch x a power of two: at most
+      log2(rows / micro_batch) + 1 update (and old-log-prob) programs per row width
+      to compile, for up to twice the rows. False: any multiple of micro_batch.
     mini_batches: optimizer steps per rollout batch (PPO mini-batches): the batch's
       samples are shuffled and split into this many equal parts, each one update
       against the same old log-probs, so the clipped ratio does its job. 1: one
@@ -105,6 +108,7 @@ class UpdateConfig:
   weight_decay: float = 0.0
   grad_clip: float = 1.0
   micro_batch: int = 8
+  pow2_rows: bool = True
   mini_batches: int = 1
   epochs: int = 1
   b1: float = 0.9
