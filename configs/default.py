@@ -132,6 +132,11 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.rl.dynamic_sampling = True
   c.rl.max_refills = 1
   c.rl.overlong_buffer = 0
+  # Process supervision (arithmetic: each scratchpad line checked against the question):
+  # "" off, "step" (a token gets its own line's normalised reward) or "return" (the sum
+  # over its line and the later ones, DeepSeekMath); added to the outcome advantage.
+  c.rl.process_credit = ""
+  c.rl.process_coef = 1.0
   c.rl.eval_every = 4
   c.rl.eval_examples = 100
   # Sampled pass@1 too: the mean accuracy of k samples per held-out problem at the

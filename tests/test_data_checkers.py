@@ -197,6 +197,37 @@ _CHECKS = [
 ]
 
 
+def test_arithmetic_steps_judge_each_line_locally():
+  q = "8,a-2,b+7,c+3="
+  right = "8;a-2=6;b+7=13;c+3=16;#16"
+  assert checkers.arithmetic_steps(q, right) == [(2, 1), (8, 1), (15, 1), (22, 1), (25, 1)]
+  # A mis-copied operand (b+6): that line is wrong, the next one is right given 12, the
+  # answer is wrong.
+  slip = "8;a-2=6;b+6=12;c+3=15;#15"
+  assert [r for _, r in checkers.arithmetic_steps(q, slip)] == [1, 1, 0, 1, 0]
+  # The right number without every step, a wrong label, an unfinished trace.
+  assert [r for _, r in checkers.arithmetic_steps(q, "8;a-2=6;#16")] == [1, 1, 0]
+  assert [r for _, r in checkers.arithmetic_steps(q, "8;b-2=6;")] == [1, 0]
+  assert checkers.arithmetic_steps(q, "8;a-2=") == [(2, 1.0), (6, 0.0)]
+  # Unlabelled styles: "running" (value restated once) and "chain" (every line restates it).
+  assert [r for _, r in checkers.arithmetic_steps("8-2+7=", "8;-2=6;+7=13;#13")] == [1] * 4
+  assert [r for _, r in checkers.arithmetic_steps("8-2+7=", "8-2=6;6+7=13;#13")] == [1] * 3
+  assert [r for _, r in checkers.arithmetic_steps("8-2+7=", "8-2=6;5+7=12;#12")] == [1, 0, 0]
+  assert checkers.arithmetic_steps("what?", right) == []
+
+
+def test_arithmetic_steps_never_raise_and_tile_the_completion():
+  rng = random.Random(1)
+  alphabet = "0123456789+-=;#abc"
+  for _ in range(300):
+    completion = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40)))
+    steps = checkers.arithmetic_steps("8,a-2,b+7=", completion)
+    ends = [e for e, _ in steps]
+    assert ends == sorted(set(ends)) and all(r in (0.0, 1.0) for _, r in steps)
+    assert (ends[-1] if ends else 0) == len(completion)
+  assert checkers.arithmetic_steps(None, "#1") == []  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize("check", _CHECKS)
 def test_garbage_never_raises(check):
   rng = random.Random(0)

@@ -9,7 +9,13 @@ import tokenizers
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from tlt_jax.data import tasks
-from tlt_jax.data.tokenizer import CharTokenizer, HFTokenizer, Tokenizer, get_tokenizer
+from tlt_jax.data.tokenizer import (
+  CharTokenizer,
+  HFTokenizer,
+  Tokenizer,
+  get_tokenizer,
+  text_ends,
+)
 
 _SENTENCES = [
   "Natalia sold clips to 48 of her friends in April.",
@@ -173,6 +179,15 @@ def test_hf_round_trip(hf_dir):
   assert tok.decode(np.asarray([*with_bos, tok.eos_id])) == text
   assert "</s>" in tok.decode([*ids, tok.eos_id], skip_special=False)
   assert tok.decode([*ids, tok.vocab_size + 5]) == text
+
+
+@pytest.mark.parametrize("kind", ["char", "hf"])
+def test_text_ends_locate_each_token_in_the_decoded_text(kind, hf_dir):
+  tok = CharTokenizer() if kind == "char" else HFTokenizer.from_dir(hf_dir)
+  ids = [*tok.encode("48 + 24 = 72;#72"), tok.eos_id]
+  ends = text_ends(tok, ids)
+  assert ends == [len(tok.decode(ids[: i + 1])) for i in range(len(ids))]
+  assert ends[-1] == ends[-2] == len(tok.decode(ids))  # the special token adds nothing
 
 
 def test_get_tokenizer(hf_dir, tmp_path):

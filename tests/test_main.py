@@ -195,6 +195,17 @@ def test_sd_bench_config_is_a_50m_policy():
   configuration.engine_config(config, tok)
 
 
+def test_process_credit_takes_the_tasks_step_checker():
+  from tlt_jax import train
+  from tlt_jax.data.tasks import get_task
+
+  assert train._step_reward_fn(get_task("arithmetic"), "") is None
+  steps = train._step_reward_fn(get_task("arithmetic"), "step")
+  assert steps({"question": "1,a+2="}, "1;a+2=3;#3") == [(2, 1.0), (8, 1.0), (10, 1.0)]
+  with pytest.raises(ValueError, match="has no step checker"):
+    train._step_reward_fn(get_task("countdown"), "step")
+
+
 def test_unknown_variant():
   with pytest.raises(ValueError, match="unknown config variant"):
     default.get_config("huge")

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from tlt_jax.rl import group_advantages, informative_groups, overlong_penalty
+from tlt_jax.rl.advantages import process_advantages, token_process_advantages
 
 
 def test_group_advantages_hand_computed():
@@ -97,3 +98,32 @@ def test_overlong_penalty_boundaries():
 def test_overlong_penalty_rejects_bad_args(lengths, max_len, buffer, match):
   with pytest.raises(ValueError, match=match):
     overlong_penalty(lengths, max_len, buffer)
+
+
+def test_process_advantages_normalise_over_all_steps_of_a_group():
+  # Group 0: steps [1, 1, 0] and [1]: mean 0.75, std sqrt(3) / 4. Group 1: all equal.
+  got = process_advantages([[1, 1, 0], [1], [0, 0], []], 2)
+  std = np.sqrt(3) / 4
+  np.testing.assert_allclose(got[0], [0.25 / std, 0.25 / std, -0.75 / std], rtol=1e-5)
+  np.testing.assert_allclose(got[1], [0.25 / std], rtol=1e-5)
+  np.testing.assert_array_equal(got[2], [0.0, 0.0])
+  assert got[3].shape == (0,)
+  centred = process_advantages([[1, 1, 0], [1]], 2, normalize_std=False)
+  np.testing.assert_allclose(centred[0], [0.25, 0.25, -0.75])
+  with pytest.raises(ValueError, match="multiple of 2"):
+    process_advantages([[1], [0], [1]], 2)
+  with pytest.raises(ValueError, match="finite"):
+    process_advantages([[np.nan], [0.0]], 2)
+
+
+def test_token_process_advantages_step_and_return_credit():
+  # Steps end at characters 2, 5, 7; tokens end at 1, 2, 4, 5, 5 (a special token), 7, 9.
+  ends, adv, tokens = [2, 5, 7], np.array([1.0, -2.0, 0.5]), [1, 2, 4, 5, 5, 7, 9]
+  step = token_process_advantages(ends, adv, tokens, "step")
+  np.testing.assert_allclose(step, [1, 1, -2, -2, -2, 0.5, 0])
+  ret = token_process_advantages(ends, adv, tokens, "return")
+  np.testing.assert_allclose(ret, [-0.5, -0.5, -1.5, -1.5, -1.5, 0.5, 0])
+  with pytest.raises(ValueError, match="credit"):
+    token_process_advantages(ends, adv, tokens, "token")
+  with pytest.raises(ValueError, match="increasing"):
+    token_process_advantages([5, 2, 7], adv, tokens, "step")

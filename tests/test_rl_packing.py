@@ -70,6 +70,21 @@ def test_pow2_rows_pad_to_the_multiple_times_a_power_of_two():
   assert rows == {1: 3, 3: 3, 4: 6, 7: 12, 13: 24}
 
 
+def test_per_token_advantages_are_packed_as_given():
+  s = _samples(5)
+  per_sample = s["advantages"]
+  s["advantages"] = np.random.default_rng(5).standard_normal((N, T)).astype(np.float32)
+  batch, plan = pack_policy_batch(**s, aggregation="token-mean", width=WIDTH)
+  np.testing.assert_array_equal(
+    plan.unpack(batch["advantages"], T) * s["mask"], s["advantages"] * s["mask"]
+  )
+  s["advantages"] = per_sample  # one per sample: broadcast over its tokens
+  batch, plan = pack_policy_batch(**s, aggregation="token-mean", width=WIDTH)
+  np.testing.assert_array_equal(
+    plan.unpack(batch["advantages"], T) * s["mask"], per_sample[:, None] * s["mask"]
+  )
+
+
 def test_plan_rejects_bad_input():
   with pytest.raises(ValueError, match="columns"):
     plan_packing(np.array([3, 40]), WIDTH)

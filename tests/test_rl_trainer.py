@@ -42,7 +42,9 @@ def seven(completion: str, answer: str) -> float:
   return float("7" in completion)
 
 
-def _trainer(workdir, steps, reward_fn=seven, loss=None, update=None, **changes):
+def _trainer(
+  workdir, steps, reward_fn=seven, loss=None, update=None, step_reward_fn=None, **changes
+):
   graphdef, params = nnx.split(init_model(MODEL, seed=0))
   engine = RolloutEngine(graphdef, MODEL, ENGINE, SamplingConfig(temperature=1.0), POOL)
   cfg = GRPOConfig(
@@ -68,6 +70,7 @@ def _trainer(workdir, steps, reward_fn=seven, loss=None, update=None, **changes)
     loss or PolicyLossConfig(clip_high=0.28),
     update or UpdateConfig(learning_rate=3e-3, total_steps=10, micro_batch=4),
     str(workdir),
+    step_reward_fn=step_reward_fn,
   )
 
 
@@ -117,6 +120,58 @@ def test_learns_a_controlled_reward(tmp_path):
   first = np.mean([r["reward_mean"] for r in rows[:4]])
   last = np.mean([r["reward_mean"] for r in rows[-4:]])
   assert first < 0.5 and last > 0.85, (first, last)
+
+
+def test_process_credit_learns_a_per_token_reward(tmp_path):
+  """Process supervision end to end: every character is a step rewarded for being "7",
+  the outcome reward is constant (so only the process advantages carry signal, and dynamic
+  sampling must keep groups on their step rewards alone); the share of 7s climbs."""
+
+  def sevens(example, completion):
+    return [(i + 1, float(c == "7")) for i, c in enumerate(completion)]
+
+  update = UpdateConfig(learning_rate=3e-2, total_steps=100, micro_batch=4)
+  rows = _trainer(
+    tmp_path,
+    12,
+    reward_fn=lambda completion, answer: 0.0,
+    update=update,
+    step_reward_fn=sevens,
+    process_credit="step",
+    max_refills=0,
+  ).run(progress=False)
+  # Outcome rewards are all equal: every kept group was kept for its step rewards.
+  assert rows[0]["groups_used"] > 0 and rows[0]["step_reward_errors"] == 0
+  first = np.mean([r["step_reward_mean"] for r in rows[:3]])
+  last = np.mean([r["step_reward_mean"] for r in rows[-3:]])
+  assert first < 0.1 and last > 0.5, (first, last)
+
+
+def test_a_failing_step_checker_costs_its_sample_the_step_credit_only(tmp_path):
+  calls = []
+
+  def flaky(example, completion):
+    calls.append(completion)
+    if len(calls) % 3 == 0:
+      raise RuntimeError("checker bug")
+    if len(calls) % 3 == 1:
+      return [(len(completion) + 5, 1.0)]  # past the end of the text: malformed
+    return [(i + 1, float(c == "7")) for i, c in enumerate(completion)]
+
+  rows = _trainer(tmp_path, 1, step_reward_fn=flaky, process_credit="step").run(progress=False)
+  # Every third sample raises, every third returns a malformed step: 2/3 of the 8 samples
+  # of the first rollout (refills count too).
+  assert rows[0]["step_reward_errors"] >= 5
+  assert rows[0]["loss/skipped"] == 0
+
+
+def test_process_credit_needs_a_step_checker(tmp_path):
+  with pytest.raises(ValueError, match="needs a step_reward_fn"):
+    _trainer(tmp_path, 1, process_credit="step")
+  with pytest.raises(ValueError, match="process_credit must be"):
+    GRPOConfig(process_credit="token")
+  with pytest.raises(ValueError, match="process_coef"):
+    GRPOConfig(process_credit="step", process_coef=-1.0)
 
 
 def test_ppo_mini_batches_and_tensorboard(tmp_path):

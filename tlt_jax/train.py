@@ -293,6 +293,17 @@ def train_and_evaluate(
   return summary
 
 
+def _step_reward_fn(task, process_credit: str):
+  """The task's per-step checker on an example's question (process supervision), or None."""
+  if not process_credit:
+    return None
+  if task.steps is None:
+    raise ValueError(
+      f"rl.process_credit={process_credit!r}, but task {task.name!r} has no step checker"
+    )
+  return lambda example, completion: task.steps(example["question"], completion)
+
+
 def _reinforce(
   config, workdir, graphdef, params, engine, tokenizer, train, test, task, drafter, progress
 ):
@@ -325,6 +336,7 @@ def _reinforce(
       else None
     ),
     mesh=engine.placement.mesh if engine.placement is not None else None,
+    step_reward_fn=_step_reward_fn(task, rl_cfg.process_credit),
   )
   warm_s = 0.0
   if config.rl.get("warmup_engine", False):

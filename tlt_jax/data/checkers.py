@@ -11,6 +11,7 @@ from fractions import Fraction
 
 __all__ = [
   "MARKER",
+  "arithmetic_steps",
   "check_arithmetic",
   "check_countdown",
   "check_gsm8k",
@@ -367,6 +368,65 @@ def check_arithmetic(completion: str, answer: str) -> float:
   if not re.fullmatch(r"-?\d{1,12}", reference):
     return 0.0
   return float(int(predicted) == int(reference))
+
+
+_ARITH_QUESTION = re.compile(r"(\d{1,9})((?:,?[A-Za-z]?[+-]\d{1,9})*)=")
+_ARITH_OP = re.compile(r",?([A-Za-z]?)([+-])(\d{1,9})")
+_ARITH_LINE = re.compile(r"([A-Za-z]|\d{1,9})?([+-])(\d{1,9})=(\d{1,9});")
+
+
+def arithmetic_steps(question: str, completion: str) -> list[tuple[int, float]]:
+  """Process rewards for the `arithmetic` task: one (end, reward) per step of `completion`.
+
+  Steps are the `;`-terminated lines and the final `#answer`; `end` is the index in
+  `completion` just past the step. A line is judged locally, given the value the completion
+  itself wrote on its previous line: 1.0 when it is the next operation of the question (its
+  label, sign and operand) with the right result, else 0.0, so a line after a mistake can
+  still be right. The first line may restate the question's first number. The final
+  answer step scores 1.0 when it is the question's true result (the outcome reward).
+  Anything unparseable scores 0.0; never raises.
+
+  Args:
+    question: The task's question, e.g. "23,a+7,b+41=" (labelled) or "23+7+41=".
+    completion: Generated text, e.g. "23;a+7=30;b+41=71;#71".
+
+  Returns:
+    [(end, reward)] in order; empty when the question cannot be parsed.
+  """
+  if not isinstance(question, str) or not isinstance(completion, str):
+    return []
+  q = _ARITH_QUESTION.fullmatch(question.strip())
+  if q is None:
+    return []
+  first = int(q.group(1))
+  ops = [(label, sign, int(v)) for label, sign, v in _ARITH_OP.findall(q.group(2))]
+  truth = first
+  for _, sign, v in ops:
+    truth = truth + v if sign == "+" else truth - v
+  steps: list[tuple[int, float]] = []
+  value, next_op, start = first, 0, 0
+  while start < len(completion):
+    cut = completion.find(";", start)
+    if cut < 0:  # the last piece: the final answer (or an unfinished line)
+      answer = extract_marked_answer(completion[start:])
+      good = answer is not None and re.fullmatch(r"-?\d{1,12}", answer) and int(answer) == truth
+      steps.append((len(completion), float(bool(good) and next_op == len(ops))))
+      break
+    line, end = completion[start : cut + 1], cut + 1
+    good = False
+    if not steps and line == f"{first};":
+      good = True
+    elif (m := _ARITH_LINE.fullmatch(line)) is not None and next_op < len(ops):
+      label, sign, v = ops[next_op]
+      prefix, written = m.group(1) or "", int(m.group(4))
+      expected = value + v if sign == "+" else value - v
+      # labelled lines name the operation; unlabelled ones restate the running value or not.
+      prefix_ok = prefix == label if label else prefix in ("", str(value))
+      good = prefix_ok and (m.group(2), int(m.group(3))) == (sign, v) and written == expected
+      value, next_op = written, next_op + 1
+    steps.append((end, float(good)))
+    start = end
+  return steps
 
 
 def check_countdown(completion: str, answer: str) -> float:

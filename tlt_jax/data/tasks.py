@@ -379,15 +379,20 @@ class TaskSpec:
     name: Registry key.
     generate: `(seed, num, *, start=0, **params) -> list[Example]`, deterministic.
     check: `(completion, answer) -> float` reward in {0.0, 1.0}; never raises.
+    steps: `(question, completion) -> [(end, reward)]` per reasoning step, for process
+      supervision (None: the task has no step checker).
   """
 
   name: str
   generate: Callable[..., list[Example]]
   check: Callable[[str, str], float]
+  steps: Callable[[str, str], list[tuple[int, float]]] | None = None
 
 
 TASKS: dict[str, TaskSpec] = {
-  "arithmetic": TaskSpec("arithmetic", generate_arithmetic, checkers.check_arithmetic),
+  "arithmetic": TaskSpec(
+    "arithmetic", generate_arithmetic, checkers.check_arithmetic, checkers.arithmetic_steps
+  ),
   "countdown": TaskSpec("countdown", generate_countdown, checkers.check_countdown),
 }
 

@@ -15,7 +15,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import tokenizers
 
-__all__ = ["CharTokenizer", "HFTokenizer", "Tokenizer", "get_tokenizer"]
+__all__ = ["CharTokenizer", "HFTokenizer", "Tokenizer", "get_tokenizer", "text_ends"]
 
 
 @runtime_checkable
@@ -263,3 +263,18 @@ def get_tokenizer(name_or_dir: str | os.PathLike[str]) -> CharTokenizer | HFToke
   raise ValueError(
     f"Unknown tokenizer {name!r}: expected 'char' or an existing directory holding tokenizer.json."
   )
+
+
+def text_ends(tokenizer: Tokenizer, ids: Iterable[int]) -> list[int]:
+  """For each id, the length of `decode(ids[: i + 1])`: where its text ends in the decoded
+  string (special tokens add nothing), to map character spans (e.g. reasoning steps) to
+  tokens. Linear for `CharTokenizer`; a prefix decode per token otherwise (merges and
+  byte-level pieces make per-token lengths unreliable)."""
+  ids = _as_int_list(ids)
+  if isinstance(tokenizer, CharTokenizer):
+    ends, n = [], 0
+    for t in ids:
+      n += len(tokenizer.decode([t]))
+      ends.append(n)
+    return ends
+  return [len(tokenizer.decode(ids[: i + 1])) for i in range(len(ids))]

@@ -8,6 +8,8 @@ come from host-side checkers, and the results enter the device batch once.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 from jaxtyping import Bool, Float, Int
 
@@ -63,6 +65,77 @@ def group_advantages(
   if negative_weight != 1.0:
     adv = np.where(adv < 0, negative_weight * adv, adv)
   return adv.reshape(-1).astype(np.float32)
+
+
+PROCESS_CREDITS = ("step", "return")
+
+
+def process_advantages(
+  step_rewards: Sequence[Sequence[float]],
+  group_size: int,
+  *,
+  normalize_std: bool = True,
+  eps: float = 1e-6,
+) -> list[np.ndarray]:
+  """GRPO with process supervision (Shao et al. 2024, DeepSeekMath, sec. 4.1.3): every step
+  reward normalised by the mean (and std) of all step rewards of its group's G samples.
+
+  Args:
+    step_rewards: per sample (G consecutive samples per prompt), its steps' rewards; a
+      sample may have no step.
+    group_size: G.
+    normalize_std: divide by the std (+ eps) of the group's step rewards.
+    eps: added to the std.
+
+  Returns:
+    Per sample, float32 [its steps] normalised step rewards (all 0 in a group whose step
+    rewards are all equal).
+  """
+  if not isinstance(group_size, int | np.integer) or group_size <= 0:
+    raise ValueError(f"group_size must be a positive int, got {group_size!r}")
+  if not step_rewards or len(step_rewards) % group_size:
+    raise ValueError(
+      f"{len(step_rewards)} samples' step rewards: need a positive multiple of {group_size}"
+    )
+  out = []
+  for g in range(0, len(step_rewards), group_size):
+    rows = [np.asarray(r, np.float64).reshape(-1) for r in step_rewards[g : g + group_size]]
+    flat = np.concatenate(rows)
+    if flat.size and not np.all(np.isfinite(flat)):
+      raise ValueError("step rewards must be finite")
+    mean = flat.mean() if flat.size else 0.0
+    scale = flat.std() + eps if normalize_std and flat.size else 1.0
+    out += [((r - mean) / scale).astype(np.float32) for r in rows]
+  return out
+
+
+def token_process_advantages(
+  step_ends: Sequence[int],
+  step_advantages: np.ndarray,
+  token_ends: Sequence[int],
+  credit: str,
+) -> Float[np.ndarray, " T"]:
+  """Per-token advantages of one response from its steps' normalised rewards.
+
+  Token t covers the response text up to `token_ends[t]`; it belongs to the first step
+  whose end is at or after that. "step": a token gets its own step's advantage (a line
+  judged on its own); "return": the sum over its step and every later one (DeepSeekMath's
+  process-supervised GRPO). Tokens past the last step get 0.
+
+  Returns:
+    float32 [len(token_ends)].
+  """
+  if credit not in PROCESS_CREDITS:
+    raise ValueError(f"credit must be one of {PROCESS_CREDITS}, got {credit!r}")
+  ends = np.asarray(step_ends, np.int64)
+  adv = np.asarray(step_advantages, np.float32)
+  if ends.shape != adv.shape or np.any(np.diff(ends) <= 0):
+    raise ValueError("step_ends must be increasing, one per step advantage")
+  if credit == "return":
+    adv = np.cumsum(adv[::-1])[::-1]
+  step = np.searchsorted(ends, np.asarray(token_ends, np.int64), side="left")
+  padded = np.append(adv, np.float32(0.0))
+  return padded[np.minimum(step, adv.size)].astype(np.float32)
 
 
 def informative_groups(rewards: Float[np.ndarray, " N"], group_size: int) -> Bool[np.ndarray, " P"]:

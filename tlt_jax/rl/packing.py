@@ -126,7 +126,8 @@ def pack_policy_batch(
   row_multiple: int = 1,
   pow2_rows: bool = False,
 ) -> tuple[dict[str, np.ndarray], Packing]:
-  """Per-sample rollout arrays ([N, T] rows, [N] advantages) -> a packed policy batch.
+  """Per-sample rollout arrays ([N, T] rows; advantages [N], or [N, T] per token) -> a
+  packed policy batch.
 
   Returns (batch, packing): batch holds tokens, positions, segment_ids (0 on
   padding), mask, old_logp, advantages (per token) and weights, all
@@ -134,6 +135,8 @@ def pack_policy_batch(
   """
   p = plan_packing(length, width, row_multiple, pow2_rows)
   n, t = tokens.shape
+  adv = advantages.astype(np.float32)
+  adv = adv[:, None] if adv.ndim == 1 else adv
   positions, segment_ids = p.layout()
   batch = {
     "tokens": p.pack(tokens.astype(np.int32)),
@@ -141,7 +144,7 @@ def pack_policy_batch(
     "segment_ids": segment_ids,
     "mask": p.pack(mask.astype(np.float32)),
     "old_logp": p.pack(old_logp.astype(np.float32)),
-    "advantages": p.pack(np.broadcast_to(advantages.astype(np.float32)[:, None], (n, t)).copy()),
+    "advantages": p.pack(np.broadcast_to(adv, (n, t)).copy()),
     "weights": p.pack(token_weights(mask, aggregation)),
   }
   return batch, p

@@ -39,9 +39,16 @@ from jax.sharding import Mesh
 from tensorboardX import SummaryWriter
 from tqdm.auto import tqdm
 
-from tlt_jax.data.tokenizer import Tokenizer
+from tlt_jax.data.tokenizer import Tokenizer, text_ends
 from tlt_jax.parallel.meshes import replicated, rows_sharding
-from tlt_jax.rl.advantages import group_advantages, informative_groups, overlong_penalty
+from tlt_jax.rl.advantages import (
+  PROCESS_CREDITS,
+  group_advantages,
+  informative_groups,
+  overlong_penalty,
+  process_advantages,
+  token_process_advantages,
+)
 from tlt_jax.rl.loss import PolicyLossConfig
 from tlt_jax.rl.packing import pack_policy_batch, plan_packing
 from tlt_jax.rl.rewards import RewardFn, RewardPool
@@ -50,6 +57,10 @@ from tlt_jax.rollout.engine import RolloutEngine
 from tlt_jax.rollout.pool import ExecutablePool
 from tlt_jax.scheduler import SliceScheduler
 from tlt_jax.training.evaluate import evaluate_pass_at_1
+
+# (example, completion) -> [(end, reward)] per reasoning step of the completion, e.g.
+# data.checkers.arithmetic_steps on the example's question (see GRPOConfig.process_credit).
+StepRewardFn = Callable[[Mapping[str, str], str], Sequence[tuple[int, float]]]
 
 # Timed phases of a step (metrics "time/<phase>"); time/other is the step's remainder.
 PHASES = ("rollout", "reward", "old_logp", "update", "eval", "checkpoint")
@@ -68,6 +79,11 @@ class GRPOConfig:
     dynamic_sampling: drop groups with all-equal rewards and refill (DAPO).
     max_refills: extra rollouts per step to refill dropped groups.
     overlong_buffer: DAPO soft overlong punishment window in tokens (0: off).
+    process_credit: "" (outcome rewards only), or process supervision from a step
+      reward function (`step_reward_fn`): step rewards normalised per group
+      (DeepSeekMath's process-supervised GRPO) and given to each token, "step" its own
+      step's, "return" the sum over its step and the later ones.
+    process_coef: weight of the process advantage, added to the outcome one.
     eval_every: held-out greedy pass@1 every this many steps (0: only at the end).
     eval_examples: held-out problems per evaluation.
     eval_samples: also sampled pass@1 (mean accuracy of this many samples per
@@ -85,6 +101,8 @@ class GRPOConfig:
   dynamic_sampling: bool = True
   max_refills: int = 2
   overlong_buffer: int = 0
+  process_credit: str = ""
+  process_coef: float = 1.0
   eval_every: int = 10
   eval_examples: int = 100
   eval_samples: int = 0
@@ -106,6 +124,13 @@ class GRPOConfig:
       v = getattr(self, name)
       if not isinstance(v, int) or v < 0:
         raise ValueError(f"GRPOConfig.{name} must be an int >= 0, got {v!r}")
+    if self.process_credit not in ("", *PROCESS_CREDITS):
+      raise ValueError(
+        f"GRPOConfig.process_credit must be '' or one of {PROCESS_CREDITS}, "
+        f"got {self.process_credit!r}"
+      )
+    if not (self.process_coef >= 0.0 and np.isfinite(self.process_coef)):
+      raise ValueError(f"GRPOConfig.process_coef must be >= 0, got {self.process_coef!r}")
     if not 0.0 <= self.negative_weight <= 1.0:
       raise ValueError(
         f"GRPOConfig.negative_weight must be in [0, 1], got {self.negative_weight!r}"
@@ -133,6 +158,7 @@ class GRPOTrainer:
     eval_check: RewardFn | None = None,
     scheduler: SliceScheduler | None = None,
     mesh: Mesh | None = None,
+    step_reward_fn: StepRewardFn | None = None,
   ):
     """See the module docstring.
 
@@ -145,6 +171,8 @@ class GRPOTrainer:
     every rollout's tokens and features in idle slices (reward scoring, checkpoint
     writes, the rollout's long tail); its params, optimizer state and version are
     checkpointed with the policy.
+    `step_reward_fn` (needed when config.process_credit is set): per-step rewards of a
+    completion, for process supervision.
     `mesh` (the policy-training role's 1-D "data" mesh): params, optimizer state and
     reference replicated on it, every update's rows split over it (the engine has its
     own rollout mesh, `RolloutEngine(mesh=...)`).
@@ -156,6 +184,12 @@ class GRPOTrainer:
     self.eval_check = eval_check or reward_fn
     self.train, self.evals = list(train_examples), list(eval_examples)[: config.eval_examples]
     self.reward_fn, self.format_prompt = reward_fn, format_prompt
+    if config.process_credit and step_reward_fn is None:
+      raise ValueError(
+        f"process_credit={config.process_credit!r} needs a step_reward_fn (the task's "
+        "per-step checker)"
+      )
+    self.step_reward_fn = step_reward_fn
     self.cfg, self.loss_cfg, self.update_cfg = config, loss_config, update_config
     self.workdir = workdir
     if engine.sampling.temperature != loss_config.temperature:
@@ -289,7 +323,48 @@ class GRPOTrainer:
       self.scheduler.drafter.observe(result, self.step)
     texts = [self.tokenizer.decode(result.completion(n)) for n in range(p * g)]
     answers = [examples[n // g]["answer"] for n in range(p * g)]
-    return result, rewards.submit(texts, answers)
+    return result, rewards.submit(texts, answers), texts
+
+  def _process(self, result, texts, examples) -> tuple[np.ndarray, np.ndarray, float] | None:
+    """Process supervision (config.process_credit): per-token process advantages [N, slots]
+    (0 off the response), per group whether its step rewards differ at all, and the mean
+    step reward."""
+    cfg, g = self.cfg, self.cfg.group_size
+    if not cfg.process_credit:
+      return None
+    steps = [self._steps(examples[n // g], text) for n, text in enumerate(texts)]
+    normalised = process_advantages(
+      [[r for _, r in s] for s in steps], g, normalize_std=cfg.normalize_std
+    )
+    out = np.zeros(result.tokens.shape, np.float32)
+    for n, (s, adv) in enumerate(zip(steps, normalised)):
+      if not s:
+        continue
+      ids = result.completion(n)
+      start = int(result.prompt_len[n])
+      out[n, start : start + len(ids)] = token_process_advantages(
+        [e for e, _ in s], adv, text_ends(self.tokenizer, ids), cfg.process_credit
+      )
+    informative = np.array(
+      [any(np.any(a != 0) for a in normalised[j : j + g]) for j in range(0, len(texts), g)]
+    )
+    flat = [r for s in steps for _, r in s]
+    return out, informative, float(np.mean(flat)) if flat else 0.0
+
+  def _steps(self, example, text: str) -> list[tuple[int, float]]:
+    """The step checker's [(end, reward)] for one completion; one that raises or returns
+    something malformed (ends not increasing within the text, rewards not finite) gives
+    that sample no step credit, counted in step_reward_errors."""
+    try:
+      steps = [(int(e), float(r)) for e, r in self.step_reward_fn(example, text)]
+      ends = [0, *(e for e, _ in steps)]
+      increasing = all(a < b for a, b in zip(ends, ends[1:])) and ends[-1] <= len(text)
+      if increasing and all(np.isfinite(r) for _, r in steps):
+        return steps
+    except Exception:  # a user's checker must not kill the run
+      pass
+    self._step_errors += 1
+    return []
 
   def _width(self, results) -> int:
     """Packed-row columns: the longest sample rounded up to 128 (few shapes)."""
@@ -313,10 +388,12 @@ class GRPOTrainer:
   def train_step(self, rewards: RewardPool) -> dict[str, Any]:
     cfg, g, p = self.cfg, self.cfg.group_size, self.cfg.prompts_per_step
     times: dict[str, float] = {}
+    self._step_errors = 0
     compiled = self.engine.pool.compile_seconds
     train_compiled = self.programs.compile_seconds
     t = time.perf_counter()
-    result, pending = self._rollout(self._next_examples(p), rewards, 0)
+    examples = self._next_examples(p)
+    result, pending, texts = self._rollout(examples, rewards, 0)
     times["rollout"] = time.perf_counter() - t
     # The device computes old log-probs while the host threads score rewards.
     t = time.perf_counter()
@@ -327,6 +404,7 @@ class GRPOTrainer:
       old_of[0] = lambda: old_first
       self.scheduler.fill("reward", lambda: not pending.done(), self.params)
     got = pending()
+    process = [self._process(result, texts, examples)]
     times["reward"] = time.perf_counter() - t
     r = got.rewards.copy()
     if cfg.overlong_buffer:
@@ -337,14 +415,16 @@ class GRPOTrainer:
     refills = 0
     batch_result, batch_rewards, raw = [result], [r], [got.rewards]
     if cfg.dynamic_sampling:
-      kept = informative_groups(r, g)
+      kept = self._informative(r, process[0])
       while kept.sum() < p and refills < cfg.max_refills:
         refills += 1
         t = time.perf_counter()
-        extra, pend = self._rollout(self._next_examples(p), rewards, refills)
+        more_examples = self._next_examples(p)
+        extra, pend, extra_texts = self._rollout(more_examples, rewards, refills)
         times["rollout"] += time.perf_counter() - t
         old_of.append(self._old_logp(extra))
         more = pend()
+        process.append(self._process(extra, extra_texts, more_examples))
         er = more.rewards.copy()
         if cfg.overlong_buffer:
           er += overlong_penalty(
@@ -353,7 +433,7 @@ class GRPOTrainer:
         batch_result.append(extra)
         batch_rewards.append(er)
         raw.append(more.rewards)
-        kept = np.concatenate([kept, informative_groups(er, g)])
+        kept = np.concatenate([kept, self._informative(er, process[-1])])
     t = time.perf_counter()
     olds = [f() for f in old_of]
     times["old_logp"] = time.perf_counter() - t
@@ -366,7 +446,7 @@ class GRPOTrainer:
     tokens = np.zeros((n, width), np.int32)
     length = np.zeros((n,), np.int32)
     mask = np.zeros((n, width), np.float32)
-    adv = np.zeros((n,), np.float32)
+    adv = np.zeros((n, width), np.float32)
     rollout_lp = np.zeros((n, width), np.float32)
     old = np.zeros((n, width), np.float32)
     for slot, (i, j) in enumerate(chosen):
@@ -381,7 +461,9 @@ class GRPOTrainer:
       mask[dst] = (cols >= res.prompt_len[rows, None]) & (cols < res.length[rows, None])
       adv[dst] = group_advantages(
         rew[rows], g, normalize_std=cfg.normalize_std, negative_weight=cfg.negative_weight
-      )
+      )[:, None]
+      if process[i] is not None:
+        adv[dst] += cfg.process_coef * process[i][0][rows, :width]
     diff = np.abs(old - rollout_lp)[mask > 0]
     samples = {
       "tokens": tokens,
@@ -418,11 +500,22 @@ class GRPOTrainer:
       # time/reward or time/old_logp, and time/update).
       "time/train_compile": self.programs.compile_seconds - train_compiled,
       **self._spec_metrics(batch_result),
+      **(
+        {"step_reward_mean": process[0][2], "step_reward_errors": self._step_errors}
+        if process[0] is not None
+        else {}
+      ),
       # Generation time at batch buckets <= max_batch / 4 (the long tail) and in all:
       # their ratio caps what speculative decoding can save (1 / (1 - share)).
       "time/rollout_tail": sum(res.generation_seconds(self._tail_batch) for res in batch_result),
       "time/rollout_generate": sum(res.generation_seconds() for res in batch_result),
     }
+
+  def _informative(self, rewards: np.ndarray, process) -> np.ndarray:
+    """Per group, whether it carries a learning signal: outcome rewards that differ, or
+    (process supervision) step rewards that do."""
+    kept = informative_groups(rewards, self.cfg.group_size)
+    return kept if process is None else kept | process[1]
 
   def _spec_metrics(self, results) -> dict[str, float]:
     """Speculative-decoding figures of this step's rollouts (nothing when SD is off)."""
