@@ -1,0 +1,155 @@
+r"""One-token attention over the KV cache: batched dots vs multiply-reduce, on XLA:CPU.
+
+A decode step's query is one token per row, so its attention is, per (row, kv head), a
+[G, E] x [E, S] and a [G, S] x [S, E] product. Written as einsums, XLA:CPU runs them as
+thousands of tiny GEMMs; written as a multiply fused into a reduction
+(`models.transformer._attend_one`), it streams the cache once. Two measurements, settings
+interleaved round by round so machine drift hits both alike:
+
+1. attention alone: 16 layers of cache attention per decode step, for the policy's shapes
+   (default: the 50M speculative-decoding bench policy, configs/sd_bench.py), per batch
+   size and cache length; ms per step and the cache-read bound at --gbps;
+2. the rollout engine end to end: plain decode of --new_tokens tokens for B prompts (random
+   init, no stop token, so every row decodes all of them; greedy), tokens/s for both forms
+   and whether they decode the same tokens.
+
+  python experiments/bench_decode_attention.py
+  python experiments/bench_decode_attention.py --batches=1,16,64 --slots=256,512 --rounds=3
+  python experiments/bench_decode_attention.py --parts=engine --new_tokens=320
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import app, flags
+from flax import nnx
+from ml_collections import config_flags
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from tlt_jax import configuration  # noqa: E402
+from tlt_jax.data import get_tokenizer  # noqa: E402
+from tlt_jax.decode.sampling import SamplingConfig  # noqa: E402
+from tlt_jax.models import transformer  # noqa: E402
+from tlt_jax.rollout.engine import RolloutEngine  # noqa: E402
+from tlt_jax.rollout.pool import ExecutablePool  # noqa: E402
+
+_CONFIG = config_flags.DEFINE_config_file("config", "configs/sd_bench.py", "policy config")
+_BATCHES = flags.DEFINE_list("batches", ["1", "4", "16", "64"], "batch sizes")
+_SLOTS = flags.DEFINE_list("slots", ["256", "512"], "cache slots read per step (attention part)")
+_ROUNDS = flags.DEFINE_integer("rounds", 3, "interleaved rounds")
+_NEW = flags.DEFINE_integer("new_tokens", 64, "tokens decoded per row (engine part)")
+_ENGINE_BATCHES = flags.DEFINE_list("engine_batches", ["1", "16", "64"], "engine batch sizes")
+_GBPS = flags.DEFINE_float("gbps", 12.5, "memory bandwidth for the cache-read bound, GB/s")
+_PARTS = flags.DEFINE_list("parts", ["attention", "engine"], "what to measure")
+_OUT = flags.DEFINE_string("out", "", "optional JSON file for the results")
+
+FORMS = {"dots": False, "reduce": True}  # value of transformer._ONE_TOKEN_REDUCE
+
+
+def _attention_ms(cfg, batch: int, slots: int, reduce: bool, steps: int = 8) -> float:
+  """ms per decode step of cfg.num_layers cache attentions (read at trace time: fresh jit)."""
+  transformer._ONE_TOKEN_REDUCE = reduce
+  key = jax.random.key(0)
+  shape = (batch, cfg.num_kv_heads, slots, cfg.head_dim)
+  ks = [jax.random.normal(jax.random.fold_in(key, i), shape) for i in range(cfg.num_layers)]
+  vs = [jax.random.normal(jax.random.fold_in(key, 99 + i), shape) for i in range(cfg.num_layers)]
+  q = jax.random.normal(key, (batch, 1, cfg.num_heads, cfg.head_dim))
+  lens = jnp.full((batch,), slots - steps - 1)
+
+  @jax.jit
+  def run(q, ks, vs):
+    def step(i, x):
+      mask = transformer.cache_mask(lens + i, 1, slots)
+      for k, v in zip(ks, vs):  # each layer's output feeds the next: no work is skipped
+        x = transformer.attend(x, k, v, mask)
+      return x
+
+    return jax.lax.fori_loop(0, steps, step, q)
+
+  jax.block_until_ready(run(q, ks, vs))
+  start = time.perf_counter()
+  jax.block_until_ready(run(q, ks, vs))
+  return 1e3 * (time.perf_counter() - start) / steps
+
+
+def _engine_run(graphdef, params, cfg, engine_cfg, prompts, reduce: bool):
+  transformer._ONE_TOKEN_REDUCE = reduce
+  # A fresh pool per run: programs are traced (and the flag read) when they compile.
+  greedy = SamplingConfig(temperature=0.0)
+  engine = RolloutEngine(graphdef, cfg, engine_cfg, greedy, ExecutablePool())
+  engine.generate(params, prompts, 1, key=0)  # compile
+  result = engine.generate(params, prompts, 1, key=0)
+  return float(result.num_generated.sum()) / result.wall_seconds, np.asarray(result.tokens)
+
+
+def main(argv):
+  del argv
+  config = _CONFIG.value
+  tok = get_tokenizer(config.task.tokenizer)
+  cfg = configuration.model_config(config, tok)
+  out: dict = {"attention_ms": {}, "engine_tokens_per_s": {}}
+  print(
+    f"policy: {cfg.num_params / 1e6:.1f}M params, {cfg.num_layers} layers, "
+    f"{cfg.num_kv_heads} kv heads x {cfg.head_dim}"
+  )
+
+  print("1. cache attention alone, ms per decode step (all layers):")
+  for slots in map(int, _SLOTS.value if "attention" in _PARTS.value else []):
+    for b in map(int, _BATCHES.value):
+      times = {f: [] for f in FORMS}
+      for _ in range(_ROUNDS.value):
+        for f, reduce in FORMS.items():
+          times[f].append(_attention_ms(cfg, b, slots, reduce))
+      med = {f: float(np.median(t)) for f, t in times.items()}
+      cache_bytes = 2 * cfg.num_layers * b * cfg.num_kv_heads * slots * cfg.head_dim * 4
+      bound = cache_bytes / _GBPS.value / 1e6
+      out["attention_ms"][f"{b}x{slots}"] = med
+      print(
+        f"  batch {b:>3}, {slots} slots: dots {med['dots']:7.2f}  reduce {med['reduce']:7.2f}"
+        f"  ({med['dots'] / med['reduce']:.2f}x; cache-read bound {bound:.2f})",
+        flush=True,
+      )
+
+  print(f"2. rollout engine, plain greedy decode of {_NEW.value} tokens per row, tokens/s:")
+  graphdef, params = nnx.split(transformer.init_model(cfg, seed=0))
+  rng = np.random.default_rng(0)
+  for b in map(int, _ENGINE_BATCHES.value if "engine" in _PARTS.value else []):
+    engine_cfg = dataclasses.replace(
+      configuration.engine_config(config, tok),
+      max_new_tokens=_NEW.value,
+      max_batch=b,
+      min_batch_bucket=b,
+      stop_tokens=(),
+    )
+    prompts = [[tok.bos_id, *rng.integers(3, 60, 32).tolist()] for _ in range(b)]
+    rates = {f: [] for f in FORMS}
+    tokens = {}
+    for _ in range(_ROUNDS.value):
+      for f, reduce in FORMS.items():
+        rate, tokens[f] = _engine_run(graphdef, params, cfg, engine_cfg, prompts, reduce)
+        rates[f].append(rate)
+    med = {f: float(np.median(r)) for f, r in rates.items()}
+    same = float(np.mean(tokens["dots"] == tokens["reduce"]))
+    out["engine_tokens_per_s"][str(b)] = {**med, "same_tokens": same}
+    print(
+      f"  batch {b:>3}: dots {med['dots']:7.1f}  reduce {med['reduce']:7.1f}"
+      f"  ({med['reduce'] / med['dots']:.2f}x; same tokens {same:.3f})",
+      flush=True,
+    )
+  transformer._ONE_TOKEN_REDUCE = True
+  if _OUT.value:
+    with open(_OUT.value, "w") as f:
+      json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+  app.run(main)
