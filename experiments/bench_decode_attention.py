@@ -1,21 +1,25 @@
-r"""One-token attention over the KV cache: batched dots vs multiply-reduce, on XLA:CPU.
+r"""Attention of a few new tokens over the KV cache: batched dots vs multiply-reduce (XLA:CPU).
 
-A decode step's query is one token per row, so its attention is, per (row, kv head), a
-[G, E] x [E, S] and a [G, S] x [S, E] product. Written as einsums, XLA:CPU runs them as
-thousands of tiny GEMMs; written as a multiply fused into a reduction
-(`models.transformer._attend_one`), it streams the cache once. Two measurements, settings
-interleaved round by round so machine drift hits both alike:
+A decode step's query is one token per row (a verification, a handful), so its attention is,
+per (row, kv head), a [G T, E] x [E, S] and a [G T, S] x [S, E] product. Written as einsums,
+XLA:CPU runs them as thousands of tiny GEMMs; written as a multiply fused into a reduction
+(`models.transformer._attend_reduce`, taken where `_reduces(batch, tokens)` says), it streams
+the cache. Measurements, settings interleaved round by round so drift hits both alike:
 
 1. attention alone: 16 layers of cache attention per decode step, for the policy's shapes
    (default: the 50M speculative-decoding bench policy, configs/sd_bench.py), per batch
    size and cache length; ms per step and the cache-read bound at --gbps;
 2. the rollout engine end to end: plain decode of --new_tokens tokens for B prompts (random
    init, no stop token, so every row decodes all of them; greedy), tokens/s for both forms
-   and whether they decode the same tokens.
+   and whether they decode the same tokens;
+3. speculative rounds end to end: the engine with a random-init drafter and one fixed strategy
+   (draft, one target pass over the draft, verify, commit), ms per round at each batch; a
+   random drafter is rarely accepted, so rounds run at their full cost.
 
   python experiments/bench_decode_attention.py
   python experiments/bench_decode_attention.py --batches=1,16,64 --slots=256,512 --rounds=3
   python experiments/bench_decode_attention.py --parts=engine --new_tokens=320
+  python experiments/bench_decode_attention.py --parts=spec --spec_batches=1,4,16
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from tlt_jax import configuration  # noqa: E402
 from tlt_jax.data import get_tokenizer  # noqa: E402
 from tlt_jax.decode.sampling import SamplingConfig  # noqa: E402
 from tlt_jax.models import transformer  # noqa: E402
+from tlt_jax.models.drafter import init_drafter  # noqa: E402
 from tlt_jax.rollout.engine import RolloutEngine  # noqa: E402
 from tlt_jax.rollout.pool import ExecutablePool  # noqa: E402
 
@@ -49,15 +54,17 @@ _ROUNDS = flags.DEFINE_integer("rounds", 3, "interleaved rounds")
 _NEW = flags.DEFINE_integer("new_tokens", 64, "tokens decoded per row (engine part)")
 _ENGINE_BATCHES = flags.DEFINE_list("engine_batches", ["1", "16", "64"], "engine batch sizes")
 _GBPS = flags.DEFINE_float("gbps", 12.5, "memory bandwidth for the cache-read bound, GB/s")
-_PARTS = flags.DEFINE_list("parts", ["attention", "engine"], "what to measure")
+_PARTS = flags.DEFINE_list("parts", ["attention", "engine", "spec"], "what to measure")
+_SPEC_BATCHES = flags.DEFINE_list("spec_batches", ["1", "4", "16"], "speculative batch sizes")
+_STRATEGIES = flags.DEFINE_list("strategies", ["chain4", "tree5x4x16"], "draft strategies")
 _OUT = flags.DEFINE_string("out", "", "optional JSON file for the results")
 
-FORMS = {"dots": False, "reduce": True}  # value of transformer._ONE_TOKEN_REDUCE
+FORMS = {"dots": False, "reduce": True}  # value of transformer._REDUCE_ATTENTION
 
 
 def _attention_ms(cfg, batch: int, slots: int, reduce: bool, steps: int = 8) -> float:
   """ms per decode step of cfg.num_layers cache attentions (read at trace time: fresh jit)."""
-  transformer._ONE_TOKEN_REDUCE = reduce
+  transformer._REDUCE_ATTENTION = reduce
   key = jax.random.key(0)
   shape = (batch, cfg.num_kv_heads, slots, cfg.head_dim)
   ks = [jax.random.normal(jax.random.fold_in(key, i), shape) for i in range(cfg.num_layers)]
@@ -82,7 +89,7 @@ def _attention_ms(cfg, batch: int, slots: int, reduce: bool, steps: int = 8) -> 
 
 
 def _engine_run(graphdef, params, cfg, engine_cfg, prompts, reduce: bool):
-  transformer._ONE_TOKEN_REDUCE = reduce
+  transformer._REDUCE_ATTENTION = reduce
   # A fresh pool per run: programs are traced (and the flag read) when they compile.
   greedy = SamplingConfig(temperature=0.0)
   engine = RolloutEngine(graphdef, cfg, engine_cfg, greedy, ExecutablePool())
@@ -145,7 +152,41 @@ def main(argv):
       f"  ({med['reduce'] / med['dots']:.2f}x; same tokens {same:.3f})",
       flush=True,
     )
-  transformer._ONE_TOKEN_REDUCE = True
+  print("3. speculative rounds (random drafter, fixed strategy), ms per round:")
+  out["spec_round_ms"] = {}
+  dgraph, dparams = nnx.split(init_drafter(cfg, seed=0))
+  for b in map(int, _SPEC_BATCHES.value if "spec" in _PARTS.value else []):
+    prompts = [[tok.bos_id, *rng.integers(3, 60, 32).tolist()] for _ in range(b)]
+    for strategy in _STRATEGIES.value:
+      engine_cfg = dataclasses.replace(
+        configuration.engine_config(config, tok),
+        max_new_tokens=_NEW.value,
+        max_batch=b,
+        min_batch_bucket=b,
+        stop_tokens=(),
+        spec_threshold=b,
+        spec_strategies=(strategy,),
+        spec_adaptive=False,
+      )
+      ms = {f: [] for f in FORMS}
+      for _ in range(_ROUNDS.value):
+        for f, reduce in FORMS.items():
+          transformer._REDUCE_ATTENTION = reduce
+          engine = RolloutEngine(
+            graphdef, cfg, engine_cfg, SamplingConfig(temperature=0.0), ExecutablePool(), dgraph
+          )
+          engine.generate(params, prompts, 1, key=0, drafter_params=dparams)  # compile
+          r = engine.generate(params, prompts, 1, key=0, drafter_params=dparams)
+          spec = r.spec_summary()
+          ms[f].append(1e3 * spec["seconds"] / max(spec["rounds"], 1))
+      med = {f: float(np.median(m)) for f, m in ms.items()}
+      out["spec_round_ms"][f"{b}/{strategy}"] = med
+      print(
+        f"  batch {b:>3} {strategy:>12}: dots {med['dots']:7.1f}  reduce {med['reduce']:7.1f}"
+        f"  ({med['dots'] / med['reduce']:.2f}x)",
+        flush=True,
+      )
+  transformer._REDUCE_ATTENTION = True
   if _OUT.value:
     with open(_OUT.value, "w") as f:
       json.dump(out, f, indent=1)

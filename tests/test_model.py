@@ -146,25 +146,36 @@ def test_blocked_causal_attention_matches_dense_in_values_and_gradients():
     np.testing.assert_allclose(gb, gd, atol=1e-4)
 
 
-def test_one_token_attention_matches_the_batched_dot_form():
-  # Decode-shaped inputs (one query per row) with per-row visible prefixes, a bf16 cache too.
+@pytest.mark.parametrize("t", [1, 5])
+def test_reduce_attention_matches_the_batched_dot_form(t):
+  # Decode / verification shapes with per-row visible prefixes, a bf16 cache too.
   from tlt_jax.models import transformer
 
-  b, h, kv, s, e = 3, 8, 2, 40, 16
+  b, h, kv, s, e = 4, 8, 2, 40, 16
+  assert transformer._reduces(b, t)  # `attend` takes the multiply-reduce form here
   ks = jax.random.split(jax.random.key(7), 3)
-  q = jax.random.normal(ks[0], (b, 1, h, e))
+  q = jax.random.normal(ks[0], (b, t, h, e))
   k, v = (jax.random.normal(x, (b, kv, s, e)) for x in ks[1:])
-  mask = cache_mask(jnp.array([0, 17, 39]), 1, s)
+  mask = cache_mask(jnp.array([0, 9, 17, 30]), t, s)
   dots = jax.jit(lambda *a: transformer._attend_dots(*a))
-  for dtype, atol in ((jnp.float32, 1e-5), (jnp.bfloat16, 2e-2)):
+  for dtype, atol in ((jnp.float32, 1e-5), (jnp.bfloat16, 3e-2)):
     args = (q.astype(dtype), k.astype(dtype), v.astype(dtype), mask)
     got = jax.jit(attend)(*args)
     assert got.dtype == dtype
     np.testing.assert_allclose(
       np.asarray(got, np.float32), np.asarray(dots(*args), np.float32), atol=atol
     )
-  # Row 0 sees one slot: its output is that slot's value row, for every head of the group.
-  np.testing.assert_allclose(got[0, 0, :2].astype(jnp.float32), v[0, 0, :1].repeat(2, 0), atol=2e-2)
+  # Row 0's first token sees one slot: its output is that slot's value row, for every head
+  # of the group.
+  np.testing.assert_allclose(got[0, 0, :2].astype(jnp.float32), v[0, 0, :1].repeat(2, 0), atol=3e-2)
+
+
+def test_reduce_attention_is_taken_for_few_tokens_over_enough_rows():
+  from tlt_jax.models.transformer import _reduces
+
+  assert _reduces(1, 1) and _reduces(128, 1) and _reduces(4, 17) and _reduces(32, 31)
+  assert not _reduces(1, 5) and not _reduces(3, 17) and not _reduces(16, 32)
+  assert not _reduces(16, 448)  # full sequences (SFT, log-probs, prefill) keep the dots
 
 
 def test_return_layers_and_tree_mask():

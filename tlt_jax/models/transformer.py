@@ -89,9 +89,20 @@ def apply_rope(x: Float[Array, "B T N E"], tables) -> Float[Array, "B T N E"]:
   return (x32 * cos + rotated * sin).astype(x.dtype)
 
 
-# One new token per row attends by multiply-reduce (`_attend_one`); read at trace time, so
-# experiments/bench_decode_attention.py can time the batched-dot form against it.
-_ONE_TOKEN_REDUCE = True
+# Few new tokens per row attend by multiply-reduce (`_attend_reduce`, see `_reduces`); read
+# at trace time, so experiments/bench_decode_attention.py can time the batched dots against it.
+_REDUCE_ATTENTION = True
+
+
+def _reduces(batch: int, new_tokens: int) -> bool:
+  """Whether `attend` takes the multiply-reduce form: one new token per row (decode, chain
+  drafting), or fewer than 32 (draft verification, extends) over at least 4 rows. Measured on
+  XLA:CPU (50M bench policy shapes, 512 cache slots, `experiments/bench_decode_attention.py`):
+  one token, batch 1 3.2 -> 2.3 ms per step, batch 64 239 -> 75; 17 tokens, batch 4 33 -> 16,
+  batch 32 290 -> 139; but at batch 1 with 5 or 17 tokens the dots win (4.8 vs 8.2 ms)."""
+  if not _REDUCE_ATTENTION:
+    return False
+  return new_tokens == 1 or (batch >= 4 and new_tokens < 32)
 
 
 def attend(
@@ -101,8 +112,8 @@ def attend(
   mask: Bool[Array, "B T S"],
 ) -> Float[Array, "B T H E"]:
   """Grouped-query attention with a boolean visibility mask, softmax in float32."""
-  if q.shape[1] == 1 and _ONE_TOKEN_REDUCE:
-    return _attend_one(q, k, v, mask)
+  if _reduces(q.shape[0], q.shape[1]):
+    return _attend_reduce(q, k, v, mask)
   return _attend_dots(q, k, v, mask)
 
 
@@ -123,30 +134,30 @@ def _attend_dots(
   return out.reshape(b, t, h, e)
 
 
-def _attend_one(
-  q: Float[Array, "B 1 H E"],
+def _attend_reduce(
+  q: Float[Array, "B T H E"],
   k: Float[Array, "B K S E"],
   v: Float[Array, "B K S E"],
-  mask: Bool[Array, "B 1 S"],
-) -> Float[Array, "B 1 H E"]:
-  """`attend` for one new token per row (plain decode, chain drafting), as multiply-reduce.
+  mask: Bool[Array, "B T S"],
+) -> Float[Array, "B T H E"]:
+  """`attend` as multiply-reduce, for a few new tokens per row.
 
-  With one query row per (batch, kv head), the dots are thousands of [G, E] x [E, S]
-  products, which XLA:CPU runs as tiny batched GEMMs at ~a third of the cache-read bound; a
-  multiply fused into a reduction streams the cache once (50M bench policy shapes, 16 layers,
-  512 cache slots, ms of attention per decode step: batch 1 3.8 -> 2.7, batch 64 ~245 ->
-  ~120; `experiments/bench_decode_attention.py`). Same math, summed in another order.
+  With few query rows per (batch, kv head), the dots are thousands of [G T, E] x [E, S]
+  products, which XLA:CPU runs as tiny batched GEMMs well below the cache-read bound; a
+  multiply fused into a reduction streams the cache instead. Same math, summed in another
+  order (float rounding).
   """
-  b, _, h, e = q.shape
-  kv = k.shape[1]
-  q = q.reshape(b, kv, h // kv, 1, e)  # [B, K, G, 1, E]
+  b, t, h, e = q.shape
+  kv, dtype = k.shape[1], v.dtype
   prec = jnp.promote_types(k.dtype, jnp.float32)
-  scores = jnp.sum(q.astype(prec) * k[:, :, None, :, :].astype(prec), axis=-1)  # [B, K, G, S]
-  scores = scores * (e**-0.5)
-  scores = jnp.where(mask[:, :, None, :], scores, _NEG_INF)
+  q = q.reshape(b, t, kv, h // kv, e).transpose(0, 2, 3, 1, 4).astype(prec)  # [B, K, G, T, E]
+  k = k[:, :, None, None, :, :].astype(prec)  # [B, K, 1, 1, S, E]
+  scores = jnp.sum(q[:, :, :, :, None, :] * k, axis=-1) * (e**-0.5)  # [B, K, G, T, S]
+  scores = jnp.where(mask[:, None, None, :, :], scores, _NEG_INF)
   probs = jax.nn.softmax(scores, axis=-1)
-  out = jnp.sum(probs[..., None] * v[:, :, None, :, :].astype(prec), axis=-2)  # [B, K, G, E]
-  return out.reshape(b, 1, h, e).astype(v.dtype)
+  v = v[:, :, None, None, :, :].astype(prec)
+  out = jnp.sum(probs[..., None] * v, axis=-2)  # [B, K, G, T, E]
+  return out.transpose(0, 3, 1, 2, 4).reshape(b, t, h, e).astype(dtype)
 
 
 # Query block of the causal path: a block attends only to keys up to its own end.
