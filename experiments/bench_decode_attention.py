@@ -88,14 +88,31 @@ def _attention_ms(cfg, batch: int, slots: int, reduce: bool, steps: int = 8) -> 
   return 1e3 * (time.perf_counter() - start) / steps
 
 
-def _engine_run(graphdef, params, cfg, engine_cfg, prompts, reduce: bool):
+def _engine_result(model, engine_cfg, prompts, reduce: bool, drafter=None):
+  """Greedy rollout of `prompts` (one sample each) by a fresh engine, after a compiling run.
+
+  model: (graphdef, params, config); drafter: (graphdef, params) for speculative decoding.
+  """
   transformer._REDUCE_ATTENTION = reduce
+  graphdef, params, cfg = model
+  dgraph, dparams = drafter or (None, None)
   # A fresh pool per run: programs are traced (and the flag read) when they compile.
   greedy = SamplingConfig(temperature=0.0)
-  engine = RolloutEngine(graphdef, cfg, engine_cfg, greedy, ExecutablePool())
-  engine.generate(params, prompts, 1, key=0)  # compile
-  result = engine.generate(params, prompts, 1, key=0)
-  return float(result.num_generated.sum()) / result.wall_seconds, np.asarray(result.tokens)
+  engine = RolloutEngine(graphdef, cfg, engine_cfg, greedy, ExecutablePool(), dgraph)
+  engine.generate(params, prompts, 1, key=0, drafter_params=dparams)  # compile
+  return engine.generate(params, prompts, 1, key=0, drafter_params=dparams)
+
+
+def _engine_config(config, tok, batch: int, **changes):
+  """One batch bucket of `batch` rows, no stop token: every row decodes --new_tokens."""
+  return dataclasses.replace(
+    configuration.engine_config(config, tok),
+    max_new_tokens=_NEW.value,
+    max_batch=batch,
+    min_batch_bucket=batch,
+    stop_tokens=(),
+    **changes,
+  )
 
 
 def main(argv):
@@ -127,23 +144,18 @@ def main(argv):
       )
 
   print(f"2. rollout engine, plain greedy decode of {_NEW.value} tokens per row, tokens/s:")
-  graphdef, params = nnx.split(transformer.init_model(cfg, seed=0))
+  model = (*nnx.split(transformer.init_model(cfg, seed=0)), cfg)
   rng = np.random.default_rng(0)
   for b in map(int, _ENGINE_BATCHES.value if "engine" in _PARTS.value else []):
-    engine_cfg = dataclasses.replace(
-      configuration.engine_config(config, tok),
-      max_new_tokens=_NEW.value,
-      max_batch=b,
-      min_batch_bucket=b,
-      stop_tokens=(),
-    )
+    engine_cfg = _engine_config(config, tok, b)
     prompts = [[tok.bos_id, *rng.integers(3, 60, 32).tolist()] for _ in range(b)]
     rates = {f: [] for f in FORMS}
     tokens = {}
     for _ in range(_ROUNDS.value):
       for f, reduce in FORMS.items():
-        rate, tokens[f] = _engine_run(graphdef, params, cfg, engine_cfg, prompts, reduce)
-        rates[f].append(rate)
+        r = _engine_result(model, engine_cfg, prompts, reduce)
+        rates[f].append(float(r.num_generated.sum()) / r.wall_seconds)
+        tokens[f] = np.asarray(r.tokens)
     med = {f: float(np.median(r)) for f, r in rates.items()}
     same = float(np.mean(tokens["dots"] == tokens["reduce"]))
     out["engine_tokens_per_s"][str(b)] = {**med, "same_tokens": same}
@@ -154,30 +166,17 @@ def main(argv):
     )
   print("3. speculative rounds (random drafter, fixed strategy), ms per round:")
   out["spec_round_ms"] = {}
-  dgraph, dparams = nnx.split(init_drafter(cfg, seed=0))
+  drafter = nnx.split(init_drafter(cfg, seed=0))
   for b in map(int, _SPEC_BATCHES.value if "spec" in _PARTS.value else []):
     prompts = [[tok.bos_id, *rng.integers(3, 60, 32).tolist()] for _ in range(b)]
     for strategy in _STRATEGIES.value:
-      engine_cfg = dataclasses.replace(
-        configuration.engine_config(config, tok),
-        max_new_tokens=_NEW.value,
-        max_batch=b,
-        min_batch_bucket=b,
-        stop_tokens=(),
-        spec_threshold=b,
-        spec_strategies=(strategy,),
-        spec_adaptive=False,
+      engine_cfg = _engine_config(
+        config, tok, b, spec_threshold=b, spec_strategies=(strategy,), spec_adaptive=False
       )
       ms = {f: [] for f in FORMS}
       for _ in range(_ROUNDS.value):
         for f, reduce in FORMS.items():
-          transformer._REDUCE_ATTENTION = reduce
-          engine = RolloutEngine(
-            graphdef, cfg, engine_cfg, SamplingConfig(temperature=0.0), ExecutablePool(), dgraph
-          )
-          engine.generate(params, prompts, 1, key=0, drafter_params=dparams)  # compile
-          r = engine.generate(params, prompts, 1, key=0, drafter_params=dparams)
-          spec = r.spec_summary()
+          spec = _engine_result(model, engine_cfg, prompts, reduce, drafter).spec_summary()
           ms[f].append(1e3 * spec["seconds"] / max(spec["rounds"], 1))
       med = {f: float(np.median(m)) for f, m in ms.items()}
       out["spec_round_ms"][f"{b}/{strategy}"] = med

@@ -190,6 +190,7 @@ class GRPOTrainer:
         "per-step checker)"
       )
     self.step_reward_fn = step_reward_fn
+    self._step_errors = 0  # step checkers that failed in the current step
     self.cfg, self.loss_cfg, self.update_cfg = config, loss_config, update_config
     self.workdir = workdir
     if engine.sampling.temperature != loss_config.temperature:
