@@ -59,23 +59,26 @@ _SPEC_BATCHES = flags.DEFINE_list("spec_batches", ["1", "4", "16"], "speculative
 _STRATEGIES = flags.DEFINE_list("strategies", ["chain4", "tree5x4x16"], "draft strategies")
 _OUT = flags.DEFINE_string("out", "", "optional JSON file for the results")
 
-FORMS = {"dots": False, "reduce": True}  # value of transformer._REDUCE_ATTENTION
+_FORMS = flags.DEFINE_list(
+  "forms", ["dots", "reduce"], "values of transformer._ATTENTION_FORM; ratios are to the first"
+)
+_TOKENS = flags.DEFINE_list("tokens", ["1"], "new tokens per row (attention part)")
 
 
-def _attention_ms(cfg, batch: int, slots: int, reduce: bool, steps: int = 8) -> float:
+def _attention_ms(cfg, batch: int, tokens: int, slots: int, form: str, steps: int = 8) -> float:
   """ms per decode step of cfg.num_layers cache attentions (read at trace time: fresh jit)."""
-  transformer._REDUCE_ATTENTION = reduce
+  transformer._ATTENTION_FORM = form
   key = jax.random.key(0)
   shape = (batch, cfg.num_kv_heads, slots, cfg.head_dim)
   ks = [jax.random.normal(jax.random.fold_in(key, i), shape) for i in range(cfg.num_layers)]
   vs = [jax.random.normal(jax.random.fold_in(key, 99 + i), shape) for i in range(cfg.num_layers)]
-  q = jax.random.normal(key, (batch, 1, cfg.num_heads, cfg.head_dim))
-  lens = jnp.full((batch,), slots - steps - 1)
+  q = jax.random.normal(key, (batch, tokens, cfg.num_heads, cfg.head_dim))
+  lens = jnp.full((batch,), slots - steps - tokens)
 
   @jax.jit
   def run(q, ks, vs):
     def step(i, x):
-      mask = transformer.cache_mask(lens + i, 1, slots)
+      mask = transformer.cache_mask(lens + i, tokens, slots)
       for k, v in zip(ks, vs):  # each layer's output feeds the next: no work is skipped
         x = transformer.attend(x, k, v, mask)
       return x
@@ -88,12 +91,12 @@ def _attention_ms(cfg, batch: int, slots: int, reduce: bool, steps: int = 8) -> 
   return 1e3 * (time.perf_counter() - start) / steps
 
 
-def _engine_result(model, engine_cfg, prompts, reduce: bool, drafter=None):
+def _engine_result(model, engine_cfg, prompts, form: str, drafter=None):
   """Greedy rollout of `prompts` (one sample each) by a fresh engine, after a compiling run.
 
   model: (graphdef, params, config); drafter: (graphdef, params) for speculative decoding.
   """
-  transformer._REDUCE_ATTENTION = reduce
+  transformer._ATTENTION_FORM = form
   graphdef, params, cfg = model
   dgraph, dparams = drafter or (None, None)
   # A fresh pool per run: programs are traced (and the flag read) when they compile.
@@ -126,22 +129,34 @@ def main(argv):
     f"{cfg.num_kv_heads} kv heads x {cfg.head_dim}"
   )
 
+  forms = _FORMS.value
+  print(f"forms (ratios to {forms[0]}): {', '.join(forms)}")
+
+  def line(med: dict[str, float], better: str) -> str:
+    """Each form's median and its ratio to the first form's (>1: faster than it)."""
+    cells = []
+    for f in forms:
+      ratio = med[forms[0]] / med[f] if better == "lower" else med[f] / med[forms[0]]
+      cells.append(f"{f} {med[f]:8.2f}" + ("" if f == forms[0] else f" ({ratio:.2f}x)"))
+    return "  ".join(cells)
+
   print("1. cache attention alone, ms per decode step (all layers):")
   for slots in map(int, _SLOTS.value if "attention" in _PARTS.value else []):
-    for b in map(int, _BATCHES.value):
-      times = {f: [] for f in FORMS}
-      for _ in range(_ROUNDS.value):
-        for f, reduce in FORMS.items():
-          times[f].append(_attention_ms(cfg, b, slots, reduce))
-      med = {f: float(np.median(t)) for f, t in times.items()}
-      cache_bytes = 2 * cfg.num_layers * b * cfg.num_kv_heads * slots * cfg.head_dim * 4
-      bound = cache_bytes / _GBPS.value / 1e6
-      out["attention_ms"][f"{b}x{slots}"] = med
-      print(
-        f"  batch {b:>3}, {slots} slots: dots {med['dots']:7.2f}  reduce {med['reduce']:7.2f}"
-        f"  ({med['dots'] / med['reduce']:.2f}x; cache-read bound {bound:.2f})",
-        flush=True,
-      )
+    for t in map(int, _TOKENS.value):
+      for b in map(int, _BATCHES.value):
+        times = {f: [] for f in forms}
+        for _ in range(_ROUNDS.value):
+          for f in forms:
+            times[f].append(_attention_ms(cfg, b, t, slots, f))
+        med = {f: float(np.median(x)) for f, x in times.items()}
+        cache_bytes = 2 * cfg.num_layers * b * cfg.num_kv_heads * slots * cfg.head_dim * 4
+        bound = cache_bytes / _GBPS.value / 1e6
+        out["attention_ms"][f"{b}x{t}x{slots}"] = med
+        print(
+          f"  batch {b:>3}, {t:>2} tokens, {slots} slots: {line(med, 'lower')}"
+          f"  (cache-read bound {bound:.2f})",
+          flush=True,
+        )
 
   print(f"2. rollout engine, plain greedy decode of {_NEW.value} tokens per row, tokens/s:")
   model = (*nnx.split(transformer.init_model(cfg, seed=0)), cfg)
@@ -149,21 +164,17 @@ def main(argv):
   for b in map(int, _ENGINE_BATCHES.value if "engine" in _PARTS.value else []):
     engine_cfg = _engine_config(config, tok, b)
     prompts = [[tok.bos_id, *rng.integers(3, 60, 32).tolist()] for _ in range(b)]
-    rates = {f: [] for f in FORMS}
+    rates = {f: [] for f in forms}
     tokens = {}
     for _ in range(_ROUNDS.value):
-      for f, reduce in FORMS.items():
-        r = _engine_result(model, engine_cfg, prompts, reduce)
+      for f in forms:
+        r = _engine_result(model, engine_cfg, prompts, f)
         rates[f].append(float(r.num_generated.sum()) / r.wall_seconds)
         tokens[f] = np.asarray(r.tokens)
     med = {f: float(np.median(r)) for f, r in rates.items()}
-    same = float(np.mean(tokens["dots"] == tokens["reduce"]))
+    same = min(float(np.mean(tokens[forms[0]] == tokens[f])) for f in forms)
     out["engine_tokens_per_s"][str(b)] = {**med, "same_tokens": same}
-    print(
-      f"  batch {b:>3}: dots {med['dots']:7.1f}  reduce {med['reduce']:7.1f}"
-      f"  ({med['reduce'] / med['dots']:.2f}x; same tokens {same:.3f})",
-      flush=True,
-    )
+    print(f"  batch {b:>3}: {line(med, 'higher')}  (same tokens {same:.3f})", flush=True)
   print("3. speculative rounds (random drafter, fixed strategy), ms per round:")
   out["spec_round_ms"] = {}
   drafter = nnx.split(init_drafter(cfg, seed=0))
@@ -173,19 +184,15 @@ def main(argv):
       engine_cfg = _engine_config(
         config, tok, b, spec_threshold=b, spec_strategies=(strategy,), spec_adaptive=False
       )
-      ms = {f: [] for f in FORMS}
+      ms = {f: [] for f in forms}
       for _ in range(_ROUNDS.value):
-        for f, reduce in FORMS.items():
-          spec = _engine_result(model, engine_cfg, prompts, reduce, drafter).spec_summary()
+        for f in forms:
+          spec = _engine_result(model, engine_cfg, prompts, f, drafter).spec_summary()
           ms[f].append(1e3 * spec["seconds"] / max(spec["rounds"], 1))
       med = {f: float(np.median(m)) for f, m in ms.items()}
       out["spec_round_ms"][f"{b}/{strategy}"] = med
-      print(
-        f"  batch {b:>3} {strategy:>12}: dots {med['dots']:7.1f}  reduce {med['reduce']:7.1f}"
-        f"  ({med['dots'] / med['reduce']:.2f}x)",
-        flush=True,
-      )
-  transformer._REDUCE_ATTENTION = True
+      print(f"  batch {b:>3} {strategy:>12}: {line(med, 'lower')}", flush=True)
+  transformer._ATTENTION_FORM = "auto"
   if _OUT.value:
     with open(_OUT.value, "w") as f:
       json.dump(out, f, indent=1)

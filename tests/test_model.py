@@ -146,36 +146,53 @@ def test_blocked_causal_attention_matches_dense_in_values_and_gradients():
     np.testing.assert_allclose(gb, gd, atol=1e-4)
 
 
+def _reference_attention(q, k, v, mask):
+  """Per (row, token, head) softmax attention in float64 numpy: the forms' common truth."""
+  q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+  b, t, h, e = q.shape
+  g = h // k.shape[1]
+  out = np.zeros_like(q)
+  for i, j, hh in np.ndindex(b, t, h):
+    scores = k[i, hh // g] @ q[i, j, hh] / np.sqrt(e)
+    scores = np.where(mask[i, j], scores, -np.inf)
+    p = np.exp(scores - scores.max())
+    out[i, j, hh] = (p / p.sum()) @ v[i, hh // g]
+  return out
+
+
+@pytest.mark.parametrize("form", ["_attend_dots", "_attend_reduce"])
 @pytest.mark.parametrize("t", [1, 5])
-def test_reduce_attention_matches_the_batched_dot_form(t):
-  # Decode / verification shapes with per-row visible prefixes, a bf16 cache too.
+def test_attention_forms_match_a_reference(form, t):
+  # Decode / verification shapes with per-row visible prefixes, grouped query heads, f32 and
+  # a bf16 cache.
   from tlt_jax.models import transformer
 
   b, h, kv, s, e = 4, 8, 2, 40, 16
-  assert transformer._reduces(b, t)  # `attend` takes the multiply-reduce form here
   ks = jax.random.split(jax.random.key(7), 3)
   q = jax.random.normal(ks[0], (b, t, h, e))
   k, v = (jax.random.normal(x, (b, kv, s, e)) for x in ks[1:])
   mask = cache_mask(jnp.array([0, 9, 17, 30]), t, s)
-  dots = jax.jit(lambda *a: transformer._attend_dots(*a))
+  fn = jax.jit(getattr(transformer, form))
   for dtype, atol in ((jnp.float32, 1e-5), (jnp.bfloat16, 3e-2)):
-    args = (q.astype(dtype), k.astype(dtype), v.astype(dtype), mask)
-    got = jax.jit(attend)(*args)
+    args = (q.astype(dtype), k.astype(dtype), v.astype(dtype))
+    got = fn(*args, mask)
     assert got.dtype == dtype
-    np.testing.assert_allclose(
-      np.asarray(got, np.float32), np.asarray(dots(*args), np.float32), atol=atol
-    )
+    want = _reference_attention(*(np.asarray(x, np.float32) for x in args), np.asarray(mask))
+    np.testing.assert_allclose(np.asarray(got, np.float32), want, atol=atol)
   # Row 0's first token sees one slot: its output is that slot's value row, for every head
   # of the group.
   np.testing.assert_allclose(got[0, 0, :2].astype(jnp.float32), v[0, 0, :1].repeat(2, 0), atol=3e-2)
 
 
-def test_reduce_attention_is_taken_for_few_tokens_over_enough_rows():
+def test_attention_form_rule():
   from tlt_jax.models.transformer import _reduces
 
-  assert _reduces(1, 1) and _reduces(128, 1) and _reduces(4, 17) and _reduces(32, 31)
-  assert not _reduces(1, 5) and not _reduces(3, 17) and not _reduces(16, 32)
-  assert not _reduces(16, 448)  # full sequences (SFT, log-probs, prefill) keep the dots
+  # Multiply-reduce: one token over many rows, a few tokens over two or more.
+  assert _reduces(16, 1) and _reduces(128, 1) and _reduces(2, 5) and _reduces(32, 31)
+  # Dots: one token over few rows, any few tokens of one row, and full sequences (SFT,
+  # log-probs, prefill).
+  assert not _reduces(1, 1) and not _reduces(8, 1) and not _reduces(1, 17)
+  assert not _reduces(16, 32) and not _reduces(16, 448)
 
 
 def test_return_layers_and_tree_mask():

@@ -89,20 +89,23 @@ def apply_rope(x: Float[Array, "B T N E"], tables) -> Float[Array, "B T N E"]:
   return (x32 * cos + rotated * sin).astype(x.dtype)
 
 
-# Few new tokens per row attend by multiply-reduce (`_attend_reduce`, see `_reduces`); read
-# at trace time, so experiments/bench_decode_attention.py can time the batched dots against it.
-_REDUCE_ATTENTION = True
+# The form `attend` takes: "auto" (`_reduces` decides), or always "dots" or "reduce". Read at
+# trace time, so experiments/bench_decode_attention.py can time the forms against each other.
+_ATTENTION_FORM = "auto"
 
 
 def _reduces(batch: int, new_tokens: int) -> bool:
-  """Whether `attend` takes the multiply-reduce form: one new token per row (decode, chain
-  drafting), or fewer than 32 (draft verification, extends) over at least 4 rows. Measured on
-  XLA:CPU (50M bench policy shapes, 512 cache slots, `experiments/bench_decode_attention.py`):
-  one token, batch 1 3.2 -> 2.3 ms per step, batch 64 239 -> 75; 17 tokens, batch 4 33 -> 16,
-  batch 32 290 -> 139; but at batch 1 with 5 or 17 tokens the dots win (4.8 vs 8.2 ms)."""
-  if not _REDUCE_ATTENTION:
-    return False
-  return new_tokens == 1 or (batch >= 4 and new_tokens < 32)
+  """Whether `attend` takes the multiply-reduce form (else the dots): one new token over at
+  least 16 rows (decode of a larger batch), or 2-31 new tokens over at least 2 rows (draft
+  verification, extends). Measured on XLA:CPU, 50M bench policy shapes, 512 cache slots, all
+  16 layers (`experiments/bench_decode_attention.py --parts=attention`), ms per step, dots ->
+  reduce: 1 token, batch 1 1.0 -> 1.7, 8 13.0 -> 18.4, 16 32.7 -> 22.4, 64 464 -> 108;
+  5 tokens, batch 1 3.0 -> 7.6, 2 7.0 -> 4.8; 17 tokens, batch 1 6.4 -> 12.2, 2 13.2 -> 8.6."""
+  if _ATTENTION_FORM != "auto":
+    return _ATTENTION_FORM == "reduce"
+  if new_tokens == 1:
+    return batch >= 16
+  return batch >= 2 and new_tokens < 32
 
 
 def attend(
@@ -123,15 +126,22 @@ def _attend_dots(
   v: Float[Array, "B K S E"],
   mask: Bool[Array, "B T S"],
 ) -> Float[Array, "B T H E"]:
+  """`attend` as two batched matrix products per (row, kv head).
+
+  The query rows of one kv head (its G heads x T tokens) are merged into one matrix
+  dimension first: with (G, T) left as two free dimensions of the einsum, XLA:CPU ran the
+  products 1.1-2x slower (few tokens most; SFT gradients too, see the README).
+  """
   b, t, h, e = q.shape
   kv = k.shape[1]
-  q = q.reshape(b, t, kv, h // kv, e)
-  scores = jnp.einsum("btkge,bkse->bkgts", q, k, preferred_element_type=jnp.float32)
-  scores = scores * (e**-0.5)
+  g = h // kv
+  q = q.reshape(b, t, kv, g, e).transpose(0, 2, 3, 1, 4).reshape(b, kv, g * t, e)
+  scores = jnp.einsum("bkqe,bkse->bkqs", q, k, preferred_element_type=jnp.float32)
+  scores = scores.reshape(b, kv, g, t, -1) * (e**-0.5)
   scores = jnp.where(mask[:, None, None, :, :], scores, _NEG_INF)
-  probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-  out = jnp.einsum("bkgts,bkse->btkge", probs, v)
-  return out.reshape(b, t, h, e)
+  probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype).reshape(b, kv, g * t, -1)
+  out = jnp.einsum("bkqs,bkse->bkqe", probs, v).reshape(b, kv, g, t, e)
+  return out.transpose(0, 3, 1, 2, 4).reshape(b, t, h, e)
 
 
 def _attend_reduce(
