@@ -50,7 +50,10 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.model.checkpoint = ""  # a local HF directory to start from instead of SFT
 
   c.sft = ml_collections.ConfigDict()
-  c.sft.steps = 400
+  # The lookup of the next labelled operation is learnt suddenly, and at 400 steps the
+  # warm start sat on that edge: rounding-level changes to the attention moved it from
+  # held-out 0.45 to 0.25 greedy (seed 0). 480 steps: SFT loss 0.11, 0.62 greedy.
+  c.sft.steps = 480
   c.sft.batch_rows = 16
   c.sft.row_len = 448
   c.sft.learning_rate = 5e-3
