@@ -195,6 +195,14 @@ def test_attention_form_rule():
   assert not _reduces(16, 32) and not _reduces(16, 448)
 
 
+def test_unknown_attention_form_is_an_error(monkeypatch):
+  from tlt_jax.models import transformer
+
+  monkeypatch.setattr(transformer, "_ATTENTION_FORM", "dot")  # a typo must not time the dots
+  with pytest.raises(ValueError, match="_ATTENTION_FORM"):
+    transformer._reduces(1, 1)
+
+
 def test_return_layers_and_tree_mask():
   cfg = ModelConfig(**BASE)
   model = _model(cfg)

@@ -101,6 +101,8 @@ def _reduces(batch: int, new_tokens: int) -> bool:
   16 layers (`experiments/bench_decode_attention.py --parts=attention`), ms per step, dots ->
   reduce: 1 token, batch 1 1.0 -> 1.7, 8 13.0 -> 18.4, 16 32.7 -> 22.4, 64 464 -> 108;
   5 tokens, batch 1 3.0 -> 7.6, 2 7.0 -> 4.8; 17 tokens, batch 1 6.4 -> 12.2, 2 13.2 -> 8.6."""
+  if _ATTENTION_FORM not in ("auto", "dots", "reduce"):
+    raise ValueError(f"_ATTENTION_FORM must be 'auto', 'dots' or 'reduce', got {_ATTENTION_FORM!r}")
   if _ATTENTION_FORM != "auto":
     return _ATTENTION_FORM == "reduce"
   if new_tokens == 1:
