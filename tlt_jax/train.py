@@ -415,17 +415,20 @@ def plot_rl(rows: list[dict[str, Any]], path: str) -> None:
 
 def format_summary(summary: dict[str, Any]) -> str:
   e, w = summary["eval"], summary["warm_start"]
+  held_out = f"held-out pass@1 (greedy): {e['accuracy']:.3f} on {e['num_examples']} problems"
+  if "sampled_accuracy" in e:
+    held_out += f", sampled {e['sampled_accuracy']:.3f} (at the rollout temperature)"
   head = [
     f"policy: {summary['model_params'] / 1e6:.2f}M params, warm start from {w['source']}",
-    f"held-out pass@1 (greedy): {e['accuracy']:.3f} on {e['num_examples']} problems",
+    held_out,
   ]
   if "rollout" not in summary:
     return "\n".join(head)
   r = summary["rollout"]
   lines = [
-    f"policy: {summary['model_params'] / 1e6:.2f}M params, warm start from {w['source']}"
+    head[0]
     + (f" ({w['sft_steps']} SFT steps, {w['sft_seconds']:.0f}s)" if "sft_seconds" in w else ""),
-    f"held-out pass@1 (greedy): {e['accuracy']:.3f} on {e['num_examples']} problems",
+    held_out,
     f"rollout: {r['sequences']} sequences, {r['generated_tokens']} tokens in "
     f"{r['wall_seconds']:.2f}s, {r['tokens_per_second']:.0f} tokens/s without its "
     f"{r['compile_seconds']:.2f}s of lazy compiles; mean reward {r['mean_reward']:.3f}",
