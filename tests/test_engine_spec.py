@@ -300,12 +300,24 @@ def _online(models, **scheduler):
 
 def test_rl_trainer_trains_the_drafter_online_and_checkpoints_it(models, tmp_path):
   """TLT mode: rollouts feed the drafter's buffer, updates run in the reward and
-  checkpoint windows and the long tail (budget 0.5 here to force some), new
-  versions reach the engine at chunk boundaries, and the drafter (params,
-  optimizer, version) is saved with the policy and restored on resume."""
+  checkpoint windows and the long tail, new versions reach the engine at chunk
+  boundaries, and the drafter (params, optimizer, version) is saved with the policy
+  and restored on resume."""
   first_sched = _online(models, rollout_budget=0.5, long_tail_batch=16)
   saved = {}
   fill = first_sched.fill
+  begin = first_sched.begin_rollout
+
+  def cheap_updates(target):
+    # Whether a measured update fits the long tail's budget depends on this machine's
+    # load (a contended CI run once fit none); the budget arithmetic is tested with a
+    # fake clock (tests/test_online_drafter.py). Here the estimate is pinned small, so
+    # the long tail dispatches real updates whatever the timing.
+    params = begin(target)
+    first_sched.update_seconds = 1e-6
+    return params
+
+  first_sched.begin_rollout = cheap_updates
 
   def spy(window, busy, target):  # the checkpoint window opens right after the save call
     if window == "checkpoint":
