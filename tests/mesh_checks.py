@@ -83,6 +83,18 @@ def check_sharded_rollout():
   out = spec.generate(tp, PROMPTS, 4, key=0, max_new_tokens=LIMITS, drafter_params=dp)
   assert any(e["phase"] == "spec" for e in out.timeline)
   np.testing.assert_array_equal(out.tokens, ref.tokens)
+  # Sampled (coupled sampling): speculative decoding on the mesh, compacting onto fewer
+  # devices, draws the very tokens plain decoding draws on one device with the same key.
+  sampled = SamplingConfig(temperature=1.0, top_p=0.95)
+  plain_cfg = dataclasses.replace(ENGINE, spec_threshold=0)
+  ref = RolloutEngine(tg, MODEL, plain_cfg, sampled).generate(
+    tp, PROMPTS, 4, key=5, max_new_tokens=LIMITS
+  )
+  spec = RolloutEngine(tg, MODEL, spec_cfg, sampled, drafter_graphdef=dg, mesh=mesh)
+  out = spec.generate(tp, PROMPTS, 4, key=5, max_new_tokens=LIMITS, drafter_params=dp)
+  assert out.spec_summary()["row_rounds"] > 0
+  np.testing.assert_array_equal(out.tokens, ref.tokens)
+  np.testing.assert_allclose(out.logprobs, ref.logprobs, atol=1e-4)
 
 
 def _update_inputs(tp, rows=16, width=16):

@@ -1,4 +1,10 @@
-"""Speculative decoding inside the rollout engine: lossless, switching, compaction, errors."""
+"""Speculative decoding inside the rollout engine: lossless, switching, compaction, errors.
+
+Coupled sampling makes sampled speculative rollouts token-identical to plain ones for the same
+key, so every mechanism below (strategies, thresholds, the bandit switching both ways,
+compaction, pushed drafter versions) is checked by token identity at temperature 1, not only
+greedily.
+"""
 
 import dataclasses
 
@@ -14,6 +20,7 @@ from tlt_jax.models.drafter import init_drafter
 from tlt_jax.models.transformer import init_model
 from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
 from tlt_jax.rollout.pool import ExecutablePool
+from tlt_jax.rollout.speculative import SpecStrategy
 
 # Untied head: `_functional_pair` needs it, and one config lets all tests share programs.
 MODEL = ModelConfig(
@@ -42,6 +49,8 @@ ENGINE = EngineConfig(
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8], [9], [10, 11, 12, 13, 14, 15, 16, 17]]
 LIMITS = [5, 37, 12, 20]  # per-prompt max new tokens: a long tail
 GREEDY = SamplingConfig(temperature=0.0)
+SAMPLED = SamplingConfig(temperature=1.0)
+TRUNCATED = SamplingConfig(temperature=0.7, top_k=12, top_p=0.9)
 
 
 @pytest.fixture(scope="module")
@@ -72,12 +81,25 @@ def _phases(result):
   return [e["phase"] for e in result.timeline]
 
 
-@pytest.mark.parametrize("strategy", ["chain3", "tree3x2x6"])
-def test_greedy_spec_equals_plain(models, pool, strategy):
+@pytest.mark.parametrize(
+  "strategy,sampling",
+  [
+    ("chain3", GREEDY),
+    ("tree3x2x6", GREEDY),
+    ("chain3", SAMPLED),
+    ("tree3x2x6", SAMPLED),
+    ("tree3x2x6", TRUNCATED),
+  ],
+  ids=["chain3-greedy", "tree-greedy", "chain3-t1", "tree-t1", "tree-t0.7_k12_p0.9"],
+)
+def test_spec_equals_plain(models, pool, strategy, sampling):
+  """Greedy and sampled (same key): the same tokens as plain decoding, every row."""
   _, tp, _, dp = models
-  plain = _run(_engine(models, pool, spec_threshold=0), tp, None)
-  spec = _run(_engine(models, pool, spec_strategies=(strategy,)), tp, dp)
+  plain = _run(_engine(models, pool, sampling, spec_threshold=0), tp, None)
+  spec = _run(_engine(models, pool, sampling, spec_strategies=(strategy,)), tp, dp)
   assert "spec" in _phases(spec) and "decode" not in _phases(spec)
+  # Drafts are accepted and rejected alike (the identity is not that of an always-wrong draft).
+  assert 0 < spec.spec_summary()["accepted_drafts"] < SpecStrategy.parse(strategy).depth
   np.testing.assert_array_equal(spec.length, plain.length)
   np.testing.assert_array_equal(spec.tokens, plain.tokens)
   # Recorded log-probs and features are the target's (tree-masked forward vs one token).
@@ -87,10 +109,11 @@ def test_greedy_spec_equals_plain(models, pool, strategy):
 
 
 def test_threshold_switches_mid_rollout(models, pool):
-  """Plain while the batch bucket is above the threshold, speculative below it."""
+  """Plain while the batch bucket is above the threshold, speculative below it; sampled
+  output identical to plain decoding's."""
   _, tp, _, dp = models
-  plain = _run(_engine(models, pool, spec_threshold=0), tp, None, num_samples=4)
-  spec = _run(_engine(models, pool, spec_threshold=4), tp, dp, num_samples=4)
+  plain = _run(_engine(models, pool, SAMPLED, spec_threshold=0), tp, None, num_samples=4)
+  spec = _run(_engine(models, pool, SAMPLED, spec_threshold=4), tp, dp, num_samples=4)
   phases = [p for p in _phases(spec) if p in ("decode", "spec")]
   assert phases[0] == "decode" and "spec" in phases
   for e in spec.timeline:
@@ -101,10 +124,11 @@ def test_threshold_switches_mid_rollout(models, pool):
 
 def test_adaptive_switches_both_ways(models, pool):
   """The bandit explores plain and speculative arms at one bucket: the drafter cache
-  is rebuilt from captured features after plain chunks, and outputs stay exact."""
+  is rebuilt from captured features after plain chunks, and sampled outputs stay identical
+  to plain decoding's whatever the bandit chose."""
   _, tp, _, dp = models
-  engine = _engine(models, pool, spec_adaptive=True, spec_threshold=8)
-  plain = _run(_engine(models, pool, spec_threshold=0), tp, None, num_samples=4)
+  engine = _engine(models, pool, SAMPLED, spec_adaptive=True, spec_threshold=8)
+  plain = _run(_engine(models, pool, SAMPLED, spec_threshold=0), tp, None, num_samples=4)
   spec = _run(engine, tp, dp, num_samples=4)
   phases = [p for p in _phases(spec) if p in ("decode", "spec")]
   pairs = set(zip(phases, phases[1:]))
@@ -119,12 +143,15 @@ def test_adaptive_switches_both_ways(models, pool):
 
 def test_drafter_cache_follows_compaction(models, pool):
   """Per-row acceptance depends only on the row's own drafter cache: the same with
-  and without compaction (which gathers the drafter cache into smaller buckets)."""
+  and without compaction (which gathers the drafter cache into smaller buckets); sampled
+  tokens identical to plain decoding's either way."""
   _, tp, _, dp = models
-  a = _run(_engine(models, pool), tp, dp, num_samples=4)
-  b = _run(_engine(models, pool, compact=False), tp, dp, num_samples=4)
+  a = _run(_engine(models, pool, SAMPLED), tp, dp, num_samples=4)
+  b = _run(_engine(models, pool, SAMPLED, compact=False), tp, dp, num_samples=4)
+  plain = _run(_engine(models, pool, SAMPLED, spec_threshold=0), tp, None, num_samples=4)
   assert {e["batch"] for e in a.timeline if e["phase"] == "spec"} != {16}
   np.testing.assert_array_equal(a.tokens, b.tokens)
+  np.testing.assert_array_equal(a.tokens, plain.tokens)
   assert a.spec_summary()["accepted_drafts"] > 0
   assert a.spec_summary()["row_rounds"] == b.spec_summary()["row_rounds"]
   assert a.spec_summary()["accepted_drafts"] == b.spec_summary()["accepted_drafts"]
@@ -347,7 +374,8 @@ def test_rl_trainer_trains_the_drafter_online_and_checkpoints_it(models, tmp_pat
     _rl_trainer(models, tmp_path / "x", 1, scheduler=_online(models), drafter_params=models[3])
 
 
-def test_pushed_drafter_versions_keep_greedy_exact(models, pool):
+@pytest.mark.parametrize("sampling", [GREEDY, SAMPLED], ids=["greedy", "t1"])
+def test_pushed_drafter_versions_keep_outputs_exact(models, pool, sampling):
   """A hook that swaps the drafter at chunk boundaries (here: alternating between a
   trained-looking and a random drafter) changes speed only, never the tokens."""
   tg, tp, dg, dp = models
@@ -358,8 +386,8 @@ def test_pushed_drafter_versions_keep_greedy_exact(models, pool):
     calls.append(batch)
     return other if len(calls) % 2 else dp
 
-  plain = _run(_engine(models, pool, spec_threshold=0), tp, None)
-  spec = _run(_engine(models, pool), tp, dp, on_chunk=hook)
+  plain = _run(_engine(models, pool, sampling, spec_threshold=0), tp, None)
+  spec = _run(_engine(models, pool, sampling), tp, dp, on_chunk=hook)
   assert len(calls) >= 2
   pushes = [e for e in spec.timeline if e["phase"] == "drafter_hook" and e["pushed"]]
   assert len(pushes) == len(calls)

@@ -57,8 +57,9 @@ def test_sampler_matches_target_distribution(temperature, top_k, top_p):
   assert chi2 < _chi2_critical(support.sum() - 1), (chi2, counts, expected)
   tv = 0.5 * np.abs(counts / n - expected).sum()
   assert tv < 0.01
-  # The recorded log-prob is the tempered, untruncated policy's.
-  ref_lp = jax.nn.log_softmax(LOGITS / temperature)[np.asarray(tokens[:50])]
+  # The recorded log-prob is that of the distribution sampled from (tempered AND truncated):
+  # an on-policy trainer's ratio refers to the policy that generated the data.
+  ref_lp = np.log(expected[np.asarray(tokens[:50])])
   np.testing.assert_allclose(logp[:50], ref_lp, atol=1e-5)
 
 

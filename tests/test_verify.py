@@ -1,9 +1,10 @@
-"""Speculative-decoding verification is lossless: exact for greedy, in distribution for sampling.
+"""Speculative-decoding verification is lossless: token-identical to plain decoding (greedy,
+and sampling with the same key: coupled sampling), and in distribution for sampling.
 
 The toy target is a table: its logits for the token after a node depend only on the node's
 position and token. Sampling tests compare the joint law of the first three new tokens
 (V^3 cells) with the exact one computed in numpy, and show that plausible-looking wrong
-verifiers fail the same test.
+verifiers fail the same test; a direct test replays plain sampling with the same keys.
 """
 
 import functools
@@ -15,7 +16,13 @@ import pytest
 
 from tlt_jax.decode import tree as tree_lib
 from tlt_jax.decode import verify as verify_lib
-from tlt_jax.decode.sampling import SamplingConfig, sampling_logits, sequence_keys
+from tlt_jax.decode.sampling import (
+  SamplingConfig,
+  gumbel_argmax,
+  sample_tokens,
+  sampling_logits,
+  sequence_keys,
+)
 
 # ----------------------------------------------------------------------------------------------
 # Tree helpers (tree.py)
@@ -167,6 +174,73 @@ def test_greedy_equals_plain_greedy_decoding():
     np.testing.assert_allclose(out.logprobs[b, :m], logp[np.arange(m), emitted], rtol=1e-5)
   # The random trees exercise deep acceptance and immediate misses alike.
   assert out.num_accepted.max() >= 3 and np.mean(out.num_accepted == 0) > 0.2
+
+
+# ----------------------------------------------------------------------------------------------
+# Sampling: coupled, so every emitted token is the one plain sampling draws
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+  "cfg",
+  [
+    SamplingConfig(temperature=1.0),
+    SamplingConfig(temperature=0.6, top_k=3),
+    SamplingConfig(temperature=1.4, top_p=0.7),
+  ],
+  ids=["t1", "t0.6_k3", "t1.4_p0.7"],
+)
+def test_sampled_verification_emits_the_plain_samplers_tokens(cfg):
+  """Replays plain sampling (`sample_tokens`, same key, sequence ids and positions) along each
+  row's emitted tokens: verification must emit exactly those tokens, accepted drafts and the
+  final correction or bonus alike, with the same log-probs. A rule that is only
+  distribution-exact (e.g. SpecInfer's sequential-sibling rule) fails this."""
+  rng = np.random.default_rng(5)
+  batch, n, vocab = 512, 10, 6
+  table = (1.5 * rng.normal(size=(n + 12, vocab, vocab))).astype(np.float32)
+  tokens, parents, valid = _random_greedy_trees(rng, table, batch, n)
+  base_pos = rng.integers(0, 12, batch).astype(np.int32)
+  seq_ids = rng.permutation(10_000)[:batch].astype(np.int32)
+  depth = _host_depths(parents)
+  target_logits = table[base_pos[:, None] + depth, tokens]
+  key = jax.random.key(11)
+  out = jax.jit(lambda t, p, x, s, b, v: verify_lib.verify_sampling(t, p, x, cfg, key, s, b, v))(
+    tokens, parents, target_logits, seq_ids, base_pos, valid
+  )
+  out = jax.tree.map(np.asarray, out)
+  plain = jax.jit(lambda x, s, pos: sample_tokens(x, cfg, key, s, pos))
+  prev = tokens[:, 0]
+  for k in range(n):
+    live = out.num_emitted > k
+    if not live.any():
+      break
+    want, want_lp = plain(table[base_pos + k, prev], seq_ids, base_pos + k + 1)
+    np.testing.assert_array_equal(out.emitted[live, k], np.asarray(want)[live])
+    np.testing.assert_allclose(out.logprobs[live, k], np.asarray(want_lp)[live], atol=1e-5)
+    prev = np.where(live, out.emitted[:, k], prev)
+  # Deep acceptances and immediate corrections both occur.
+  assert out.num_accepted.max() >= 3 and np.mean(out.num_accepted == 0) > 0.1
+
+
+def test_coupled_choice_is_the_gumbel_max_of_the_sampling_logits():
+  """The token the rule decides on is `gumbel_argmax` at the emitted position, and truncated
+  tokens never win."""
+  cfg = SamplingConfig(temperature=1.0, top_k=2)
+  logits = jnp.asarray(np.random.default_rng(0).normal(size=(256, 1, 7)), jnp.float32)
+  seq = jnp.arange(256, dtype=jnp.int32)
+  out = verify_lib.verify_sampling(
+    jnp.zeros((256, 1), jnp.int32),
+    jnp.full((256, 1), -1, jnp.int32),
+    logits,
+    cfg,
+    jax.random.key(3),
+    seq,
+    jnp.full((256,), 4, jnp.int32),
+  )
+  z = sampling_logits(logits[:, 0], cfg)
+  want = gumbel_argmax(sequence_keys(jax.random.key(3), seq, jnp.full((256,), 5)), z)
+  np.testing.assert_array_equal(out.emitted[:, 0], want)
+  assert bool(jnp.all(jnp.take_along_axis(z, want[:, None], 1) > -1e29))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -332,7 +406,7 @@ def _verify(tokens, parents, target_logits, valid, key, cfg, flaw=None):
       tokens, parents, target_logits, cfg, key, seq_ids, base_pos, valid
     )
   rule = _flawed_rule(cfg, key, seq_ids, flaw)
-  return verify_lib._walk(tokens, parents, target_logits, valid, rule, base_pos, cfg.temperature)
+  return verify_lib._walk(tokens, parents, target_logits, valid, rule, base_pos, cfg)
 
 
 def _first_three(result, probs, seed):

@@ -8,15 +8,22 @@ between 1 and depth + 1 tokens.
 
 * Greedy: accept the first child whose token is the target's argmax at u. The output equals
   plain greedy decoding token for token.
-* Sampling: the draft is deterministic (a point mass per child), so SpecInfer's multi-draft
-  rule ("recursive rejection sampling") reduces to: with p the target's sampling distribution
-  at u, try u's children in rank order and accept child c with probability p'(token c), where
-  p' is p with the tokens of already-rejected siblings zeroed and renormalised; if every child
-  is rejected, sample the correction from the final p'. Each emitted token is then distributed
-  exactly as p given its prefix, whatever the draft.
+* Sampling (coupled): plain decoding draws the token at position t as the Gumbel-max
+  y_t = argmax(z_t + g_t) of the sampling logits z_t, with noise g_t from the (sequence, t)
+  key (`tlt_jax.decode.sampling.gumbel_argmax`). Verification computes the same y_t from the
+  target's logits at u, accepts the child whose token is y_t (children carry distinct tokens
+  in practice; the first match wins) and otherwise emits y_t itself and stops.
+  Lossless: P(y_t = x) = p(x), so a child is accepted with probability p(token), and given
+  that no child matched, y_t is p restricted to the other tokens and renormalised: the
+  acceptance probabilities and residual distribution of SpecInfer's multi-draft rule for a
+  deterministic draft. Beyond distribution-equality, every emitted token IS the token plain
+  decoding draws at that position from the same key: speculative output is token-identical
+  to plain output at any temperature, top-k or top-p, whatever the draft (up to floating-
+  point differences between the one-token and the multi-token forward, which can flip a
+  near-tie; never observed in the tests).
 
-Randomness is keyed per (sequence id, absolute position of the emitted token, purpose) by
-`fold_in`, never split over the batch, so verification is independent of the batch layout.
+Randomness is keyed per (sequence id, absolute position of the emitted token) by `fold_in`,
+never split over the batch, so verification is independent of the batch layout.
 """
 
 from __future__ import annotations
@@ -29,12 +36,15 @@ import jax.numpy as jnp
 from jax import lax
 from jaxtyping import Array, Bool, Float, Int
 
-from tlt_jax.decode.sampling import SamplingConfig, sampling_logits, sequence_keys
+from tlt_jax.decode.sampling import (
+  SamplingConfig,
+  gumbel_argmax,
+  sampling_log_probs,
+  sampling_logits,
+  sequence_keys,
+)
 
-_NEG_INF = -1e30
-# fold_in tags that separate the two random draws made for one emitted position.
-_ACCEPT = 0
-_RESIDUAL = 1
+_GREEDY = SamplingConfig(temperature=0.0)
 
 # rule(logits at u [B, V], children of u [B, N], tokens [B, N], emitted position [B])
 #   -> (accepted child [B] or -1, token to emit if none is accepted [B]).
@@ -50,8 +60,9 @@ class VerifyResult:
     num_accepted: [B] int32, accepted draft tokens (not counting the root or the final token).
     emitted: [B, D + 1] int32, the new tokens in order: the accepted drafts, then the
       correction or bonus token; -1 after `num_emitted`.
-    logprobs: [B, D + 1] float32, the policy log-prob of each emitted token, as `sample_tokens`
-      records it (log_softmax of logits / temperature, temperature 1 when greedy); 0 after.
+    logprobs: [B, D + 1] float32, the log-prob of each emitted token, as `sample_tokens`
+      records it (`sampling_log_probs`: tempered and truncated; untempered when greedy);
+      0 after.
   """
 
   path: jax.Array
@@ -79,7 +90,7 @@ def verify_greedy(
   """
   tokens, parents, valid = _check_inputs(tokens, parents, target_logits, valid)
   base_pos = jnp.zeros(tokens.shape[:1], jnp.int32)
-  return _walk(tokens, parents, target_logits, valid, _greedy_rule, base_pos, temperature=1.0)
+  return _walk(tokens, parents, target_logits, valid, _greedy_rule, base_pos, _GREEDY)
 
 
 def verify_sampling(
@@ -92,14 +103,15 @@ def verify_sampling(
   base_pos: Int[Array, " B"],
   valid: Bool[Array, "B N"] | None = None,
 ) -> VerifyResult:
-  """Lossless verification for the sampling distribution of `cfg` (greedy if temperature 0).
+  """Coupled verification for the sampling distribution of `cfg` (greedy if temperature 0):
+  every emitted token is the one plain decoding draws with the same key.
 
   Args:
     tokens: the draft tokens; node 0 is the root (the last committed token).
     parents: the tree; see `tlt_jax.decode.tree`.
     target_logits: the target's logits for the token following each node.
     cfg: static sampling configuration; temperature 0 routes to `verify_greedy`.
-    key: base PRNG key, the one plain sampling uses.
+    key: base PRNG key, the one plain sampling uses (the same key gives the same tokens).
     seq_ids: global sequence id of each row.
     base_pos: absolute position of each row's root token. The token emitted at depth k + 1
       lies at `base_pos + k + 1`; since the next round's root is this round's last emitted
@@ -111,7 +123,7 @@ def verify_sampling(
   tokens, parents, valid = _check_inputs(tokens, parents, target_logits, valid)
   rule = _sampling_rule(cfg, key, jnp.asarray(seq_ids, jnp.int32))
   base_pos = jnp.asarray(base_pos, jnp.int32)
-  return _walk(tokens, parents, target_logits, valid, rule, base_pos, cfg.temperature)
+  return _walk(tokens, parents, target_logits, valid, rule, base_pos, cfg)
 
 
 def _check_inputs(tokens, parents, target_logits, valid):
@@ -138,53 +150,16 @@ def _greedy_rule(logits, is_child, tokens, pos):
 
 
 def _sampling_rule(cfg: SamplingConfig, key: jax.Array, seq_ids: jax.Array) -> _NodeRule:
-  """The sequential-sibling rule of the module docstring, for the distribution of `cfg`."""
+  """The coupled rule of the module docstring, for the distribution of `cfg`."""
 
   def rule(logits, is_child, tokens, pos):
-    batch, n = tokens.shape
-    z = sampling_logits(logits, cfg)
-    # Unnormalised p; truncated entries are exactly 0. Nothing below divides by sum(p).
-    weight = jnp.exp(z - z.max(axis=-1, keepdims=True))
-    tok = jnp.where(is_child, tokens, 0)
-
-    # A sibling repeating an earlier sibling's token has p' = 0: its token is already rejected.
-    earlier = jnp.tril(jnp.ones((n, n), bool), k=-1)
-    repeat = (tok[:, :, None] == tok[:, None, :]) & earlier & is_child[:, None, :]
-    first = is_child & ~repeat.any(axis=2)
-    mass = jnp.where(first, jnp.take_along_axis(weight, tok, axis=1), 0.0)
-
-    drafted = (
-      jnp.zeros((batch, z.shape[-1]), jnp.int32)
-      .at[jnp.arange(batch)[:, None], tok]
-      .add(is_child.astype(jnp.int32))
-      > 0
-    )
-    # When sibling j is tried, p' keeps the never-drafted tokens plus the first occurrences of
-    # sibling j onward. Summing those non-negative parts (instead of 1 - rejected mass) avoids
-    # cancellation, and gives remaining >= mass, so a sure acceptance has ratio exactly 1.
-    never_drafted = jnp.where(drafted, 0.0, weight).sum(axis=-1)
-    remaining = never_drafted[:, None] + jnp.flip(jnp.cumsum(jnp.flip(mass, 1), axis=1), 1)
-    ratio = mass / jnp.where(remaining > 0, remaining, 1.0)
-
-    # One uniform per sibling rank, keyed by the position of the token being decided.
-    accept_keys = _purpose_keys(key, seq_ids, pos, _ACCEPT)
-    uniforms = jax.vmap(lambda k: jax.random.uniform(k, (n,)))(accept_keys)
-    rank = jnp.maximum(jnp.cumsum(is_child, axis=1) - 1, 0)
-    accept = is_child & (jnp.take_along_axis(uniforms, rank, axis=1) < ratio)
-    child = jnp.where(accept.any(axis=1), jnp.argmax(accept, axis=1), -1).astype(jnp.int32)
-
-    # All children rejected: the final p' is p without any child's token. With no children
-    # nothing is removed and this is the bonus token, drawn from p itself.
-    residual = jnp.where(drafted, _NEG_INF, z)
-    residual_keys = _purpose_keys(key, seq_ids, pos, _RESIDUAL)
-    correction = jax.vmap(jax.random.categorical)(residual_keys, residual).astype(jnp.int32)
-    return child, correction
+    # The token plain decoding draws at `pos`: same key, same sampling logits.
+    choice = gumbel_argmax(sequence_keys(key, seq_ids, pos), sampling_logits(logits, cfg))
+    match = is_child & (tokens == choice[:, None])
+    child = jnp.where(match.any(axis=1), jnp.argmax(match, axis=1), -1)
+    return child.astype(jnp.int32), choice
 
   return rule
-
-
-def _purpose_keys(key, seq_ids, pos, purpose):
-  return jax.vmap(lambda k: jax.random.fold_in(k, purpose))(sequence_keys(key, seq_ids, pos))
 
 
 def _walk(
@@ -194,14 +169,15 @@ def _walk(
   valid: Bool[Array, "B N"],
   rule: _NodeRule,
   base_pos: Int[Array, " B"],
-  temperature: float,
+  cfg: SamplingConfig,
 ) -> VerifyResult:
   """Walks every row's tree from the root, letting `rule` decide at each node.
 
   `rule(logits, is_child, tokens, pos)` sees the target's logits at the current node u, the
   mask of u's valid children (all False for finished rows) and the absolute position of the
   token being decided; it returns the accepted child (-1 for none) and the token to emit if
-  none is accepted. Tests plug deliberately wrong rules in here.
+  none is accepted. Tests plug deliberately wrong rules in here. Log-probs are recorded
+  under `cfg`'s sampling distribution.
   """
   batch, n = tokens.shape
   cols = jnp.arange(n)[None]
@@ -218,7 +194,7 @@ def _walk(
     accepted = child >= 0
     child_token = jnp.take_along_axis(tokens, jnp.maximum(child, 0)[:, None], axis=1)[:, 0]
     token = jnp.where(accepted, child_token, fallback)
-    logp_all = jax.nn.log_softmax(logits.astype(jnp.float32) / temperature, axis=-1)
+    logp_all = sampling_log_probs(logits, cfg)
     logp = jnp.take_along_axis(logp_all, token[:, None], axis=1)[:, 0]
 
     live = ~done
