@@ -3,9 +3,12 @@
 #
 # A thin client of `tlt_jax` on a tiny config. A one-layer EAGLE drafter proposes
 # tokens from the target's own features; the target checks a whole draft in one
-# forward pass and keeps the longest prefix it agrees with (greedy) or accepts each
-# token with probability min(1, p/q) (sampling). Either way the output is exactly
-# what the target alone would produce. Paired `# %%` script (the test suite runs it).
+# forward pass and keeps the longest prefix it agrees with. "Agrees" means: the draft
+# token equals the token the target itself draws at that position, the argmax of its
+# sampling logits plus Gumbel noise keyed by (sequence, position) (coupled sampling;
+# greedy: no noise). So the output is not only distributed like the target's: it IS
+# the target's output for the same key, at any temperature. Paired `# %%` script (the
+# test suite runs it).
 
 # %%
 import dataclasses
@@ -69,6 +72,22 @@ for name, params in (("untrained", untrained), ("trained", drafter.params)):
   assert np.array_equal(out.tokens, reference.tokens), "speculative decoding changed the output"
   accept[name] = out.spec_summary()["accept_length"]
   print(f"{name} drafter: {accept[name]:.2f} tokens per target forward (max 5)")
+
+# %% [markdown]
+# The same at temperature 1 with top-p: plain and speculative rollouts with the same key
+# draw the same tokens (coupled sampling), whichever drafter proposes.
+
+# %%
+SAMPLED = SamplingConfig(temperature=1.0, top_p=0.95)
+sampled_ref = RolloutEngine(target_graphdef, cfg, base, SAMPLED).generate(target, prompts, key=3)
+spec_sampled = RolloutEngine(
+  target_graphdef, cfg, spec_cfg, SAMPLED, drafter_graphdef=drafter_graphdef
+)
+out_sampled = spec_sampled.generate(target, prompts, key=3, drafter_params=drafter.params)
+assert np.array_equal(out_sampled.tokens, sampled_ref.tokens), "sampled SD changed the output"
+print(
+  f"temperature 1: identical tokens, {out_sampled.spec_summary()['accept_length']:.2f} per round"
+)
 
 # %% [markdown]
 # 3. Where the accepted tokens come from: per speculative chunk, tokens committed
