@@ -68,13 +68,15 @@ def main(argv):
     configuration.sampling_config(config),
   )
   temperature = float(config.sampling.temperature)
+  truncation = dict(top_k=int(config.sampling.top_k), top_p=float(config.sampling.top_p))
   p, g = config.rl.prompts_per_step, config.rl.group_size
   examples = list(train_split)
   if len(examples) < p * _BATCHES.value:
     raise app.UsageError(f"{_BATCHES.value} batches of {p} prompts exceed the training split")
 
   def objective(params, temp, tokens, mask, adv):
-    logp, _ = token_logprobs(graphdef, params, tokens, temp)
+    # Of the distribution sampled from (tempered, truncated), as the RL update scores it.
+    logp, _ = token_logprobs(graphdef, params, tokens, temp, **truncation)
     return jnp.sum(adv[:, None] * logp * mask) / jnp.sum(mask)
 
   grad_params = jax.jit(jax.grad(objective))

@@ -189,7 +189,12 @@ def check_tlt_on_freed_devices():
     feature_dim=32,
   )
   drafter.observe(ref, step=0)
-  sched = SliceScheduler(drafter, SchedulerConfig(rollout_budget=0.0), placement=engine.placement)
+  sched = SliceScheduler(
+    drafter,
+    SchedulerConfig(rollout_budget=0.0),
+    placement=engine.placement,
+    batch_buckets=cfg.batch_buckets,
+  )
   hooks = []
   for _ in range(3):
     params = sched.begin_rollout(tp)
@@ -206,6 +211,57 @@ def check_tlt_on_freed_devices():
   # one window update on all devices after the freed-device ones: the state moves back
   sched.fill("reward", iter([True] + [False] * 3).__next__, tp)
   assert len(jax.tree.leaves(drafter.params)[0].sharding.device_set) == 8
+
+
+def check_freed_meshes_prepared_before_rollout():
+  """The freed devices' meshes (7, 6 and 4 devices for buckets 1, 2 and 4 of 8 devices), the
+  policy's copy on each and the drafter update compiled for each are prepared in
+  begin_rollout, the meshes once for all rollouts: inside a rollout, which trains the
+  drafter on freed devices, no mesh is built, no copy made, no update compiled."""
+  from tlt_jax.scheduler import SchedulerConfig, SliceScheduler, slices
+
+  tg, tp, dg, dp = _models()
+  cfg = dataclasses.replace(ENGINE, spec_threshold=8, spec_strategies=("chain3",))
+  engine = RolloutEngine(tg, MODEL, cfg, GREEDY, drafter_graphdef=dg, mesh=data_mesh())
+  drafter = OnlineDrafter(
+    dg,
+    dp,
+    tg,
+    DrafterTrainConfig(learning_rate=1e-2, warmup_steps=0, batch_rows=2, row_len=24),
+    slots=ENGINE.slots,
+    feature_dim=32,
+  )
+  plain = RolloutEngine(tg, MODEL, dataclasses.replace(ENGINE, spec_threshold=0), GREEDY)
+  drafter.observe(plain.generate(tp, PROMPTS, 4, key=0, max_new_tokens=LIMITS), step=0)
+  sched = SliceScheduler(
+    drafter,
+    SchedulerConfig(rollout_budget=0.0),
+    placement=engine.placement,
+    batch_buckets=cfg.batch_buckets,
+  )
+  built = []
+  real_data_mesh = slices.data_mesh
+
+  def counting(devices):
+    built.append(len(devices))
+    return real_data_mesh(devices)
+
+  slices.data_mesh = counting
+  for _ in range(2):
+    params = sched.begin_rollout(tp)
+    meshes, programs = len(built), drafter._update._cache_size()
+    copies = {ids: id(x) for ids, x in sched._free_targets.items()}
+    engine.generate(
+      tp, PROMPTS, 4, key=0, max_new_tokens=LIMITS, drafter_params=params, on_chunk=sched.on_chunk
+    )
+    assert len(built) == meshes, "a mesh was built inside the rollout"
+    assert drafter._update._cache_size() == programs, "the update compiled inside the rollout"
+    assert {ids: id(x) for ids, x in sched._free_targets.items()} == copies
+    sched.end_rollout()
+  assert sorted(built) == [4, 6, 7], built  # once per device set, not per rollout
+  rec = sched.step_records()
+  assert rec["drafter/freed_device_updates"] >= 2, rec
+  assert "drafter/unprepared_free_sets" not in rec, rec
 
 
 def _trainer(workdir, mesh):

@@ -35,6 +35,7 @@ def _env(devices: int) -> dict[str, str]:
     "sharded_update",
     "drafter_on_freed_devices",
     "tlt_on_freed_devices",
+    "freed_meshes_prepared_before_rollout",
     "trainer_on_mesh",
   ],
 )

@@ -9,7 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from tlt_jax.decode.sampling import SamplingConfig
 from tlt_jax.rl import AGGREGATIONS, PolicyLossConfig, kl_penalty, policy_loss
+from tlt_jax.rl.update import OUT_OF_SET_LOGP
 
 
 def _random_inputs(seed=0, b=5, t=7):
@@ -190,6 +192,10 @@ def test_entropy_bonus_lowers_loss():
     (dict(kl_coef=-1.0), "kl_coef"),
     (dict(entropy_coef=float("nan")), "entropy_coef"),
     (dict(temperature=0.0), "temperature"),
+    (dict(top_k=-1), "top_k"),
+    (dict(top_k=2.0), "top_k"),
+    (dict(top_p=0.0), "top_p"),
+    (dict(top_p=1.5), "top_p"),
   ],
 )
 def test_config_rejects_bad_values(kwargs, match):
@@ -202,3 +208,35 @@ def test_bad_aggregation_error_lists_valid_names():
     PolicyLossConfig(aggregation="token_mean")
   for name in AGGREGATIONS:
     assert name in str(e.value)
+
+
+def test_sampling_is_the_rollout_distribution():
+  cfg = PolicyLossConfig(temperature=0.7, top_k=20, top_p=0.9)
+  assert cfg.sampling == SamplingConfig(temperature=0.7, top_k=20, top_p=0.9)
+  assert PolicyLossConfig().sampling == SamplingConfig(temperature=1.0)
+
+
+def test_tokens_outside_the_kept_set_keep_everything_finite():
+  """Truncated sampling: a token leaving the kept set (new log-prob OUT_OF_SET_LOGP) or
+  entering it (old log-prob OUT_OF_SET_LOGP), each with either advantage sign, under the
+  clip, a k3 KL to an untruncated reference and an entropy bonus: finite loss, gradient
+  and metrics. The unclamped value (about -1e30) overflows them."""
+  cfg = PolicyLossConfig(kl_coef=0.1, entropy_coef=0.01)
+  adv = np.array([1.0, -1.0, 1.0, -1.0], np.float32)
+  mask = np.ones((4, 2), np.float32)
+  ent = np.full((4, 2), 0.5, np.float32)
+
+  def run(floor):
+    logp = np.array([[floor, -1.0]] * 2 + [[-0.5, -1.0]] * 2, np.float32)
+    old = np.array([[-1.0, -1.0]] * 2 + [[floor, -1.0]] * 2, np.float32)
+    ref = np.full((4, 2), -1.5, np.float32)
+    f = lambda x: policy_loss(x, old, adv, mask, cfg, ref_logp=ref, entropy=ent)
+    (loss, metrics), g = jax.value_and_grad(f, has_aux=True)(jnp.asarray(logp))
+    return jax.device_get((loss, metrics, g))
+
+  loss, metrics, g = run(OUT_OF_SET_LOGP)
+  assert np.isfinite(loss) and np.all(np.isfinite(g))
+  assert all(np.isfinite(v) for v in metrics.values()), metrics
+  assert metrics["ratio_max"] > 1e10 and metrics["clip_fraction_low"] > 0
+  loss, metrics, g = run(-1e30)
+  assert not (np.isfinite(loss) and np.all(np.isfinite(g)))

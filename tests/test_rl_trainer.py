@@ -18,6 +18,7 @@ from tlt_jax.rl.rewards import RewardPool
 from tlt_jax.rl.trainer import GRPOConfig, GRPOTrainer
 from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
 from tlt_jax.rollout.pool import ExecutablePool
+from tlt_jax.training.evaluate import evaluate_pass_at_1
 
 TOK = CharTokenizer()
 MODEL = ModelConfig(
@@ -43,10 +44,18 @@ def seven(completion: str, answer: str) -> float:
 
 
 def _trainer(
-  workdir, steps, reward_fn=seven, loss=None, update=None, step_reward_fn=None, **changes
+  workdir,
+  steps,
+  reward_fn=seven,
+  loss=None,
+  update=None,
+  step_reward_fn=None,
+  sampling=None,
+  **changes,
 ):
   graphdef, params = nnx.split(init_model(MODEL, seed=0))
-  engine = RolloutEngine(graphdef, MODEL, ENGINE, SamplingConfig(temperature=1.0), POOL)
+  sampling = sampling or SamplingConfig(temperature=1.0)
+  engine = RolloutEngine(graphdef, MODEL, ENGINE, sampling, POOL)
   cfg = GRPOConfig(
     steps=steps,
     prompts_per_step=2,
@@ -79,11 +88,19 @@ def _comparable(row):
 
 
 def test_runs_and_resumes_exactly(tmp_path):
-  full = _trainer(tmp_path / "a", 4).run(progress=False)
+  trainer = _trainer(tmp_path / "a", 4)
+  full = trainer.run(progress=False)
   assert [r["step"] for r in full] == [0, 1, 2, 3]
   assert all(r["loss/skipped"] == 0 for r in full)
   assert all(r["logp_rollout_vs_trainer_max_abs"] < 1e-3 for r in full)
-  assert full[-1]["eval"]["accuracy"] >= 0.0
+  # eval_every=0: one evaluation, after the last step, of the final params: it equals an
+  # independent greedy pass@1 of trainer.params on the held-out problems.
+  assert [("eval" in r) for r in full] == [False, False, False, True]
+  engine = RolloutEngine(trainer.graphdef, MODEL, ENGINE, SamplingConfig(temperature=0.0), POOL)
+  want = evaluate_pass_at_1(engine, trainer.params, TOK, DATA[48:50], seven, format_prompt)
+  assert want["num_examples"] == 2 and want["mean_length"] > 0
+  assert want["accuracy"] == np.mean([seven(x["completion"], x["answer"]) for x in want["samples"]])
+  assert full[-1]["eval"] == {"accuracy": want["accuracy"], "mean_length": want["mean_length"]}
   # Interrupted after two steps, resumed by a new trainer on the same workdir.
   first = _trainer(tmp_path / "b", 2).run(progress=False)
   resumed = _trainer(tmp_path / "b", 4)
@@ -92,6 +109,7 @@ def test_runs_and_resumes_exactly(tmp_path):
   assert [r["step"] for r in rest] == [2, 3]
   for a, b in zip(full, first + rest):
     assert _comparable(a) == pytest.approx(_comparable(b), rel=1e-5, abs=1e-6)
+  assert rest[-1]["eval"] == full[-1]["eval"]  # the resumed run ends with the same params
   with open(tmp_path / "b" / "metrics.jsonl") as f:
     assert [json.loads(line)["step"] for line in f] == [0, 1, 2, 3]
 
@@ -190,6 +208,37 @@ def test_ppo_mini_batches_and_tensorboard(tmp_path):
   assert {"loss/approx_kl", "time/rollout", "eval/accuracy"} <= {tag for tag, _, _ in events}
 
 
+@pytest.mark.parametrize("top_k, top_p", [(3, 1.0), (0, 0.7)])
+def test_truncated_rollouts_are_scored_as_sampled(tmp_path, top_k, top_p):
+  """Rollouts at top-k / top-p: the trainer's old log-probs (recomputed on packed rows)
+  equal the log-probs the rollout recorded, both of the truncated distribution sampled
+  from. Either side untruncated is off by -log(kept mass) (3.5 at top-k 3, 0.36 at top-p
+  0.7 for this near-uniform policy), so the ratio would refer to another policy."""
+  sampling = SamplingConfig(temperature=1.0, top_k=top_k, top_p=top_p)
+  loss = PolicyLossConfig(clip_high=0.28, top_k=top_k, top_p=top_p)
+  # Every group used (no dynamic sampling): the comparison covers all sampled tokens.
+  trainer = _trainer(tmp_path, 1, loss=loss, sampling=sampling, dynamic_sampling=False)
+  rows = trainer.run(progress=False)
+  assert rows[0]["loss/skipped"] == 0 and rows[0]["update_tokens"] > 0
+  assert rows[0]["logp_rollout_vs_trainer_max_abs"] < 1e-4
+  assert abs(rows[0]["loss/ratio_max"] - 1.0) < 1e-4
+
+
+def test_loss_must_score_the_engines_sampling(tmp_path):
+  cases = [
+    (SamplingConfig(temperature=1.0, top_k=3), PolicyLossConfig(), "top_k=3 .* top_k=0"),
+    (
+      SamplingConfig(temperature=1.0, top_p=0.7),
+      PolicyLossConfig(top_p=0.9),
+      "top_p=0.7 .* top_p=0.9",
+    ),
+    (SamplingConfig(temperature=0.7), PolicyLossConfig(), "temperature=0.7 .* temperature=1.0"),
+  ]
+  for sampling, loss, match in cases:
+    with pytest.raises(ValueError, match=match):
+      _trainer(tmp_path, 1, loss=loss, sampling=sampling)
+
+
 def test_kl_reference_is_frozen_and_checkpointed(tmp_path):
   loss = PolicyLossConfig(clip_high=0.28, kl_coef=0.5)
   trainer = _trainer(tmp_path, 2, loss=loss)
@@ -273,3 +322,23 @@ def test_sampled_evaluation_is_keyed_and_counts_every_sample(tmp_path):
   assert out["accuracy"] == pytest.approx(np.mean([seven(c, "") for c in calls]))
   with pytest.raises(ValueError, match="num_samples"):
     evaluate_pass_at_1(*args, num_samples=2)  # greedy samples are all the same
+
+
+def test_the_last_step_is_checkpointed_even_when_its_update_was_skipped(tmp_path):
+  """checkpoint_every=3 and 2 steps: only the last step is due, and its update is skipped
+  (as the non-finite guard does): it is saved all the same (the params are unchanged)."""
+  import dataclasses
+
+  trainer = _trainer(tmp_path, 2)
+  trainer.cfg = dataclasses.replace(trainer.cfg, checkpoint_every=3)
+  optimize = trainer._optimize
+
+  def skipped_last(samples, width):
+    m = optimize(samples, width)
+    return {**m, "skipped": 1.0} if trainer.step == 1 else m
+
+  trainer._optimize = skipped_last
+  rows = trainer.run(progress=False)
+  assert [r["loss/skipped"] for r in rows] == [0.0, 1.0]
+  assert trainer.ckpt.all_steps() == [2]
+  assert _trainer(tmp_path, 2).step == 2

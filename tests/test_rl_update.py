@@ -23,6 +23,7 @@ from tlt_jax.rl import (
   make_policy_update,
   token_logprobs,
 )
+from tlt_jax.rl.update import OUT_OF_SET_LOGP
 from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
 from tlt_jax.utils.trees import path_name
 
@@ -115,6 +116,105 @@ def test_token_logprobs_temperature_changes_values_and_entropy(model):
   assert np.all(ent1[:, 0] == 0.0)
   with pytest.raises(ValueError, match="temperature"):
     token_logprobs(graphdef, params, tokens, 0.0)
+
+
+@functools.cache
+def _jit_logits(graphdef):
+  """The full next-token logits [B, T, V] (position t predicts token t + 1)."""
+
+  def logits(p, tokens):
+    model = nnx.merge(graphdef, p)
+    pos = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
+    return model.logits(model(tokens, pos)[0])
+
+  return jax.jit(logits)
+
+
+@functools.cache
+def _jit_truncated(graphdef, top_k, top_p):
+  """token_logprobs of the truncated distribution, temperature traced: (logp, entropy)."""
+  return jax.jit(
+    lambda p, t, temp: token_logprobs(
+      graphdef, p, t, temp, top_k=top_k, top_p=top_p, with_entropy=True
+    )
+  )
+
+
+def _reference_logp(logits, temperature, top_k, top_p):
+  """float64: temper; keep the top k (every token tied with the k-th too); then keep the
+  smallest prefix, by probability, whose mass reaches top_p; renormalise. -inf elsewhere."""
+  z = logits.astype(np.float64) / temperature
+  if 0 < top_k < z.shape[-1]:
+    z = np.where(z >= np.sort(z, axis=-1)[..., -top_k, None], z, -np.inf)
+  if top_p < 1.0:
+    probs = np.exp(z - z.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    order = np.argsort(-probs, axis=-1, kind="stable")
+    sorted_p = np.take_along_axis(probs, order, axis=-1)
+    keep = np.empty_like(sorted_p, bool)
+    np.put_along_axis(keep, order, np.cumsum(sorted_p, axis=-1) - sorted_p < top_p, axis=-1)
+    z = np.where(keep, z, -np.inf)
+  top = z.max(-1, keepdims=True)
+  return z - top - np.log(np.sum(np.exp(z - top), axis=-1, keepdims=True))
+
+
+def _scaled_params(params, scale, tie_pairs=False):
+  """params with the (tied) embedding scaled, so next-token distributions are peaked;
+  tie_pairs: token 2i + 1's embedding := token 2i's, so every logit comes in an exactly
+  equal pair (the same dot product) and every top-k threshold with odd k is a tie."""
+  emb = np.asarray(params["embed"]["embedding"][...]) * scale
+  if tie_pairs:
+    emb[1::2] = emb[0::2]
+  new = jax.tree.map(jnp.copy, params)
+  new["embed"]["embedding"].value = jnp.asarray(emb)
+  return new
+
+
+TRUNCATIONS = {  # (top_k, top_p, tie_pairs)
+  "top_k_tie": (3, 1.0, True),
+  "top_p": (0, 0.8, False),
+  "top_k_top_p": (5, 0.8, False),
+}
+
+
+@pytest.mark.parametrize("name", list(TRUNCATIONS))
+def test_token_logprobs_score_the_truncated_distribution(model, name):
+  """Log-probs and entropy of the tempered, truncated, renormalised distribution the rollout
+  samples, against a float64 reference; tokens outside the kept set score OUT_OF_SET_LOGP.
+  The tokens are chosen position by position from the reference at their prefix: the least
+  probable kept token (a k-th-value tie, or the token whose mass crosses top_p), the most
+  probable dropped one, or a random one."""
+  graphdef, params = model
+  top_k, top_p, tie_pairs = TRUNCATIONS[name]
+  temp = 0.7
+  params = _scaled_params(params, 10.0, tie_pairs)
+  rng = np.random.default_rng(0)
+  tokens = rng.integers(0, MODEL.vocab_size, (B, T)).astype(np.int32)
+  for t in range(1, T):  # causal: the logits at t - 1 do not depend on tokens[:, t:]
+    logits = np.asarray(_jit_logits(graphdef)(params, tokens))[:, t - 1]
+    ref = _reference_logp(logits, temp, top_k, top_p)
+    for b in range(B):
+      kept, dropped = np.flatnonzero(ref[b] > -np.inf), np.flatnonzero(ref[b] == -np.inf)
+      if t % 3 == 0:
+        tokens[b, t] = kept[np.argmin(logits[b, kept])]
+      elif t % 3 == 1 and dropped.size:
+        tokens[b, t] = dropped[np.argmax(logits[b, dropped])]
+      else:
+        tokens[b, t] = rng.integers(MODEL.vocab_size)
+  logits = np.asarray(_jit_logits(graphdef)(params, tokens))
+  ref = _reference_logp(logits, temp, top_k, top_p)[:, :-1]  # position t - 1 predicts t
+  got, ent = jax.device_get(_jit_truncated(graphdef, top_k, top_p)(params, tokens, temp))
+  want = np.take_along_axis(ref, tokens[:, 1:, None], axis=-1)[..., 0]
+  inside = want > -np.inf
+  assert 0.2 < inside.mean() < 0.9  # both kinds are checked
+  np.testing.assert_allclose(got[:, 1:][inside], want[inside], rtol=0, atol=2e-5)
+  np.testing.assert_array_equal(got[:, 1:][~inside], OUT_OF_SET_LOGP)
+  kept = ref > -np.inf
+  want_ent = -np.sum(np.exp(ref) * np.where(kept, ref, 0.0), axis=-1)
+  np.testing.assert_allclose(ent[:, 1:], want_ent, rtol=0, atol=2e-5)
+  assert np.all(got[:, 0] == 0.0) and np.all(ent[:, 0] == 0.0)
+  if tie_pairs:  # the k-th value's twin is kept too: k + 1 tokens everywhere
+    assert np.all(np.sum(kept, axis=-1) == top_k + 1)
 
 
 MICRO_AGGREGATIONS = ("token-mean", "seq-mean-token-mean")
@@ -212,6 +312,48 @@ def test_first_update_has_unit_ratio_and_no_clipping(model, adam_update):
   wrong = _batch(graphdef, params, seed=3, noise=0.0, temperature=1.0)
   _, _, m_wrong = fn(new, opt.init(params), wrong, _copy(params))
   assert abs(float(m_wrong["ratio_mean"]) - 1.0) > 1e-3
+
+
+@pytest.mark.parametrize("name", ["top_k_tie", "top_p"])
+def test_truncated_update_is_on_policy_and_finite_off_it(model, name):
+  """With the loss's truncation, old log-probs from token_logprobs at the same truncation
+  give ratio 1 up to float error (another program) and no clipping (random tokens: many
+  outside the kept set, scored -30 both times, so their ratio is exactly 1).
+  Off-policy, with tokens leaving the kept set (old log-probs of the untruncated policy:
+  new / old ~ e^-27) and entering it (old -30: new / old ~ e^+29), loss, gradients and
+  metrics stay finite and the step is taken."""
+  graphdef, params = model
+  top_k, top_p, tie_pairs = TRUNCATIONS[name]
+  params = _scaled_params(params, 10.0, tie_pairs)
+  ucfg = UpdateConfig(learning_rate=1e-2, total_steps=100, micro_batch=4)
+  opt = make_optimizer(ucfg)
+  cfg = PolicyLossConfig(
+    temperature=TEMP, top_k=top_k, top_p=top_p, kl_coef=0.01, entropy_coef=0.001
+  )
+  fn = make_policy_update(graphdef, opt, cfg, ucfg.micro_batch)
+  batch = _batch(graphdef, params, seed=8, noise=0.0, temperature=TEMP)
+  logp = np.asarray(_jit_truncated(graphdef, top_k, top_p)(params, batch["tokens"], TEMP)[0])
+  mask = batch["mask"] > 0
+  out = mask & (logp == OUT_OF_SET_LOGP)
+  assert 0 < out.sum() < mask.sum()  # both kinds of token count
+  on_policy = dict(batch, old_logp=logp * batch["mask"])
+  _, _, m = fn(_copy(params), opt.init(params), on_policy, _copy(params))
+  m = jax.device_get(m)
+  assert int(m["skipped"]) == 0
+  assert abs(float(m["ratio_max"]) - 1.0) < 1e-5 and abs(float(m["ratio_mean"]) - 1.0) < 1e-6
+  assert abs(float(m["approx_kl"])) < 1e-10
+  assert float(m["clip_fraction_low"]) == 0.0 and float(m["clip_fraction_high"]) == 0.0
+  assert float(m["grad_norm"]) > 0.0 and float(m["entropy"]) > 0.0
+  # Off-policy both ways; batch["old_logp"] is the untruncated policy's.
+  old = batch["old_logp"].copy()
+  entering = mask & ~out & (np.arange(T)[None] % 2 == 0)
+  old[entering] = OUT_OF_SET_LOGP
+  new, _, m = fn(_copy(params), opt.init(params), dict(batch, old_logp=old), _copy(params))
+  m = jax.device_get(m)
+  assert int(m["skipped"]) == 0, m
+  assert all(np.isfinite(float(v)) for v in m.values()), m
+  assert float(m["ratio_max"]) > 1e10 and float(m["clip_fraction_low"]) > 0.0
+  assert all(np.all(np.isfinite(x)) for x in _host(new))
 
 
 def test_kl_without_reference_raises(model):

@@ -248,3 +248,75 @@ def test_sampling_runs_within_limits(models):
     assert np.all((np.asarray(st.tokens[b, gen]) >= 0) & (st.tokens[b, gen] < CFG.vocab_size))
     lp = np.asarray(st.logprobs[b, gen])
     assert np.all(np.isfinite(lp)) and np.all(lp <= 0)
+
+
+SE = 16  # token slots of the buffer-end test: every row runs to the last slot
+
+
+@pytest.mark.parametrize(
+  "strategy,oracle",
+  [
+    (SpecStrategy("chain", depth=6), False),
+    (SpecStrategy("chain", depth=6), True),
+    (SpecStrategy("tree", depth=4, topk=2, num_nodes=8), False),
+  ],
+  ids=["chain6-drafter", "chain6-oracle", "tree4x2x8-drafter"],
+)
+def test_drafter_cache_at_buffer_end(models, strategy, oracle):
+  """Rows that run to the last token slot: the drafter pairs committed in the last
+  rounds (whose max_emit-wide token/feature windows reach past the buffer end) sit
+  at their own positions, so the drafter cache equals a fresh prefill."""
+  tg, tp, dg, dp = models
+  static = _static()
+  key = jax.random.key(0)
+  max_new = SE - PROMPT_LEN
+  ds = SE + strategy.drafter_slots  # as EngineConfig.drafter_slots
+  st = jax.jit(
+    lambda tp: programs.prefill(
+      tg,
+      tp,
+      jnp.asarray(PROMPTS),
+      jnp.asarray(PROMPT_LEN),
+      jnp.arange(3),
+      jnp.arange(3),
+      jnp.asarray(max_new),
+      key,
+      static=static,
+      slots=SE,
+      cache_slots=SE + strategy.nodes - 1,  # as EngineConfig.cache_slots
+    )
+  )(tp)
+  prefill_d = jax.jit(
+    lambda st: prefill_drafter_cache(dg, dp, tg, tp, st.tokens, st.hidden, st.length, slots=ds)
+  )
+  dcache, dlen = prefill_d(st)
+
+  def run(st, dcache, dlen):
+    draft_fn = _oracle(tg, tp, strategy) if oracle else None
+    return spec_decode_chunk(
+      tg,
+      tp,
+      dg,
+      dp,
+      st,
+      dcache,
+      dlen,
+      key,
+      jnp.int32(100),
+      static=static,
+      strategy=strategy,
+      view_len=SE + strategy.nodes - 1,
+      draft_fn=draft_fn,
+    )
+
+  st, dcache, dlen, stats = jax.jit(run)(st, dcache, dlen)
+  assert bool(np.all(st.done))
+  np.testing.assert_array_equal(st.length, SE)
+  if oracle:  # multi-token rounds: some windows started within max_emit of the end
+    assert int(np.asarray(stats.accepted).min()) > 0
+  fresh, fresh_len = prefill_d(st)
+  np.testing.assert_array_equal(dlen, fresh_len)
+  for b in range(st.batch):
+    n = int(dlen[b])
+    np.testing.assert_allclose(dcache.k[0][b, :, :n], fresh.k[0][b, :, :n], atol=1e-5)
+    np.testing.assert_allclose(dcache.v[0][b, :, :n], fresh.v[0][b, :, :n], atol=1e-5)

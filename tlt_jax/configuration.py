@@ -125,13 +125,19 @@ def sft_config(config: ml_collections.ConfigDict) -> SFTConfig:
 def rl_configs(
   config: ml_collections.ConfigDict,
 ) -> tuple[GRPOConfig, PolicyLossConfig, UpdateConfig]:
-  """The RL loop, loss and optimizer configs; the loss takes the sampling temperature."""
+  """The RL loop, loss and optimizer configs; the loss takes the sampling temperature and
+  truncation (it scores the distribution the rollout samples)."""
   # format_reward shapes the reward function (train._reinforce), not the loop.
   rl = to_dataclass(
     GRPOConfig, config.rl, "rl", ignore=("format_reward", "warmup_engine"), seed=int(config.seed)
   )
   loss = to_dataclass(
-    PolicyLossConfig, config.rl_loss, "rl_loss", temperature=float(config.sampling.temperature)
+    PolicyLossConfig,
+    config.rl_loss,
+    "rl_loss",
+    temperature=float(config.sampling.temperature),
+    top_k=int(config.sampling.get("top_k", 0)),
+    top_p=float(config.sampling.get("top_p", 1.0)),
   )
   # The schedule counts optimizer steps: mini_batches x epochs per RL step.
   per_step = config.rl_update.get("mini_batches", 1) * config.rl_update.get("epochs", 1)

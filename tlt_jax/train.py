@@ -331,7 +331,12 @@ def _reinforce(
     eval_check=task.check,
     drafter_params=drafter.params if configuration.mode(config) == "sd" else None,
     scheduler=(
-      SliceScheduler(drafter, configuration.scheduler_config(config), placement=engine.placement)
+      SliceScheduler(
+        drafter,
+        configuration.scheduler_config(config),
+        placement=engine.placement,
+        batch_buckets=engine.config.batch_buckets,
+      )
       if configuration.mode(config) == "tlt"
       else None
     ),

@@ -97,6 +97,61 @@ class DrafterBuffer:
     self.rows_added += k
     return k
 
+  # ---------------------------------------------------------------- checkpoints
+  def state_dict(self) -> tuple[dict[str, np.ndarray], dict[str, int]]:
+    """What a checkpoint needs to resume sampling exactly: (arrays, meta), all copies.
+
+    Only the rows `sample` can still draw (`valid()`: rows of older steps never become
+    valid again, since steps only grow) and only their used columns (up to the longest
+    valid row: `sample` reads no further) are saved, not the dense [capacity, slots, D]
+    ring; the per-row metadata (step, lengths) is saved whole (capacity ints), with the
+    ring position and counters in `meta`. No array is empty (orbax refuses those): an
+    empty buffer has no `rows` / `tokens` / `features`.
+    """
+    arrays = {"step": self.step.copy(), "prompt_len": self.prompt_len.copy()}
+    arrays["length"] = self.length.copy()
+    rows = np.nonzero(self.valid())[0]
+    width = int(self.length[rows].max()) if rows.size else 0
+    if rows.size:
+      arrays["rows"] = rows.astype(np.int64)
+      arrays["tokens"] = self.tokens[rows, :width]  # fancy indexing: copies
+      arrays["features"] = self.features[rows, :width]
+    meta = {
+      "capacity": self.capacity,
+      "slots": self.slots,
+      "feature_dim": int(self.features.shape[2]),
+      "keep_steps": self.keep_steps,
+      "next": self._next,
+      "rows_added": self.rows_added,
+      "rows": int(rows.size),
+      "width": width,
+    }
+    return arrays, meta
+
+  def load_state_dict(self, arrays: dict[str, np.ndarray], meta: dict[str, int]) -> None:
+    """Restores `state_dict()`'s output into this (same-shaped) buffer: the rows `sample`
+    can draw, their metadata and the ring position equal the saved buffer's, so the same
+    rng draws the same batches, and later `add`s fill the same ring slots."""
+    want = {
+      "capacity": self.capacity,
+      "slots": self.slots,
+      "feature_dim": int(self.features.shape[2]),
+      "keep_steps": self.keep_steps,
+    }
+    got = {k: int(meta[k]) for k in want}
+    if got != want:
+      raise ValueError(f"the saved drafter buffer has shape {got}, this buffer {want}")
+    self.tokens[:] = 0
+    self.features[:] = 0
+    self.step[:] = np.asarray(arrays["step"])
+    self.prompt_len[:] = np.asarray(arrays["prompt_len"])
+    self.length[:] = np.asarray(arrays["length"])
+    if int(meta["rows"]):
+      rows, width = np.asarray(arrays["rows"]), int(meta["width"])
+      self.tokens[rows, :width] = np.asarray(arrays["tokens"])
+      self.features[rows, :width] = np.asarray(arrays["features"])
+    self._next, self.rows_added = int(meta["next"]), int(meta["rows_added"])
+
   def sample(self, rng: np.random.Generator, num_rows: int, row_len: int) -> dict[str, np.ndarray]:
     """A packed [num_rows, row_len] training batch from random valid rows.
 

@@ -16,6 +16,7 @@ import dataclasses
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
@@ -113,17 +114,9 @@ class OnlineDrafter:
     With `mesh` (the devices a rollout's long tail left free) the drafter state moves
     there, replicated, and the batch's rows are split over it when they divide evenly:
     one SPMD program, so the replicas cannot drift apart."""
-    if not self.ready():
-      raise ValueError("the drafter buffer is empty: observe rollouts before updating")
-    rng = np.random.default_rng([self.config.seed, self.version])
-    batch = self.buffer.sample(rng, self.config.batch_rows, self.row_len)
-    if mesh is not None:
-      rep = replicated(mesh)
-      self.params, self.opt_state, target_params = jax.device_put(
-        (self.params, self.opt_state, target_params), rep
-      )
-      fits = self.config.batch_rows % mesh.devices.size == 0
-      batch = jax.device_put(batch, rows_sharding(mesh) if fits else rep)
+    self.params, self.opt_state, target_params, batch = self._placed(
+      self.params, self.opt_state, target_params, mesh
+    )
     self.params, self.opt_state, metrics = self._update(
       self.params, self.opt_state, target_params, batch
     )
@@ -131,11 +124,50 @@ class OnlineDrafter:
     self.last_metrics = metrics
     return metrics
 
-  # ---------------------------------------------------------------- checkpoints
-  def state_pytree(self) -> dict[str, Any]:
-    return {"params": nnx.to_pure_dict(self.params), "opt_state": self.opt_state}
+  def dry_run(self, target_params: nnx.State, mesh: Mesh | None = None) -> dict[str, jax.Array]:
+    """`update`'s program on `mesh` and the next batch, its results thrown away: compiles
+    (first call per mesh) and times an update without changing the drafter (params,
+    optimizer state, version, buffer). The optimizer state is copied first: the update
+    donates it."""
+    opt_state = jax.tree.map(jnp.copy, self.opt_state)
+    params, opt_state, target_params, batch = self._placed(
+      self.params, opt_state, target_params, mesh
+    )
+    return self._update(params, opt_state, target_params, batch)[2]
 
-  def load_state_pytree(self, tree: dict[str, Any], version: int) -> None:
+  def _placed(self, params, opt_state, target_params, mesh: Mesh | None):
+    """(params, opt_state, target_params, batch) on `mesh` (None: as they are), the batch
+    sampled for the current version."""
+    if not self.ready():
+      raise ValueError("the drafter buffer is empty: observe rollouts before updating")
+    rng = np.random.default_rng([self.config.seed, self.version])
+    batch = self.buffer.sample(rng, self.config.batch_rows, self.row_len)
+    if mesh is not None:
+      rep = replicated(mesh)
+      params, opt_state, target_params = jax.device_put((params, opt_state, target_params), rep)
+      fits = self.config.batch_rows % mesh.devices.size == 0
+      batch = jax.device_put(batch, rows_sharding(mesh) if fits else rep)
+    return params, opt_state, target_params, batch
+
+  # ---------------------------------------------------------------- checkpoints
+  def checkpoint_state(self) -> tuple[dict[str, Any], dict[str, np.ndarray], dict[str, int]]:
+    """(params and optimizer state, buffer arrays, meta): host copies of everything resume
+    needs, safe to write asynchronously while training goes on (later updates replace,
+    and donate, the device arrays; the buffer is overwritten in place)."""
+    tree = {"params": nnx.to_pure_dict(self.params), "opt_state": self.opt_state}
+    tree = jax.tree.map(np.array, tree)  # copies (np.asarray may alias a CPU device buffer)
+    arrays, meta = self.buffer.state_dict()
+    return tree, arrays, {"version": self.version, "buffer": meta}
+
+  def abstract_state(self) -> dict[str, Any]:
+    """The shapes, dtypes and shardings `checkpoint_state()[0]` restores into."""
+    tree = {"params": nnx.to_pure_dict(self.params), "opt_state": self.opt_state}
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
+
+  def load_checkpoint_state(
+    self, tree: dict[str, Any], arrays: dict[str, np.ndarray], meta: dict[str, Any]
+  ) -> None:
     nnx.replace_by_pure_dict(self.params, tree["params"])
     self.opt_state = tree["opt_state"]
-    self.version = int(version)
+    self.version = int(meta["version"])
+    self.buffer.load_state_dict(arrays, meta["buffer"])

@@ -15,6 +15,8 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
+from tlt_jax.decode.sampling import SamplingConfig
+
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 KL_TYPES = ("k1", "k3")
 
@@ -35,7 +37,10 @@ class PolicyLossConfig:
     kl_coef: weight of the KL penalty to a reference policy (0: none).
     kl_type: "k1" (logp - ref_logp) or "k3" (Schulman's non-negative estimator).
     entropy_coef: weight of the entropy bonus (subtracted from the loss).
-    temperature: the rollout temperature; log-probs are of the tempered policy.
+    temperature: the rollout temperature.
+    top_k, top_p: the rollout's truncation (0 and 1: none), as in decode.SamplingConfig.
+      Every log-prob the loss sees (old, new) is of the distribution the rollout samples
+      from: tempered, then truncated and renormalised (`sampling`).
   """
 
   clip_low: float = 0.2
@@ -45,6 +50,8 @@ class PolicyLossConfig:
   kl_type: str = "k3"
   entropy_coef: float = 0.0
   temperature: float = 1.0
+  top_k: int = 0
+  top_p: float = 1.0
 
   def __post_init__(self):
     if not 0.0 <= self.clip_low < 1.0:
@@ -64,6 +71,12 @@ class PolicyLossConfig:
       raise ValueError(
         f"temperature must be > 0 (the rollout temperature), got {self.temperature!r}"
       )
+    SamplingConfig(self.temperature, self.top_k, self.top_p)  # top_k, top_p: as the sampler
+
+  @property
+  def sampling(self) -> SamplingConfig:
+    """The sampled distribution the log-probs are of: tempered, truncated."""
+    return SamplingConfig(self.temperature, self.top_k, self.top_p)
 
 
 def kl_penalty(

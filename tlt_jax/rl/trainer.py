@@ -12,7 +12,8 @@ One step:
 Every step logs a phase-time breakdown (time/other: host work between phases)
 to metrics.jsonl and TensorBoard (workdir/tensorboard); checkpoints (orbax)
 hold params, optimizer state, the KL reference when used, data position and
-step, so a killed run resumes exactly.
+step (and in TLT the online drafter with its data buffer and the scheduler's state,
+beside them: see `save`), so a killed run resumes exactly.
 
 The trainer's forward passes (old log-probs, update) run on packed rows
 (rl/packing.py): samples first-fit into rows of W columns (the longest sample
@@ -169,8 +170,8 @@ class GRPOTrainer:
     checker when `reward_fn` adds shaping such as a format bonus.
     `scheduler` (TLT, instead of `drafter_params`): an online drafter trained from
     every rollout's tokens and features in idle slices (reward scoring, checkpoint
-    writes, the rollout's long tail); its params, optimizer state and version are
-    checkpointed with the policy.
+    writes, the rollout's long tail); its params, optimizer state, version and data
+    buffer are checkpointed beside the policy (see `save`).
     `step_reward_fn` (needed when config.process_credit is set): per-step rewards of a
     completion, for process supervision.
     `mesh` (the policy-training role's 1-D "data" mesh): params, optimizer state and
@@ -193,11 +194,15 @@ class GRPOTrainer:
     self._step_errors = 0  # step checkers that failed in the current step
     self.cfg, self.loss_cfg, self.update_cfg = config, loss_config, update_config
     self.workdir = workdir
-    if engine.sampling.temperature != loss_config.temperature:
-      raise ValueError(
-        f"the engine samples at temperature {engine.sampling.temperature} but the loss "
-        f"assumes {loss_config.temperature}: ratios would be off"
-      )
+    # The loss scores the distribution the engine samples: same temperature and truncation.
+    for name in ("temperature", "top_k", "top_p"):
+      sampled, scored = getattr(engine.sampling, name), getattr(loss_config, name)
+      if sampled != scored:
+        raise ValueError(
+          f"the engine samples at {name}={sampled!r} but the loss config has "
+          f"{name}={scored!r}: the ratios would refer to a policy that did not generate "
+          f"the data (engine sampling {engine.sampling}, loss {loss_config.sampling})"
+        )
     self.rows = config.prompts_per_step * config.group_size
     self._tail_batch = max(engine.config.max_batch // 4, 1)
     if self.rows > engine.config.max_batch:
@@ -212,7 +217,14 @@ class GRPOTrainer:
     )
     self.old_logp = jax.jit(
       lambda p, t, pos, seg: token_logprobs(
-        graphdef, p, t, loss_config.temperature, positions=pos, segment_ids=seg
+        graphdef,
+        p,
+        t,
+        loss_config.temperature,
+        top_k=loss_config.top_k,
+        top_p=loss_config.top_p,
+        positions=pos,
+        segment_ids=seg,
       )[0]
     )
     # Update and old-log-prob programs, compiled ahead of time per packed shape, so a
@@ -237,6 +249,14 @@ class GRPOTrainer:
       os.path.abspath(os.path.join(workdir, "checkpoints")),
       options=ocp.CheckpointManagerOptions(max_to_keep=2, create=True),
     )
+    # TLT: the online drafter's own checkpoints, written after the checkpoint window (see
+    # `save`); a resume restores a step present in both.
+    self.drafter_ckpt = None
+    if scheduler is not None:
+      self.drafter_ckpt = ocp.CheckpointManager(
+        os.path.abspath(os.path.join(workdir, "drafter_checkpoints")),
+        options=ocp.CheckpointManagerOptions(max_to_keep=2, create=True),
+      )
     self.metrics_path = os.path.join(workdir, "metrics.jsonl")
     self._restore()
 
@@ -245,18 +265,26 @@ class GRPOTrainer:
     tree = {"params": nnx.to_pure_dict(self.params), "opt_state": self.opt_state}
     if self.ref_params is not None:
       tree["reference"] = nnx.to_pure_dict(self.ref_params)
-    if self.scheduler is not None:
-      tree["drafter"] = self.scheduler.drafter.state_pytree()
     return tree
 
   def save(self) -> None:
     """Writes step, params, optimizer, data position (orbax finalises atomically,
-    so a write cut short never replaces the last good checkpoint)."""
+    so a write cut short never replaces the last good checkpoint).
+
+    TLT: while orbax writes the policy, the device is free and the scheduler trains the
+    drafter ("checkpoint" window); those updates belong to this step. So the drafter
+    (params, optimizer state, version, data buffer) and the scheduler's state go to a
+    second manager (workdir/drafter_checkpoints, same step) once the window has closed,
+    and `_restore` takes the newest step present in both: a kill between the two writes
+    falls back to the previous complete pair. (One manager would have to capture the
+    drafter before the window, losing its updates on resume, or hold the policy write
+    until the window closed, losing the window.) The drafter write is asynchronous too,
+    from host copies: it finishes while the next step runs (the next save, or the end of
+    `run`, waits for it).
+    """
     meta = {"step": self.step, "cursor": self.cursor}
     if self.engine.bandit is not None:
       meta["bandit"] = self.engine.bandit.state_dict()
-    if self.scheduler is not None:
-      meta["scheduler"] = self.scheduler.state()
     self.ckpt.save(
       self.step,
       args=ocp.args.Composite(
@@ -267,9 +295,28 @@ class GRPOTrainer:
       # The write runs in orbax's threads: a device slice for the drafter.
       self.scheduler.fill("checkpoint", self.ckpt.is_saving_in_progress, self.params)
     self.ckpt.wait_until_finished()
+    if self.scheduler is not None:
+      tree, buffer, dmeta = self.scheduler.drafter.checkpoint_state()
+      dmeta["scheduler"] = self.scheduler.state()
+      self.drafter_ckpt.save(
+        self.step,
+        args=ocp.args.Composite(
+          drafter=ocp.args.StandardSave(tree),
+          buffer=ocp.args.StandardSave(buffer),
+          meta=ocp.args.JsonSave(dmeta),
+        ),
+      )
 
   def _restore(self) -> None:
-    last = self.ckpt.latest_step()
+    managers = [m for m in (self.ckpt, self.drafter_ckpt) if m is not None]
+    steps = set.intersection(*(set(m.all_steps()) for m in managers))
+    last = max(steps, default=None)
+    # Steps past the last complete pair (a policy whose drafter write was cut short) go:
+    # the rerun of that step saves it afresh (orbax skips a step at or below its latest).
+    for m in managers:
+      for s in m.all_steps():
+        if last is None or s > last:
+          m.delete(s)
     if last is None:
       return
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, self._pytree())
@@ -287,9 +334,16 @@ class GRPOTrainer:
     if self.engine.bandit is not None and "bandit" in got["meta"]:
       self.engine.bandit.load_state_dict(got["meta"]["bandit"])
     if self.scheduler is not None:
-      meta = got["meta"]["scheduler"]
-      self.scheduler.drafter.load_state_pytree(got["state"]["drafter"], meta["version"])
-      self.scheduler.load_state(meta)
+      d = self.drafter_ckpt.restore(
+        last,
+        args=ocp.args.Composite(
+          drafter=ocp.args.StandardRestore(self.scheduler.drafter.abstract_state()),
+          buffer=ocp.args.StandardRestore(),
+          meta=ocp.args.JsonRestore(),
+        ),
+      )
+      self.scheduler.drafter.load_checkpoint_state(d["drafter"], dict(d["buffer"]), d["meta"])
+      self.scheduler.load_state(d["meta"]["scheduler"])
     # Metrics past the checkpoint belong to the lost tail of the killed run.
     if os.path.exists(self.metrics_path):
       with open(self.metrics_path) as f:
@@ -619,7 +673,8 @@ class GRPOTrainer:
           row["eval"] = self.evaluate()
         row["time/eval"] = time.perf_counter() - t
         t = time.perf_counter()
-        if not skipped and (self.step % cfg.checkpoint_every == 0 or self.step == cfg.steps):
+        # The last step is always saved (a skipped update left the params as they were).
+        if self.step == cfg.steps or (not skipped and self.step % cfg.checkpoint_every == 0):
           self.save()
         row["time/checkpoint"] = time.perf_counter() - t
         row["time/step"] = time.perf_counter() - t0
@@ -646,6 +701,8 @@ class GRPOTrainer:
       bar.close()
       tb.close()
       rewards.close()
+      if self.drafter_ckpt is not None:
+        self.drafter_ckpt.wait_until_finished()
     return history
 
   @staticmethod

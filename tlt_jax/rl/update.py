@@ -1,9 +1,11 @@
 """One jitted policy-gradient step: log-probs, loss, micro-batched gradients,
 a non-finite guard and the optimizer update.
 
-The step recomputes log-probs exactly as the sampler recorded them
-(log_softmax(logits / temperature), untruncated), so on the first update after
-a rollout the ratio new / old is 1 up to float error.
+The step recomputes log-probs exactly as the sampler recorded them: of the
+distribution tokens are drawn from, tempered and top-k / top-p truncated
+(decode.sampling.sampling_log_probs), so on the first update after a rollout the
+ratio new / old is 1 up to float error, and the ratio always refers to the policy
+that generated the data. The KL reference alone is scored untruncated (token_logprobs).
 """
 
 from __future__ import annotations
@@ -20,12 +22,16 @@ import optax
 from flax import nnx
 from jaxtyping import Array, Float, Int
 
+from tlt_jax.decode.sampling import SamplingConfig, sampling_log_probs
 from tlt_jax.rl.loss import PolicyLossConfig, policy_loss
 from tlt_jax.utils.trees import path_name
 
 BATCH_KEYS = ("tokens", "mask", "old_logp", "advantages")
 # A packed batch (rl/packing.py) has these too: several samples per row.
 PACKED_KEYS = ("positions", "segment_ids", "weights")
+# The log-prob given to a token outside the truncated kept set (probability 0 under the
+# sampled distribution; see token_logprobs).
+OUT_OF_SET_LOGP = -30.0
 
 
 def token_logprobs(
@@ -34,11 +40,15 @@ def token_logprobs(
   tokens: Int[Array, "B T"],
   temperature: float | Float[Array, ""],
   *,
+  top_k: int = 0,
+  top_p: float = 1.0,
   with_entropy: bool = False,
   positions: Int[Array, "B T"] | None = None,
   segment_ids: Int[Array, "B T"] | None = None,
 ) -> tuple[Float[Array, "B T"], Float[Array, "B T"] | None]:
-  """Log-prob of each token given its prefix under the tempered policy.
+  """Log-prob of each token given its prefix under the sampled distribution: the
+  policy tempered, then top-k / top-p truncated and renormalised, as the rollout draws
+  (decode.sampling.sampling_log_probs).
 
   Rows start at position 0 (the rollout layout: prompt then completion);
   whatever follows a row's length cannot change earlier log-probs (causal).
@@ -52,7 +62,18 @@ def token_logprobs(
     tokens: [B, T] int32.
     temperature: > 0; logits are divided by it before log_softmax. May be traced
       (one compiled program for every temperature); only a concrete value is checked.
-    with_entropy: also return the entropy of each predictive distribution.
+    top_k, top_p: the truncation applied after the temperature (static; 0 and 1: none,
+      the full tempered policy, e.g. the KL reference). The kept set is chosen without
+      gradient (it is piecewise constant): only the kept logits are differentiated.
+      A token outside the kept set (probability 0: the policy moved since the rollout,
+      PPO mini-batch 2+, or float error at the set's boundary) scores OUT_OF_SET_LOGP
+      = -30, a constant (zero gradient), instead of about -1e30: its ratio against a
+      kept token's log-prob stays within e^+-30 (~1e13), so the ratio, its gradient and
+      square, approx_kl and a k3 KL stay finite in float32 in either direction (a floor
+      like -1e4 would overflow exp() when the old log-prob is the floored one). Kept
+      tokens are never clamped.
+    with_entropy: also return the entropy of each predictive distribution (of the
+      truncated one: tokens outside the kept set contribute exactly 0).
 
   Returns:
     logp [B, T] with logp[:, t] = log p(tokens[:, t] | tokens[:, :t]) for t >= 1
@@ -61,17 +82,24 @@ def token_logprobs(
   """
   if isinstance(temperature, int | float) and not temperature > 0:
     raise ValueError(f"temperature must be > 0, got {temperature!r}")
+  # Temperature is applied here (it may be traced); the config truncates only.
+  truncation = SamplingConfig(temperature=1.0, top_k=top_k, top_p=top_p)
+  truncated = top_k > 0 or top_p < 1.0
   model = nnx.merge(graphdef, params)
   b, t = tokens.shape
   if positions is None:
     positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
   hidden, _, _ = model(tokens, positions, segment_ids=segment_ids)
-  logits = model.logits(hidden[:, :-1]) / temperature  # position t - 1 predicts token t
-  logp_all = jax.nn.log_softmax(logits, axis=-1)
+  # Position t - 1 predicts token t.
+  logits = model.logits(hidden[:, :-1]).astype(jnp.float32) / temperature
+  logp_all = sampling_log_probs(logits, truncation)
   logp = jnp.take_along_axis(logp_all, tokens[:, 1:, None], axis=-1)[..., 0]
+  if truncated:  # outside the kept set: about -1e30 - logsumexp; a where, so no gradient
+    logp = jnp.where(logp > -1e29, logp, OUT_OF_SET_LOGP)
   pad = lambda x: jnp.pad(x, ((0, 0), (1, 0)))
   if not with_entropy:
     return pad(logp), None
+  # exp(-1e30) is exactly 0 and 0 * -1e30 = 0: truncated tokens add nothing, nor NaN.
   entropy = -jnp.sum(jnp.exp(logp_all) * logp_all, axis=-1)
   return pad(logp), pad(entropy)
 
@@ -210,6 +238,11 @@ def make_policy_update(
   aggregation. ref_params is the reference policy's params, or None (then
   loss_cfg.kl_coef must be 0).
 
+  Log-probs and entropy are of the distribution the rollout samples (loss_cfg's
+  temperature, top_k and top_p: `token_logprobs`), so old_logp must be too; the KL
+  reference's are of the untruncated tempered reference policy (> 0 everywhere, so the KL
+  stays finite; with truncation it starts above 0, at about -log(kept mass) per token).
+
   The gradient is accumulated over slices of `micro_batch` rows with a scan,
   weighted so it equals the full-batch gradient: by each slice's share of the
   masked tokens for "token-mean", equally for the per-row aggregations, and as a
@@ -230,6 +263,8 @@ def make_policy_update(
   if not isinstance(micro_batch, int) or micro_batch <= 0:
     raise ValueError(f"micro_batch must be a positive int, got {micro_batch!r}")
   temp = loss_cfg.temperature
+  # The policy's log-probs are of the sampled (truncated) distribution, as old_logp must be.
+  trunc = dict(top_k=loss_cfg.top_k, top_p=loss_cfg.top_p)
   _compile_trainable(trainable)  # a bad pattern fails here, not at the first trace
 
   def step(params, opt_state, batch, ref_params):
@@ -266,6 +301,9 @@ def make_policy_update(
       mb, w = xs
       ref_logp = None
       if ref_params is not None:
+        # The reference untruncated (tempered only): it is > 0 everywhere, so KL(sampled
+        # policy || reference) is finite; a truncated reference would score tokens outside
+        # its own kept set at -30 (and its set is not the policy's).
         ref_logp, _ = token_logprobs(graphdef, ref_params, mb["tokens"], temp, **layout(mb))
         ref_logp = jax.lax.stop_gradient(ref_logp)
 
@@ -273,7 +311,9 @@ def make_policy_update(
         if trainable:  # frozen parameters are constants: no backward pass reaches them
           p = jax.tree.map(lambda x, m: x if m else jax.lax.stop_gradient(x), p, train_mask)
         # Entropy always: a cheap, key diagnostic (entropy collapse) even when not in the loss.
-        logp, ent = token_logprobs(graphdef, p, mb["tokens"], temp, with_entropy=True, **layout(mb))
+        logp, ent = token_logprobs(
+          graphdef, p, mb["tokens"], temp, with_entropy=True, **trunc, **layout(mb)
+        )
         if loss_cfg.entropy_coef == 0:
           ent = jax.lax.stop_gradient(ent)  # metric only: no backward through it
         loss, _ = policy_loss(

@@ -580,7 +580,7 @@ class RolloutEngine:
     sampling: SamplingConfig | None = None,
     seq_id_offset: int = 0,
     drafter_params: nnx.State | None = None,
-    on_chunk: Callable[[int], nnx.State | None] | None = None,
+    on_chunk: Callable[[int, float], nnx.State | None] | None = None,
   ) -> RolloutResult:
     """Samples `num_samples` completions for each prompt.
 
@@ -596,9 +596,16 @@ class RolloutEngine:
       drafter_params: the EAGLE drafter's params; speculative decoding runs only
         when they are given and the config's spec_threshold > 0. The output
         distribution is the target's either way (greedy: the same tokens).
-      on_chunk: called with the batch bucket at every chunk boundary (after
-        compaction); may return new drafter params, used from the next chunk on
-        (a host-side scheduler trains the drafter during the long tail). Never
+      on_chunk: called as `on_chunk(batch, rebuild_s)` at every chunk boundary (after
+        compaction) with the batch bucket of the next chunk; may return new drafter
+        params, used from the next chunk on (a host-side scheduler trains the drafter
+        during the long tail). A pushed version invalidates the drafter cache, so the
+        next speculative chunk rebuilds it (unless a plain chunk dropped the cache
+        first): `rebuild_s` reports the seconds such push-forced rebuilds took since
+        the previous call (lazy compiles left out, as in `generation_seconds`), and
+        after the last chunk one more call, `on_chunk(0, rebuild_s)`, reports what is
+        left (its return is ignored). Each call is timed in the timeline
+        ("drafter_hook"), each push-forced rebuild marked (`forced_by_push`). Never
         changes the output: verification is exact whatever the drafter.
     """
     cfg = self.config
@@ -674,6 +681,29 @@ class RolloutEngine:
     max_len = np.asarray(state.max_len)
     spec_on = bool(cfg.spec_threshold) and drafter_params is not None
     dstate = None  # (drafter cache, drafter_len) in step with `state`, or None
+    push_forced = False  # the drafter cache was dropped for a pushed drafter version
+    owed_rebuild_s = 0.0  # push-forced rebuild seconds not yet reported to on_chunk
+
+    def call_hook(batch: int, active_rows: int):
+      nonlocal owed_rebuild_s
+      t_hook = time.perf_counter()
+      pushed = on_chunk(batch, owed_rebuild_s)
+      hook_s = time.perf_counter() - t_hook
+      owed_rebuild_s = 0.0
+      timeline.append(
+        {
+          "t": t_hook - start,
+          "dt": hook_s,
+          "phase": "drafter_hook",
+          "active": active_rows,
+          "batch": batch,
+          "view": 0,
+          "tokens": 0,
+          "pushed": pushed is not None and batch > 0,  # batch 0: the return is ignored
+        }
+      )
+      return pushed
+
     while True:
       active = ~done & (row_seq >= 0)
       if not active.any():
@@ -696,25 +726,12 @@ class RolloutEngine:
           done = np.where(valid, done[rows], True)
           active = ~done
       if on_chunk is not None:
-        t_hook = time.perf_counter()
-        pushed = on_chunk(state.batch)
+        pushed = call_hook(state.batch, int(active.sum()))
         if pushed is not None:
           check_drafter_matches(pushed, self.model_config)
-          drafter_params, dstate = pushed, None  # the cache was built by the old drafter
-        hook_s = time.perf_counter() - t_hook
-        if pushed is not None or hook_s > 1e-3:
-          timeline.append(
-            {
-              "t": t_hook - start,
-              "dt": hook_s,
-              "phase": "drafter_hook",
-              "active": int(active.sum()),
-              "batch": state.batch,
-              "view": 0,
-              "tokens": 0,
-              "pushed": pushed is not None,
-            }
-          )
+          # The cache was built by the old drafter: its rebuild is the push's cost.
+          push_forced = push_forced or dstate is not None
+          drafter_params, dstate = pushed, None
       arm = PLAIN
       learn = spec_on and self.bandit is not None and state.batch <= cfg.spec_threshold
       if spec_on and state.batch <= cfg.spec_threshold:
@@ -731,6 +748,7 @@ class RolloutEngine:
       switch_s = 0.0  # drafter-cache rebuild this chunk needed (switching from plain)
       if arm == PLAIN:
         dstate = None  # plain decode does not advance the drafter's cache
+        push_forced = False  # the switch back rebuilds it anyway
         # Every active row may grow by chunk_steps; the cache view must cover it.
         need = int(np.minimum(length + cfg.chunk_steps - 1, max_len)[active].max())
         view = round_up(need, cfg.view_buckets)
@@ -759,17 +777,23 @@ class RolloutEngine:
           dstate = self._rows(self._drafter_prefill_exe(width, args)(*args))
           jax.block_until_ready(dstate)
           switch_s = time.perf_counter() - t0
-          timeline.append(
-            {
-              "t": t0 - start,
-              "dt": switch_s,
-              "phase": "drafter_prefill",
-              "active": int(active.sum()),
-              "batch": state.batch,
-              "view": width,
-              "tokens": 0,
-            }
-          )
+          rebuild = {
+            "t": t0 - start,
+            "dt": switch_s,
+            "phase": "drafter_prefill",
+            "active": int(active.sum()),
+            "batch": state.batch,
+            "view": width,
+            "tokens": 0,
+            "forced_by_push": push_forced,
+          }
+          rebuild_compile = self.pool.compile_seconds - compile_s
+          if rebuild_compile:  # a lazy pool compiled this width (in the chunk's compile_s too)
+            rebuild["rebuild_compile_s"] = rebuild_compile
+          timeline.append(rebuild)
+          if push_forced:  # reported without lazy compiles (counted apart, one-time)
+            owed_rebuild_s += switch_s - rebuild_compile
+            push_forced = False
           t0 = time.perf_counter()
         b = state.batch
         args = (
@@ -815,6 +839,8 @@ class RolloutEngine:
           **entry,
         }
       )
+    if on_chunk is not None and owed_rebuild_s:
+      call_hook(0, 0)  # the last push-forced rebuild's report
     collect(np.nonzero(row_seq >= 0)[0])
     wall = time.perf_counter() - start
     return self._assemble(outputs, n_rows, num_samples, timeline, wall)

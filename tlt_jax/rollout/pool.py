@@ -12,16 +12,25 @@ in 150 (a decode chunk) to 500+ (a speculative chunk) mappings, a process may ho
 evaluation set otherwise dies with "LLVM ERROR: Unable to allocate section memory".
 Mappings are counted from /proc/self/maps around each compile (Linux; elsewhere
 only the count cap applies).
+
+Every key also holds what the program reads from module globals at trace time:
+`transformer._ATTENTION_FORM` (experiments switch it between compiles), so a
+program traced under another form is never handed back. Each compile traces a
+fresh wrapper of `fn`: JAX caches traces by function identity across `jax.jit`
+wrappers, and would otherwise hand back the jaxpr traced under the old form.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Callable, Hashable
 from typing import Any
 
 import jax
+
+from tlt_jax.models import transformer
 
 
 def _mappings() -> int | None:
@@ -41,6 +50,22 @@ class CompiledEntry:
   argument_bytes: int | None
   calls: int = 0
   mappings: int = 0  # memory mappings its JIT code added (CPU, Linux)
+
+
+def _trace_globals() -> tuple[Any, ...]:
+  """The module globals programs read at trace time (not their arguments)."""
+  return (transformer._ATTENTION_FORM,)
+
+
+def _fresh(fn: Callable[..., Any]) -> Callable[..., Any]:
+  """`fn` behind a new function object, so JAX traces it anew (its trace cache is keyed
+  by function identity, not by the globals the trace read)."""
+
+  @functools.wraps(fn)
+  def traced(*args):
+    return fn(*args)
+
+  return traced
 
 
 def _placement(leaves: list[Any]) -> tuple[Any, ...]:
@@ -83,14 +108,15 @@ class ExecutablePool:
     """
     # The placement is part of the program: the same shapes on 8 devices or on 2
     # are different executables (a compacted bucket runs on fewer devices). So is the
-    # argument tree (a list where a tuple was compiled is refused by the executable).
+    # argument tree (a list where a tuple was compiled is refused by the executable),
+    # and the trace-time globals (the attention form).
     leaves, treedef = jax.tree.flatten(args)
-    key = (key, _placement(leaves), treedef)
+    key = (key, _placement(leaves), treedef, _trace_globals())
     entry = self._entries.get(key)
     if entry is None:
       start = time.perf_counter()
       before = _mappings()
-      compiled = jax.jit(fn, donate_argnums=donate_argnums).lower(*args).compile()
+      compiled = jax.jit(_fresh(fn), donate_argnums=donate_argnums).lower(*args).compile()
       after = _mappings()
       seconds = time.perf_counter() - start
       temp = arg = None
@@ -116,7 +142,10 @@ class ExecutablePool:
     return entry.executable
 
   def __contains__(self, key: Hashable) -> bool:
-    return key in self._entries
+    """Whether a program for `key` (as given to `get`), traced under the current
+    globals, is held (for any placement and argument tree)."""
+    now = _trace_globals()
+    return any(k[0] == key and k[3] == now for k in self._entries)
 
   @property
   def compiles(self) -> int:
@@ -141,6 +170,7 @@ class ExecutablePool:
       {
         "key": str(k[0]),
         "devices": max((len(d) for d in k[1]), default=1),
+        "attention_form": k[3][0],
         "compile_s": round(e.compile_seconds, 3),
         "temp_bytes": e.temp_bytes,
         "argument_bytes": e.argument_bytes,

@@ -14,6 +14,10 @@ Capacity (guaranteed by the host for every active row, all rounds):
     end still has room for a full draft);
   drafter cache: drafter_len + max(depth + 1, tree_slots(depth, topk)) <=
     drafter view (default: all its slots), with drafter_len = length - 2.
+  token buffers: only length <= slots. The max_emit-wide token/feature
+    windows the drafter's extension reads may reach past the buffer end; they
+    are read realigned (`_read_aligned`), never shifted, and the entries past
+    the end belong to pairs that are not committed.
 Finished rows may sit anywhere; their state is restored unchanged every round.
 
 Shape letters: B batch, N draft nodes, S cache slots, D model width, V vocabulary.
@@ -136,6 +140,24 @@ def _read_window(buf: jax.Array, start: jax.Array, width: int, axis: int = 1) ->
   """buf[b, start[b] : start[b] + width] along `axis` (start clamped into range)."""
   read = lambda row, i: lax.dynamic_slice_in_dim(row, i, width, axis - 1)
   return jax.vmap(read)(buf, start)
+
+
+def _read_aligned(buf: jax.Array, start: jax.Array, width: int, axis: int = 1) -> jax.Array:
+  """buf[b, start[b] + j] for j < width along `axis`, positions past either buffer end
+  clipped to it (the caller must not use those entries).
+
+  Unlike `_read_window`, whose clamped start shifts the whole window when it would
+  cross the buffer end, entry j always comes from position start + j: the window
+  is read from the clamped start and realigned, as `_commit_window` does.
+  """
+  size = buf.shape[axis]
+  if width > size:
+    raise ValueError(f"window width {width} exceeds the buffer's {size} slots")
+  w0 = jnp.clip(start, 0, size - width)
+  win = jnp.moveaxis(_read_window(buf, w0, width, axis), axis, 1)
+  rel = jnp.clip(start[:, None] - w0[:, None] + jnp.arange(width), 0, width - 1)  # [B, W]
+  win = jnp.take_along_axis(win, rel.reshape(rel.shape + (1,) * (win.ndim - 2)), axis=1)
+  return jnp.moveaxis(win, 1, axis)
 
 
 def _commit_window(
@@ -322,11 +344,13 @@ def spec_decode_chunk(
     )
 
     # 5. Commit the new drafter pairs (x_{t+1}, f_t), t = length_old - 2 .. length - 3.
+    # The max_emit-wide windows may reach past the buffer end (a row within max_emit
+    # of `slots`): aligned reads keep pair j at drafter position dlen + j.
     t = strategy.max_emit
     _, dcache_ext = drafting.extend_drafter_cache(
       *dfwd,
-      _read_window(new_st.tokens, base, t),
-      _read_window(new_st.hidden, st.length - 2, t),
+      _read_aligned(new_st.tokens, base, t),
+      _read_aligned(new_st.hidden, st.length - 2, t),
       dcache_drafted,
       dlen,
       view_len=dview,
