@@ -22,13 +22,13 @@ import sys
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import tunix_baseline  # noqa: E402
+from host import read_bandwidth  # noqa: E402
 
 from tlt_jax.data import CharTokenizer, make_split  # noqa: E402
 from tlt_jax.decode.sampling import SamplingConfig  # noqa: E402
@@ -95,19 +95,6 @@ def decode_throughputs(
     theirs.append(batch * new_tokens / (time.perf_counter() - t0))
     assert all(len(t) == new_tokens for t in out)
   return float(np.median(ours)), float(np.median(theirs))
-
-
-def read_bandwidth(nbytes: int = 1 << 30) -> float:
-  """Bytes/s of a streaming read (a sum over a large array), the decode's access pattern."""
-  x = jnp.ones((nbytes // 4,), jnp.float32)
-  f = jax.jit(lambda a: jnp.sum(a))
-  f(x).block_until_ready()
-  times = []
-  for _ in range(5):
-    t = time.perf_counter()
-    f(x).block_until_ready()
-    times.append(time.perf_counter() - t)
-  return nbytes / min(times)
 
 
 def longtail(graphdef, params, cfg: ModelConfig, tunix_model, quick: bool) -> dict:
