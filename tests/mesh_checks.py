@@ -169,6 +169,11 @@ def check_drafter_on_freed_devices():
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5)
 
 
+def _online_drafter(tg, dg, dp) -> OnlineDrafter:
+  cfg = DrafterTrainConfig(learning_rate=1e-2, warmup_steps=0, batch_rows=2, row_len=24)
+  return OnlineDrafter(dg, dp, tg, cfg, slots=ENGINE.slots, feature_dim=32)
+
+
 def check_tlt_on_freed_devices():
   """TLT on a mesh: as the long tail compacts onto fewer devices, the scheduler trains
   the drafter on the freed ones and pushes versions at chunk boundaries; the rollout's
@@ -180,14 +185,7 @@ def check_tlt_on_freed_devices():
   ref = single.generate(tp, PROMPTS, 4, key=0, max_new_tokens=LIMITS)
   cfg = dataclasses.replace(ENGINE, spec_threshold=8, spec_strategies=("chain3",))
   engine = RolloutEngine(tg, MODEL, cfg, GREEDY, drafter_graphdef=dg, mesh=data_mesh())
-  drafter = OnlineDrafter(
-    dg,
-    dp,
-    tg,
-    DrafterTrainConfig(learning_rate=1e-2, warmup_steps=0, batch_rows=2, row_len=24),
-    slots=ENGINE.slots,
-    feature_dim=32,
-  )
+  drafter = _online_drafter(tg, dg, dp)
   drafter.observe(ref, step=0)
   sched = SliceScheduler(
     drafter,
@@ -223,14 +221,7 @@ def check_freed_meshes_prepared_before_rollout():
   tg, tp, dg, dp = _models()
   cfg = dataclasses.replace(ENGINE, spec_threshold=8, spec_strategies=("chain3",))
   engine = RolloutEngine(tg, MODEL, cfg, GREEDY, drafter_graphdef=dg, mesh=data_mesh())
-  drafter = OnlineDrafter(
-    dg,
-    dp,
-    tg,
-    DrafterTrainConfig(learning_rate=1e-2, warmup_steps=0, batch_rows=2, row_len=24),
-    slots=ENGINE.slots,
-    feature_dim=32,
-  )
+  drafter = _online_drafter(tg, dg, dp)
   plain = RolloutEngine(tg, MODEL, dataclasses.replace(ENGINE, spec_threshold=0), GREEDY)
   drafter.observe(plain.generate(tp, PROMPTS, 4, key=0, max_new_tokens=LIMITS), step=0)
   sched = SliceScheduler(

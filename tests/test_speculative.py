@@ -41,7 +41,7 @@ def _static(stop_tokens=()):
 
 
 @functools.cache
-def _prefill_fn(tg, static):
+def _prefill_fn(tg, static, slots=S, cache_slots=None, max_new=tuple(MAX_NEW)):
   return jax.jit(
     lambda tp, key: programs.prefill(
       tg,
@@ -50,10 +50,11 @@ def _prefill_fn(tg, static):
       jnp.asarray(PROMPT_LEN),
       jnp.arange(3),
       jnp.arange(3),
-      jnp.asarray(MAX_NEW),
+      jnp.asarray(max_new),
       key,
       static=static,
-      slots=S,
+      slots=slots,
+      cache_slots=cache_slots,
     )
   )
 
@@ -130,7 +131,7 @@ def _oracle(tg, tp, strategy):
 
 
 @functools.cache
-def _spec_fn(tg, dg, static, strategy, oracle):
+def _spec_fn(tg, dg, static, strategy, oracle, view_len=S):
   def run(tp, dp, st, dcache, dlen, key, rounds):
     draft_fn = _oracle(tg, tp, strategy) if oracle else None
     return spec_decode_chunk(
@@ -145,7 +146,7 @@ def _spec_fn(tg, dg, static, strategy, oracle):
       rounds,
       static=static,
       strategy=strategy,
-      view_len=S,
+      view_len=view_len,
       draft_fn=draft_fn,
     )
 
@@ -271,45 +272,16 @@ def test_drafter_cache_at_buffer_end(models, strategy, oracle):
   key = jax.random.key(0)
   max_new = SE - PROMPT_LEN
   ds = SE + strategy.drafter_slots  # as EngineConfig.drafter_slots
-  st = jax.jit(
-    lambda tp: programs.prefill(
-      tg,
-      tp,
-      jnp.asarray(PROMPTS),
-      jnp.asarray(PROMPT_LEN),
-      jnp.arange(3),
-      jnp.arange(3),
-      jnp.asarray(max_new),
-      key,
-      static=static,
-      slots=SE,
-      cache_slots=SE + strategy.nodes - 1,  # as EngineConfig.cache_slots
-    )
-  )(tp)
+  # Cache and drafter slots as EngineConfig.cache_slots / drafter_slots give them.
+  prefill = _prefill_fn(tg, static, SE, SE + strategy.nodes - 1, tuple(int(m) for m in max_new))
+  st = prefill(tp, key)
   prefill_d = jax.jit(
     lambda st: prefill_drafter_cache(dg, dp, tg, tp, st.tokens, st.hidden, st.length, slots=ds)
   )
   dcache, dlen = prefill_d(st)
 
-  def run(st, dcache, dlen):
-    draft_fn = _oracle(tg, tp, strategy) if oracle else None
-    return spec_decode_chunk(
-      tg,
-      tp,
-      dg,
-      dp,
-      st,
-      dcache,
-      dlen,
-      key,
-      jnp.int32(100),
-      static=static,
-      strategy=strategy,
-      view_len=SE + strategy.nodes - 1,
-      draft_fn=draft_fn,
-    )
-
-  st, dcache, dlen, stats = jax.jit(run)(st, dcache, dlen)
+  spec = _spec_fn(tg, dg, static, strategy, oracle, SE + strategy.nodes - 1)
+  st, dcache, dlen, stats = spec(tp, dp, st, dcache, dlen, key, jnp.int32(100))
   assert bool(np.all(st.done))
   np.testing.assert_array_equal(st.length, SE)
   if oracle:  # multi-token rounds: some windows started within max_emit of the end
