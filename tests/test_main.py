@@ -74,6 +74,37 @@ def test_default_job_runs_on_tiny_config(tmp_path):
   )
 
 
+def test_summary_prints_the_configs_measured_ranges():
+  """The default config carries the README's measured ranges and the summary prints them
+  beside the run's own figures; the tiny config has none and prints none."""
+  from tlt_jax.train import format_summary
+
+  ref = default.get_config().reference.to_dict()
+  assert not default.get_config("tiny").get("reference")
+  summary = {
+    "model_params": 8e5,
+    "warm_start": {"source": "sft"},
+    "eval": {"accuracy": 0.5, "num_examples": 100, "sampled_accuracy": 0.3},
+    "rollout": {
+      "sequences": 2,
+      "generated_tokens": 10,
+      "wall_seconds": 1.0,
+      "tokens_per_second": 10.0,
+      "compile_seconds": 0.0,
+      "mean_reward": 0.5,
+      "lengths": {"median": 5.0},
+      "batch_buckets_used": [2],
+      "executables": 1,
+      "executable_temp_MB": 1.0,
+      "compiled_during_rollout": 0,
+    },
+  }
+  assert "measured ranges" not in format_summary(summary)
+  text = format_summary({**summary, "reference": ref})
+  for value in ref.values():
+    assert value in text
+
+
 def test_tlt_mode_trains_the_drafter_online_and_exports_it(tmp_path):
   """--config.mode=tlt: the drafter's warm start, speculative rollouts, online updates in
   idle slices, and the standalone drafter artifact at the end."""

@@ -204,6 +204,8 @@ def train_and_evaluate(
       mesh=mesh,
     )
   summary: dict[str, Any] = {"mode": mode, "model_params": model_cfg.num_params, "warm_start": warm}
+  if config.get("reference"):  # the config's measured ranges, printed beside this run's figures
+    summary["reference"] = config.reference.to_dict()
   if drafter is not None:
     summary["drafter_warm_start"] = drafter_info
 
@@ -456,4 +458,10 @@ def format_summary(summary: dict[str, Any]) -> str:
     if "sampled_accuracy" in final and "sampled_accuracy" in e:
       text += f", sampled {final['sampled_accuracy']:.3f} (warm start {e['sampled_accuracy']:.3f})"
     lines.insert(2, text + f"; rollout {100 * rl['rollout_share']:.0f}% of step time")
+  if summary.get("reference"):
+    ref = summary["reference"]
+    lines.append(
+      f"this config's measured ranges ({ref['runs']}; README): warm start {ref['warm_start']}; "
+      f"after RL {ref['after_rl']}; RL's sampled gain {ref['rl_gain_sampled']}"
+    )
   return "\n".join(lines)
