@@ -169,15 +169,9 @@ def check_drafter_on_freed_devices():
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5)
 
 
-def _online_drafter(tg, dg, dp) -> OnlineDrafter:
-  cfg = DrafterTrainConfig(learning_rate=1e-2, warmup_steps=0, batch_rows=2, row_len=24)
-  return OnlineDrafter(dg, dp, tg, cfg, slots=ENGINE.slots, feature_dim=32)
-
-
-def check_tlt_on_freed_devices():
-  """TLT on a mesh: as the long tail compacts onto fewer devices, the scheduler trains
-  the drafter on the freed ones and pushes versions at chunk boundaries; the rollout's
-  tokens stay those of one device without SD."""
+def _tlt_on_mesh():
+  """A chain3 speculative engine on all devices, a plain single-device reference rollout, an
+  online drafter that has observed it, and a scheduler for the freed devices only (budget 0)."""
   from tlt_jax.scheduler import SchedulerConfig, SliceScheduler
 
   tg, tp, dg, dp = _models()
@@ -185,7 +179,8 @@ def check_tlt_on_freed_devices():
   ref = single.generate(tp, PROMPTS, 4, key=0, max_new_tokens=LIMITS)
   cfg = dataclasses.replace(ENGINE, spec_threshold=8, spec_strategies=("chain3",))
   engine = RolloutEngine(tg, MODEL, cfg, GREEDY, drafter_graphdef=dg, mesh=data_mesh())
-  drafter = _online_drafter(tg, dg, dp)
+  train = DrafterTrainConfig(learning_rate=1e-2, warmup_steps=0, batch_rows=2, row_len=24)
+  drafter = OnlineDrafter(dg, dp, tg, train, slots=ENGINE.slots, feature_dim=32)
   drafter.observe(ref, step=0)
   sched = SliceScheduler(
     drafter,
@@ -193,6 +188,14 @@ def check_tlt_on_freed_devices():
     placement=engine.placement,
     batch_buckets=cfg.batch_buckets,
   )
+  return tp, engine, drafter, sched, ref
+
+
+def check_tlt_on_freed_devices():
+  """TLT on a mesh: as the long tail compacts onto fewer devices, the scheduler trains
+  the drafter on the freed ones and pushes versions at chunk boundaries; the rollout's
+  tokens stay those of one device without SD."""
+  tp, engine, drafter, sched, ref = _tlt_on_mesh()
   hooks = []
   for _ in range(3):
     params = sched.begin_rollout(tp)
@@ -216,20 +219,9 @@ def check_freed_meshes_prepared_before_rollout():
   policy's copy on each and the drafter update compiled for each are prepared in
   begin_rollout, the meshes once for all rollouts: inside a rollout, which trains the
   drafter on freed devices, no mesh is built, no copy made, no update compiled."""
-  from tlt_jax.scheduler import SchedulerConfig, SliceScheduler, slices
+  from tlt_jax.scheduler import slices
 
-  tg, tp, dg, dp = _models()
-  cfg = dataclasses.replace(ENGINE, spec_threshold=8, spec_strategies=("chain3",))
-  engine = RolloutEngine(tg, MODEL, cfg, GREEDY, drafter_graphdef=dg, mesh=data_mesh())
-  drafter = _online_drafter(tg, dg, dp)
-  plain = RolloutEngine(tg, MODEL, dataclasses.replace(ENGINE, spec_threshold=0), GREEDY)
-  drafter.observe(plain.generate(tp, PROMPTS, 4, key=0, max_new_tokens=LIMITS), step=0)
-  sched = SliceScheduler(
-    drafter,
-    SchedulerConfig(rollout_budget=0.0),
-    placement=engine.placement,
-    batch_buckets=cfg.batch_buckets,
-  )
+  tp, engine, drafter, sched, _ = _tlt_on_mesh()
   built = []
   real_data_mesh = slices.data_mesh
 

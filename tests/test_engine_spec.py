@@ -425,6 +425,13 @@ def test_rl_trainer_trains_the_drafter_online_and_checkpoints_it(models, tmp_pat
   fallback = _rl_trainer(models, tmp_path, 3, scheduler=third_sched)
   assert fallback.step == 1 and fallback.ckpt.all_steps() == [1]
   _same_drafter_state(third_sched.drafter.checkpoint_state(), saved[1][0])
+  # No drafter checkpoints at all (a workdir from before they existed, or from another
+  # mode): the policy resumes, the drafter starts from its warm start, nothing is deleted.
+  shutil.rmtree(tmp_path / "drafter_checkpoints")
+  fourth_sched = _online(models)
+  policy_only = _rl_trainer(models, tmp_path, 3, scheduler=fourth_sched)
+  assert policy_only.step == 1 and policy_only.ckpt.all_steps() == [1]
+  assert fourth_sched.drafter.version == 0 and len(fourth_sched.drafter.buffer) == 0
   with pytest.raises(ValueError, match="not both"):
     _rl_trainer(models, tmp_path / "x", 1, scheduler=_online(models), drafter_params=models[3])
 

@@ -140,13 +140,18 @@ def _check_inputs(tokens, parents, target_logits, valid):
   return tokens, parents, jnp.asarray(valid, bool)
 
 
-def _greedy_rule(logits, is_child, tokens, pos):
-  del pos  # Greedy needs no randomness.
-  choice = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+def _accept(choice, is_child, tokens):
+  """The child whose token is the target's `choice` (-1: none), and `choice` to emit
+  otherwise: the one decision both rules make, greedy and coupled alike."""
   match = is_child & (tokens == choice[:, None])
   # argmax of a bool row is its first True: the highest-ranked matching sibling.
   child = jnp.where(match.any(axis=1), jnp.argmax(match, axis=1), -1)
   return child.astype(jnp.int32), choice
+
+
+def _greedy_rule(logits, is_child, tokens, pos):
+  del pos  # Greedy needs no randomness.
+  return _accept(jnp.argmax(logits, axis=-1).astype(jnp.int32), is_child, tokens)
 
 
 def _sampling_rule(cfg: SamplingConfig, key: jax.Array, seq_ids: jax.Array) -> _NodeRule:
@@ -155,9 +160,7 @@ def _sampling_rule(cfg: SamplingConfig, key: jax.Array, seq_ids: jax.Array) -> _
   def rule(logits, is_child, tokens, pos):
     # The token plain decoding draws at `pos`: same key, same sampling logits.
     choice = gumbel_argmax(sequence_keys(key, seq_ids, pos), sampling_logits(logits, cfg))
-    match = is_child & (tokens == choice[:, None])
-    child = jnp.where(match.any(axis=1), jnp.argmax(match, axis=1), -1)
-    return child.astype(jnp.int32), choice
+    return _accept(choice, is_child, tokens)
 
   return rule
 

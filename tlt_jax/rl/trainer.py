@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
+from absl import logging
 from flax import nnx
 from jax.sharding import Mesh
 from tensorboardX import SummaryWriter
@@ -309,6 +310,17 @@ class GRPOTrainer:
 
   def _restore(self) -> None:
     managers = [m for m in (self.ckpt, self.drafter_ckpt) if m is not None]
+    with_drafter = self.drafter_ckpt is not None
+    if with_drafter and self.ckpt.all_steps() and not self.drafter_ckpt.all_steps():
+      # Policy checkpoints but no drafter ones at all: a workdir from a mode without an
+      # online drafter, or from before drafter checkpoints existed. The policy resumes
+      # exactly (its rollouts do not depend on the drafter); the drafter keeps its warm
+      # start. Nothing is deleted.
+      logging.warning(
+        "%s has no drafter checkpoints: resuming the policy, the drafter from its warm start",
+        self.workdir,
+      )
+      managers, with_drafter = [self.ckpt], False
     steps = set.intersection(*(set(m.all_steps()) for m in managers))
     last = max(steps, default=None)
     # Steps past the last complete pair (a policy whose drafter write was cut short) go:
@@ -333,7 +345,7 @@ class GRPOTrainer:
     self.step, self.cursor = int(got["meta"]["step"]), int(got["meta"]["cursor"])
     if self.engine.bandit is not None and "bandit" in got["meta"]:
       self.engine.bandit.load_state_dict(got["meta"]["bandit"])
-    if self.scheduler is not None:
+    if with_drafter:
       d = self.drafter_ckpt.restore(
         last,
         args=ocp.args.Composite(
