@@ -11,14 +11,25 @@ whole budget, so B is the batch throughout. Configurations:
   adaptive   - the per-bucket bandit choosing among plain and the strategies.
 All engines share one executable pool; every configuration is run once untimed
 (compiles; the adaptive engine's bandit learns over `--learn_runs` runs), then
-the timed repetitions are interleaved across configurations so drift of this
-shared CPU hits all alike; the table reports medians.
+the `--reps` timed repetitions are interleaved across configurations so drift of
+this shared CPU hits all alike.
 
-Reported per (B, temperature, config): tokens/s, speedup over plain, and for
-speculative runs the mean accept length (tokens committed per sequence per
-round, bonus token included), accepted draft tokens per round, and the cost of
-one round in plain decode steps (round time / step time): speculative decoding
-gains accept_length / round_cost over plain decode.
+Reported per (B, temperature, config): tokens/s (min / median / max over the
+repetitions), the speedup over plain as the median of per-repetition ratios
+(each repetition's run over the same repetition's plain run) with its min and
+max, and for speculative runs the mean accept length (tokens committed per
+sequence per round, bonus token included) and the cost of one round in plain
+decode steps (round time / step time): speculative decoding gains
+accept_length / round_cost over plain decode. The adaptive engine is also
+compared with the best fixed arm of its row, per repetition.
+
+For `--profile_batches`, a per-round cost table of every fixed arm: draft,
+target forward over the draft, verification, commit, drafter-cache extension
+(device ms from `tlt_jax.rollout.profile.round_costs`) and host time (the
+measured ms per round less the device round), in ms and in decode steps.
+
+The host (CPU, cores, bandwidth, 1 / 5 / 17-token forward of this policy) is
+measured first and written with the results.
 
   python experiments/bench_sd.py --workdir=runs/sd_policy --out=runs/bench_sd
 """
@@ -39,6 +50,7 @@ from ml_collections import config_flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from experiments.host import format_host, host_info  # noqa: E402
 from tlt_jax import checkpoint, configuration, train  # noqa: E402
 from tlt_jax.data import get_tokenizer  # noqa: E402
 from tlt_jax.data.tasks import format_prompt, format_target  # noqa: E402
@@ -46,15 +58,20 @@ from tlt_jax.decode.sampling import SamplingConfig  # noqa: E402
 from tlt_jax.models.drafter import init_drafter  # noqa: E402
 from tlt_jax.rollout.engine import EngineConfig, RolloutEngine  # noqa: E402
 from tlt_jax.rollout.pool import ExecutablePool  # noqa: E402
+from tlt_jax.rollout.profile import round_costs  # noqa: E402
+from tlt_jax.rollout.speculative import STAGES  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/sd_bench.py", "policy config")
 _WORKDIR = flags.DEFINE_string("workdir", "runs/sd_policy", "warm_start/ and drafter/ live here")
 _OUT = flags.DEFINE_string("out", "runs/bench_sd", "output folder")
 _BATCHES = flags.DEFINE_list("batches", ["1", "2", "4", "8", "16", "32", "64"], "batch sizes")
 _TEMPS = flags.DEFINE_list("temperatures", ["0", "1"], "sampling temperatures")
-_STRATEGIES = flags.DEFINE_list("strategies", ["chain2", "chain4", "tree5x4x16"], "fixed arms")
+_STRATEGIES = flags.DEFINE_list(
+  "strategies", ["chain2", "chain4", "chain6", "tree5x4x16"], "fixed arms"
+)
 _MAX_NEW = flags.DEFINE_integer("max_new_tokens", 96, "token budget per sequence")
-_REPS = flags.DEFINE_integer("reps", 2, "timed repetitions per configuration")
+_REPS = flags.DEFINE_integer("reps", 3, "timed repetitions per configuration (interleaved)")
+_PROFILE = flags.DEFINE_list("profile_batches", ["1", "16"], "batches with a round-cost table")
 _LEARN = flags.DEFINE_integer("learn_runs", 3, "untimed runs for the adaptive bandit to learn")
 _ROUNDS = flags.DEFINE_integer("spec_rounds", 4, "speculative rounds per device call")
 _RANDOM_DRAFTER = flags.DEFINE_bool(
@@ -81,6 +98,25 @@ def _engine_config(base: EngineConfig, b: int, strategies, mode: str) -> EngineC
   return dataclasses.replace(cfg, spec_threshold=b, spec_strategies=(mode,), spec_adaptive=False)
 
 
+def _spread(xs) -> dict[str, float]:
+  return {"min": float(np.min(xs)), "median": float(np.median(xs)), "max": float(np.max(xs))}
+
+
+def _arm_times(results) -> tuple[dict[str, int], list[float], list[float]]:
+  """Chunks per arm, and (seconds, count) of plain steps and of speculative rounds."""
+  chosen = {}
+  step_s, round_s = [0.0, 0], [0.0, 0]
+  for r in results:
+    for e in r.timeline:
+      if e["phase"] in ("decode", "spec"):
+        arm = e.get("strategy", "plain")
+        chosen[arm] = chosen.get(arm, 0) + 1
+        acc = step_s if e["phase"] == "decode" else round_s
+        acc[0] += e["dt"]
+        acc[1] += e["steps"] if e["phase"] == "decode" else e["rounds"]
+  return chosen, step_s, round_s
+
+
 def main(argv):
   del argv
   config, workdir = _CONFIG.value, _WORKDIR.value
@@ -92,6 +128,8 @@ def main(argv):
   if not _RANDOM_DRAFTER.value:
     dparams = checkpoint.restore_params(os.path.join(workdir, "drafter"), dparams)
   base = configuration.engine_config(config, tokenizer)
+  host = host_info((graphdef, params))
+  print(format_host(host), flush=True)
 
   batches = [int(b) for b in _BATCHES.value]
   temps = [float(t) for t in _TEMPS.value]
@@ -100,11 +138,11 @@ def main(argv):
   examples = sorted(test_split, key=lambda ex: -len(format_target(ex)))
   prompts = [tokenizer.encode(format_prompt(ex), add_bos=True) for ex in examples]
   prompts = [p for p in prompts if len(p) <= base.max_prompt_len]
-  pool = ExecutablePool()
-  rows = []
+  rows, profiles = [], []
   timed_compiles = 0
   start = time.perf_counter()
   compiles = compile_s = 0.0
+  pool = ExecutablePool()
   for b in batches:
     # A fresh pool per batch size: the executables of a 50M model add up (LLVM ran out of
     # memory holding every batch size's programs at once on the 24 GB machine).
@@ -136,55 +174,68 @@ def main(argv):
         for i in range(_LEARN.value if mode == "adaptive" else 1):
           run(mode, 1000 + i)
       compiled = pool.compiles
-      times = {m: [] for m in modes}
       results = {m: [] for m in modes}
       for rep in range(_REPS.value):
         for mode in modes:
-          # Same key for every mode in a repetition: greedy runs emit the same tokens.
-          r = run(mode, rep)
-          times[mode].append(r.wall_seconds)
-          results[mode].append(r)
+          # Same key for every mode in a repetition: the same tokens (coupled sampling).
+          results[mode].append(run(mode, rep))
       if pool.compiles != compiled:
         print(f"WARNING: {pool.compiles - compiled} compiles inside timed runs (B={b})")
       timed_compiles += pool.compiles - compiled
-      plain_tps = plain_step_ms = None
+      tps = {
+        m: np.array([r.num_generated.sum() / r.wall_seconds for r in results[m]]) for m in modes
+      }
+      plain_step_ms = None
+      batch_rows = []
       for mode in modes:
-        tokens = [int(r.num_generated.sum()) for r in results[mode]]
-        tps = float(np.median([t / s for t, s in zip(tokens, times[mode])]))
-        plain_tps = tps if mode == "plain" else plain_tps
         spec = results[mode][-1].spec_summary()
-        chosen = {}
-        step_s, round_s = [0.0, 0], [0.0, 0]
-        for r in results[mode]:
-          for e in r.timeline:
-            if e["phase"] in ("decode", "spec"):
-              arm = e.get("strategy", "plain")
-              chosen[arm] = chosen.get(arm, 0) + 1
-              acc = step_s if e["phase"] == "decode" else round_s
-              acc[0] += e["dt"]
-              acc[1] += e["steps"] if e["phase"] == "decode" else e["rounds"]
+        chosen, step_s, round_s = _arm_times(results[mode])
         ms = lambda a: 1000 * a[0] / a[1] if a[1] else None
         if mode == "plain":
           plain_step_ms = ms(step_s)
+        ratio = tps[mode] / tps["plain"]  # paired: each repetition against its own plain run
         row = {
           "batch": b,
           "temperature": temp,
           "config": mode,
-          "tokens_per_s": round(tps, 1),
-          "speedup": round(tps / plain_tps, 3),
+          "tokens_per_s": round(float(np.median(tps[mode])), 1),
+          "tokens_per_s_spread": {k: round(v, 1) for k, v in _spread(tps[mode]).items()},
+          "speedup": round(float(np.median(ratio)), 3),
+          "speedup_spread": {k: round(v, 3) for k, v in _spread(ratio).items()},
           "accept_length": round(spec["accept_length"], 3),
           "accepted_drafts": round(spec["accepted_drafts"], 3),
           "ms_per_step": ms(step_s),
           "ms_per_round": ms(round_s),
           "round_cost_in_steps": ms(round_s) / plain_step_ms if round_s[1] else None,
-          "tokens": tokens[-1],
+          "tokens": int(results[mode][-1].num_generated.sum()),
           "chunks_by_arm": chosen,
         }
+        batch_rows.append(row)
+      fixed = [r for r in batch_rows if r["config"] in strategies]
+      best = max(fixed, key=lambda r: r["speedup"])
+      vs_best = tps["adaptive"] / tps[best["config"]]
+      for row in batch_rows:
+        if row["config"] == "adaptive":
+          row["best_fixed"] = best["config"]
+          row["vs_best_fixed"] = {k: round(v, 3) for k, v in _spread(vs_best).items()}
         rows.append(row)
         print(json.dumps(row), flush=True)
+      if b in [int(x) for x in _PROFILE.value]:
+        for strategy in strategies:
+          prof = round_costs(
+            engines[strategy], params, dparams, batch_prompts, sampling, strategy,
+            rounds=_ROUNDS.value,
+          )  # fmt: skip
+          (measured,) = [r for r in batch_rows if r["config"] == strategy]
+          prof["measured_round_ms"] = measured["ms_per_round"]
+          prof["measured_step_ms"] = plain_step_ms
+          profiles.append(prof)
+          print(json.dumps({"profile": prof}), flush=True)
   elapsed = time.perf_counter() - start
   report = {
+    "host": host,
     "rows": rows,
+    "round_costs": profiles,
     "crossover": {str(t): crossover(rows, t) for t in temps},
     "compiles": compiles + pool.compiles,
     "compiles_in_timed_runs": timed_compiles,
@@ -192,16 +243,20 @@ def main(argv):
     "seconds": elapsed,
     "policy_params": model_cfg.num_params,
     "max_new_tokens": _MAX_NEW.value,
+    "reps": _REPS.value,
   }
   with open(os.path.join(_OUT.value, "bench_sd.json"), "w") as f:
     json.dump(report, f, indent=2)
+  flat = [k for k in rows[0] if not isinstance(rows[0][k], dict)]
   with open(os.path.join(_OUT.value, "bench_sd.csv"), "w", newline="") as f:
-    w = csv.DictWriter(f, fieldnames=[k for k in rows[0] if k != "chunks_by_arm"])
+    w = csv.DictWriter(f, fieldnames=flat)
     w.writeheader()
     for r in rows:
-      w.writerow({k: v for k, v in r.items() if k != "chunks_by_arm"})
+      w.writerow({k: r[k] for k in flat})
   _plot(rows, modes, temps, os.path.join(_OUT.value, "bench_sd.png"))
+  print("\n" + format_host(host))
   _table(rows, modes, temps)
+  _cost_table(profiles)
 
 
 def _plot(rows, modes, temps, path):
@@ -229,20 +284,53 @@ def _plot(rows, modes, temps, path):
 
 def _table(rows, modes, temps):
   for temp in temps:
-    print(f"\ntemperature {temp:g}: tokens/s (speedup over plain; accept length)")
-    print("| batch | " + " | ".join(modes) + " |")
-    print("|---" * (len(modes) + 1) + "|")
+    print(
+      f"\ntemperature {temp:g}: tokens/s (median speedup over plain [min-max over "
+      "repetitions]; accept length); adaptive / best fixed arm"
+    )
+    print("| batch | " + " | ".join(modes) + " | adaptive vs best |")
+    print("|---" * (len(modes) + 2) + "|")
     for b in sorted({r["batch"] for r in rows}):
       cells = []
       for mode in modes:
         (r,) = [
           r for r in rows if r["batch"] == b and r["config"] == mode and r["temperature"] == temp
         ]
+        sp = r["speedup_spread"]
         acc = "" if mode == "plain" else f"; {r['accept_length']:.2f}"
-        cells.append(f"{r['tokens_per_s']:.0f} ({r['speedup']:.2f}x{acc})")
+        cells.append(
+          f"{r['tokens_per_s']:.0f} ({sp['median']:.2f}x [{sp['min']:.2f}-{sp['max']:.2f}]{acc})"
+        )
+      (ad,) = [
+        r
+        for r in rows
+        if r["batch"] == b and r["config"] == "adaptive" and r["temperature"] == temp
+      ]
+      vb = ad["vs_best_fixed"]
+      cells.append(f"{vb['median']:.2f} [{vb['min']:.2f}-{vb['max']:.2f}] of {ad['best_fixed']}")
       print(f"| {b} | " + " | ".join(cells) + " |")
     print(
       f"crossover (smallest batch where no fixed strategy beats plain): {crossover(rows, temp)}"
+    )
+
+
+def _cost_table(profiles):
+  if not profiles:
+    return
+  print("\nper-round cost: ms (decode steps); host = measured round - device round")
+  print("| batch | T | arm | accept | " + " | ".join(STAGES) + " | host | round | step |")
+  print("|---" * (len(STAGES) + 7) + "|")
+  for p in profiles:
+    step = p["step_ms"]
+    cells = [f"{p['stage_ms'][k]:.2f} ({p['stage_steps'][k]:.2f})" for k in STAGES]
+    host = p["measured_round_ms"] - p["round_ms"] if p["measured_round_ms"] else float("nan")
+    cells.append(f"{host:.2f} ({host / step:.2f})")
+    total = p["measured_round_ms"] or p["round_ms"]
+    cells.append(f"{total:.2f} ({total / step:.2f})")
+    print(
+      f"| {p['batch']} | {p['temperature']:g} | {p['strategy']} | {p['accept_length']:.2f} | "
+      + " | ".join(cells)
+      + f" | {step:.2f} |"
     )
 
 

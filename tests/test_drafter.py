@@ -10,6 +10,8 @@ import pytest
 from flax import nnx
 
 from tlt_jax.decode import drafting
+from tlt_jax.decode.sampling import SamplingConfig
+from tlt_jax.decode.verify import verify_sampling
 from tlt_jax.drafter import (
   default_drafter_optimizer,
   drafter_loss,
@@ -30,6 +32,7 @@ from tlt_jax.models.transformer import Transformer, init_model
 CFG = ModelConfig(
   vocab_size=40, num_layers=2, d_model=32, num_heads=4, num_kv_heads=2, head_dim=8, mlp_dim=64
 )
+GREEDY = SamplingConfig(temperature=0.0)
 B, W = 3, 12  # context rows and buffer width
 LENGTHS = np.array([12, 7, 9])
 PAD = 24  # width of single-row reference forwards: one compiled program for all
@@ -194,6 +197,45 @@ def test_draft_chain_is_the_greedy_chain(s):
     np.testing.assert_array_equal(draft.tokens[b, 1:], want)
     np.testing.assert_allclose(draft.probs[b, 1:], probs, rtol=1e-4)
     np.testing.assert_allclose(draft.scores[b, 1:], np.cumprod(probs), rtol=1e-4)
+
+
+# Flat enough (the fixture's logits are spread) that the coupled draw is often not the argmax.
+FLAT = SamplingConfig(temperature=25.0)
+
+
+def test_coupled_chain_is_what_the_verifier_draws_from_the_drafters_logits(s):
+  """A coupled chain verified against the drafter's OWN logits is accepted whole: its
+  proposals use the verifier's noise at the verifier's positions. An argmax chain is not."""
+  _, _, chain, tree = _jitted_drafting(s.dg, s.tg)
+  cache, dlen, root_tok, root_feat = _prefilled(s)
+  depth, key = 4, jax.random.key(11)
+  seq_ids, root_pos = jnp.arange(B, dtype=jnp.int32) + 5, jnp.asarray(LENGTHS - 1)
+  coupling = drafting.Coupling(key, seq_ids, root_pos, FLAT)
+  args = (s.dp, s.tg, s.tp, root_tok, root_feat, cache, dlen)
+  accepted = {}
+  for name, c in (("coupled", coupling), ("argmax", None)):
+    draft, _ = chain(*args, depth=depth, coupling=c)
+    logits = np.zeros((B, depth + 1, CFG.vocab_size), np.float32)
+    for b in range(B):  # the drafter's logits after each node, from the uncached drafter
+      toks, feats = _context(s, b)
+      for i in range(depth):
+        h, _, _ = _reference_expand(s, toks, feats, 1)
+        logits[b, i] = np.asarray(s.head(h))
+        toks, feats = [*toks, int(draft.tokens[b, i + 1])], [*feats, h]
+    vr = verify_sampling(
+      draft.tokens, draft.parents, jnp.asarray(logits), FLAT, key, seq_ids, root_pos
+    )
+    accepted[name] = np.asarray(vr.num_accepted)
+  np.testing.assert_array_equal(accepted["coupled"], depth)
+  assert (accepted["argmax"] < depth).any()  # the fixture is flat enough to tell them apart
+  # A coupled tree of one child per node is the coupled chain: the same noise per depth.
+  t1, _ = tree(*args, depth=depth, topk=1, num_nodes=depth + 1, coupling=coupling)
+  c1, _ = chain(*args, depth=depth, coupling=coupling)
+  np.testing.assert_array_equal(t1.tokens, c1.tokens)
+  np.testing.assert_allclose(t1.probs, c1.probs, rtol=1e-5)
+  # Greedy coupling is the argmax chain.
+  g, _ = chain(*args, depth=depth, coupling=drafting.Coupling(key, seq_ids, root_pos, GREEDY))
+  np.testing.assert_array_equal(g.tokens, chain(*args, depth=depth)[0].tokens)
 
 
 def _reference_tree(s, b, depth, topk, num_nodes):

@@ -292,3 +292,46 @@ def test_drafter_cache_at_buffer_end(models, strategy, oracle):
     n = int(dlen[b])
     np.testing.assert_allclose(dcache.k[0][b, :, :n], fresh.k[0][b, :, :n], atol=1e-5)
     np.testing.assert_allclose(dcache.v[0][b, :, :n], fresh.v[0][b, :, :n], atol=1e-5)
+
+
+def test_rounds_cut_after_a_stage_keep_what_they_claim(models):
+  """Profiling cuts (`stop_after`): rounds cut before the commit leave the tokens alone;
+  rounds cut before the drafter-cache extension still commit exactly (verification keeps
+  the output the target's whatever the drafts); an unknown stage is refused."""
+  tg, tp, dg, dp = models
+  static, key = _static(), jax.random.key(0)
+  st0 = _prefill_fn(tg, static)(tp, key)
+  dcache, dlen = _drafter_prefill_fn(tg, dg)(tp, dp, st0)
+
+  def run(stop, rounds=6):
+    fn = jax.jit(
+      lambda tp, dp, st, dc, dl, k: spec_decode_chunk(
+        tg,
+        tp,
+        dg,
+        dp,
+        st,
+        dc,
+        dl,
+        k,
+        jnp.int32(rounds),
+        static=static,
+        strategy=CHAIN,
+        view_len=S,
+        stop_after=stop,
+      )
+    )
+    return fn(tp, dp, st0, dcache, dlen, key)
+
+  full, commit = run(None), run("commit")
+  assert (np.asarray(commit[0].length) > np.asarray(st0.length)).all()
+  for b in range(3):
+    n = int(min(commit[0].length[b], full[0].length[b]))
+    np.testing.assert_array_equal(commit[0].tokens[b, :n], full[0].tokens[b, :n])
+  for stop in ("draft", "forward", "verify"):
+    st, _, _, stats = run(stop)
+    np.testing.assert_array_equal(st.length, st0.length)
+    np.testing.assert_array_equal(st.tokens, st0.tokens)
+    assert int(stats.rounds) == 6
+  with pytest.raises(ValueError, match="stop_after"):
+    run("extend")

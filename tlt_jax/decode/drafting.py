@@ -13,6 +13,16 @@ The first draft step uses only true inputs, so its cache entry (slot
 drafter_len) is exact and a caller may commit it (drafter_len + 1). The later
 steps write speculative entries beyond that; they are simply not committed.
 
+Coupled drafts (sampling): the verifier draws the token at position t as the
+Gumbel-max argmax(z_t + g_t) of the target's sampling logits with noise g_t keyed
+by (sequence, t) (`tlt_jax.decode.sampling`). Given a `Coupling`, the drafter
+ranks its proposals for position t by its own sampling logits plus the SAME g_t,
+so its top proposal is the Gumbel-max of the drafter's distribution under the
+target's noise: it matches the target's draw with probability near 1 - TV(p, q)
+(p target, q drafter) instead of p(argmax q) for an argmax draft, which collapses
+on flat distributions. Verification is unchanged, so output stays token-identical
+to plain decoding; only acceptance changes. Greedy: ranking by the raw logits.
+
 Draft format (shared with the verifier), per batch row, N static nodes:
   tokens[b, 0] is the root; parents[b, 0] = -1 and 0 <= parents[b, i] < i;
   siblings are ordered by index, lower index = higher draft score;
@@ -29,6 +39,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jaxtyping import Array, Bool, Float, Int
 
+from tlt_jax.decode.sampling import SamplingConfig, gumbel_noise, sampling_logits, sequence_keys
 from tlt_jax.models.drafter import (
   Drafter,
   draft_logits,
@@ -63,6 +74,45 @@ class Draft:
   @property
   def num_nodes(self) -> int:
     return self.tokens.shape[1]
+
+
+@flax.struct.dataclass
+class Coupling:
+  """The verifier's sampling noise, shared with the drafter (see the module docstring).
+
+  Attributes:
+    key: the base PRNG key the rollout samples with.
+    seq_ids: [B] global sequence id of each row.
+    root_pos: [B] absolute position of each row's root token; a node at draft depth
+      d proposes the token of position root_pos + d.
+    sampling: the static sampling configuration of the rollout.
+  """
+
+  key: jax.Array
+  seq_ids: jax.Array
+  root_pos: jax.Array
+  sampling: SamplingConfig = flax.struct.field(pytree_node=False)
+
+  def rank_logits(self, logits: Float[Array, "B ... V"], depth: int) -> Float[Array, "B ... V"]:
+    """Values whose order ranks the proposals for depth `depth` (root's children: 1).
+
+    Sampling: the drafter's sampling logits plus the verifier's Gumbel noise of that
+    position (shared by every node of the depth); greedy: the logits as they are.
+    """
+    z = sampling_logits(logits, self.sampling)
+    if self.sampling.greedy:
+      return z
+    keys = sequence_keys(self.key, self.seq_ids, self.root_pos + depth)
+    noise = gumbel_noise(keys, z.shape[-1], z.dtype)
+    return z + noise.reshape(noise.shape[:1] + (1,) * (z.ndim - 2) + noise.shape[1:])
+
+
+def _proposal_log_probs(logits, coupling: Coupling | None, depth: int):
+  """Log-scores of proposals: the drafter's log-probs (argmax drafts), or the log-softmax
+  of the coupled ranking values, whose top entry is the coupled proposal."""
+  if coupling is None:
+    return jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+  return jax.nn.log_softmax(coupling.rank_logits(logits, depth), axis=-1)
 
 
 def _config(drafter_graphdef: nnx.GraphDef, drafter_params: nnx.State):
@@ -174,11 +224,14 @@ def draft_chain(
   *,
   depth: int,
   view_len: int | None = None,
+  coupling: Coupling | None = None,
 ) -> tuple[Draft, KVCache]:
-  """A greedy (top-1) chain of `depth` draft tokens after the root: N = depth + 1.
+  """A top-1 chain of `depth` draft tokens after the root: N = depth + 1.
 
   Step i runs the pair (token i, feature) at drafter position cache_len + i,
   where the feature is root_feature for i = 0 and the previous step's h after.
+  Without `coupling` each token is the drafter's argmax; with it, the coupled
+  proposal (module docstring), and probs are of the coupled ranking.
   Needs slots and view_len >= cache_len + depth for every row.
   """
   if depth < 1:
@@ -200,7 +253,7 @@ def draft_chain(
       view_len=view_len,
     )
     h = h[:, 0]
-    logp = jax.nn.log_softmax(draft_logits(target_graphdef, target_params, h), axis=-1)
+    logp = _proposal_log_probs(draft_logits(target_graphdef, target_params, h), coupling, i + 1)
     nxt = jnp.argmax(logp, axis=-1).astype(jnp.int32)
     lp = jnp.take_along_axis(logp, nxt[:, None], axis=-1)[:, 0]
     return (cache, nxt, h), (nxt, lp)
@@ -253,8 +306,12 @@ def draft_tree(
   topk: int,
   num_nodes: int,
   view_len: int | None = None,
+  coupling: Coupling | None = None,
 ) -> tuple[Draft, KVCache]:
   """An EAGLE-2 dynamic draft tree of `num_nodes` nodes (root included).
+
+  With `coupling`, children are ranked and scored by the coupled ranking values
+  (module docstring): each expanded node's first child is its coupled proposal.
 
   Expansion (EAGLE-2): the root proposes its top-`topk` children; at each
   further depth the `topk` best nodes of the previous depth by score (product
@@ -286,9 +343,9 @@ def draft_tree(
     drafter_graphdef, drafter_params, target_graphdef, target_params, *a, **k
   )
 
-  def propose(h):
+  def propose(h, depth):
     # log p <= 0 keeps child scores <= parent scores despite rounding.
-    logp = jax.nn.log_softmax(draft_logits(target_graphdef, target_params, h), axis=-1)
+    logp = _proposal_log_probs(draft_logits(target_graphdef, target_params, h), coupling, depth)
     lp, tok = jax.lax.top_k(logp, topk)
     return jnp.minimum(lp, 0.0), tok.astype(jnp.int32)
 
@@ -300,7 +357,7 @@ def draft_tree(
     cache_len=cache_len,
     view_len=view_len,
   )
-  lp, tok = propose(h[:, 0])  # [B, K]
+  lp, tok = propose(h[:, 0], 1)  # [B, K]
   pool_tok, pool_lp, pool_score = [tok], [lp], [lp]
   pool_parent = [jnp.full((b, topk), -1, jnp.int32)]
   pool_depth = [jnp.ones((b, topk), jnp.int32)]
@@ -324,7 +381,7 @@ def draft_tree(
       view_len=view_len,
       mask=_tree_mask(cache_len, front_vis, view_len),
     )
-    lp, tok = propose(h)  # [B, K, K]: children of frontier node j
+    lp, tok = propose(h, d + 1)  # [B, K, K]: children of frontier node j
     score = (front_score[:, :, None] + lp).reshape(b, topk * topk)
     tok = tok.reshape(b, topk * topk)
     offset = topk + (d - 1) * topk * topk

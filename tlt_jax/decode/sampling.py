@@ -110,8 +110,14 @@ def gumbel_argmax(keys: jax.Array, z: Float[Array, "B V"]) -> Int[Array, " B"]:
   (sequence, position) key and so agree token for token. Truncated entries (-1e30)
   can never win. Same arithmetic as `jax.random.categorical` on one row.
   """
-  noise = jax.vmap(lambda k: jax.random.gumbel(k, z.shape[-1:], z.dtype))(keys)
-  return jnp.argmax(z + noise, axis=-1).astype(jnp.int32)
+  return jnp.argmax(z + gumbel_noise(keys, z.shape[-1], z.dtype), axis=-1).astype(jnp.int32)
+
+
+def gumbel_noise(keys: jax.Array, vocab: int, dtype=jnp.float32) -> Float[Array, "B V"]:
+  """The Gumbel noise `gumbel_argmax` adds, one [V] vector per key: a drafter that adds
+  the same noise to its own sampling logits proposes the token the target will draw
+  whenever its distribution is close enough (coupled drafting, `tlt_jax.decode.drafting`)."""
+  return jax.vmap(lambda k: jax.random.gumbel(k, (vocab,), dtype))(keys)
 
 
 def sample_tokens(

@@ -59,12 +59,16 @@ class SpecStrategy:
     depth: draft depth (tokens after the root on the longest path).
     topk: tree branching (children proposed per expanded node); ignored by chains.
     num_nodes: tree size, root included; ignored by chains (depth + 1).
+    coupled: when sampling, propose the drafter's Gumbel-max under the verifier's
+      noise (`drafting.Coupling`; the default) instead of its argmax (name suffix
+      "-argmax"). Either way the output is the target's; only acceptance differs.
   """
 
   kind: str = "chain"
   depth: int = 3
   topk: int = 1
   num_nodes: int = 0
+  coupled: bool = True
 
   def __post_init__(self):
     if self.kind not in ("chain", "tree"):
@@ -81,26 +85,30 @@ class SpecStrategy:
   @classmethod
   def parse(cls, name: str) -> SpecStrategy:
     """From a name: "chain<depth>" (e.g. "chain4") or "tree<depth>x<topk>x<nodes>"
-    (e.g. "tree5x4x16": depth 5, top-4 expansion, 16 nodes verified)."""
+    (e.g. "tree5x4x16": depth 5, top-4 expansion, 16 nodes verified), optionally
+    followed by "-argmax" (uncoupled drafts, see `coupled`)."""
     if isinstance(name, SpecStrategy):
       return name
     if not isinstance(name, str):
       raise ValueError(f"a strategy name must be a str, got {name!r}")
-    if m := re.fullmatch(r"chain(\d+)", name):
-      return cls("chain", depth=int(m[1]))
-    if m := re.fullmatch(r"tree(\d+)x(\d+)x(\d+)", name):
-      return cls("tree", depth=int(m[1]), topk=int(m[2]), num_nodes=int(m[3]))
+    base, argmax = name.removesuffix("-argmax"), name.endswith("-argmax")
+    if m := re.fullmatch(r"chain(\d+)", base):
+      return cls("chain", depth=int(m[1]), coupled=not argmax)
+    if m := re.fullmatch(r"tree(\d+)x(\d+)x(\d+)", base):
+      return cls("tree", depth=int(m[1]), topk=int(m[2]), num_nodes=int(m[3]), coupled=not argmax)
     raise ValueError(
       f"unknown speculative strategy {name!r}: expected 'chain<depth>' (e.g. 'chain4') or "
-      f"'tree<depth>x<topk>x<nodes>' (e.g. 'tree5x4x16')"
+      f"'tree<depth>x<topk>x<nodes>' (e.g. 'tree5x4x16'), optionally with '-argmax'"
     )
 
   @property
   def name(self) -> str:
     """The strategy's name, inverse of `parse`."""
     if self.kind == "chain":
-      return f"chain{self.depth}"
-    return f"tree{self.depth}x{self.topk}x{self.num_nodes}"
+      base = f"chain{self.depth}"
+    else:
+      base = f"tree{self.depth}x{self.topk}x{self.num_nodes}"
+    return base if self.coupled else f"{base}-argmax"
 
   @property
   def nodes(self) -> int:
@@ -117,6 +125,10 @@ class SpecStrategy:
     """Drafter cache slots a round uses beyond drafter_len (drafting or extending)."""
     draft = self.depth if self.kind == "chain" else drafting.tree_slots(self.depth, self.topk)
     return max(draft, self.max_emit)
+
+
+# The parts of a round, in order (`stop_after` truncates rounds after one for profiling).
+STAGES = ("draft", "forward", "verify", "commit", "extend")
 
 
 @flax.struct.dataclass
@@ -245,6 +257,7 @@ def spec_decode_chunk(
   view_len: int,
   drafter_view_len: int | None = None,
   draft_fn: DraftFn | None = None,
+  stop_after: str | None = None,
 ) -> tuple[RolloutState, KVCache, jax.Array, SpecStats]:
   """Runs up to `num_rounds` (traced) speculative rounds in a device loop.
 
@@ -260,12 +273,18 @@ def spec_decode_chunk(
     view_len: target cache slots attention reads (the cache bucket).
     drafter_view_len: drafter cache slots read (default: all).
     draft_fn: replaces the drafter's proposals (tests); None uses the drafter.
+    stop_after: cost profiling only (`tlt_jax.rollout.profile`): each round stops
+      after this stage, one of `STAGES[:-1]`, carrying what it computed so the
+      next round depends on it (no loop-invariant work to hoist). The state is
+      then not a rollout's: only the timing means anything.
 
   Returns:
     (state, drafter_cache, drafter_len, stats).
   """
   if not static.capture_hidden:
     raise ValueError("speculative decoding needs static.capture_hidden (the drafter's input)")
+  if stop_after is not None and stop_after not in STAGES[:-1]:
+    raise ValueError(f"stop_after must be None or one of {STAGES[:-1]}, got {stop_after!r}")
   n = strategy.nodes
   if not n <= view_len <= state.cache.slots:
     raise ValueError(f"need {n} <= view_len <= {state.cache.slots}, got view_len={view_len}")
@@ -278,9 +297,19 @@ def spec_decode_chunk(
     if draft_fn is not None:
       return draft_fn(st, dcache, dlen)
     root_tok, root_feat = drafting.draft_roots(st.tokens, st.hidden, st.length)
+    coupling = None
+    if strategy.coupled:
+      coupling = drafting.Coupling(key, st.seq_id, st.length - 1, static.sampling)
     if strategy.kind == "chain":
       return drafting.draft_chain(
-        *dfwd, root_tok, root_feat, dcache, dlen, depth=strategy.depth, view_len=dview
+        *dfwd,
+        root_tok,
+        root_feat,
+        dcache,
+        dlen,
+        depth=strategy.depth,
+        view_len=dview,
+        coupling=coupling,
       )
     return drafting.draft_tree(
       *dfwd,
@@ -292,6 +321,7 @@ def spec_decode_chunk(
       topk=strategy.topk,
       num_nodes=strategy.num_nodes,
       view_len=dview,
+      coupling=coupling,
     )
 
   def round_(carry):
@@ -301,6 +331,11 @@ def spec_decode_chunk(
 
     # 1. Draft from the root.
     dr, dcache_drafted = draft(st, dcache, dlen)
+    count_round = lambda stats, accepted: stats.replace(
+      rounds=stats.rounds + 1, accepted=stats.accepted + accepted
+    )
+    if stop_after == "draft":
+      return st, dcache_drafted, dlen, count_round(stats, dr.tokens[:, -1])
 
     # 2. One target pass over the N nodes at slots [base, base + N).
     positions = base[:, None] + dr.depth
@@ -311,6 +346,14 @@ def spec_decode_chunk(
       mask = _tree_cache_mask(base, ancestor_mask(dr.parents), view_len)
       h, cache, _ = model(
         dr.tokens, positions, cache=st.cache, cache_len=base, view_len=view_len, mask=mask
+      )
+    if stop_after == "forward":
+      nxt = st.replace(cache=cache)
+      return (
+        nxt,
+        dcache_drafted,
+        dlen,
+        count_round(stats, (h.sum(axis=(1, 2)) > 0).astype(jnp.int32)),
       )
 
     # 3. Verify.
@@ -324,6 +367,8 @@ def spec_decode_chunk(
       base,
       valid=dr.valid,
     )
+    if stop_after == "verify":
+      return st.replace(cache=cache), dcache_drafted, dlen, count_round(stats, vr.num_accepted)
 
     # 4. Commit, truncated at the first stop token and at max_len.
     stop = programs.is_stop(vr.emitted, static.stop_tokens) & (cols < vr.num_emitted[:, None])
@@ -342,6 +387,8 @@ def spec_decode_chunk(
       length=length,
       done=st.done | (active & ((first_stop < count) | (length >= st.max_len))),
     )
+    if stop_after == "commit":
+      return new_st, dcache_drafted, dlen, count_round(stats, vr.num_accepted)
 
     # 5. Commit the new drafter pairs (x_{t+1}, f_t), t = length_old - 2 .. length - 3.
     # The max_emit-wide windows may reach past the buffer end (a row within max_emit

@@ -1,0 +1,153 @@
+"""Where a speculative round's time goes: draft, target forward, verify, commit, extension.
+
+`round_costs` prefills real prompts with an engine, decodes a few plain steps so the
+rows have context, then times the engine's own speculative program with every round
+cut after each stage in turn (`spec_decode_chunk(stop_after=...)`): the cumulative
+times, differenced, give each stage's device cost inside the fused round, and a
+plain decode chunk over the same rows gives the unit (one decode step). Host time
+per round is what a real rollout's timeline shows beyond the full round's device
+time (the caller compares with its measured ms per round).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from tlt_jax.decode import drafting
+from tlt_jax.decode.sampling import SamplingConfig
+from tlt_jax.rollout import programs
+from tlt_jax.rollout.speculative import STAGES, SpecStrategy, spec_decode_chunk
+from tlt_jax.rollout.state import round_up
+
+
+def _timed(fn, args, reps: int) -> float:
+  """Median seconds of fn(*args) (args copied first: the programs may update in place)."""
+  times = []
+  for _ in range(reps + 1):  # the first call compiles or warms up: dropped
+    fresh = jax.tree.map(jnp.copy, args)
+    jax.block_until_ready(fresh)
+    t = time.perf_counter()
+    jax.block_until_ready(fn(*fresh))
+    times.append(time.perf_counter() - t)
+  return float(np.median(times[1:]))
+
+
+def round_costs(
+  engine,
+  params: nnx.State,
+  drafter_params: nnx.State,
+  prompts: Sequence[Sequence[int]],
+  sampling: SamplingConfig,
+  strategy: str | SpecStrategy,
+  *,
+  rounds: int = 8,
+  reps: int = 5,
+  context_steps: int = 32,
+) -> dict[str, Any]:
+  """Per-round device cost of each stage of `strategy` on `prompts` (one row each).
+
+  Returns ms per decode step, ms per round cumulative up to each stage
+  (`cumulative_ms`), each stage's own ms (`stage_ms`) and its cost in decode steps
+  (`stage_steps`), and the accept length the profiled rounds reached.
+  """
+  strategy = SpecStrategy.parse(strategy)
+  cfg = engine.config
+  # Room for the context and every profiled round within the token budget.
+  context_steps = min(context_steps, cfg.max_new_tokens - rounds * strategy.max_emit - 1)
+  if context_steps < 1:
+    raise ValueError(
+      f"max_new_tokens {cfg.max_new_tokens} leaves no room for {rounds} rounds of "
+      f"{strategy.name} after a context step"
+    )
+  b = round_up(len(prompts), cfg.batch_buckets)
+  lens = np.array([len(p) for p in prompts], np.int32)
+  prompts_np = np.zeros((len(prompts), int(lens.max())), np.int32)
+  for i, p in enumerate(prompts):
+    prompts_np[i, : len(p)] = p
+  key = jax.random.key(0)
+  max_new = np.full((len(prompts),), cfg.max_new_tokens, np.int32)
+  seq_ids = np.arange(len(prompts), dtype=np.int32)
+  state = engine._run_prefill(params, prompts_np, lens, 1, max_new, seq_ids, sampling, key)
+  # Without stop tokens: every row stays active for the whole profile (the stop check's
+  # cost is kept; only its effect is gone).
+  static = dataclasses.replace(engine._static(sampling), stop_tokens=())
+  longest = int(lens.max()) + context_steps + rounds * strategy.max_emit + strategy.nodes
+  view = round_up(min(longest, cfg.cache_slots), cfg.view_buckets)
+
+  decode = jax.jit(
+    functools.partial(programs.decode_chunk, engine.graphdef, static=static, view_len=view)
+  )
+  state, _ = decode(params, state, key, np.int32(context_steps))
+  if bool(np.asarray(state.done).any()):
+    raise ValueError("a profiled row reached its token budget within the context steps")
+  step_ms = 1e3 * _timed(decode, (params, state, key, np.int32(rounds)), reps) / rounds
+  width = min(view, cfg.slots)
+  dcache, dlen = jax.jit(
+    lambda tp, dp, st: drafting.prefill_drafter_cache(
+      engine.drafter_graphdef,
+      dp,
+      engine.graphdef,
+      tp,
+      st.tokens[:, :width],
+      st.hidden[:, :width],
+      st.length,
+      slots=cfg.drafter_slots,
+    )
+  )(params, drafter_params, state)
+  dview = min(view + cfg.drafter_margin, cfg.drafter_slots)
+
+  cumulative, accept = {}, None
+  for stage in STAGES:
+
+    def run(tp, dp, st, dc, dl, k, r, stop=None if stage == STAGES[-1] else stage):
+      return spec_decode_chunk(
+        engine.graphdef,
+        tp,
+        engine.drafter_graphdef,
+        dp,
+        st,
+        dc,
+        dl,
+        k,
+        r,
+        static=static,
+        strategy=strategy,
+        view_len=view,
+        drafter_view_len=dview,
+        stop_after=stop,
+      )
+
+    call = jax.jit(run)
+    args = (params, drafter_params, state, dcache, dlen, key, np.int32(rounds))
+    cumulative[stage] = 1e3 * _timed(call, args, reps) / rounds
+    if stage == STAGES[-1]:
+      _, _, _, stats = call(*args)
+      stats = jax.device_get(stats)
+      accept = float(stats.emitted.sum() / max(int(stats.row_rounds.sum()), 1))
+  stage_ms, prev = {}, 0.0
+  for stage in STAGES:
+    stage_ms[stage] = cumulative[stage] - prev
+    prev = cumulative[stage]
+  return {
+    "strategy": strategy.name,
+    "batch": b,
+    "temperature": sampling.temperature,
+    "view": view,
+    "rounds": rounds,
+    "step_ms": step_ms,
+    "round_ms": cumulative[STAGES[-1]],
+    "round_steps": cumulative[STAGES[-1]] / step_ms,
+    "accept_length": accept,
+    "cumulative_ms": cumulative,
+    "stage_ms": stage_ms,
+    "stage_steps": {k: v / step_ms for k, v in stage_ms.items()},
+  }
