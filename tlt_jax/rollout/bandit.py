@@ -19,14 +19,21 @@ Why a bandit, and why one per batch bucket:
   effective window of about 1 / (1 - discount) chunks) and the bonus of an arm that has not been
   tried for a while grows until it is tried again.
 
+* Exploration should stop once the arms are told apart. The bonus is therefore scaled by the
+  measured spread of the rewards: the pooled standard deviation of the bucket's chunk rewards,
+  relative to its best mean (at least `min_spread`). Arms whose timings barely vary separate
+  after a few pulls and are then rarely retried; noisy ones keep being compared.
+
 Selection in a bucket: first every arm is pulled `min_pulls` times, round-robin in arm order;
 then the arm maximising
 
-  mean_a / max_b mean_b + exploration * sqrt(log(sum_b n_b) / n_a)
+  mean_a / M + exploration * spread * sqrt(log(sum_b n_b) / n_a),
+  spread = max(min_spread, sqrt(sum_b n_b var_b / sum_b n_b) / M),   M = max_b mean_b
 
-is chosen, where mean and n are discounted. Exact ties are broken by a seeded numpy Generator, so
-a bandit is deterministic given its seed and its history; `state_dict` includes the generator's
-state so that a restored bandit continues exactly as the original would.
+is chosen, where mean, var and n are discounted (a Gaussian UCB with the bucket's noise).
+Exact ties are broken by a seeded numpy Generator, so a bandit is deterministic given its seed
+and its history; `state_dict` includes the generator's state so that a restored bandit
+continues exactly as the original would.
 """
 
 from __future__ import annotations
@@ -38,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-_STATE_VERSION = 1
+_STATE_VERSION = 2  # 2: discounted sums of squared rewards (spread-scaled exploration)
 
 
 def _is_real(x: Any) -> bool:
@@ -59,6 +66,7 @@ class _BucketStats:
     # Discounted count and discounted reward sum: the discounted mean is sum / count.
     self.count = np.zeros(num_arms, dtype=np.float64)
     self.reward_sum = np.zeros(num_arms, dtype=np.float64)
+    self.square_sum = np.zeros(num_arms, dtype=np.float64)  # discounted sum of reward**2
     # Undiscounted pulls: drive the warm-up and are reported in `summary`.
     self.pulls = np.zeros(num_arms, dtype=np.int64)
     self.last: list[float | None] = [None] * num_arms
@@ -68,11 +76,23 @@ class _BucketStats:
     with np.errstate(invalid="ignore", divide="ignore"):
       return np.where(self.count > 0, self.reward_sum / self.count, np.nan)
 
+  def relative_spread(self) -> float:
+    """Pooled standard deviation of the rewards over the best mean (0 without data)."""
+    known = self.count > 0
+    if not known.any():
+      return 0.0
+    means = self.reward_sum[known] / self.count[known]
+    var = np.maximum(self.square_sum[known] / self.count[known] - means**2, 0.0)
+    pooled = float(np.sum(self.count[known] * var) / np.sum(self.count[known]))
+    best = float(means.max())
+    return math.sqrt(pooled) / best if best > 0 else 0.0
+
   def to_state(self, bucket: int) -> dict[str, Any]:
     return {
       "bucket": bucket,
       "count": [float(x) for x in self.count],
       "reward_sum": [float(x) for x in self.reward_sum],
+      "square_sum": [float(x) for x in self.square_sum],
       "pulls": [int(x) for x in self.pulls],
       "last": [None if x is None else float(x) for x in self.last],
     }
@@ -80,13 +100,19 @@ class _BucketStats:
   @classmethod
   def from_state(cls, state: Mapping[str, Any], num_arms: int) -> _BucketStats:
     stats = cls(num_arms)
-    for key in ("count", "reward_sum", "pulls", "last"):
+    state = dict(state)
+    if "square_sum" not in state:  # version 1: no spread recorded, read as none
+      state["square_sum"] = [
+        r * r / c if c > 0 else 0.0 for r, c in zip(state["reward_sum"], state["count"])
+      ]
+    for key in ("count", "reward_sum", "square_sum", "pulls", "last"):
       if len(state[key]) != num_arms:
         raise ValueError(
           f"bucket {state['bucket']}: {key!r} has {len(state[key])} entries, expected {num_arms}"
         )
     stats.count[:] = np.asarray(state["count"], dtype=np.float64)
     stats.reward_sum[:] = np.asarray(state["reward_sum"], dtype=np.float64)
+    stats.square_sum[:] = np.asarray(state["square_sum"], dtype=np.float64)
     stats.pulls[:] = np.asarray(state["pulls"], dtype=np.int64)
     stats.last = [None if x is None else float(x) for x in state["last"]]
     return stats
@@ -99,10 +125,11 @@ class StrategyBandit:
     arms: Strategy names, e.g. ``("plain", "chain4", "tree5x4x16")``. Order matters: warm-up
       goes through the arms in this order, and the first arm is the default of `best` when a
       bucket has no data.
-    exploration: Weight of the UCB bonus, in units of the bucket's best mean reward.
+    exploration: Weight of the UCB bonus, in units of the bucket's measured reward spread.
     discount: Factor applied to a bucket's statistics on each of its updates, in (0, 1]; 1 means
-      stationary (plain UCB1 on normalised rewards).
+      stationary (plain UCB on normalised rewards).
     min_pulls: Pulls of every arm in a bucket before UCB takes over.
+    min_spread: Floor of the relative spread (a few equal timings do not end exploration).
     seed: Seed of the generator that breaks exact ties.
   """
 
@@ -110,9 +137,10 @@ class StrategyBandit:
     self,
     arms: Sequence[str],
     *,
-    exploration: float = 0.3,
+    exploration: float = 2.0,
     discount: float = 0.97,
     min_pulls: int = 2,
+    min_spread: float = 0.02,
     seed: int = 0,
   ):
     if isinstance(arms, str):
@@ -132,11 +160,14 @@ class StrategyBandit:
       raise ValueError(f"discount must be in (0, 1], got {discount!r}")
     if isinstance(min_pulls, bool) or not isinstance(min_pulls, int) or min_pulls < 1:
       raise ValueError(f"min_pulls must be an int >= 1, got {min_pulls!r}")
+    if not (_is_real(min_spread) and 0 <= min_spread < 1):
+      raise ValueError(f"min_spread must be in [0, 1), got {min_spread!r}")
     self._arms = arms
     self._index = {a: i for i, a in enumerate(arms)}
     self._exploration = float(exploration)
     self._discount = float(discount)
     self._min_pulls = min_pulls
+    self._min_spread = float(min_spread)
     self._seed = int(seed)
     self._rng = np.random.Generator(np.random.PCG64(self._seed))
     self._buckets: dict[int, _BucketStats] = {}
@@ -158,6 +189,10 @@ class StrategyBandit:
   @property
   def min_pulls(self) -> int:
     return self._min_pulls
+
+  @property
+  def min_spread(self) -> float:
+    return self._min_spread
 
   @property
   def buckets(self) -> list[int]:
@@ -194,7 +229,8 @@ class StrategyBandit:
     # Normalise so that the bonus is relative to this bucket's throughput scale.
     normalised = means / scale if scale > 0 else means
     log_total = max(math.log(float(stats.count.sum())), 0.0)
-    index = normalised + self._exploration * np.sqrt(log_total / stats.count)
+    spread = max(stats.relative_spread(), self._min_spread)
+    index = normalised + self._exploration * spread * np.sqrt(log_total / stats.count)
     top = np.flatnonzero(index >= index.max() - 1e-12 * max(1.0, abs(float(index.max()))))
     choice = int(top[0]) if top.size == 1 else int(self._rng.choice(top))
     return self._arms[choice]
@@ -213,8 +249,10 @@ class StrategyBandit:
     # chunks, so an arm that is not being tried loses confidence and its bonus grows.
     stats.count *= self._discount
     stats.reward_sum *= self._discount
+    stats.square_sum *= self._discount
     stats.count[i] += 1.0
     stats.reward_sum[i] += value
+    stats.square_sum[i] += value * value
     stats.pulls[i] += 1
     stats.last[i] = value
 
@@ -258,6 +296,7 @@ class StrategyBandit:
       "exploration": self._exploration,
       "discount": self._discount,
       "min_pulls": self._min_pulls,
+      "min_spread": self._min_spread,
       "seed": self._seed,
       "buckets": [self._buckets[b].to_state(b) for b in sorted(self._buckets)],
       # PCG64 state is a dict of str and (big) ints; JSON keeps big ints exact.
@@ -277,6 +316,7 @@ class StrategyBandit:
       exploration=state["exploration"],
       discount=state["discount"],
       min_pulls=state["min_pulls"],
+      min_spread=state.get("min_spread", 0.02),
       seed=state.get("seed", 0),
     )
     bandit.load_state_dict(state)
@@ -285,7 +325,7 @@ class StrategyBandit:
   def load_state_dict(self, state: Mapping[str, Any]) -> None:
     """Restores statistics, hyperparameters and generator state; the arms must match self's."""
     version = state.get("version")
-    if version != _STATE_VERSION:
+    if version not in (1, _STATE_VERSION):
       raise ValueError(f"unsupported bandit state version {version!r}, expected {_STATE_VERSION}")
     arms = tuple(state["arms"])
     if arms != self._arms:
@@ -296,6 +336,7 @@ class StrategyBandit:
       exploration=state["exploration"],
       discount=state["discount"],
       min_pulls=state["min_pulls"],
+      min_spread=state.get("min_spread", 0.02),
       seed=state.get("seed", 0),
     )
     buckets: dict[int, _BucketStats] = {}
@@ -316,6 +357,7 @@ class StrategyBandit:
     self._exploration = fresh._exploration
     self._discount = fresh._discount
     self._min_pulls = fresh._min_pulls
+    self._min_spread = fresh._min_spread
     self._seed = fresh._seed
     self._rng = fresh._rng
     self._buckets = buckets
@@ -323,6 +365,7 @@ class StrategyBandit:
   def __repr__(self) -> str:
     return (
       f"StrategyBandit(arms={list(self._arms)!r}, exploration={self._exploration}, "
-      f"discount={self._discount}, min_pulls={self._min_pulls}, seed={self._seed}, "
+      f"discount={self._discount}, min_pulls={self._min_pulls}, min_spread={self._min_spread}, "
+      f"seed={self._seed}, "
       f"buckets={self.buckets})"
     )

@@ -276,11 +276,12 @@ class RolloutEngine:
       arms = (PLAIN, *self.strategies)
       # A ~100-chunk memory: long enough to settle on a steady best arm, short
       # enough to follow a drafter that improves over RL steps.
-      # One pull per arm first, then UCB: an arm measured within ~20% of the best is
-      # re-tried within a few chunks, so a noisy first timing is corrected, while each
-      # bucket's warm-up costs one chunk per arm. (Three pulls per arm made the RL runs of
-      # experiments/e2e_modes.py spend most of their speculative chunks warming up.)
-      default = StrategyBandit(arms, exploration=0.2, discount=0.99, min_pulls=1)
+      # One pull per arm first, then UCB with a bonus in units of the measured spread of
+      # chunk rewards: a noisy first timing is re-tried, arms that are clearly apart are
+      # left alone, and each bucket's warm-up costs one chunk per arm. (Three pulls per arm
+      # made the RL runs of experiments/e2e_modes.py spend most of their speculative chunks
+      # warming up.)
+      default = StrategyBandit(arms, exploration=2.0, discount=0.99, min_pulls=1)
       self.bandit = bandit if bandit is not None else default
       if tuple(self.bandit.arms) != arms:
         raise ValueError(f"bandit arms {tuple(self.bandit.arms)} != engine arms {arms}")
