@@ -74,6 +74,7 @@ _REPS = flags.DEFINE_integer("reps", 3, "timed repetitions per configuration (in
 _PROFILE = flags.DEFINE_list("profile_batches", ["1", "16"], "batches with a round-cost table")
 _LEARN = flags.DEFINE_integer("learn_runs", 3, "untimed runs for the adaptive bandit to learn")
 _ROUNDS = flags.DEFINE_integer("spec_rounds", 4, "speculative rounds per device call")
+_DRAFTER = flags.DEFINE_string("drafter", "drafter", "<workdir>/<drafter>: the drafter's params")
 _RANDOM_DRAFTER = flags.DEFINE_bool(
   "random_drafter", False, "untrained drafter (smoke runs of the script only)"
 )
@@ -126,7 +127,7 @@ def main(argv):
   model_cfg, graphdef, params, _ = train.build_policy(config, workdir, tokenizer, train_split)
   dgraph, dparams = nnx.split(init_drafter(model_cfg, seed=0))
   if not _RANDOM_DRAFTER.value:
-    dparams = checkpoint.restore_params(os.path.join(workdir, "drafter"), dparams)
+    dparams = checkpoint.restore_params(os.path.join(workdir, _DRAFTER.value), dparams)
   base = configuration.engine_config(config, tokenizer)
   host = host_info((graphdef, params))
   print(format_host(host), flush=True)

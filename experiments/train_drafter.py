@@ -51,6 +51,10 @@ _ROWS = flags.DEFINE_integer("batch_rows", 8, "packed rows per drafter step")
 _LR = flags.DEFINE_float("lr", 3e-3, "peak drafter learning rate")
 _EVAL = flags.DEFINE_integer("eval_prompts", 16, "held-out prompts for acceptance")
 _STRATEGY = flags.DEFINE_string("eval_strategy", "chain4", "strategy for the acceptance check")
+_LOGIT_WEIGHT = flags.DEFINE_float(
+  "logit_weight", 0.1, "weight of the soft cross-entropy to the target's distribution"
+)
+_OUT_NAME = flags.DEFINE_string("out_name", "drafter", "<workdir>/<out_name>: the drafter's params")
 
 
 def encode_prompts(tokenizer, examples):
@@ -80,13 +84,15 @@ def collect_rollouts(engine, params, prompts, batch):
   }
 
 
-def train_drafter(graphdef, params, dgraph, dparams, data, steps, rows, lr, seed=0):
+def train_drafter(
+  graphdef, params, dgraph, dparams, data, steps, rows, lr, seed=0, logit_weight=0.1
+):
   packed = make_training_batch(data["tokens"], data["hidden"], data["prompt_len"], data["length"])
   n = packed["tokens"].shape[0]
   logging.info("drafter data: %d packed rows of %d pairs", n, packed["tokens"].shape[1])
   optimizer = default_drafter_optimizer(lr, max(1, steps // 20), steps)
   opt_state = optimizer.init(dparams)
-  update = make_drafter_update(dgraph, graphdef, optimizer)
+  update = make_drafter_update(dgraph, graphdef, optimizer, logit_weight=logit_weight)
   rng = np.random.default_rng(seed)
   order: list[int] = []
   history = []
@@ -106,7 +112,7 @@ def train_drafter(graphdef, params, dgraph, dparams, data, steps, rows, lr, seed
   return dparams, history
 
 
-def acceptance(engine, params, dparams, prompts, temperature):
+def acceptance(engine, params, dparams, prompts, temperature, strategy):
   r = engine.generate(
     params,
     prompts,
@@ -115,7 +121,12 @@ def acceptance(engine, params, dparams, prompts, temperature):
     drafter_params=dparams,
     seq_id_offset=10**6,
   )
-  return {"temperature": temperature, **r.spec_summary(), "tokens_per_second": r.tokens_per_second}
+  return {
+    "temperature": temperature,
+    "strategy": strategy,
+    **r.spec_summary(),
+    "tokens_per_second": r.tokens_per_second,
+  }
 
 
 def plot(history, path):
@@ -152,25 +163,45 @@ def main(argv):
 
   t0 = time.perf_counter()
   prompts = encode_prompts(tokenizer, list(train_split)[: _PROMPTS.value])
-  data = collect_rollouts(engine, params, prompts, engine_cfg.max_batch)
+  # The rollouts are saved: drafters trained with other losses reuse them.
+  cached = os.path.join(workdir, f"drafter_data_{len(prompts)}.npz")
+  if os.path.exists(cached):
+    with np.load(cached) as f:
+      data = dict(f)
+  else:
+    data = collect_rollouts(engine, params, prompts, engine_cfg.max_batch)
+    np.savez(cached, **data)
   rollout_s = time.perf_counter() - t0
 
   dgraph, dparams = nnx.split(init_drafter(model_cfg, seed=0))
   t0 = time.perf_counter()
   dparams, history = train_drafter(
-    graphdef, params, dgraph, dparams, data, _STEPS.value, _ROWS.value, _LR.value
+    graphdef,
+    params,
+    dgraph,
+    dparams,
+    data,
+    _STEPS.value,
+    _ROWS.value,
+    _LR.value,
+    logit_weight=_LOGIT_WEIGHT.value,
   )
   train_s = time.perf_counter() - t0
-  checkpoint.save_params(os.path.join(workdir, "drafter"), dparams)
+  checkpoint.save_params(os.path.join(workdir, _OUT_NAME.value), dparams)
 
-  spec_cfg = dataclasses.replace(
-    engine_cfg,
-    spec_threshold=engine_cfg.max_batch,
-    spec_strategies=(_STRATEGY.value,),
-    spec_adaptive=False,
-  )
-  spec_engine = RolloutEngine(graphdef, model_cfg, spec_cfg, drafter_graphdef=dgraph)
+  def spec_engine(strategy):
+    cfg = dataclasses.replace(
+      engine_cfg,
+      spec_threshold=engine_cfg.max_batch,
+      spec_strategies=(strategy,),
+      spec_adaptive=False,
+    )
+    return RolloutEngine(graphdef, model_cfg, cfg, drafter_graphdef=dgraph)
+
   held_out = encode_prompts(tokenizer, list(test_split)[: _EVAL.value])
+  # Coupled drafts at both temperatures; argmax drafts at temperature 1 for comparison
+  # (greedy drafts are the same either way).
+  evals = [(_STRATEGY.value, 0.0), (_STRATEGY.value, 1.0), (f"{_STRATEGY.value}-argmax", 1.0)]
   report = {
     "policy_params": model_cfg.num_params,
     "drafter_params": sum(x.size for x in jax.tree.leaves(dparams)),
@@ -178,14 +209,17 @@ def main(argv):
     "rollout_samples": len(prompts),
     "rollout_seconds": rollout_s,
     "train_steps": _STEPS.value,
+    "logit_weight": _LOGIT_WEIGHT.value,
     "train_seconds": train_s,
     "final_train_metrics": history[-1],
     "strategy": _STRATEGY.value,
-    "held_out": [acceptance(spec_engine, params, dparams, held_out, t) for t in (0.0, 1.0)],
+    "held_out": [
+      acceptance(spec_engine(name), params, dparams, held_out, t, name) for name, t in evals
+    ],
   }
-  with open(os.path.join(workdir, "drafter_report.json"), "w") as f:
+  with open(os.path.join(workdir, f"{_OUT_NAME.value}_report.json"), "w") as f:
     json.dump(report, f, indent=2)
-  plot(history, os.path.join(workdir, "drafter_loss.png"))
+  plot(history, os.path.join(workdir, f"{_OUT_NAME.value}_loss.png"))
   print(json.dumps(report["held_out"], indent=2))
 
 
