@@ -19,6 +19,7 @@ import jax
 import numpy as np
 from absl import app, flags
 from flax import nnx
+from host import format_host, host_info  # noqa: E402  (experiments/, the script's folder)
 from ml_collections import config_flags
 
 from tlt_jax import configuration
@@ -60,6 +61,8 @@ def main(argv):
   seqs = [sft.encode_example(tokenizer, p, t) for p, t in sft_pairs(examples)]
   batch = next(sft.pack_batches(seqs, sft_cfg.batch_rows, sft_cfg.row_len, seed=0))
   blocks = [int(b) for b in _BLOCKS.value]
+  host = host_info()
+  print(format_host(host), flush=True)
   times: dict[int, list[float]] = {b: [] for b in blocks}
   for r in range(_ROUNDS.value):
     for b in blocks:
@@ -72,7 +75,7 @@ def main(argv):
     print(f"  {'dense' if b == 0 else f'block {b}':>10}: {med:.3f}  ({dense / med:.2f}x)")
   if _OUT.value:
     with open(_OUT.value, "w") as f:
-      json.dump({str(b): times[b] for b in blocks}, f, indent=1)
+      json.dump({"host": host, **{str(b): times[b] for b in blocks}}, f, indent=1)
 
 
 if __name__ == "__main__":

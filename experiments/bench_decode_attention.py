@@ -39,6 +39,7 @@ from ml_collections import config_flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from experiments.host import format_host, host_info  # noqa: E402
 from tlt_jax import configuration  # noqa: E402
 from tlt_jax.data import get_tokenizer  # noqa: E402
 from tlt_jax.decode.sampling import SamplingConfig  # noqa: E402
@@ -123,7 +124,8 @@ def main(argv):
   config = _CONFIG.value
   tok = get_tokenizer(config.task.tokenizer)
   cfg = configuration.model_config(config, tok)
-  out: dict = {"attention_ms": {}, "engine_tokens_per_s": {}}
+  out: dict = {"host": host_info(), "attention_ms": {}, "engine_tokens_per_s": {}}
+  print(format_host(out["host"]), flush=True)
   print(
     f"policy: {cfg.num_params / 1e6:.1f}M params, {cfg.num_layers} layers, "
     f"{cfg.num_kv_heads} kv heads x {cfg.head_dim}"

@@ -71,6 +71,9 @@ def main(argv):
   if _CHILD.value:
     print(json.dumps(_measure(rows, _REPS.value)))
     return
+  from host import host_record  # the parent process: XLA_FLAGS as inherited
+
+  print(host_record(), flush=True)
   print(f"{'XLA_FLAGS':<52} " + " ".join(f"{m:>8} rows   " for m in rows))
   for setting in _FLAGS.value:
     env = dict(os.environ, XLA_FLAGS=setting)

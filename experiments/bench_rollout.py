@@ -21,14 +21,13 @@ import os
 import sys
 import time
 
-import jax
 import numpy as np
 from flax import nnx
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import tunix_baseline  # noqa: E402
-from host import read_bandwidth  # noqa: E402
+from host import format_host, host_info, read_bandwidth  # noqa: E402
 
 from tlt_jax.data import CharTokenizer, make_split  # noqa: E402
 from tlt_jax.decode.sampling import SamplingConfig  # noqa: E402
@@ -152,7 +151,8 @@ def main():
   args = ap.parse_args()
   os.makedirs(args.out, exist_ok=True)
   batches = [int(b) for b in args.batches.split(",")]
-  results: dict = {"device": str(jax.devices()[0]), "decode": [], "jax": jax.__version__}
+  results: dict = {"host": host_info(), "decode": []}
+  print(format_host(results["host"]), flush=True)
 
   models = {}
   for name in args.configs.split(","):

@@ -29,6 +29,7 @@ from ml_collections import config_flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from experiments.host import host_info  # noqa: E402
 from tlt_jax import configuration  # noqa: E402
 from tlt_jax.data import get_tokenizer  # noqa: E402
 from tlt_jax.models.transformer import init_model  # noqa: E402
@@ -91,6 +92,7 @@ def main(argv):
       times[name].append(time.perf_counter() - start)
       states[name] = (p, s)
   out = {
+    "host": host_info((graphdef, params)),
     "rows": r,
     "columns": c,
     "micro_batch": micro,

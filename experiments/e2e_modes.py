@@ -29,6 +29,7 @@ from ml_collections import config_flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from experiments.host import format_host, host_info  # noqa: E402
 from tlt_jax import train  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/default.py", "job config")
@@ -77,8 +78,12 @@ def main(argv):
     with open(os.path.join(workdir, "metrics.jsonl")) as f:
       rows += [_row(mode, json.loads(line)) for line in f]
   table = _table(results, rows)
+  host = host_info()
+  print(format_host(host), flush=True)
   with open(os.path.join(out, "e2e_modes.json"), "w") as f:
-    json.dump({"table": table, "steps": rows, "results": results}, f, indent=1, default=str)
+    json.dump(
+      {"host": host, "table": table, "steps": rows, "results": results}, f, indent=1, default=str
+    )
   with open(os.path.join(out, "e2e_modes.csv"), "w", newline="") as f:
     w = csv.DictWriter(f, fieldnames=list(rows[0]))
     w.writeheader()

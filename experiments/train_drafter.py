@@ -31,6 +31,7 @@ from tqdm.auto import tqdm
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from experiments.host import host_info  # noqa: E402
 from tlt_jax import checkpoint, configuration, train  # noqa: E402
 from tlt_jax.data import get_tokenizer  # noqa: E402
 from tlt_jax.data.tasks import format_prompt  # noqa: E402
@@ -203,6 +204,7 @@ def main(argv):
   # (greedy drafts are the same either way).
   evals = [(_STRATEGY.value, 0.0), (_STRATEGY.value, 1.0), (f"{_STRATEGY.value}-argmax", 1.0)]
   report = {
+    "host": host_info((graphdef, params)),
     "policy_params": model_cfg.num_params,
     "drafter_params": sum(x.size for x in jax.tree.leaves(dparams)),
     "policy": info,
