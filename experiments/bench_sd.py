@@ -12,7 +12,9 @@ whole budget, so B is the batch throughout. Configurations:
 All engines share one executable pool; every configuration is run once untimed
 (compiles; the adaptive engine's bandit learns over `--learn_runs` runs), then
 the `--reps` timed repetitions are interleaved across configurations so drift of
-this shared CPU hits all alike.
+this shared CPU hits all alike. A repetition at batch B is max(1, 8 // B)
+rollouts (different keys, the same for every configuration), so that even a
+batch-1 repetition lasts seconds.
 
 Reported per (B, temperature, config): tokens/s (min / median / max over the
 repetitions), the speedup over plain as the median of per-repetition ratios
@@ -67,13 +69,19 @@ _OUT = flags.DEFINE_string("out", "runs/bench_sd", "output folder")
 _BATCHES = flags.DEFINE_list("batches", ["1", "2", "4", "8", "16", "32", "64"], "batch sizes")
 _TEMPS = flags.DEFINE_list("temperatures", ["0", "1"], "sampling temperatures")
 _STRATEGIES = flags.DEFINE_list(
-  "strategies", ["chain2", "chain4", "chain6", "tree5x4x16"], "fixed arms"
+  "strategies", ["chain2", "chain4", "chain8", "chain12"], "fixed arms"
 )
 _MAX_NEW = flags.DEFINE_integer("max_new_tokens", 96, "token budget per sequence")
 _REPS = flags.DEFINE_integer("reps", 3, "timed repetitions per configuration (interleaved)")
 _PROFILE = flags.DEFINE_list("profile_batches", ["1", "16"], "batches with a round-cost table")
-_LEARN = flags.DEFINE_integer("learn_runs", 3, "untimed runs for the adaptive bandit to learn")
-_ROUNDS = flags.DEFINE_integer("spec_rounds", 4, "speculative rounds per device call")
+_PROFILE_ARMS = flags.DEFINE_list(
+  "profile_strategies", [], "arms in the round-cost table (default: every fixed arm)"
+)
+_LEARN = flags.DEFINE_integer("learn_runs", 6, "untimed runs for the adaptive bandit to learn")
+_CALLS = flags.DEFINE_integer(
+  "calls_per_rep", 0, "rollouts per timed repetition (0: max(1, 8 // batch))"
+)
+_ROUNDS = flags.DEFINE_integer("spec_rounds", 8, "speculative rounds per device call")
 _DRAFTER = flags.DEFINE_string("drafter", "drafter", "<workdir>/<drafter>: the drafter's params")
 _RANDOM_DRAFTER = flags.DEFINE_bool(
   "random_drafter", False, "untrained drafter (smoke runs of the script only)"
@@ -103,11 +111,14 @@ def _spread(xs) -> dict[str, float]:
   return {"min": float(np.min(xs)), "median": float(np.median(xs)), "max": float(np.max(xs))}
 
 
-def _arm_times(results) -> tuple[dict[str, int], list[float], list[float]]:
-  """Chunks per arm, and (seconds, count) of plain steps and of speculative rounds."""
+def _arm_times(results) -> tuple[dict[str, int], list[float], list[float], float]:
+  """Chunks per arm, (seconds, count) of plain steps and of speculative rounds, and the
+  seconds outside every timed phase (host work between device calls)."""
   chosen = {}
   step_s, round_s = [0.0, 0], [0.0, 0]
+  between = 0.0
   for r in results:
+    between += r.wall_seconds - sum(e["dt"] for e in r.timeline)
     for e in r.timeline:
       if e["phase"] in ("decode", "spec"):
         arm = e.get("strategy", "plain")
@@ -115,7 +126,7 @@ def _arm_times(results) -> tuple[dict[str, int], list[float], list[float]]:
         acc = step_s if e["phase"] == "decode" else round_s
         acc[0] += e["dt"]
         acc[1] += e["steps"] if e["phase"] == "decode" else e["rounds"]
-  return chosen, step_s, round_s
+  return chosen, step_s, round_s, between
 
 
 def main(argv):
@@ -176,21 +187,26 @@ def main(argv):
           run(mode, 1000 + i)
       compiled = pool.compiles
       results = {m: [] for m in modes}
+      calls = _CALLS.value or max(1, 8 // b)
+      tps = {m: [] for m in modes}
       for rep in range(_REPS.value):
         for mode in modes:
-          # Same key for every mode in a repetition: the same tokens (coupled sampling).
-          results[mode].append(run(mode, rep))
+          # Same keys for every mode in a repetition: the same tokens (coupled sampling).
+          # Several calls per repetition at small batch: a single batch-1 rollout lasts
+          # under a second, too short to time on a shared machine.
+          rs = [run(mode, 100 * rep + i) for i in range(calls)]
+          results[mode] += rs
+          tokens = sum(int(r.num_generated.sum()) for r in rs)
+          tps[mode].append(tokens / sum(r.wall_seconds for r in rs))
       if pool.compiles != compiled:
         print(f"WARNING: {pool.compiles - compiled} compiles inside timed runs (B={b})")
       timed_compiles += pool.compiles - compiled
-      tps = {
-        m: np.array([r.num_generated.sum() / r.wall_seconds for r in results[m]]) for m in modes
-      }
+      tps = {m: np.array(v) for m, v in tps.items()}
       plain_step_ms = None
       batch_rows = []
       for mode in modes:
         spec = results[mode][-1].spec_summary()
-        chosen, step_s, round_s = _arm_times(results[mode])
+        chosen, step_s, round_s, between_s = _arm_times(results[mode])
         ms = lambda a: 1000 * a[0] / a[1] if a[1] else None
         if mode == "plain":
           plain_step_ms = ms(step_s)
@@ -208,7 +224,9 @@ def main(argv):
           "ms_per_step": ms(step_s),
           "ms_per_round": ms(round_s),
           "round_cost_in_steps": ms(round_s) / plain_step_ms if round_s[1] else None,
+          "between_calls_ms_per_round": ms([between_s, round_s[1]]),
           "tokens": int(results[mode][-1].num_generated.sum()),
+          "calls_per_rep": calls,
           "chunks_by_arm": chosen,
         }
         batch_rows.append(row)
@@ -222,13 +240,11 @@ def main(argv):
         rows.append(row)
         print(json.dumps(row), flush=True)
       if b in [int(x) for x in _PROFILE.value]:
-        for strategy in strategies:
-          prof = round_costs(
-            engines[strategy], params, dparams, batch_prompts, sampling, strategy,
-            rounds=_ROUNDS.value,
-          )  # fmt: skip
+        for strategy in _PROFILE_ARMS.value or strategies:
+          prof = round_costs(engines[strategy], params, dparams, batch_prompts, sampling, strategy)
           (measured,) = [r for r in batch_rows if r["config"] == strategy]
           prof["measured_round_ms"] = measured["ms_per_round"]
+          prof["between_calls_ms_per_round"] = measured["between_calls_ms_per_round"]
           prof["measured_step_ms"] = plain_step_ms
           profiles.append(prof)
           print(json.dumps({"profile": prof}), flush=True)
@@ -318,16 +334,22 @@ def _table(rows, modes, temps):
 def _cost_table(profiles):
   if not profiles:
     return
-  print("\nper-round cost: ms (decode steps); host = measured round - device round")
-  print("| batch | T | arm | accept | " + " | ".join(STAGES) + " | host | round | step |")
-  print("|---" * (len(STAGES) + 7) + "|")
+  print(
+    "\nper-round cost, ms (decode steps): device stages (profiled, interleaved); call = the "
+    "rollout's measured round less the device round (dispatch, transfers); between = host "
+    "time between device calls per round; rollout = the rollout's round + between"
+  )
+  cols = [*STAGES, "call", "between", "rollout"]
+  print("| batch | T | arm | accept | " + " | ".join(cols) + " | step ms |")
+  print("|---" * (len(cols) + 5) + "|")
   for p in profiles:
     step = p["step_ms"]
     cells = [f"{p['stage_ms'][k]:.2f} ({p['stage_steps'][k]:.2f})" for k in STAGES]
-    host = p["measured_round_ms"] - p["round_ms"] if p["measured_round_ms"] else float("nan")
-    cells.append(f"{host:.2f} ({host / step:.2f})")
-    total = p["measured_round_ms"] or p["round_ms"]
-    cells.append(f"{total:.2f} ({total / step:.2f})")
+    call = p["measured_round_ms"] - p["round_ms"] if p["measured_round_ms"] else float("nan")
+    between = p["between_calls_ms_per_round"] or 0.0
+    total = (p["measured_round_ms"] or p["round_ms"]) + between
+    for x in (call, between, total):
+      cells.append(f"{x:.2f} ({x / step:.2f})")
     print(
       f"| {p['batch']} | {p['temperature']:g} | {p['strategy']} | {p['accept_length']:.2f} | "
       + " | ".join(cells)

@@ -537,3 +537,22 @@ def test_settled_plain_runs_the_last_bucket_to_the_end(models, pool):
   last = [e for e in spec.timeline if e["phase"] == "decode" and e["batch"] == 2]
   assert last and max(e["steps"] for e in last) > ENGINE.chunk_steps
   assert engine.bandit.summary()[2]["plain"]["pulls"] == before
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, SAMPLED], ids=["greedy", "t1"])
+def test_round_costs_profile_every_stage_of_the_engines_round(models, pool, sampling):
+  """The per-round cost profile runs the engine's own round cut after each stage: every
+  stage is timed, the stages add up to the full round, and the profiled rounds accept
+  what a round can (1 .. max_emit tokens per row)."""
+  from tlt_jax.rollout.profile import round_costs
+  from tlt_jax.rollout.speculative import STAGES
+
+  tg, tp, _, dp = models
+  engine = _engine(models, pool, sampling)
+  prof = round_costs(engine, tp, dp, PROMPTS[:2], sampling, "chain3", rounds=3, reps=1)
+  assert list(prof["stage_ms"]) == list(STAGES) and prof["batch"] == 2
+  assert sum(prof["stage_ms"].values()) == pytest.approx(prof["round_ms"])
+  assert prof["step_ms"] > 0 and prof["round_steps"] == pytest.approx(
+    prof["round_ms"] / prof["step_ms"]
+  )
+  assert 1.0 <= prof["accept_length"] <= SpecStrategy.parse("chain3").max_emit

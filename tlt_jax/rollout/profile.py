@@ -29,16 +29,20 @@ from tlt_jax.rollout.speculative import STAGES, SpecStrategy, spec_decode_chunk
 from tlt_jax.rollout.state import round_up
 
 
-def _timed(fn, args, reps: int) -> float:
-  """Median seconds of fn(*args) (args copied first: the programs may update in place)."""
-  times = []
-  for _ in range(reps + 1):  # the first call compiles or warms up: dropped
-    fresh = jax.tree.map(jnp.copy, args)
-    jax.block_until_ready(fresh)
-    t = time.perf_counter()
-    jax.block_until_ready(fn(*fresh))
-    times.append(time.perf_counter() - t)
-  return float(np.median(times[1:]))
+def _interleaved(calls: dict[str, tuple], reps: int) -> dict[str, list[float]]:
+  """Seconds of every fn(*args) in `calls`, the calls interleaved in each repetition so that
+  drift of a shared machine hits all alike (args are copied first: programs may update them
+  in place). One untimed round first (compiles, first-execution costs)."""
+  times = {name: [] for name in calls}
+  for rep in range(reps + 1):
+    for name, (fn, args) in calls.items():
+      fresh = jax.tree.map(jnp.copy, args)
+      jax.block_until_ready(fresh)
+      t = time.perf_counter()
+      jax.block_until_ready(fn(*fresh))
+      if rep:
+        times[name].append(time.perf_counter() - t)
+  return times
 
 
 def round_costs(
@@ -49,8 +53,8 @@ def round_costs(
   sampling: SamplingConfig,
   strategy: str | SpecStrategy,
   *,
-  rounds: int = 8,
-  reps: int = 5,
+  rounds: int = 12,
+  reps: int = 7,
   context_steps: int = 32,
 ) -> dict[str, Any]:
   """Per-round device cost of each stage of `strategy` on `prompts` (one row each).
@@ -60,15 +64,11 @@ def round_costs(
   (`stage_steps`), and the accept length the profiled rounds reached.
   """
   strategy = SpecStrategy.parse(strategy)
-  cfg = engine.config
-  # Room for the context and every profiled round within the token budget.
-  context_steps = min(context_steps, cfg.max_new_tokens - rounds * strategy.max_emit - 1)
-  if context_steps < 1:
-    raise ValueError(
-      f"max_new_tokens {cfg.max_new_tokens} leaves no room for {rounds} rounds of "
-      f"{strategy.name} after a context step"
-    )
-  b = round_up(len(prompts), cfg.batch_buckets)
+  # A budget with room for the context and every profiled round (the rounds' programs are
+  # the engine's own, at a cache bucket that fits them).
+  need = context_steps + rounds * strategy.max_emit + 1
+  cfg = dataclasses.replace(engine.config, max_new_tokens=max(engine.config.max_new_tokens, need))
+  b = len(prompts)
   lens = np.array([len(p) for p in prompts], np.int32)
   prompts_np = np.zeros((len(prompts), int(lens.max())), np.int32)
   for i, p in enumerate(prompts):
@@ -76,10 +76,22 @@ def round_costs(
   key = jax.random.key(0)
   max_new = np.full((len(prompts),), cfg.max_new_tokens, np.int32)
   seq_ids = np.arange(len(prompts), dtype=np.int32)
-  state = engine._run_prefill(params, prompts_np, lens, 1, max_new, seq_ids, sampling, key)
-  # Without stop tokens: every row stays active for the whole profile (the stop check's
-  # cost is kept; only its effect is gone).
   static = dataclasses.replace(engine._static(sampling), stop_tokens=())
+  state = jax.jit(
+    functools.partial(
+      programs.prefill, engine.graphdef, static=static, slots=cfg.slots, cache_slots=cfg.cache_slots
+    )
+  )(
+    params,
+    jnp.asarray(prompts_np),
+    jnp.asarray(lens),
+    jnp.arange(len(prompts)),
+    jnp.asarray(seq_ids),
+    jnp.asarray(max_new),
+    key,
+  )
+  # Without stop tokens (above): every row stays active for the whole profile (the stop
+  # check's cost is kept; only its effect is gone).
   longest = int(lens.max()) + context_steps + rounds * strategy.max_emit + strategy.nodes
   view = round_up(min(longest, cfg.cache_slots), cfg.view_buckets)
 
@@ -89,7 +101,6 @@ def round_costs(
   state, _ = decode(params, state, key, np.int32(context_steps))
   if bool(np.asarray(state.done).any()):
     raise ValueError("a profiled row reached its token budget within the context steps")
-  step_ms = 1e3 * _timed(decode, (params, state, key, np.int32(rounds)), reps) / rounds
   width = min(view, cfg.slots)
   dcache, dlen = jax.jit(
     lambda tp, dp, st: drafting.prefill_drafter_cache(
@@ -105,7 +116,7 @@ def round_costs(
   )(params, drafter_params, state)
   dview = min(view + cfg.drafter_margin, cfg.drafter_slots)
 
-  cumulative, accept = {}, None
+  calls = {"step": (decode, (params, state, key, np.int32(rounds)))}
   for stage in STAGES:
 
     def run(tp, dp, st, dc, dl, k, r, stop=None if stage == STAGES[-1] else stage):
@@ -126,13 +137,17 @@ def round_costs(
         stop_after=stop,
       )
 
-    call = jax.jit(run)
-    args = (params, drafter_params, state, dcache, dlen, key, np.int32(rounds))
-    cumulative[stage] = 1e3 * _timed(call, args, reps) / rounds
-    if stage == STAGES[-1]:
-      _, _, _, stats = call(*args)
-      stats = jax.device_get(stats)
-      accept = float(stats.emitted.sum() / max(int(stats.row_rounds.sum()), 1))
+    calls[stage] = (
+      jax.jit(run),
+      (params, drafter_params, state, dcache, dlen, key, np.int32(rounds)),
+    )
+  times = _interleaved(calls, reps)
+  ms = {name: 1e3 * float(np.median(t)) / rounds for name, t in times.items()}
+  step_ms = ms.pop("step")
+  cumulative = ms
+  fn, args = calls[STAGES[-1]]
+  stats = jax.device_get(fn(*args)[3])
+  accept = float(stats.emitted.sum() / max(int(stats.row_rounds.sum()), 1))
   stage_ms, prev = {}, 0.0
   for stage in STAGES:
     stage_ms[stage] = cumulative[stage] - prev
