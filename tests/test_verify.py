@@ -515,3 +515,46 @@ def test_batch_permutation_permutes_results():
   alone = run(*mixed)
   jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a)[:8], b[:8]), out, alone)
   assert np.asarray(out.num_accepted).max() >= 2
+
+
+@pytest.mark.parametrize(
+  "cfg",
+  [
+    SamplingConfig(temperature=0.0),
+    SamplingConfig(temperature=1.0),
+    SamplingConfig(temperature=0.7, top_k=3, top_p=0.9),
+  ],
+  ids=["greedy", "t1", "t0.7_k3_p0.9"],
+)
+def test_vectorised_chain_verification_is_the_walk(cfg):
+  """`verify_chain` (every choice at once, leading matches accepted) returns what the walk
+  returns on the same chains: paths, counts, tokens and log-probs, from immediate
+  corrections to fully accepted chains."""
+  rng = np.random.default_rng(2)
+  batch, n, vocab = 384, 7, 5
+  logits = jnp.asarray(2.0 * rng.normal(size=(batch, n, vocab)), jnp.float32)
+  seq_ids = jnp.asarray(rng.permutation(5000)[:batch], jnp.int32)
+  base_pos = jnp.asarray(rng.integers(0, 30, batch), jnp.int32)
+  key = jax.random.key(4)
+  # Drafts that follow the target's own choices for a random number of steps, then guess.
+  parents = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32) - 1, (batch, n))
+  guess = rng.integers(0, vocab, (batch, n)).astype(np.int32)
+  z = np.asarray(verify_lib.sampling_logits(logits, cfg))
+  follow = rng.integers(0, n, batch)
+  tokens = guess.copy()
+  for b in range(batch):  # the target's choice at node i is emitted at depth i + 1
+    for i in range(follow[b]):
+      if cfg.greedy:
+        tokens[b, i + 1] = z[b, i].argmax()
+      else:
+        k = verify_lib.sequence_keys(key, seq_ids[b : b + 1], base_pos[b : b + 1] + i + 1)
+        tokens[b, i + 1] = int(verify_lib.gumbel_argmax(k, jnp.asarray(z[b, i : i + 1]))[0])
+  fast = verify_lib.verify_chain(jnp.asarray(tokens), logits, cfg, key, seq_ids, base_pos)
+  walk = verify_lib.verify_sampling(
+    jnp.asarray(tokens), parents, logits, cfg, key, seq_ids, base_pos
+  )
+  for name in ("path", "num_accepted", "emitted"):
+    np.testing.assert_array_equal(getattr(fast, name), getattr(walk, name), err_msg=name)
+  np.testing.assert_allclose(fast.logprobs, walk.logprobs, atol=1e-6)
+  acc = np.asarray(fast.num_accepted)
+  assert (acc == 0).any() and (acc == n - 1).any() and len(np.unique(acc)) == n

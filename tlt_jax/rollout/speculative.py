@@ -18,7 +18,10 @@ Capacity (guaranteed by the host for every active row, all rounds):
     windows the drafter's extension reads may reach past the buffer end; they
     are read realigned (`_read_aligned`), never shifted, and the entries past
     the end belong to pairs that are not committed.
-Finished rows may sit anywhere; their state is restored unchanged every round.
+Finished rows may sit anywhere; their token, log-prob and feature buffers and their
+drafter cache are restored unchanged every round. Their target cache is restored by
+tree rounds only: chain rounds leave the forward's writes (a finished row's cache is
+never read again; outputs are harvested from the buffers).
 
 Shape letters: B batch, N draft nodes, S cache slots, D model width, V vocabulary.
 """
@@ -39,7 +42,7 @@ from jaxtyping import Array, Bool, Int
 from tlt_jax.decode import drafting
 from tlt_jax.decode.drafting import Draft
 from tlt_jax.decode.tree import ancestor_mask
-from tlt_jax.decode.verify import verify_sampling
+from tlt_jax.decode.verify import verify_chain, verify_sampling
 from tlt_jax.models.transformer import KVCache, Transformer
 from tlt_jax.rollout import programs
 from tlt_jax.rollout.programs import DecodeStatic
@@ -356,17 +359,20 @@ def spec_decode_chunk(
         count_round(stats, (h.sum(axis=(1, 2)) > 0).astype(jnp.int32)),
       )
 
-    # 3. Verify.
-    vr = verify_sampling(
-      dr.tokens,
-      dr.parents,
-      model.logits(h),
-      static.sampling,
-      key,
-      st.seq_id,
-      base,
-      valid=dr.valid,
-    )
+    # 3. Verify (chains: every node's choice at once, see `verify_chain`).
+    if strategy.kind == "chain" and draft_fn is None:
+      vr = verify_chain(dr.tokens, model.logits(h), static.sampling, key, st.seq_id, base)
+    else:
+      vr = verify_sampling(
+        dr.tokens,
+        dr.parents,
+        model.logits(h),
+        static.sampling,
+        key,
+        st.seq_id,
+        base,
+        valid=dr.valid,
+      )
     if stop_after == "verify":
       return st.replace(cache=cache), dcache_drafted, dlen, count_round(stats, vr.num_accepted)
 
@@ -379,8 +385,14 @@ def spec_decode_chunk(
     path = jnp.maximum(vr.path, 0)
     # The features of the root and the kept path nodes: f_base .. f_{length - 2}.
     feats = jnp.take_along_axis(h, path[:, :, None], axis=1)
+    if strategy.kind == "chain" and draft_fn is None:
+      # A chain's accepted nodes already sit in consecutive slots from the root's: nothing
+      # to move. Finished rows keep the forward's writes (module docstring).
+      committed = cache
+    else:
+      committed = _commit_cache(st.cache, cache, vr.path, base, count, active)
     new_st = st.replace(
-      cache=_commit_cache(st.cache, cache, vr.path, base, count, active),
+      cache=committed,
       tokens=_commit_window(st.tokens, vr.emitted, st.length, count),
       logprobs=_commit_window(st.logprobs, vr.logprobs, st.length, count),
       hidden=_commit_window(st.hidden, feats.astype(st.hidden.dtype), base, count),
