@@ -272,6 +272,19 @@ def test_bandit_state_restores_into_a_new_engine(models):
     )
 
 
+def test_each_sampling_configuration_learns_in_its_own_bandit(models, pool):
+  """The best draft differs by temperature: a greedy call on an engine whose own sampling
+  is temperature 1 learns in a separate bandit and leaves the checkpointed one alone."""
+  tg, tp, dg, dp = models
+  cfg = dataclasses.replace(ENGINE, spec_adaptive=True)
+  engine = RolloutEngine(tg, MODEL, cfg, SAMPLED, pool, drafter_graphdef=dg)
+  engine.generate(tp, PROMPTS, 2, key=7, max_new_tokens=LIMITS, drafter_params=dp, sampling=GREEDY)
+  assert engine.bandit.buckets == [] and engine.bandit_for(GREEDY).buckets
+  assert engine.bandit_for(SAMPLED) is engine.bandit
+  _run(engine, tp, dp)
+  assert engine.bandit.buckets
+
+
 def _rl_trainer(models, workdir, steps, **kwargs):
   """A GRPO trainer on PROMPTS (reward: a "7" in the completion) over an adaptive engine."""
   from rl_helpers import IdTokenizer, seven_reward, tiny_grpo

@@ -240,8 +240,10 @@ class RolloutEngine:
   update only needs `engine.generate(new_params, ...)`; likewise a new drafter.
 
   `bandit` (adaptive speculative decoding only) keeps its statistics across
-  rollouts; save `bandit.state_dict()` with checkpoints and restore it with
-  `bandit.load_state_dict`.
+  rollouts for the engine's own sampling configuration; save `bandit.state_dict()`
+  with checkpoints and restore it with `bandit.load_state_dict`. Calls with another
+  sampling configuration (e.g. greedy evaluation beside sampled rollouts) learn in a
+  bandit of their own, not checkpointed: the best draft differs by temperature.
   """
 
   def __init__(
@@ -285,6 +287,22 @@ class RolloutEngine:
       self.bandit = bandit if bandit is not None else default
       if tuple(self.bandit.arms) != arms:
         raise ValueError(f"bandit arms {tuple(self.bandit.arms)} != engine arms {arms}")
+    self._other_bandits: dict[SamplingConfig, StrategyBandit] = {}
+
+  def bandit_for(self, sampling: SamplingConfig) -> StrategyBandit | None:
+    """The bandit learning the draft strategies of `sampling` (None: not adaptive)."""
+    if self.bandit is None or sampling == self.sampling:
+      return self.bandit
+    if sampling not in self._other_bandits:
+      b = self.bandit
+      self._other_bandits[sampling] = StrategyBandit(
+        b.arms,
+        exploration=b.exploration,
+        discount=b.discount,
+        min_pulls=b.min_pulls,
+        min_spread=b.min_spread,
+      )
+    return self._other_bandits[sampling]
 
   # ---------------------------------------------------------------- programs
   # Pool keys hold every static input of a program, so engines with different
@@ -519,9 +537,10 @@ class RolloutEngine:
       if b2 < state.batch:
         self._drafter_take_exe((dstate, jnp.zeros((b2,), jnp.int32)))
 
-  def _exploits_plain(self, bucket: int) -> bool:
+  @staticmethod
+  def _exploits_plain(bandit: StrategyBandit, bucket: int) -> bool:
     """The bandit's pick for `bucket` is plain decode as exploitation, not exploration."""
-    return self.bandit.warmed_up(bucket) and self.bandit.best(bucket) == PLAIN
+    return bandit.warmed_up(bucket) and bandit.best(bucket) == PLAIN
 
   def _dummy_state(self, b: int) -> RolloutState:
     cfg, m = self.config, self.model_config
@@ -681,6 +700,7 @@ class RolloutEngine:
 
     max_len = np.asarray(state.max_len)
     spec_on = bool(cfg.spec_threshold) and drafter_params is not None
+    bandit = self.bandit_for(sampling)
     dstate = None  # (drafter cache, drafter_len) in step with `state`, or None
     push_forced = False  # the drafter cache was dropped for a pushed drafter version
     owed_rebuild_s = 0.0  # push-forced rebuild seconds not yet reported to on_chunk
@@ -734,11 +754,11 @@ class RolloutEngine:
           push_forced = push_forced or dstate is not None
           drafter_params, dstate = pushed, None
       arm = PLAIN
-      learn = spec_on and self.bandit is not None and state.batch <= cfg.spec_threshold
+      learn = spec_on and bandit is not None and state.batch <= cfg.spec_threshold
       if spec_on and state.batch <= cfg.spec_threshold:
-        arm = self.bandit.select(state.batch) if learn else cfg.strategies[0].name
+        arm = bandit.select(state.batch) if learn else cfg.strategies[0].name
       last_bucket = state.batch == cfg.batch_buckets[0]
-      if learn and arm == PLAIN and last_bucket and self._exploits_plain(state.batch):
+      if learn and arm == PLAIN and last_bucket and self._exploits_plain(bandit, state.batch):
         # The bandit has settled on plain decode for the last bucket: run it to the end
         # in one call, as the plain engine does (no host round trip per chunk). Such a
         # chunk is not chunk-sized, so it does not feed the bandit.
@@ -828,7 +848,7 @@ class RolloutEngine:
         # otherwise leaving the plain arm looks free and the bandit alternates too often.
         run_s = dt + switch_s - compiled
         entry["reward"] = tokens / max(run_s, 1e-6)
-        self.bandit.update(state.batch, arm, entry["reward"])
+        bandit.update(state.batch, arm, entry["reward"])
       timeline.append(
         {
           "t": t0 - start,
