@@ -520,7 +520,8 @@ def test_pushed_drafter_versions_keep_outputs_exact(models, pool, sampling):
 
 def test_bandit_reward_charges_the_drafter_rebuild_to_the_spec_chunk(models, pool):
   """Leaving the plain arm costs a drafter-cache rebuild; the speculative chunk that needed it
-  is rewarded tokens / (rebuild + chunk) seconds, so switching never looks free."""
+  is rewarded tokens / (rebuild + chunk) seconds (per row active at its start), so switching
+  never looks free."""
   _, tp, _, dp = models
   engine = _engine(models, pool, spec_adaptive=True, spec_threshold=8)
   result = _run(engine, tp, dp, num_samples=4)
@@ -529,7 +530,8 @@ def test_bandit_reward_charges_the_drafter_rebuild_to_the_spec_chunk(models, poo
     if entry["phase"] == "spec" and "reward" in entry:
       charged = entry["dt"] + (prev["dt"] if prev["phase"] == "drafter_prefill" else 0.0)
       charged -= entry.get("compile_s", 0.0)
-      assert entry["reward"] == pytest.approx(entry["tokens"] / charged, rel=1e-6)
+      per_row = entry["tokens"] / charged / entry["active"]
+      assert entry["reward"] == pytest.approx(per_row, rel=1e-6)
       checked += prev["phase"] == "drafter_prefill"
   assert checked > 0, "no rewarded speculative chunk followed a plain one"
 
