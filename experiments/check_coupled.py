@@ -26,9 +26,9 @@ from ml_collections import config_flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from experiments.common import load_policy  # noqa: E402
 from experiments.host import host_record  # noqa: E402
 from tlt_jax import configuration, train  # noqa: E402
-from tlt_jax.data import get_tokenizer  # noqa: E402
 from tlt_jax.data.tasks import format_prompt  # noqa: E402
 from tlt_jax.decode.sampling import SamplingConfig  # noqa: E402
 from tlt_jax.rollout.engine import RolloutEngine  # noqa: E402
@@ -53,15 +53,15 @@ def main(argv):
   del argv
   config, workdir = _CONFIG.value, _WORKDIR.value
   print(host_record(), flush=True)
-  tok = get_tokenizer(config.task.tokenizer)
-  train_split, test_split = train._load_data(config, workdir)
-  model_cfg, graphdef, params, _ = train.build_policy(config, workdir, tok, train_split)
+  policy = load_policy(config, workdir)
+  tok, test_split = policy["tokenizer"], policy["test_split"]
+  model_cfg, graphdef, params = policy["model_config"], policy["graphdef"], policy["params"]
   rows = _PROMPTS.value * _SAMPLES.value
   base = dataclasses.replace(configuration.engine_config(config, tok), max_batch=rows)
   pool = ExecutablePool()
   plain = RolloutEngine(graphdef, model_cfg, dataclasses.replace(base, spec_threshold=0), pool=pool)
   drafter, info = train.build_drafter(
-    config, workdir, model_cfg, graphdef, params, plain, tok, train_split, progress=False
+    config, workdir, model_cfg, graphdef, params, plain, tok, policy["train_split"], progress=False
   )
   print(f"drafter: {info}", flush=True)
   prompts = [tok.encode(format_prompt(ex), add_bos=True) for ex in test_split]

@@ -31,9 +31,9 @@ from ml_collections import config_flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from experiments.common import load_policy  # noqa: E402
 from experiments.host import host_record  # noqa: E402
-from tlt_jax import checkpoint, configuration, train  # noqa: E402
-from tlt_jax.data import get_tokenizer  # noqa: E402
+from tlt_jax import checkpoint, configuration  # noqa: E402
 from tlt_jax.data.tasks import format_prompt  # noqa: E402
 from tlt_jax.decode.sampling import SamplingConfig  # noqa: E402
 from tlt_jax.drafter.training import make_training_batch  # noqa: E402
@@ -52,9 +52,9 @@ def main(argv):
   del argv
   config, workdir = _CONFIG.value, _WORKDIR.value
   print(host_record(), flush=True)
-  tok = get_tokenizer(config.task.tokenizer)
-  train_split, test_split = train._load_data(config, workdir)
-  model_cfg, graphdef, params, _ = train.build_policy(config, workdir, tok, train_split)
+  policy = load_policy(config, workdir)
+  tok, test_split = policy["tokenizer"], policy["test_split"]
+  model_cfg, graphdef, params = policy["model_config"], policy["graphdef"], policy["params"]
   engine = RolloutEngine(graphdef, model_cfg, configuration.engine_config(config, tok))
   prompts = [tok.encode(format_prompt(ex), add_bos=True) for ex in list(test_split)]
   temp = _TEMPERATURE.value
