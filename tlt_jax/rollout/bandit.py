@@ -8,9 +8,9 @@ Why a bandit, and why one per batch bucket:
   wide trees are nearly free to verify and every accepted token is a win; at batch 64 the target
   is compute bound, extra nodes cost real time, and plain decoding (or a short chain) can win.
   So each batch-size bucket keeps its own statistics per arm and learns its own best arm.
-* The reward is measured throughput: accepted tokens per second of one chunk, wall clock (the
-  engine divides it by the rows active at the chunk's start, so that arms tried late in a
-  rollout, when fewer rows remain, are not penalised for the phase they were tried in). That
+* The reward is measured speed: tokens per second of one chunk, wall clock, per row active
+  during the chunk (the engine's choice: a rollout ends when its longest row does, and dividing
+  by the active rows keeps rows that finish from crediting the arm that ran when they did). That
   counts everything (drafting, verification, acceptance, host overhead), so no cost model has to
   be right. Scales differ a lot between buckets, so rewards are normalised within a bucket (by the
   best current discounted mean) before the exploration bonus is added; one `exploration` value

@@ -842,16 +842,21 @@ class RolloutEngine:
       if compiled:
         entry["compile_s"] = compiled  # lazy pools: this chunk (or its rebuild) compiled
       if learn and full and tokens > 0:
-        # Reward: tokens/s of the chunk per row active at its start, less any compile it
-        # triggered (lazy pools). Per active row: a bucket's rows finish as the rollout
-        # goes on, so raw tokens/s would credit arms for the phase they happened to be
-        # tried in (every arm gains tokens in proportion to the active rows; the choice
-        # between arms is made at one state). Chunks cut short by the last row finishing
-        # are mostly fixed overhead: skipped. A speculative chunk after a plain one pays
-        # for rebuilding the drafter's cache: otherwise leaving the plain arm looks free
-        # and the bandit alternates too often.
+        # Reward: the speed of an active row, tokens per second per row active during the
+        # chunk, less any compile it triggered (lazy pools). The rollout ends when its
+        # longest row does, so a row's speed is what an arm should maximise; dividing by the
+        # rows active during the chunk (plain: tokens / steps; speculative: row-rounds /
+        # rounds) keeps rows that finish, early or late in a rollout, from crediting or
+        # penalising the arm that happened to run then. Chunks cut short by the last row
+        # finishing are mostly fixed overhead: skipped. A speculative chunk after a plain
+        # one pays for rebuilding the drafter's cache: otherwise leaving the plain arm looks
+        # free and the bandit alternates too often.
         run_s = dt + switch_s - compiled
-        entry["reward"] = tokens / max(run_s, 1e-6) / int(active.sum())
+        if arm == PLAIN:
+          mean_rows = tokens / max(int(ran), 1)
+        else:
+          mean_rows = entry["row_rounds"] / max(entry["rounds"], 1)
+        entry["reward"] = tokens / max(run_s, 1e-6) / mean_rows
         bandit.update(state.batch, arm, entry["reward"])
       timeline.append(
         {
