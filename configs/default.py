@@ -81,11 +81,22 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.engine.capture_hidden = True
   # Speculative decoding for batch buckets <= spec_threshold (0: off; it needs a
   # trained drafter, see experiments/train_drafter.py). Strategy names: "chain<depth>",
-  # "tree<depth>x<topk>x<nodes>"; the adaptive bandit also considers plain decode.
+  # "tree<depth>x<topk>x<nodes>" (the EAGLE drafter), "group<depth>" (drafts read off the
+  # prompt's sibling rows and earlier rollouts, no model), "hybrid<depth>" (per row the
+  # group draft where its match is long, the drafter's otherwise); the adaptive bandit also
+  # considers plain decode.
   c.engine.spec_threshold = 32  # used by modes sd and tlt only
   c.engine.spec_strategies = ("chain3", "chain6", "tree6x4x16")
   c.engine.spec_adaptive = True
   c.engine.spec_rounds = 8
+  # Group drafts: longest suffix compared, occurrences followed, the hybrid's switch (match
+  # length), sibling rows read, reference tokens per row, rollouts kept per prompt.
+  c.engine.group_ngram = 8
+  c.engine.group_candidates = 16
+  c.engine.group_min_match = 3
+  c.engine.group_siblings = 8
+  c.engine.group_reference_len = 2048
+  c.engine.group_history = 4
 
   # The EAGLE drafter (modes sd and tlt): warm start on the warm-start policy's rollouts,
   # then (tlt) online updates from each RL step's rollouts.

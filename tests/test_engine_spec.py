@@ -108,6 +108,64 @@ def test_spec_equals_plain(models, pool, strategy, sampling):
   np.testing.assert_allclose(spec.hidden[valid], plain.hidden[valid], atol=1e-4)
 
 
+@pytest.mark.parametrize("strategy", ["group4", "hybrid3"])
+@pytest.mark.parametrize("sampling", [GREEDY, SAMPLED], ids=["greedy", "t1"])
+def test_group_drafts_equal_plain(models, pool, strategy, sampling):
+  """Drafts from the group's text, alone or beside the drafter's: token-identical to plain
+  decoding, on a first rollout (siblings and the row's own text) and on a second of the same
+  prompts and key, whose drafts also read the first (the history): there they are right
+  most of the time, and still verified."""
+  _, tp, _, dp = models
+  plain = _run(_engine(models, pool, sampling, spec_threshold=0), tp, None, num_samples=4)
+  engine = _engine(models, pool, sampling, spec_strategies=(strategy,))
+  first = _run(engine, tp, dp, num_samples=4)
+  assert len(engine.history) == len(PROMPTS)
+  second = _run(engine, tp, dp, num_samples=4)
+  depth = SpecStrategy.parse(strategy).depth
+  for spec in (first, second):
+    assert "spec" in _phases(spec)
+    np.testing.assert_array_equal(spec.length, plain.length)
+    np.testing.assert_array_equal(spec.tokens, plain.tokens)
+    np.testing.assert_allclose(spec.logprobs, plain.logprobs, atol=2e-5)
+  assert first.spec_summary()["accepted_drafts"] < 0.9 * depth
+  assert second.spec_summary()["accepted_drafts"] > 0.5 * depth
+  corpus_entries = [e for e in second.timeline if "corpus_s" in e]
+  assert corpus_entries and all(e["corpus_s"] >= 0 for e in corpus_entries)
+
+
+def test_group_drafts_need_no_drafter(models, pool):
+  """An engine whose only strategy is group drafts runs speculative chunks without a drafter."""
+  tg, tp, _, _ = models
+  cfg = dataclasses.replace(ENGINE, spec_strategies=("group6",))
+  engine = RolloutEngine(tg, MODEL, cfg, SAMPLED, pool)
+  plain = _run(_engine(models, pool, SAMPLED, spec_threshold=0), tp, None, num_samples=4)
+  spec = _run(engine, tp, None, num_samples=4)
+  assert "spec" in _phases(spec) and "drafter_prefill" not in _phases(spec)
+  np.testing.assert_array_equal(spec.tokens, plain.tokens)
+
+
+def test_bandit_switches_between_group_and_drafter_arms(models, pool):
+  """Adaptive over plain, the drafter, group and hybrid drafts: every arm runs, switching from
+  a group chunk to a drafter one rebuilds the drafter's cache, and each rollout stays
+  token-identical to plain decoding for its key."""
+  _, tp, _, dp = models
+  strategies = ("chain3", "group4", "hybrid3")
+  engine = _engine(models, pool, SAMPLED, spec_strategies=strategies, spec_adaptive=True)
+  plain = _engine(models, pool, SAMPLED, spec_threshold=0)
+  arms, rebuilt_after_group = set(), 0
+  for key in (1, 2, 3):
+    want = _run(plain, tp, None, num_samples=4, key=key)
+    got = _run(engine, tp, dp, num_samples=4, key=key)
+    np.testing.assert_array_equal(got.tokens, want.tokens)
+    chunks = [e for e in got.timeline if e["phase"] in ("decode", "spec", "drafter_prefill")]
+    arms |= {e.get("strategy", "plain") for e in chunks if e["phase"] != "drafter_prefill"}
+    for prev, nxt in zip(chunks, chunks[1:]):
+      if prev.get("strategy") == "group4" and nxt["phase"] == "drafter_prefill":
+        rebuilt_after_group += 1
+  assert arms == {"plain", *strategies}
+  assert rebuilt_after_group > 0
+
+
 def test_threshold_switches_mid_rollout(models, pool):
   """Plain while the batch bucket is above the threshold, speculative below it; sampled
   output identical to plain decoding's."""
@@ -285,7 +343,7 @@ def test_each_sampling_configuration_learns_in_its_own_bandit(models, pool):
   assert engine.bandit.buckets
 
 
-def _rl_trainer(models, workdir, steps, **kwargs):
+def _rl_trainer(models, workdir, steps, engine_changes=None, **kwargs):
   """A GRPO trainer on PROMPTS (reward: a "7" in the completion) over an adaptive engine."""
   from rl_helpers import IdTokenizer, seven_reward, tiny_grpo
 
@@ -296,7 +354,11 @@ def _rl_trainer(models, workdir, steps, **kwargs):
   sampling = SamplingConfig(temperature=1.0)
   examples = [{"question": " ".join(map(str, p)), "answer": ""} for p in PROMPTS]
   engine = RolloutEngine(
-    tg, MODEL, dataclasses.replace(ENGINE, spec_adaptive=True), sampling, drafter_graphdef=dg
+    tg,
+    MODEL,
+    dataclasses.replace(ENGINE, spec_adaptive=True, **(engine_changes or {})),
+    sampling,
+    drafter_graphdef=dg,
   )
   return GRPOTrainer(
     tg,
@@ -332,6 +394,25 @@ def test_rl_trainer_rolls_out_with_the_drafter_and_checkpoints_the_bandit(models
   assert resumed.engine.bandit.state_dict() == saved
   # The frozen drafter is an input (the same params on resume), not checkpointed state.
   assert resumed.drafter_params is dp and not (tmp_path / "drafter_checkpoints").exists()
+
+
+def test_rl_trainer_checkpoints_the_group_history(models, tmp_path):
+  """Group drafts read each prompt's earlier rollouts: the history is saved with the RL
+  checkpoint and a resumed trainer drafts from the same one."""
+  dp = models[3]
+  changes = {"spec_strategies": ("chain3", "group4")}
+  first = _rl_trainer(models, tmp_path, 1, changes, drafter_params=dp)
+  first.run(progress=False)
+  saved = first.engine.history.state_dict()
+  assert len(first.engine.history) == 2  # the step's two prompts
+  resumed = _rl_trainer(models, tmp_path, 2, changes, drafter_params=dp)
+  assert resumed.step == 1
+  got = resumed.engine.history.state_dict()
+  assert sorted(got) == sorted(saved)
+  for k in saved:
+    np.testing.assert_array_equal(got[k], saved[k])
+  fresh = _rl_trainer(models, tmp_path / "other", 1, changes, drafter_params=dp)
+  assert len(fresh.engine.history) == 0
 
 
 def _online(models, **scheduler):

@@ -133,8 +133,10 @@ def verify_chain(
   key: jax.Array,
   seq_ids: Int[Array, " B"],
   base_pos: Int[Array, " B"],
+  valid: Bool[Array, "B N"] | None = None,
 ) -> VerifyResult:
-  """`verify_sampling` for a chain (parents[i] = i - 1, every node valid), vectorised.
+  """`verify_sampling` for a chain (parents[i] = i - 1), vectorised; `valid` marks the
+  drafted nodes (default all): no node at or past an invalid one is accepted.
 
   On a chain the walk's decision at node i only compares the draft token i + 1 with the
   target's choice at node i (the argmax, or the coupled draw at position base + i + 1),
@@ -152,6 +154,8 @@ def verify_chain(
     keys = sequence_keys(key, seq.reshape(-1), pos.reshape(-1))
     choice = gumbel_argmax(keys, z.reshape(-1, z.shape[-1])).reshape(pos.shape)
   match = tokens[:, 1:] == choice[:, :-1]  # [B, N - 1]: draft i + 1 is the choice at node i
+  if valid is not None:
+    match = match & jnp.asarray(valid, bool)[:, 1:]
   num_accepted = jnp.sum(jnp.cumprod(match.astype(jnp.int32), axis=1), axis=1).astype(jnp.int32)
   cols = jnp.arange(n)[None]
   kept = cols <= num_accepted[:, None]

@@ -286,12 +286,12 @@ class GRPOTrainer:
     meta = {"step": self.step, "cursor": self.cursor}
     if self.engine.bandit is not None:
       meta["bandit"] = self.engine.bandit.state_dict()
-    self.ckpt.save(
-      self.step,
-      args=ocp.args.Composite(
-        state=ocp.args.StandardSave(self._pytree()), meta=ocp.args.JsonSave(meta)
-      ),
-    )
+    items = {"state": ocp.args.StandardSave(self._pytree())}
+    if self.engine.history is not None:
+      # Group drafts read each prompt's earlier rollouts: a resumed run keeps them.
+      meta["history"] = True
+      items["history"] = ocp.args.StandardSave(self.engine.history.state_dict())
+    self.ckpt.save(self.step, args=ocp.args.Composite(meta=ocp.args.JsonSave(meta), **items))
     if self.scheduler is not None:
       # The write runs in orbax's threads: a device slice for the drafter.
       self.scheduler.fill("checkpoint", self.ckpt.is_saving_in_progress, self.params)
@@ -345,6 +345,9 @@ class GRPOTrainer:
     self.step, self.cursor = int(got["meta"]["step"]), int(got["meta"]["cursor"])
     if self.engine.bandit is not None and "bandit" in got["meta"]:
       self.engine.bandit.load_state_dict(got["meta"]["bandit"])
+    if self.engine.history is not None and got["meta"].get("history"):
+      hist = self.ckpt.restore(last, args=ocp.args.Composite(history=ocp.args.StandardRestore()))
+      self.engine.history.load_state_dict(dict(hist["history"]))
     if with_drafter:
       d = self.drafter_ckpt.restore(
         last,

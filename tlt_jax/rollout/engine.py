@@ -38,6 +38,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from tlt_jax.decode import drafting
+from tlt_jax.decode.group_drafts import GroupCorpus, GroupMatch
 from tlt_jax.decode.sampling import SamplingConfig
 from tlt_jax.models.config import ModelConfig
 from tlt_jax.models.drafter import check_drafter_matches
@@ -45,11 +46,17 @@ from tlt_jax.models.transformer import KVCache
 from tlt_jax.parallel.meshes import BatchPlacement
 from tlt_jax.rollout import programs
 from tlt_jax.rollout.bandit import StrategyBandit
+from tlt_jax.rollout.history import PromptHistory, reference_line
 from tlt_jax.rollout.pool import ExecutablePool
 from tlt_jax.rollout.speculative import SpecStrategy, spec_decode_chunk
 from tlt_jax.rollout.state import RolloutState, power_of_two_buckets, round_up
 
 PLAIN = "plain"  # the bandit arm that runs plain decode
+
+
+def _completion(harvested: dict[str, np.ndarray]) -> np.ndarray:
+  """The generated tokens of one harvested row."""
+  return harvested["tokens"][harvested["prompt_len"] : harvested["length"]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +81,13 @@ class EngineConfig:
     spec_adaptive: a bandit per batch bucket picks among plain decode and the
       strategies by measured tokens/s; False always uses the first strategy.
     spec_rounds: draft-verify rounds per speculative device call.
+    group_ngram / group_candidates / group_min_match: group drafts' match settings
+      (`decode.group_drafts.GroupMatch`).
+    group_siblings: sibling rows (same prompt, the row itself included) a row's group
+      drafts read from the batch.
+    group_reference_len: tokens of each row's reference line (its prompt's earlier
+      rollouts and finished siblings, newest kept).
+    group_history: rollouts per prompt the engine remembers for group drafts (0: none).
   """
 
   max_prompt_len: int = 64
@@ -91,6 +105,12 @@ class EngineConfig:
   spec_strategies: tuple[str, ...] = ("chain4",)
   spec_adaptive: bool = True
   spec_rounds: int = 8
+  group_ngram: int = 8
+  group_candidates: int = 16
+  group_min_match: int = 3
+  group_siblings: int = 8
+  group_reference_len: int = 2048
+  group_history: int = 4
 
   def __post_init__(self):
     for name in (
@@ -102,6 +122,8 @@ class EngineConfig:
       "min_cache_bucket",
       "min_prompt_bucket",
       "spec_rounds",
+      "group_siblings",
+      "group_reference_len",
     ):
       v = getattr(self, name)
       if not isinstance(v, int) or v <= 0:
@@ -125,6 +147,10 @@ class EngineConfig:
       raise ValueError(f"EngineConfig.spec_strategies has duplicates: {names!r}")
     if t and not self.capture_hidden:
       raise ValueError("speculative decoding (spec_threshold > 0) needs capture_hidden=True")
+    _ = self.group_match  # validates the match settings
+    h = self.group_history
+    if isinstance(h, bool) or not isinstance(h, int) or h < 0:
+      raise ValueError(f"EngineConfig.group_history must be an int >= 0, got {h!r}")
 
   @property
   def slots(self) -> int:
@@ -134,6 +160,20 @@ class EngineConfig:
   @property
   def strategies(self) -> tuple[SpecStrategy, ...]:
     return tuple(SpecStrategy.parse(n) for n in self.spec_strategies)
+
+  @property
+  def group_match(self) -> GroupMatch:
+    return GroupMatch(self.group_ngram, self.group_candidates, self.group_min_match)
+
+  @property
+  def uses_group(self) -> bool:
+    """Some strategy drafts from the group's text."""
+    return bool(self.spec_threshold) and any(s.uses_group for s in self.strategies)
+
+  @property
+  def needs_drafter(self) -> bool:
+    """Some strategy runs the EAGLE drafter."""
+    return bool(self.spec_threshold) and any(s.uses_drafter for s in self.strategies)
 
   @property
   def cache_slots(self) -> int:
@@ -268,10 +308,15 @@ class RolloutEngine:
     for t in config.stop_tokens:
       if t >= model_config.vocab_size:
         raise ValueError(f"stop token {t} outside the vocabulary (size {model_config.vocab_size})")
-    if config.spec_threshold and drafter_graphdef is None:
+    if config.needs_drafter and drafter_graphdef is None:
       raise ValueError(
-        "speculative decoding is on (spec_threshold > 0) but no drafter_graphdef was given"
+        "speculative decoding with drafter strategies is on (spec_threshold > 0) but no "
+        "drafter_graphdef was given"
       )
+    # Group drafts: each prompt's earlier rollouts (checkpointed with the bandit).
+    self.history = None
+    if config.uses_group:
+      self.history = PromptHistory(config.group_history, context=config.group_ngram)
     self.strategies = {s.name: s for s in config.strategies}
     self.bandit = None
     if config.spec_threshold and config.spec_adaptive:
@@ -357,7 +402,7 @@ class RolloutEngine:
     dview = min(view_len + cfg.drafter_margin, cfg.drafter_slots)
     static = self._static(sampling)
 
-    def fn(tparams, dparams, state, dcache, dlen, key, rounds):
+    def fn(tparams, dparams, state, dcache, dlen, corpus, key, rounds):
       return spec_decode_chunk(
         self.graphdef,
         tparams,
@@ -372,6 +417,8 @@ class RolloutEngine:
         strategy=strategy,
         view_len=view_len,
         drafter_view_len=dview,
+        corpus=corpus,
+        group_match=cfg.group_match,
       )
 
     key = (
@@ -385,9 +432,28 @@ class RolloutEngine:
       cfg.drafter_slots,
       static,
       self.model_config,
-      self.drafter_graphdef,
+      self.drafter_graphdef if strategy.uses_drafter else None,
+      (cfg.group_match, cfg.group_siblings, cfg.group_reference_len)
+      if strategy.uses_group
+      else None,
     )
     return self.pool.get(key, fn, args, donate_argnums=(2, 3))
+
+  def _corpus(self, siblings: np.ndarray, reference: np.ndarray) -> GroupCorpus:
+    """Device corpus of a chunk: siblings [B, W] and per-row reference lines [B, R]."""
+    rows = np.where(siblings[:, 0] >= 0, np.arange(len(siblings)), -1).astype(np.int32)
+    return self._rows(
+      GroupCorpus(
+        siblings=jnp.asarray(siblings, jnp.int32),
+        reference=jnp.asarray(reference, jnp.int32),
+        row_reference=jnp.asarray(rows),
+      )
+    )
+
+  def _empty_corpus(self, batch: int) -> GroupCorpus:
+    cfg = self.config
+    sib = np.full((batch, cfg.group_siblings), -1, np.int32)
+    return self._corpus(sib, np.full((batch, cfg.group_reference_len), -1, np.int32))
 
   def _drafter_prefill_exe(self, width: int, args):
     cfg = self.config
@@ -513,7 +579,8 @@ class RolloutEngine:
           rows = jnp.zeros((b2,), jnp.int32)
           self._take_exe((state, rows, rows > 0))
       self._harvest_exe((state, jnp.zeros((b,), jnp.int32)))
-      if drafter_params is not None and cfg.spec_threshold and b <= cfg.spec_threshold:
+      spec = drafter_params is not None or not cfg.needs_drafter
+      if spec and cfg.spec_threshold and b <= cfg.spec_threshold:
         self._warmup_spec(self._rep(params, b), self._rep(drafter_params, b), sampling, state)
     if self.placement is not None:
       self.placement.clear()
@@ -522,20 +589,28 @@ class RolloutEngine:
   def _warmup_spec(self, params, drafter_params, sampling, state: RolloutState) -> None:
     cfg, key = self.config, self._rep(jax.random.key(0), state.batch)
     dstate = None
-    for width in sorted({min(v, cfg.slots) for v in cfg.view_buckets}):
-      args = (params, drafter_params, state)
-      dstate = self._rows(self._drafter_prefill_exe(width, args)(*args))
+    if cfg.needs_drafter:
+      for width in sorted({min(v, cfg.slots) for v in cfg.view_buckets}):
+        args = (params, drafter_params, state)
+        dstate = self._rows(self._drafter_prefill_exe(width, args)(*args))
+    corpus = self._empty_corpus(state.batch) if cfg.uses_group else None
     for strategy in cfg.strategies:
       for view in cfg.view_buckets:
         if view >= strategy.nodes:
           # Run each once (zero rounds): first executions carry one-time costs
           # that would otherwise land in the bandit's first measurements.
-          args = (params, drafter_params, state, *dstate, key, np.int32(0))
+          if strategy.uses_drafter:
+            args = (params, drafter_params, state, *dstate)
+          else:
+            args = (params, None, state, None, None)
+          args += (corpus if strategy.uses_group else None, key, np.int32(0))
           state, dcache, dlen, _ = self._spec_exe(sampling, strategy, view, args)(*args)
-          dstate = (dcache, dlen)  # a tuple, as in generate: the pytree types must match
-    for b2 in cfg.batch_buckets:
-      if b2 < state.batch:
-        self._drafter_take_exe((dstate, jnp.zeros((b2,), jnp.int32)))
+          if strategy.uses_drafter:
+            dstate = (dcache, dlen)  # a tuple, as in generate: the pytree types must match
+    if dstate is not None:
+      for b2 in cfg.batch_buckets:
+        if b2 < state.batch:
+          self._drafter_take_exe((dstate, jnp.zeros((b2,), jnp.int32)))
 
   @staticmethod
   def _exploits_plain(bandit: StrategyBandit, bucket: int) -> bool:
@@ -697,9 +772,32 @@ class RolloutEngine:
       got = jax.device_get(self._harvest_exe(args)(*args))
       for j in range(rows.size):
         outputs[int(got["seq_id"][j]) - seq_id_offset] = {k: v[j] for k, v in got.items()}
+      nonlocal group_corpus
+      group_corpus = None  # finished rows move from the live siblings to the reference
+
+    # Group drafts: the corpus of the current layout (built on the first group chunk after
+    # a change; the siblings' progress is read on the device).
+    group_corpus: GroupCorpus | None = None
+
+    def build_corpus() -> GroupCorpus:
+      w, r = cfg.group_siblings, cfg.group_reference_len
+      row_prompt = np.where(row_seq >= 0, (row_seq - seq_id_offset) // num_samples, -1)
+      siblings = np.full((state.batch, w), -1, np.int32)
+      reference = np.full((state.batch, r), -1, np.int32)
+      for p in np.unique(row_prompt[row_prompt >= 0]):
+        rows = np.flatnonzero(row_prompt == p)
+        pieces = self.history.pieces(prompts[p])
+        for n in range(p * num_samples, (p + 1) * num_samples):
+          if n in outputs:  # finished and harvested: no longer in the batch
+            pieces.append(self.history.with_context(prompts[p], _completion(outputs[n])))
+        line = reference_line(pieces, r)
+        for i in rows:
+          siblings[i, : min(w, rows.size)] = np.concatenate([[i], rows[rows != i]])[:w]
+          reference[i] = line
+      return self._corpus(siblings, reference)
 
     max_len = np.asarray(state.max_len)
-    spec_on = bool(cfg.spec_threshold) and drafter_params is not None
+    spec_on = bool(cfg.spec_threshold) and (drafter_params is not None or not cfg.needs_drafter)
     bandit = self.bandit_for(sampling)
     dstate = None  # (drafter cache, drafter_len) in step with `state`, or None
     push_forced = False  # the drafter cache was dropped for a pushed drafter version
@@ -792,7 +890,7 @@ class RolloutEngine:
         # [L - 1, L - 1 + N); rows reaching max_len stop.
         last = np.minimum(length + (rounds - 1) * strategy.max_emit, max_len - 1)
         view = round_up(int((last - 1 + strategy.nodes)[active].max()), cfg.view_buckets)
-        if dstate is None:
+        if strategy.uses_drafter and dstate is None:
           width = min(view, cfg.slots)
           args = (self._rep(params, state.batch), self._rep(drafter_params, state.batch), state)
           dstate = self._rows(self._drafter_prefill_exe(width, args)(*args))
@@ -817,16 +915,23 @@ class RolloutEngine:
             push_forced = False
           t0 = time.perf_counter()
         b = state.batch
-        args = (
-          self._rep(params, b),
-          self._rep(drafter_params, b),
-          state,
-          *dstate,
-          self._rep(key, b),
-          np.int32(rounds),
-        )
+        corpus, corpus_s = None, 0.0
+        if strategy.uses_group:
+          if group_corpus is None:
+            t_corpus = time.perf_counter()
+            group_corpus = build_corpus()
+            corpus_s = time.perf_counter() - t_corpus
+          corpus = group_corpus
+        if strategy.uses_drafter:
+          args = (self._rep(params, b), self._rep(drafter_params, b), state, *dstate)
+        else:
+          args = (self._rep(params, b), None, state, None, None)
+        args += (corpus, self._rep(key, b), np.int32(rounds))
         state, dcache, dlen, stats = self._spec_exe(sampling, strategy, view, args)(*args)
-        dstate = (dcache, dlen)
+        if strategy.uses_drafter:
+          dstate = (dcache, dlen)
+        else:  # the drafter's cache did not follow: the next drafter chunk rebuilds it
+          dstate, push_forced = None, False
         length, done, stats = jax.device_get((state.length, state.done, stats))
         full = stats.rounds == rounds
         entry = {
@@ -836,6 +941,8 @@ class RolloutEngine:
           "row_rounds": int(stats.row_rounds.sum()),
           "accepted": int(stats.accepted.sum()),
         }
+        if strategy.uses_group:
+          entry["corpus_s"] = corpus_s  # host time building the group corpus (in dt)
       dt = time.perf_counter() - t0
       tokens = int(length[active].sum()) - before
       compiled = self.pool.compile_seconds - compile_s
@@ -873,6 +980,12 @@ class RolloutEngine:
       call_hook(0, 0)  # the last push-forced rebuild's report
     collect(np.nonzero(row_seq >= 0)[0])
     wall = time.perf_counter() - start
+    if self.history is not None and sampling == self.sampling:
+      # The engine's own rollouts (not evaluation at another temperature) feed the history.
+      for p, prompt in enumerate(prompts):
+        group = range(p * num_samples, (p + 1) * num_samples)
+        texts = [_completion(outputs[n]) for n in group]
+        self.history.add(prompt, texts)
     return self._assemble(outputs, n_rows, num_samples, timeline, wall)
 
   def _assemble(self, outputs, n_rows, num_samples, timeline, wall) -> RolloutResult:

@@ -41,6 +41,13 @@ from jaxtyping import Array, Bool, Int
 
 from tlt_jax.decode import drafting
 from tlt_jax.decode.drafting import Draft
+from tlt_jax.decode.group_drafts import (
+  DEFAULT_MATCH,
+  GroupCorpus,
+  GroupMatch,
+  choose_drafts,
+  group_chain,
+)
 from tlt_jax.decode.tree import ancestor_mask
 from tlt_jax.decode.verify import verify_chain, verify_sampling
 from tlt_jax.models.transformer import KVCache, Transformer
@@ -53,12 +60,18 @@ from tlt_jax.rollout.state import RolloutState
 DraftFn = Callable[[RolloutState, KVCache, jax.Array], tuple[Draft, KVCache]]
 
 
+KINDS = ("chain", "tree", "group", "hybrid")
+
+
 @dataclasses.dataclass(frozen=True)
 class SpecStrategy:
   """How drafts are shaped (static: part of the program's cache key).
 
   Attributes:
-    kind: "chain" (top-1 chain of `depth` tokens) or "tree" (EAGLE-2 tree).
+    kind: "chain" (top-1 chain of `depth` tokens), "tree" (EAGLE-2 tree), "group" (a
+      chain read off the group's own text, `decode.group_drafts`; no drafter runs) or
+      "hybrid" (per row, the group chain where its match is long, the drafter's chain
+      otherwise).
     depth: draft depth (tokens after the root on the longest path).
     topk: tree branching (children proposed per expanded node); ignored by chains.
     num_nodes: tree size, root included; ignored by chains (depth + 1).
@@ -74,8 +87,10 @@ class SpecStrategy:
   coupled: bool = True
 
   def __post_init__(self):
-    if self.kind not in ("chain", "tree"):
-      raise ValueError(f'kind must be "chain" or "tree", got {self.kind!r}')
+    if self.kind not in KINDS:
+      raise ValueError(f"kind must be one of {KINDS}, got {self.kind!r}")
+    if self.kind == "group" and not self.coupled:
+      raise ValueError("group drafts use no drafter: there is no '-argmax' variant")
     if not isinstance(self.depth, int) or self.depth < 1:
       raise ValueError(f"depth must be an int >= 1, got {self.depth!r}")
     if self.kind == "tree":
@@ -87,28 +102,30 @@ class SpecStrategy:
 
   @classmethod
   def parse(cls, name: str) -> SpecStrategy:
-    """From a name: "chain<depth>" (e.g. "chain4") or "tree<depth>x<topk>x<nodes>"
-    (e.g. "tree5x4x16": depth 5, top-4 expansion, 16 nodes verified), optionally
-    followed by "-argmax" (uncoupled drafts, see `coupled`)."""
+    """From a name: "chain<depth>" (e.g. "chain4"), "tree<depth>x<topk>x<nodes>"
+    (e.g. "tree5x4x16": depth 5, top-4 expansion, 16 nodes verified), "group<depth>" or
+    "hybrid<depth>"; drafter strategies optionally followed by "-argmax" (uncoupled
+    drafts, see `coupled`)."""
     if isinstance(name, SpecStrategy):
       return name
     if not isinstance(name, str):
       raise ValueError(f"a strategy name must be a str, got {name!r}")
     base, argmax = name.removesuffix("-argmax"), name.endswith("-argmax")
-    if m := re.fullmatch(r"chain(\d+)", base):
-      return cls("chain", depth=int(m[1]), coupled=not argmax)
+    if m := re.fullmatch(r"(chain|group|hybrid)(\d+)", base):
+      return cls(m[1], depth=int(m[2]), coupled=not argmax)
     if m := re.fullmatch(r"tree(\d+)x(\d+)x(\d+)", base):
       return cls("tree", depth=int(m[1]), topk=int(m[2]), num_nodes=int(m[3]), coupled=not argmax)
     raise ValueError(
-      f"unknown speculative strategy {name!r}: expected 'chain<depth>' (e.g. 'chain4') or "
-      f"'tree<depth>x<topk>x<nodes>' (e.g. 'tree5x4x16'), optionally with '-argmax'"
+      f"unknown speculative strategy {name!r}: expected 'chain<depth>' (e.g. 'chain4'), "
+      f"'tree<depth>x<topk>x<nodes>' (e.g. 'tree5x4x16'), 'group<depth>' or "
+      f"'hybrid<depth>', optionally with '-argmax'"
     )
 
   @property
   def name(self) -> str:
     """The strategy's name, inverse of `parse`."""
-    if self.kind == "chain":
-      base = f"chain{self.depth}"
+    if self.kind != "tree":
+      base = f"{self.kind}{self.depth}"
     else:
       base = f"tree{self.depth}x{self.topk}x{self.num_nodes}"
     return base if self.coupled else f"{base}-argmax"
@@ -116,7 +133,7 @@ class SpecStrategy:
   @property
   def nodes(self) -> int:
     """N: draft nodes scored by the target per round, root included."""
-    return self.depth + 1 if self.kind == "chain" else self.num_nodes
+    return self.num_nodes if self.kind == "tree" else self.depth + 1
 
   @property
   def max_emit(self) -> int:
@@ -126,8 +143,23 @@ class SpecStrategy:
   @property
   def drafter_slots(self) -> int:
     """Drafter cache slots a round uses beyond drafter_len (drafting or extending)."""
-    draft = self.depth if self.kind == "chain" else drafting.tree_slots(self.depth, self.topk)
+    if self.kind == "group":
+      return 0
+    draft = drafting.tree_slots(self.depth, self.topk) if self.kind == "tree" else self.depth
     return max(draft, self.max_emit)
+
+  @property
+  def is_chain(self) -> bool:
+    """Drafts are chains (every kind but trees): causal forward, vectorised verification."""
+    return self.kind != "tree"
+
+  @property
+  def uses_drafter(self) -> bool:
+    return self.kind != "group"
+
+  @property
+  def uses_group(self) -> bool:
+    return self.kind in ("group", "hybrid")
 
 
 # The parts of a round, in order (`stop_after` truncates rounds after one for profiling).
@@ -261,6 +293,8 @@ def spec_decode_chunk(
   drafter_view_len: int | None = None,
   draft_fn: DraftFn | None = None,
   stop_after: str | None = None,
+  corpus: GroupCorpus | None = None,
+  group_match: GroupMatch = DEFAULT_MATCH,
 ) -> tuple[RolloutState, KVCache, jax.Array, SpecStats]:
   """Runs up to `num_rounds` (traced) speculative rounds in a device loop.
 
@@ -280,10 +314,17 @@ def spec_decode_chunk(
       after this stage, one of `STAGES[:-1]`, carrying what it computed so the
       next round depends on it (no loop-invariant work to hoist). The state is
       then not a rollout's: only the timing means anything.
+    corpus: the group's text (group and hybrid strategies, `decode.group_drafts`).
+    group_match: the match settings of group drafts.
+
+  Group strategies run no drafter: the drafter arguments may be None, and the drafter
+  cache comes back as it went in (stale: the caller rebuilds it before a drafter round).
 
   Returns:
     (state, drafter_cache, drafter_len, stats).
   """
+  if strategy.uses_group and corpus is None:
+    raise ValueError(f"strategy {strategy.name} drafts from the group's text: pass a corpus")
   if not static.capture_hidden:
     raise ValueError("speculative decoding needs static.capture_hidden (the drafter's input)")
   if stop_after is not None and stop_after not in STAGES[:-1]:
@@ -292,19 +333,27 @@ def spec_decode_chunk(
   if not n <= view_len <= state.cache.slots:
     raise ValueError(f"need {n} <= view_len <= {state.cache.slots}, got view_len={view_len}")
   model: Transformer = nnx.merge(target_graphdef, target_params)
-  dview = drafter_cache.slots if drafter_view_len is None else drafter_view_len
+  dview = drafter_view_len
+  if dview is None and drafter_cache is not None:
+    dview = drafter_cache.slots
   dfwd = (drafter_graphdef, drafter_params, target_graphdef, target_params)
   cols = jnp.arange(n)[None]
 
   def draft(st: RolloutState, dcache: KVCache, dlen: jax.Array) -> tuple[Draft, KVCache]:
     if draft_fn is not None:
       return draft_fn(st, dcache, dlen)
+    if strategy.uses_group:
+      group, match_len = group_chain(
+        st.tokens, st.length, corpus, depth=strategy.depth, match=group_match
+      )
+      if strategy.kind == "group":
+        return group, dcache
     root_tok, root_feat = drafting.draft_roots(st.tokens, st.hidden, st.length)
     coupling = None
     if strategy.coupled:
       coupling = drafting.Coupling(key, st.seq_id, st.length - 1, static.sampling)
-    if strategy.kind == "chain":
-      return drafting.draft_chain(
+    if strategy.is_chain:
+      eagle, dcache = drafting.draft_chain(
         *dfwd,
         root_tok,
         root_feat,
@@ -314,6 +363,10 @@ def spec_decode_chunk(
         view_len=dview,
         coupling=coupling,
       )
+      if strategy.kind == "hybrid":
+        use_group = (match_len >= group_match.min_match) & group.valid[:, 1]
+        return choose_drafts(use_group, group, eagle), dcache
+      return eagle, dcache
     return drafting.draft_tree(
       *dfwd,
       root_tok,
@@ -342,7 +395,7 @@ def spec_decode_chunk(
 
     # 2. One target pass over the N nodes at slots [base, base + N).
     positions = base[:, None] + dr.depth
-    if strategy.kind == "chain":
+    if strategy.is_chain:
       # A chain's ancestor mask is causal: the shared default suffices.
       h, cache, _ = model(dr.tokens, positions, cache=st.cache, cache_len=base, view_len=view_len)
     else:
@@ -360,8 +413,10 @@ def spec_decode_chunk(
       )
 
     # 3. Verify (chains: every node's choice at once, see `verify_chain`).
-    if strategy.kind == "chain" and draft_fn is None:
-      vr = verify_chain(dr.tokens, model.logits(h), static.sampling, key, st.seq_id, base)
+    if strategy.is_chain and draft_fn is None:
+      vr = verify_chain(
+        dr.tokens, model.logits(h), static.sampling, key, st.seq_id, base, valid=dr.valid
+      )
     else:
       vr = verify_sampling(
         dr.tokens,
@@ -385,7 +440,7 @@ def spec_decode_chunk(
     path = jnp.maximum(vr.path, 0)
     # The features of the root and the kept path nodes: f_base .. f_{length - 2}.
     feats = jnp.take_along_axis(h, path[:, :, None], axis=1)
-    if strategy.kind == "chain" and draft_fn is None:
+    if strategy.is_chain and draft_fn is None:
       # A chain's accepted nodes already sit in consecutive slots from the root's: nothing
       # to move. Finished rows keep the forward's writes (module docstring).
       committed = cache
@@ -401,6 +456,16 @@ def spec_decode_chunk(
     )
     if stop_after == "commit":
       return new_st, dcache_drafted, dlen, count_round(stats, vr.num_accepted)
+
+    act = active.astype(jnp.int32)
+    stats = SpecStats(
+      rounds=stats.rounds + 1,
+      accepted=stats.accepted + act * vr.num_accepted,
+      emitted=stats.emitted + count,
+      row_rounds=stats.row_rounds + act,
+    )
+    if not strategy.uses_drafter:
+      return new_st, dcache, dlen, stats
 
     # 5. Commit the new drafter pairs (x_{t+1}, f_t), t = length_old - 2 .. length - 3.
     # The max_emit-wide windows may reach past the buffer end (a row within max_emit
@@ -418,14 +483,6 @@ def spec_decode_chunk(
     keep = lambda new, old: jnp.where(active[:, None, None, None], new, old)
     dcache = jax.tree.map(keep, dcache_ext, dcache)
     dlen = jnp.where(active, length - 2, dlen)
-
-    act = active.astype(jnp.int32)
-    stats = SpecStats(
-      rounds=stats.rounds + 1,
-      accepted=stats.accepted + act * vr.num_accepted,
-      emitted=stats.emitted + count,
-      row_rounds=stats.row_rounds + act,
-    )
     return new_st, dcache, dlen, stats
 
   def cond(carry):
@@ -434,6 +491,7 @@ def spec_decode_chunk(
 
   zeros = jnp.zeros((state.batch,), jnp.int32)
   stats = SpecStats(rounds=jnp.int32(0), accepted=zeros, emitted=zeros, row_rounds=zeros)
-  init = (state, drafter_cache, drafter_len.astype(jnp.int32), stats)
+  dlen0 = None if drafter_len is None else drafter_len.astype(jnp.int32)
+  init = (state, drafter_cache, dlen0, stats)
   state, drafter_cache, drafter_len, stats = lax.while_loop(cond, round_, init)
   return state, drafter_cache, drafter_len, stats
