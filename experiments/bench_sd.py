@@ -59,6 +59,7 @@ from tlt_jax.data.tasks import format_prompt, format_target  # noqa: E402
 from tlt_jax.decode.sampling import SamplingConfig  # noqa: E402
 from tlt_jax.models.drafter import init_drafter  # noqa: E402
 from tlt_jax.rollout.engine import EngineConfig, RolloutEngine  # noqa: E402
+from tlt_jax.rollout.history import PromptHistory  # noqa: E402
 from tlt_jax.rollout.pool import ExecutablePool  # noqa: E402
 from tlt_jax.rollout.profile import round_costs  # noqa: E402
 from tlt_jax.rollout.speculative import STAGES  # noqa: E402
@@ -83,6 +84,15 @@ _CALLS = flags.DEFINE_integer(
 )
 _ROUNDS = flags.DEFINE_integer("spec_rounds", 8, "speculative rounds per device call")
 _DRAFTER = flags.DEFINE_string("drafter", "drafter", "<workdir>/<drafter>: the drafter's params")
+_SAMPLES = flags.DEFINE_integer(
+  "samples", 1, "G: rows per prompt (min(G, B)), as in GRPO; group drafts read the siblings"
+)
+_HISTORY = flags.DEFINE_integer(
+  "history_rollouts",
+  0,
+  "earlier rollouts of each prompt (other keys, plain decode) in the group-draft history of "
+  "every timed run; 0: group drafts read only the rollout's own rows",
+)
 _RANDOM_DRAFTER = flags.DEFINE_bool(
   "random_drafter", False, "untrained drafter (smoke runs of the script only)"
 )
@@ -168,12 +178,28 @@ def main(argv):
       )
     for temp in temps:
       sampling = SamplingConfig(temperature=temp)
-      batch_prompts = prompts[:b]
+      g = min(_SAMPLES.value, b)
+      batch_prompts = prompts[: max(1, b // g)]
+      # Group drafts read a fixed history in every run (none by default): runs of the same
+      # prompts must not read each other (the same keys give the same text).
+      seeded = _seed_history(engines["plain"], params, batch_prompts, g, sampling)
 
-      def run(mode, key, engines=engines, batch_prompts=batch_prompts, sampling=sampling):
-        return engines[mode].generate(
+      def run(
+        mode,
+        key,
+        engines=engines,
+        batch_prompts=batch_prompts,
+        sampling=sampling,
+        g=g,
+        seeded=seeded,
+      ):
+        engine = engines[mode]
+        if engine.history is not None:
+          engine.history.load_state_dict(seeded)
+        return engine.generate(
           params,
           batch_prompts,
+          g,
           key=key,
           sampling=sampling,
           drafter_params=None if mode == "plain" else dparams,
@@ -181,7 +207,11 @@ def main(argv):
 
       for mode in modes:  # compile every program B can use, then let the bandit learn
         engines[mode].warmup(
-          params, sampling, num_prompts=[b], drafter_params=None if mode == "plain" else dparams
+          params,
+          sampling,
+          num_prompts=[len(batch_prompts)],
+          num_samples=g,
+          drafter_params=None if mode == "plain" else dparams,
         )
         for i in range(_LEARN.value if mode == "adaptive" else 1):
           run(mode, 1000 + i)
@@ -227,7 +257,10 @@ def main(argv):
           "between_calls_ms_per_round": ms([between_s, round_s[1]]),
           "tokens": int(results[mode][-1].num_generated.sum()),
           "calls_per_rep": calls,
+          "samples": g,
+          "history_rollouts": _HISTORY.value,
           "chunks_by_arm": chosen,
+          "corpus_ms_per_chunk": _corpus_ms(results[mode]),
         }
         batch_rows.append(row)
       fixed = [r for r in batch_rows if r["config"] in strategies]
@@ -241,7 +274,9 @@ def main(argv):
         print(json.dumps(row), flush=True)
       if b in [int(x) for x in _PROFILE.value]:
         for strategy in _PROFILE_ARMS.value or strategies:
-          prof = round_costs(engines[strategy], params, dparams, batch_prompts, sampling, strategy)
+          prof = round_costs(
+            engines[strategy], params, dparams, batch_prompts, sampling, strategy, num_samples=g
+          )
           (measured,) = [r for r in batch_rows if r["config"] == strategy]
           prof["measured_round_ms"] = measured["ms_per_round"]
           prof["between_calls_ms_per_round"] = measured["between_calls_ms_per_round"]
@@ -274,6 +309,23 @@ def main(argv):
   print("\n" + format_host(host))
   _table(rows, modes, temps)
   _cost_table(profiles)
+
+
+def _seed_history(engine, params, prompts, g, sampling) -> dict:
+  """State of a group-draft history holding `--history_rollouts` earlier rollouts of each
+  prompt (plain decode, keys no timed run uses)."""
+  history = PromptHistory(max(_HISTORY.value, 1), context=engine.config.group_ngram)
+  for i in range(_HISTORY.value):
+    r = engine.generate(params, prompts, g, key=50_000 + i, sampling=sampling)
+    for p, prompt in enumerate(prompts):
+      history.add(prompt, [r.completion(n) for n in range(p * g, (p + 1) * g)])
+  return history.state_dict()
+
+
+def _corpus_ms(results) -> float | None:
+  """Host ms per group chunk spent building the group corpus (None: no group chunk)."""
+  got = [e["corpus_s"] for r in results for e in r.timeline if "corpus_s" in e]
+  return 1e3 * float(np.mean(got)) if got else None
 
 
 def _plot(rows, modes, temps, path):

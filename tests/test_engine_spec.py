@@ -658,3 +658,17 @@ def test_round_costs_profile_every_stage_of_the_engines_round(models, pool, samp
     prof["round_ms"] / prof["step_ms"]
   )
   assert 1.0 <= prof["accept_length"] <= SpecStrategy.parse("chain3").max_emit
+
+
+def test_round_costs_of_group_drafts(models, pool):
+  """Group drafts profile with sibling rows (num_samples per prompt); no drafter runs, so the
+  round has no drafter-cache extension to pay for."""
+  from tlt_jax.rollout.profile import round_costs
+
+  _, tp, _, dp = models
+  engine = _engine(models, pool, SAMPLED, spec_strategies=("group4",))
+  prof = round_costs(
+    engine, tp, dp, PROMPTS[:2], SAMPLED, "group4", rounds=3, reps=1, num_samples=2
+  )
+  assert prof["batch"] == 4 and prof["strategy"] == "group4"
+  assert 1.0 <= prof["accept_length"] <= 5.0

@@ -56,8 +56,10 @@ def round_costs(
   rounds: int = 12,
   reps: int = 7,
   context_steps: int = 32,
+  num_samples: int = 1,
 ) -> dict[str, Any]:
-  """Per-round device cost of each stage of `strategy` on `prompts` (one row each).
+  """Per-round device cost of each stage of `strategy` on `prompts` (`num_samples` rows
+  each; group drafts read the sibling rows, no history).
 
   Returns ms per decode step, ms per round cumulative up to each stage
   (`cumulative_ms`), each stage's own ms (`stage_ms`) and its cost in decode steps
@@ -68,6 +70,7 @@ def round_costs(
   # the engine's own, at a cache bucket that fits them).
   need = context_steps + rounds * strategy.max_emit + 1
   cfg = dataclasses.replace(engine.config, max_new_tokens=max(engine.config.max_new_tokens, need))
+  prompts = [p for p in prompts for _ in range(num_samples)]
   b = len(prompts)
   lens = np.array([len(p) for p in prompts], np.int32)
   prompts_np = np.zeros((len(prompts), int(lens.max())), np.int32)
@@ -102,6 +105,15 @@ def round_costs(
   if bool(np.asarray(state.done).any()):
     raise ValueError("a profiled row reached its token budget within the context steps")
   width = min(view, cfg.slots)
+  corpus = None
+  if strategy.uses_group:
+    siblings = np.full((b, cfg.group_siblings), -1, np.int32)
+    for i in range(b):
+      group = np.arange(i - i % num_samples, i - i % num_samples + num_samples)
+      siblings[i, : min(num_samples, cfg.group_siblings)] = np.concatenate(
+        [[i], group[group != i]]
+      )[: cfg.group_siblings]
+    corpus = engine._corpus(siblings, np.full((b, cfg.group_reference_len), -1, np.int32))
   dcache, dlen = jax.jit(
     lambda tp, dp, st: drafting.prefill_drafter_cache(
       engine.drafter_graphdef,
@@ -119,7 +131,7 @@ def round_costs(
   calls = {"step": (decode, (params, state, key, np.int32(rounds)))}
   for stage in STAGES:
 
-    def run(tp, dp, st, dc, dl, k, r, stop=None if stage == STAGES[-1] else stage):
+    def run(tp, dp, st, dc, dl, corpus, k, r, stop=None if stage == STAGES[-1] else stage):
       return spec_decode_chunk(
         engine.graphdef,
         tp,
@@ -135,11 +147,13 @@ def round_costs(
         view_len=view,
         drafter_view_len=dview,
         stop_after=stop,
+        corpus=corpus,
+        group_match=cfg.group_match,
       )
 
     calls[stage] = (
       jax.jit(run),
-      (params, drafter_params, state, dcache, dlen, key, np.int32(rounds)),
+      (params, drafter_params, state, dcache, dlen, corpus, key, np.int32(rounds)),
     )
   times = _interleaved(calls, reps)
   ms = {name: 1e3 * float(np.median(t)) / rounds for name, t in times.items()}
