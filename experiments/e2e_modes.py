@@ -114,6 +114,16 @@ def _row(mode, r):
     "drafter_version": r.get("drafter/version", ""),
     "reclaimed_s": r.get("drafter/reclaimed_s", ""),
     "charged_s": r.get("drafter/rollout_charged_s", ""),
+    # The arm mix ("arm:chunks" per arm) and each draft arm's accept length, e.g. group
+    # drafts reading more history as a small training set's prompts come back.
+    "arm_chunks": json.dumps(_per_arm(r, "chunks")),
+    "arm_accept": json.dumps(_per_arm(r, "accept_length")),
+  }
+
+
+def _per_arm(r, what):
+  return {
+    k.split("/")[2]: v for k, v in r.items() if k.startswith("spec/arm/") and k.endswith(what)
   }
 
 
@@ -178,7 +188,7 @@ def _plot(rows, path):
   import matplotlib.pyplot as plt
 
   modes = sorted({r["mode"] for r in rows}, key=["baseline", "sd", "tlt"].index)
-  fig, ax = plt.subplots(1, 5, figsize=(22, 3.8))
+  fig, ax = plt.subplots(1, 6, figsize=(26, 3.8))
   for m in modes:
     mine = [r for r in rows if r["mode"] == m]
     steps = [r["step"] for r in mine]
@@ -205,6 +215,10 @@ def _plot(rows, path):
         color=line[0].get_color(),
         label=f"{m} tail",
       )
+    for arm in sorted({a for r in mine for a in json.loads(r.get("arm_accept", "{}"))}):
+      pts = [(r["step"], json.loads(r["arm_accept"]).get(arm)) for r in mine]
+      pts = [(x, y) for x, y in pts if y is not None]
+      ax[5].plot(*zip(*pts), marker=".", label=f"{m} {arm}")
     rec = [r for r in mine if r["reclaimed_s"] != ""]
     if rec:
       ax[3].bar(
@@ -217,6 +231,7 @@ def _plot(rows, path):
   ax[1].set(xlabel="RL step", title="reward and held-out accuracy")
   ax[2].set(xlabel="RL step", ylabel="tokens per round", title="accepted length (sd vs tlt)")
   ax[3].set(xlabel="RL step", ylabel="seconds", title="drafter training time (tlt)")
+  ax[5].set(xlabel="RL step", ylabel="tokens per round", title="accepted length per draft arm")
   ax[4].set(
     xlabel="RL step", ylabel="seconds", title="generation time: all vs batch <= max/4 (tail)"
   )

@@ -402,7 +402,11 @@ def test_rl_trainer_checkpoints_the_group_history(models, tmp_path):
   dp = models[3]
   changes = {"spec_strategies": ("chain3", "group4")}
   first = _rl_trainer(models, tmp_path, 1, changes, drafter_params=dp)
-  first.run(progress=False)
+  (row,) = first.run(progress=False)
+  # The step's arm mix: chunks per arm (the bandit's warm-up runs each), accept per draft arm.
+  mix = {k.split("/")[2] for k in row if k.startswith("spec/arm/") and k.endswith("/chunks")}
+  assert mix == {"plain", "chain3", "group4"}
+  assert row["spec/arm/group4/accept_length"] >= 1.0
   saved = first.engine.history.state_dict()
   assert len(first.engine.history) == 2  # the step's two prompts
   resumed = _rl_trainer(models, tmp_path, 2, changes, drafter_params=dp)

@@ -593,11 +593,26 @@ class GRPOTrainer:
     if not chunks:
       return {}
     rounds = sum(s["row_rounds"] for s in chunks)
-    return {
+    out = {
       "spec/accept_length": sum(s["accept_length"] * s["row_rounds"] for s in chunks) / rounds,
       "spec/tokens": sum(s["tokens"] for s in chunks),
       "spec/seconds": sum(s["seconds"] for s in chunks),
     }
+    # The arm mix (chunks per arm, plain decode included) and each draft arm's accept length.
+    per_arm: dict[str, list[int]] = {}
+    for r in results:
+      for e in r.timeline:
+        if e["phase"] in ("decode", "spec"):
+          acc = per_arm.setdefault(e.get("strategy", "plain"), [0, 0, 0])
+          acc[0] += 1
+          if e["phase"] == "spec":
+            acc[1] += e["tokens"]
+            acc[2] += e["row_rounds"]
+    for arm, (n, tokens, row_rounds) in sorted(per_arm.items()):
+      out[f"spec/arm/{arm}/chunks"] = n
+      if row_rounds:
+        out[f"spec/arm/{arm}/accept_length"] = tokens / row_rounds
+    return out
 
   def _rows(self, x: np.ndarray) -> jax.Array:
     """A batch array on the training devices, rows split over the mesh when there is one."""
