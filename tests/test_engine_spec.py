@@ -604,26 +604,34 @@ def test_pushed_drafter_versions_keep_outputs_exact(models, pool, sampling):
 
 
 def test_bandit_reward_charges_the_drafter_rebuild_to_the_spec_chunk(models, pool):
-  """Leaving the plain arm costs a drafter-cache rebuild; the speculative chunk that needed it
-  is rewarded tokens / (rebuild + chunk) seconds per row active during the chunk (row-rounds /
-  rounds), so switching never looks free; a plain chunk is rewarded its steps per second (each
-  active row gains one token a step, however many rows finish during it)."""
+  """Leaving the drafter for plain decode costs a drafter-cache rebuild when coming back; the
+  speculative chunk that needed it is rewarded tokens / (rebuild + chunk) seconds per row
+  active during the chunk (row-rounds / rounds), so switching never looks free. The rollout's
+  first build is charged to no arm (every drafter arm pays it). A plain chunk is rewarded its
+  steps per second (each active row gains one token a step, however many rows finish)."""
   _, tp, _, dp = models
   engine = _engine(models, pool, spec_adaptive=True, spec_threshold=8)
-  result = _run(engine, tp, dp, num_samples=4)
-  checked, plain_checked = 0, 0
-  for prev, entry in zip(result.timeline, result.timeline[1:]):
-    if entry["phase"] == "spec" and "reward" in entry:
-      charged = entry["dt"] + (prev["dt"] if prev["phase"] == "drafter_prefill" else 0.0)
-      charged -= entry.get("compile_s", 0.0)
-      mean_rows = entry["row_rounds"] / entry["rounds"]
-      assert entry["reward"] == pytest.approx(entry["tokens"] / charged / mean_rows, rel=1e-6)
-      checked += prev["phase"] == "drafter_prefill"
-    if entry["phase"] == "decode" and "reward" in entry:
-      charged = entry["dt"] - entry.get("compile_s", 0.0)
-      assert entry["reward"] == pytest.approx(entry["steps"] / charged, rel=1e-6)
-      plain_checked += 1
-  assert checked > 0, "no rewarded speculative chunk followed a plain one"
+  switches = plain_checked = 0
+  for key in (7, 8, 9):
+    result = _run(engine, tp, dp, num_samples=4, key=key)
+    seen_drafter = False
+    for prev, entry in zip(result.timeline, result.timeline[1:]):
+      if entry["phase"] == "spec" and "reward" in entry:
+        rebuilt = prev["phase"] == "drafter_prefill"
+        # Charged iff this rebuild follows an earlier drafter chunk of the rollout.
+        assert ("switch_s" in entry) == (rebuilt and seen_drafter)
+        if "switch_s" in entry:
+          assert entry["switch_s"] == prev["dt"]
+          switches += 1
+        charged = entry["dt"] + entry.get("switch_s", 0.0) - entry.get("compile_s", 0.0)
+        mean_rows = entry["row_rounds"] / entry["rounds"]
+        assert entry["reward"] == pytest.approx(entry["tokens"] / charged / mean_rows, rel=1e-6)
+      if entry["phase"] == "decode" and "reward" in entry:
+        charged = entry["dt"] - entry.get("compile_s", 0.0)
+        assert entry["reward"] == pytest.approx(entry["steps"] / charged, rel=1e-6)
+        plain_checked += 1
+      seen_drafter = seen_drafter or entry["phase"] == "spec"
+  assert switches > 0, "no rewarded speculative chunk followed a plain one"
   assert plain_checked > 0, "no rewarded plain chunk"
 
 

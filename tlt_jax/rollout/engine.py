@@ -801,6 +801,11 @@ class RolloutEngine:
     bandit = self.bandit_for(sampling)
     dstate = None  # (drafter cache, drafter_len) in step with `state`, or None
     push_forced = False  # the drafter cache was dropped for a pushed drafter version
+    # The drafter cache was dropped by an arm that does not advance it (plain or group
+    # drafts): rebuilding it is the cost of switching back, charged to the arm that needs
+    # it. The first build of a rollout is not: every drafter arm would pay it, and charging
+    # it to whichever arm happens to run first makes the incumbent look slow.
+    switched_away = False
     owed_rebuild_s = 0.0  # push-forced rebuild seconds not yet reported to on_chunk
 
     def call_hook(batch: int, active_rows: int):
@@ -865,7 +870,9 @@ class RolloutEngine:
       before = int(length[active].sum())
       t0 = time.perf_counter()
       switch_s = 0.0  # drafter-cache rebuild this chunk needed (switching from plain)
+      charged_s = 0.0  # the part of it the bandit charges to this chunk's arm
       if arm == PLAIN:
+        switched_away = switched_away or dstate is not None
         dstate = None  # plain decode does not advance the drafter's cache
         push_forced = False  # the switch back rebuilds it anyway
         # Every active row may grow by chunk_steps; the cache view must cover it.
@@ -913,6 +920,9 @@ class RolloutEngine:
           if push_forced:  # reported without lazy compiles (counted apart, one-time)
             owed_rebuild_s += switch_s - rebuild_compile
             push_forced = False
+          elif switched_away:
+            charged_s = switch_s
+          switched_away = False
           t0 = time.perf_counter()
         b = state.batch
         corpus, corpus_s = None, 0.0
@@ -931,6 +941,7 @@ class RolloutEngine:
         if strategy.uses_drafter:
           dstate = (dcache, dlen)
         else:  # the drafter's cache did not follow: the next drafter chunk rebuilds it
+          switched_away = switched_away or dstate is not None
           dstate, push_forced = None, False
         length, done, stats = jax.device_get((state.length, state.done, stats))
         full = stats.rounds == rounds
@@ -955,10 +966,12 @@ class RolloutEngine:
         # rows active during the chunk (plain: tokens / steps; speculative: row-rounds /
         # rounds) keeps rows that finish, early or late in a rollout, from crediting or
         # penalising the arm that happened to run then. Chunks cut short by the last row
-        # finishing are mostly fixed overhead: skipped. A speculative chunk after a plain
-        # one pays for rebuilding the drafter's cache: otherwise leaving the plain arm looks
-        # free and the bandit alternates too often.
-        run_s = dt + switch_s - compiled
+        # finishing are mostly fixed overhead: skipped. A drafter chunk after a plain (or
+        # group) one pays for rebuilding the drafter's cache (`switched_away`): otherwise
+        # leaving the drafter looks free and the bandit alternates too often.
+        run_s = dt + charged_s - compiled
+        if charged_s:
+          entry["switch_s"] = charged_s
         if arm == PLAIN:
           mean_rows = tokens / max(int(ran), 1)
         else:
