@@ -79,6 +79,10 @@ _PROFILE_ARMS = flags.DEFINE_list(
   "profile_strategies", [], "arms in the round-cost table (default: every fixed arm)"
 )
 _LEARN = flags.DEFINE_integer("learn_runs", 6, "untimed runs for the adaptive bandit to learn")
+_LEARN_CHUNKS = flags.DEFINE_integer(
+  "learn_chunks", 40, "rewarded chunks the adaptive bandit sees before timing (beyond learn_runs)"
+)
+_LEARN_MAX = flags.DEFINE_integer("learn_max_runs", 40, "cap on learning runs")
 _CALLS = flags.DEFINE_integer(
   "calls_per_rep", 0, "rollouts per timed repetition (0: max(1, 8 // batch))"
 )
@@ -161,6 +165,7 @@ def main(argv):
   prompts = [tokenizer.encode(format_prompt(ex), add_bos=True) for ex in examples]
   prompts = [p for p in prompts if len(p) <= base.max_prompt_len]
   rows, profiles = [], []
+  learning = {}  # (batch, temperature) -> the adaptive bandit's learning runs and chunks
   timed_compiles = 0
   start = time.perf_counter()
   compiles = compile_s = 0.0
@@ -213,8 +218,17 @@ def main(argv):
           num_samples=g,
           drafter_params=None if mode == "plain" else dparams,
         )
-        for i in range(_LEARN.value if mode == "adaptive" else 1):
-          run(mode, 1000 + i)
+        if mode != "adaptive":
+          run(mode, 1000)
+          continue
+        # The bandit learns over at least --learn_runs rollouts and --learn_chunks rewarded
+        # chunks: a batch-64 rollout gives it 2-3 chunks, a batch-1 rollout ten.
+        learned, i = 0, 0
+        while i < _LEARN.value or (learned < _LEARN_CHUNKS.value and i < _LEARN_MAX.value):
+          r = run(mode, 1000 + i)
+          learned += sum("reward" in e for e in r.timeline)
+          i += 1
+        learning[(b, temp)] = {"runs": i, "rewarded_chunks": learned}
       compiled = pool.compiles
       results = {m: [] for m in modes}
       calls = _CALLS.value or max(1, 8 // b)
@@ -268,6 +282,7 @@ def main(argv):
       vs_best = tps["adaptive"] / tps[best["config"]]
       for row in batch_rows:
         if row["config"] == "adaptive":
+          row["learning"] = learning[(b, temp)]
           row["best_fixed"] = best["config"]
           row["vs_best_fixed"] = {k: round(v, 3) for k, v in _spread(vs_best).items()}
         rows.append(row)
