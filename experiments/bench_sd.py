@@ -275,6 +275,7 @@ def main(argv):
           "history_rollouts": _HISTORY.value,
           "chunks_by_arm": chosen,
           "corpus_ms_per_chunk": _corpus_ms(results[mode]),
+          "by_chunk": _by_chunk(results[mode]),
         }
         batch_rows.append(row)
       fixed = [r for r in batch_rows if r["config"] in strategies]
@@ -335,6 +336,31 @@ def _seed_history(engine, params, prompts, g, sampling) -> dict:
     for p, prompt in enumerate(prompts):
       history.add(prompt, [r.completion(n) for n in range(p * g, (p + 1) * g)])
   return history.state_dict()
+
+
+def _by_chunk(results) -> dict[str, list]:
+  """Per chunk index within a rollout (median over the timed rollouts): the speed of an
+  active row (the bandit's reward, tokens per second per row active during the chunk),
+  accept length, and how many of the rollouts reached that chunk. Shows whether an arm's
+  chunks differ by phase (the bandit sees deep arms' first chunks only in short rollouts)."""
+  speed, accept = [], []
+  for r in results:
+    chunks = [e for e in r.timeline if e["phase"] in ("decode", "spec")]
+    for i, e in enumerate(chunks):
+      if i == len(speed):
+        speed.append([])
+        accept.append([])
+      if e["phase"] == "decode":
+        speed[i].append(e["steps"] / e["dt"])
+      elif e["row_rounds"]:
+        speed[i].append(e["tokens"] / e["row_rounds"] * e["rounds"] / e["dt"])
+        accept[i].append(e["tokens"] / e["row_rounds"])
+  med = lambda xs: round(float(np.median(xs)), 3) if xs else None
+  return {
+    "row_speed": [med(x) for x in speed],
+    "accept": [med(x) for x in accept],
+    "rollouts": [len(x) for x in speed],
+  }
 
 
 def _corpus_ms(results) -> float | None:
