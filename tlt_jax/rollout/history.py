@@ -25,13 +25,10 @@ def _key(prompt: Sequence[int] | np.ndarray) -> bytes:
   return np.asarray(prompt, np.int32).tobytes()
 
 
-def reference_line(
-  pieces: Iterable[np.ndarray], length: int, out: np.ndarray | None = None
-) -> np.ndarray:
+def reference_line(pieces: Iterable[np.ndarray], length: int) -> np.ndarray:
   """`pieces` (oldest first) joined by NO_TOKEN separators into a `length`-token line,
   right-aligned: when they do not fit, the oldest tokens are dropped; the start is padded."""
-  line = np.full((length,), NO_TOKEN, np.int32) if out is None else out
-  line[:] = NO_TOKEN
+  line = np.full((length,), NO_TOKEN, np.int32)
   end = length
   for piece in reversed(list(pieces)):
     if end <= 0:
