@@ -97,6 +97,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.engine.group_siblings = 8
   c.engine.group_reference_len = 2048
   c.engine.group_history = 4
+  # The bandit compares draft strategies at equal phase of the answers (bins doubling from
+  # this many generated tokens; 0: one phase).
+  c.engine.bandit_phase_tokens = 16
 
   # The EAGLE drafter (modes sd and tlt): warm start on the warm-start policy's rollouts,
   # then (tlt) online updates from each RL step's rollouts.

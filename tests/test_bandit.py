@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from tlt_jax.rollout.bandit import StrategyBandit
+from tlt_jax.rollout.bandit import StrategyBandit, answer_phase
 
 ARMS = ("plain", "chain2", "chain4", "tree4x2x8")
 
@@ -258,8 +258,100 @@ def test_loads_a_version_1_state_without_spreads():
   state = json.loads(json.dumps(bandit.state_dict()))
   state["version"] = 1
   del state["min_spread"]
-  for entry in state["buckets"]:
+  for entry in state["buckets"]:  # version 1: one value per arm, no squares
     del entry["square_sum"]
+    for key in ("count", "reward_sum"):
+      entry[key] = [cells[0] for cells in entry[key]]
   restored = StrategyBandit.from_state_dict(state)
   assert restored.summary() == bandit.summary()
   assert restored.select(1) in ARMS
+
+
+def test_answer_phase_bins_double():
+  assert [answer_phase(g, 16) for g in (0, 15, 16, 47, 48, 111, 112, 239, 240)] == [
+    0,
+    0,
+    1,
+    1,
+    2,
+    2,
+    3,
+    3,
+    4,
+  ]
+  assert answer_phase(10_000, 0) == 0  # phases off
+  assert answer_phase(1e12, 16) == 15  # capped
+
+
+def test_fit_recovers_arm_speeds_from_unbalanced_phases():
+  """Noise-free rewards = speed x phase factor, each arm seen in different phases: the fit
+  returns the speeds (at the count-weighted average phase) and the phase factors."""
+  speed = {"plain": 50.0, "chain2": 80.0, "chain4": 100.0, "tree4x2x8": 90.0}
+  factor = [1.0, 0.8, 0.5]
+  seen = {"plain": (0, 1, 2), "chain2": (1, 2), "chain4": (0, 1), "tree4x2x8": (0,)}
+  bandit = StrategyBandit(ARMS, discount=1.0)
+  for arm, phases in seen.items():
+    for p in phases:
+      bandit.update(1, arm, speed[arm] * factor[p], phase=p)
+  means = {a: s["mean"] for a, s in bandit.summary()[1].items()}
+  ratio = means["chain4"] / speed["chain4"]
+  for arm in ARMS:
+    assert means[arm] == pytest.approx(speed[arm] * ratio, rel=1e-9), (arm, means)
+  assert bandit.best(1) == "chain4"
+
+
+def _rollouts(bandit, phases_of, rollouts, seed):
+  """Simulated rollouts: three answer phases, every arm 0.75x slower per phase; an arm's chunk
+  advances the answer by `phases_of[arm]` phases (a deep chain emits more tokens per chunk).
+  Returns the arms chosen."""
+  speed = {"chain4": 100.0, "chain8": 94.0}
+  rng = np.random.default_rng(seed)
+  chosen = []
+  for _ in range(rollouts):
+    phase = 0
+    while phase < 3:
+      arm = bandit.select(1)
+      chosen.append(arm)
+      reward = speed[arm] * 0.75**phase * float(rng.lognormal(0.0, 0.03))
+      bandit.update(1, arm, reward, phase=phase if phases_of is not None else 0)
+      phase += (phases_of or {"chain4": 1, "chain8": 3})[arm]
+  return chosen
+
+
+def test_phases_remove_the_bias_towards_arms_measured_early():
+  """chain8 is 6% slower than chain4 at every phase, but one of its chunks covers the answer
+  (chain4 needs three), so its rewards all come from answers' starts. Without phases its plain
+  mean beats chain4's (the bias measured on hardware); with phases the bandit settles on
+  chain4."""
+  phases_of = {"chain4": 1, "chain8": 3}
+  biased = StrategyBandit(("chain4", "chain8"), seed=0, discount=0.99)
+  chosen = _rollouts(biased, None, 150, seed=5)
+  assert biased.best(1) == "chain8"
+  assert chosen[-100:].count("chain8") > 50
+  fair = StrategyBandit(("chain4", "chain8"), seed=0, discount=0.99)
+  chosen = _rollouts(fair, phases_of, 150, seed=5)
+  assert fair.best(1) == "chain4", fair.summary()
+  assert chosen[-100:].count("chain4") >= 90
+
+
+def test_state_round_trip_keeps_phases():
+  original = StrategyBandit(ARMS, seed=4)
+  rng = np.random.default_rng(0)
+  for i in range(40):
+    arm = original.select(2)
+    original.update(2, arm, float(rng.uniform(10, 20)), phase=i % 3)
+  restored = StrategyBandit.from_state_dict(json.loads(json.dumps(original.state_dict())))
+  assert restored.state_dict() == original.state_dict()
+  for i in range(20):
+    arm = original.select(2)
+    assert restored.select(2) == arm
+    original.update(2, arm, 15.0, phase=i % 4)
+    restored.update(2, arm, 15.0, phase=i % 4)
+  assert restored.summary() == original.summary()
+
+
+def test_update_rejects_bad_phases():
+  bandit = StrategyBandit(ARMS)
+  for phase in (-1, 1.5, True, "0"):
+    with pytest.raises(ValueError, match="phase"):
+      bandit.update(1, "plain", 1.0, phase=phase)

@@ -621,9 +621,13 @@ def test_bandit_reward_charges_the_drafter_rebuild_to_the_spec_chunk(models, poo
         # Charged iff this rebuild follows an earlier drafter chunk of the rollout.
         assert ("switch_s" in entry) == (rebuilt and seen_drafter)
         if "switch_s" in entry:
-          assert entry["switch_s"] == prev["dt"]
+          assert entry["switch_s"] == prev["dt"] - prev.get("rebuild_compile_s", 0.0)
           switches += 1
-        charged = entry["dt"] + entry.get("switch_s", 0.0) - entry.get("compile_s", 0.0)
+        # Lazy compiles are not charged: the chunk's own, and the rebuild's (timed apart).
+        rebuild_compile = prev.get("rebuild_compile_s", 0.0) if rebuilt else 0.0
+        chunk_compile = entry.get("compile_s", 0.0) - rebuild_compile
+        charged = entry["dt"] + entry.get("switch_s", 0.0) - chunk_compile
+        assert charged > 0
         mean_rows = entry["row_rounds"] / entry["rounds"]
         assert entry["reward"] == pytest.approx(entry["tokens"] / charged / mean_rows, rel=1e-6)
       if entry["phase"] == "decode" and "reward" in entry:
@@ -684,3 +688,38 @@ def test_round_costs_of_group_drafts(models, pool):
   )
   assert prof["batch"] == 4 and prof["strategy"] == "group4"
   assert 1.0 <= prof["accept_length"] <= 5.0
+
+
+def test_bandit_files_each_reward_under_its_answer_phase(models, pool):
+  """Each chunk records where in the answers it starts (tokens generated per active row) and
+  the bandit files its reward under that phase bin; the position is right (it grows by a
+  chunk's tokens per row while no row finishes)."""
+  from tlt_jax.rollout.bandit import StrategyBandit, answer_phase
+
+  _, tp, _, dp = models
+  engine = _engine(models, pool, spec_adaptive=True, spec_threshold=16, bandit_phase_tokens=2)
+  engine.bandit = StrategyBandit(engine.bandit.arms, discount=1.0, min_pulls=1)
+  filed: dict[tuple[int, str, int], int] = {}
+  followed = 0
+  for key in (3, 4):
+    result = _run(engine, tp, dp, num_samples=2, key=key)
+    chunks = [e for e in result.timeline if e["phase"] in ("decode", "spec")]
+    assert chunks[0]["generated"] == 1.0  # the prefill samples each row's first token
+    for prev, entry in zip(chunks, chunks[1:]):
+      if entry["active"] == prev["active"] and entry["batch"] == prev["batch"]:
+        want = prev["generated"] + prev["tokens"] / prev["active"]
+        assert entry["generated"] == pytest.approx(want)
+        followed += 1
+    for entry in chunks:
+      if "reward" in entry:
+        assert entry["answer_phase"] == answer_phase(entry["generated"], 2)
+        arm = entry.get("strategy", "plain")
+        cell = (entry["batch"], arm, entry["answer_phase"])
+        filed[cell] = filed.get(cell, 0) + 1
+  assert followed > 0 and len({p for _, _, p in filed}) > 1, filed
+  state = engine.bandit.state_dict()
+  arms = engine.bandit.arms
+  for entry in state["buckets"]:
+    for a, counts in enumerate(entry["count"]):
+      for p, n in enumerate(counts):
+        assert n == filed.get((entry["bucket"], arms[a], p), 0), (entry["bucket"], arms[a], p)

@@ -21,6 +21,15 @@ Why a bandit, and why one per batch bucket:
   effective window of about 1 / (1 - discount) chunks) and the bonus of an arm that has not been
   tried for a while grows until it is tried again.
 
+* Arms must be compared at equal phase of the answers. Every arm slows down along an answer
+  (acceptance falls, the cache grows), and the arms' chunks fall at different places: a deep
+  chain emits a short rollout's tokens in one or two chunks, so its rewards come mostly from
+  answers' starts, where everything is fast (measured: batch 32, temperature 1, chain8's first
+  chunk ran faster than chain4's while over a rollout it was 0.95 of chain4). Each chunk's
+  reward is therefore filed under a phase bin (`answer_phase`: log2 bins of the tokens
+  generated per active row), and an arm's mean is its speed at the bucket's average phase, from
+  a fit of reward ~ arm speed x phase factor (`_BucketStats.fit`).
+
 * Exploration should stop once the arms are told apart. The bonus is therefore scaled by the
   measured spread of the rewards: the pooled standard deviation of the bucket's chunk rewards,
   relative to its best mean (at least `min_spread`). Arms whose timings barely vary separate
@@ -29,10 +38,11 @@ Why a bandit, and why one per batch bucket:
 Selection in a bucket: first every arm is pulled `min_pulls` times, round-robin in arm order;
 then the arm maximising
 
-  mean_a / M + exploration * spread * sqrt(log(sum_b n_b) / n_a),
-  spread = max(min_spread, sqrt(sum_b n_b var_b / sum_b n_b) / M),   M = max_b mean_b
+  mean_a / M + exploration * spread * sqrt(log(sum_b n_b) / n_a),   M = max_b mean_b
 
-is chosen, where mean, var and n are discounted (a Gaussian UCB with the bucket's noise).
+is chosen, where mean_a is the phase-adjusted discounted mean, n_a the discounted count and
+spread (at least min_spread) the pooled relative standard deviation of the rewards around the
+fit (a Gaussian UCB with the bucket's noise).
 Exact ties are broken by a seeded numpy Generator, so a bandit is deterministic given its seed
 and its history; `state_dict` includes the generator's state so that a restored bandit
 continues exactly as the original would.
@@ -47,7 +57,17 @@ from typing import Any
 
 import numpy as np
 
-_STATE_VERSION = 2  # 2: discounted sums of squared rewards (spread-scaled exploration)
+_MAX_PHASE = 15  # answer_phase's last bin (> 500k tokens at 16)
+_STATE_VERSION = 3  # 2: sums of squared rewards (spread-scaled exploration); 3: per-phase cells
+
+
+def answer_phase(generated: float, phase_tokens: int) -> int:
+  """The phase bin of a chunk that starts `generated` tokens into the answers (mean over the
+  active rows): 0 below `phase_tokens`, then one bin per doubling (16: 0-15, 16-47, 48-111,
+  112-239, ...), so long answers get few bins. `phase_tokens` 0: a single phase."""
+  if phase_tokens <= 0 or generated < phase_tokens:
+    return 0
+  return min(int(math.log2(1.0 + generated / phase_tokens)), _MAX_PHASE)
 
 
 def _is_real(x: Any) -> bool:
@@ -62,59 +82,117 @@ def _bucket_key(bucket: int) -> int:
 
 
 class _BucketStats:
-  """Statistics of every arm in one bucket."""
+  """Statistics of every arm in one bucket, per answer phase (arms x phases cells)."""
 
-  def __init__(self, num_arms: int):
-    # Discounted count and discounted reward sum: the discounted mean is sum / count.
-    self.count = np.zeros(num_arms, dtype=np.float64)
-    self.reward_sum = np.zeros(num_arms, dtype=np.float64)
-    self.square_sum = np.zeros(num_arms, dtype=np.float64)  # discounted sum of reward**2
+  def __init__(self, num_arms: int, num_phases: int = 1):
+    # Discounted count, reward sum and sum of squared rewards per (arm, phase) cell: the
+    # discounted cell mean is sum / count.
+    self.count = np.zeros((num_arms, num_phases), dtype=np.float64)
+    self.reward_sum = np.zeros((num_arms, num_phases), dtype=np.float64)
+    self.square_sum = np.zeros((num_arms, num_phases), dtype=np.float64)
     # Undiscounted pulls: drive the warm-up and are reported in `summary`.
     self.pulls = np.zeros(num_arms, dtype=np.int64)
     self.last: list[float | None] = [None] * num_arms
 
-  def means(self) -> np.ndarray:
-    """Discounted mean per arm, NaN for arms without (surviving) data."""
+  def ensure_phase(self, phase: int) -> None:
+    grow = phase + 1 - self.count.shape[1]
+    if grow > 0:
+      pad = ((0, 0), (0, grow))
+      self.count = np.pad(self.count, pad)
+      self.reward_sum = np.pad(self.reward_sum, pad)
+      self.square_sum = np.pad(self.square_sum, pad)
+
+  def fit(self) -> tuple[np.ndarray, np.ndarray]:
+    """Per-arm speed `alpha` and per-phase factor `beta` with cell mean ~ alpha_a * beta_p.
+
+    Weighted least squares over the cells (weights: discounted counts), by alternating
+    updates; beta is normalised to a count-weighted mean of 1, so alpha is an arm's speed at
+    the bucket's average phase. Arms are thereby compared at equal phase: an arm measured
+    mostly where every arm is fast (answers' starts) no longer looks better than one measured
+    throughout. With a single phase alpha is the plain discounted mean. NaN: no data.
+    """
+    n = self.count
     with np.errstate(invalid="ignore", divide="ignore"):
-      return np.where(self.count > 0, self.reward_sum / self.count, np.nan)
+      m = np.where(n > 0, self.reward_sum / np.where(n > 0, n, 1.0), 0.0)
+    arm_n = n.sum(axis=1)
+    alpha = np.where(arm_n > 0, (n * m).sum(axis=1) / np.where(arm_n > 0, arm_n, 1.0), np.nan)
+    used = n.sum(axis=0) > 0
+    beta = np.ones(n.shape[1])
+    if int(used.sum()) > 1:
+      a = np.nan_to_num(alpha)
+      for _ in range(100):
+        den = (n * a[:, None] ** 2).sum(axis=0)
+        beta = np.where(den > 0, (n * m * a[:, None]).sum(axis=0) / np.where(den > 0, den, 1), 1)
+        den = (n * beta**2).sum(axis=1)
+        new = np.where(den > 0, (n * m * beta).sum(axis=1) / np.where(den > 0, den, 1), 0.0)
+        scale = float((n.sum(axis=0) * beta).sum() / n.sum())
+        if scale > 0:
+          beta, new = beta / scale, new * scale
+        if np.allclose(new, a, rtol=1e-12, atol=0):
+          a = new
+          break
+        a = new
+      alpha = np.where(arm_n > 0, a, np.nan)
+    return alpha, beta
+
+  def means(self) -> np.ndarray:
+    """Phase-adjusted discounted mean per arm (`fit`'s alpha), NaN for arms without data."""
+    return self.fit()[0]
 
   def relative_spread(self) -> float:
-    """Pooled standard deviation of the rewards over the best mean (0 without data)."""
+    """Pooled standard deviation of the rewards around the phase-adjusted fit, relative to
+    the fitted value (0 without data)."""
     known = self.count > 0
     if not known.any():
       return 0.0
-    means = self.reward_sum[known] / self.count[known]
-    var = np.maximum(self.square_sum[known] / self.count[known] - means**2, 0.0)
-    pooled = float(np.sum(self.count[known] * var) / np.sum(self.count[known]))
-    best = float(means.max())
-    return math.sqrt(pooled) / best if best > 0 else 0.0
+    alpha, beta = self.fit()
+    fitted = (np.nan_to_num(alpha)[:, None] * beta[None, :])[known]
+    n = self.count[known]
+    means = self.reward_sum[known] / n
+    var = np.maximum(self.square_sum[known] / n - means**2, 0.0) + (means - fitted) ** 2
+    ok = fitted > 0
+    if not ok.any():
+      return 0.0
+    pooled = float(np.sum(n[ok] * var[ok] / fitted[ok] ** 2) / np.sum(n[ok]))
+    return math.sqrt(pooled)
 
   def to_state(self, bucket: int) -> dict[str, Any]:
+    cells = lambda a: [[float(x) for x in row] for row in a]
     return {
       "bucket": bucket,
-      "count": [float(x) for x in self.count],
-      "reward_sum": [float(x) for x in self.reward_sum],
-      "square_sum": [float(x) for x in self.square_sum],
+      "count": cells(self.count),
+      "reward_sum": cells(self.reward_sum),
+      "square_sum": cells(self.square_sum),
       "pulls": [int(x) for x in self.pulls],
       "last": [None if x is None else float(x) for x in self.last],
     }
 
   @classmethod
   def from_state(cls, state: Mapping[str, Any], num_arms: int) -> _BucketStats:
-    stats = cls(num_arms)
     state = dict(state)
-    if "square_sum" not in state:  # version 1: no spread recorded, read as none
-      state["square_sum"] = [
-        r * r / c if c > 0 else 0.0 for r, c in zip(state["reward_sum"], state["count"])
-      ]
-    for key in ("count", "reward_sum", "square_sum", "pulls", "last"):
+    cells: dict[str, np.ndarray] = {}
+    for key in ("count", "reward_sum", "pulls", "last", "square_sum"):
+      if key == "square_sum" and key not in state:  # version 1: no spread, read as none
+        r, c = cells["reward_sum"], cells["count"]
+        cells[key] = np.where(c > 0, r * r / np.where(c > 0, c, 1.0), 0.0)
+        continue
       if len(state[key]) != num_arms:
         raise ValueError(
           f"bucket {state['bucket']}: {key!r} has {len(state[key])} entries, expected {num_arms}"
         )
-    stats.count[:] = np.asarray(state["count"], dtype=np.float64)
-    stats.reward_sum[:] = np.asarray(state["reward_sum"], dtype=np.float64)
-    stats.square_sum[:] = np.asarray(state["square_sum"], dtype=np.float64)
+      if key in ("pulls", "last"):
+        continue
+      rows = [r if isinstance(r, list | tuple) else [r] for r in state[key]]  # v1-2: one phase
+      if len({len(r) for r in rows}) != 1 or not rows[0]:
+        raise ValueError(f"bucket {state['bucket']}: {key!r} rows must have one equal length")
+      cells[key] = np.asarray(rows, dtype=np.float64)
+    phases = {c.shape[1] for c in cells.values()}
+    if len(phases) != 1:
+      raise ValueError(f"bucket {state['bucket']}: cell arrays have different phase counts")
+    stats = cls(num_arms, phases.pop())
+    stats.count[:] = cells["count"]
+    stats.reward_sum[:] = cells["reward_sum"]
+    stats.square_sum[:] = cells["square_sum"]
     stats.pulls[:] = np.asarray(state["pulls"], dtype=np.int64)
     stats.last = [None if x is None else float(x) for x in state["last"]]
     return stats
@@ -223,7 +301,8 @@ class StrategyBandit:
     if stats.pulls[fewest] < self._min_pulls:
       return self._arms[fewest]
     means = stats.means()
-    known = stats.count > 0
+    arm_count = stats.count.sum(axis=1)
+    known = arm_count > 0
     if not known.all():
       # Data decayed to nothing (or state edited by hand): such an arm's bonus is infinite.
       return self._arms[int(np.argmin(known))]
@@ -232,14 +311,21 @@ class StrategyBandit:
     normalised = means / scale if scale > 0 else means
     log_total = max(math.log(float(stats.count.sum())), 0.0)
     spread = max(stats.relative_spread(), self._min_spread)
-    index = normalised + self._exploration * spread * np.sqrt(log_total / stats.count)
+    index = normalised + self._exploration * spread * np.sqrt(log_total / arm_count)
     top = np.flatnonzero(index >= index.max() - 1e-12 * max(1.0, abs(float(index.max()))))
     choice = int(top[0]) if top.size == 1 else int(self._rng.choice(top))
     return self._arms[choice]
 
-  def update(self, bucket: int, arm: str, reward: float) -> None:
-    """Records the measured throughput (accepted tokens / s) of one chunk run with `arm`."""
+  def update(self, bucket: int, arm: str, reward: float, phase: int = 0) -> None:
+    """Records the measured speed of one chunk run with `arm`.
+
+    `phase` (an int >= 0, see `answer_phase`) says where in the answers the chunk ran: arms
+    are compared at equal phase (`_BucketStats.fit`), since every arm slows down along an
+    answer and the arms' chunks do not fall at the same places.
+    """
     i = self._arm_index(arm)
+    if isinstance(phase, bool) or not isinstance(phase, int | np.integer) or phase < 0:
+      raise ValueError(f"phase must be an int >= 0, got {phase!r}")
     try:
       value = float(reward)
     except (TypeError, ValueError):
@@ -247,14 +333,15 @@ class StrategyBandit:
     if not math.isfinite(value) or value < 0:
       raise ValueError(f"reward must be finite and >= 0, got {reward!r}")
     stats = self._bucket(bucket)
+    stats.ensure_phase(int(phase))
     # Decay every arm of this bucket, pulled or not: "how long ago" is counted in this bucket's
     # chunks, so an arm that is not being tried loses confidence and its bonus grows.
     stats.count *= self._discount
     stats.reward_sum *= self._discount
     stats.square_sum *= self._discount
-    stats.count[i] += 1.0
-    stats.reward_sum[i] += value
-    stats.square_sum[i] += value * value
+    stats.count[i, phase] += 1.0
+    stats.reward_sum[i, phase] += value
+    stats.square_sum[i, phase] += value * value
     stats.pulls[i] += 1
     stats.last[i] = value
 
@@ -268,7 +355,7 @@ class StrategyBandit:
     stats = self._buckets.get(_bucket_key(bucket))
     if stats is None or not (stats.count > 0).any():
       return self._arms[0]
-    means = np.where(stats.count > 0, stats.means(), -np.inf)
+    means = np.where(stats.count.sum(axis=1) > 0, stats.means(), -np.inf)
     return self._arms[int(np.argmax(means))]  # argmax takes the first arm on ties.
 
   def summary(self) -> dict[int, dict[str, dict[str, Any]]]:
@@ -327,7 +414,7 @@ class StrategyBandit:
   def load_state_dict(self, state: Mapping[str, Any]) -> None:
     """Restores statistics, hyperparameters and generator state; the arms must match self's."""
     version = state.get("version")
-    if version not in (1, _STATE_VERSION):
+    if version not in (1, 2, _STATE_VERSION):
       raise ValueError(f"unsupported bandit state version {version!r}, expected {_STATE_VERSION}")
     arms = tuple(state["arms"])
     if arms != self._arms:

@@ -45,7 +45,7 @@ from tlt_jax.models.drafter import check_drafter_matches
 from tlt_jax.models.transformer import KVCache
 from tlt_jax.parallel.meshes import BatchPlacement
 from tlt_jax.rollout import programs
-from tlt_jax.rollout.bandit import StrategyBandit
+from tlt_jax.rollout.bandit import StrategyBandit, answer_phase
 from tlt_jax.rollout.history import PromptHistory, reference_line
 from tlt_jax.rollout.pool import ExecutablePool
 from tlt_jax.rollout.speculative import SpecStrategy, spec_decode_chunk
@@ -88,6 +88,8 @@ class EngineConfig:
     group_reference_len: tokens of each row's reference line (its prompt's earlier
       rollouts and finished siblings, newest kept).
     group_history: rollouts per prompt the engine remembers for group drafts (0: none).
+    bandit_phase_tokens: the bandit compares arms at equal phase of the answers, in bins
+      doubling from this many generated tokens (`bandit.answer_phase`; 0: one phase).
   """
 
   max_prompt_len: int = 64
@@ -111,6 +113,7 @@ class EngineConfig:
   group_siblings: int = 8
   group_reference_len: int = 2048
   group_history: int = 4
+  bandit_phase_tokens: int = 16
 
   def __post_init__(self):
     for name in (
@@ -151,6 +154,9 @@ class EngineConfig:
     h = self.group_history
     if isinstance(h, bool) or not isinstance(h, int) or h < 0:
       raise ValueError(f"EngineConfig.group_history must be an int >= 0, got {h!r}")
+    p = self.bandit_phase_tokens
+    if isinstance(p, bool) or not isinstance(p, int) or p < 0:
+      raise ValueError(f"EngineConfig.bandit_phase_tokens must be an int >= 0, got {p!r}")
 
   @property
   def slots(self) -> int:
@@ -749,7 +755,7 @@ class RolloutEngine:
 
     # Host mirrors of the small per-row arrays; rows map to request rows.
     row_seq = np.asarray(state.seq_id)
-    length, done = jax.device_get((state.length, state.done))
+    length, done, prompt_len = jax.device_get((state.length, state.done, state.prompt_len))
     timeline: list[dict[str, Any]] = [
       {
         "t": 0.0,
@@ -846,7 +852,7 @@ class RolloutEngine:
             args = (dstate, jnp.asarray(rows))
             dstate = self._rows(self._drafter_take_exe(args)(*args))
           row_seq = np.where(valid, row_seq[rows], -1)
-          length, max_len = length[rows], max_len[rows]
+          length, max_len, prompt_len = length[rows], max_len[rows], prompt_len[rows]
           done = np.where(valid, done[rows], True)
           active = ~done
       if on_chunk is not None:
@@ -868,9 +874,13 @@ class RolloutEngine:
         learn = False
       compile_s = self.pool.compile_seconds
       before = int(length[active].sum())
+      # Where in the answers this chunk starts: the bandit compares arms at equal phase.
+      generated = float((length - prompt_len)[active].mean())
+      phase = answer_phase(generated, cfg.bandit_phase_tokens)
       t0 = time.perf_counter()
       switch_s = 0.0  # drafter-cache rebuild this chunk needed (switching from plain)
       charged_s = 0.0  # the part of it the bandit charges to this chunk's arm
+      rebuild_compile = 0.0  # lazy compile inside the rebuild (not in the chunk's dt)
       if arm == PLAIN:
         switched_away = switched_away or dstate is not None
         dstate = None  # plain decode does not advance the drafter's cache
@@ -921,7 +931,7 @@ class RolloutEngine:
             owed_rebuild_s += switch_s - rebuild_compile
             push_forced = False
           elif switched_away:
-            charged_s = switch_s
+            charged_s = switch_s - rebuild_compile
           switched_away = False
           t0 = time.perf_counter()
         b = state.batch
@@ -969,7 +979,7 @@ class RolloutEngine:
         # finishing are mostly fixed overhead: skipped. A drafter chunk after a plain (or
         # group) one pays for rebuilding the drafter's cache (`switched_away`): otherwise
         # leaving the drafter looks free and the bandit alternates too often.
-        run_s = dt + charged_s - compiled
+        run_s = dt + charged_s - (compiled - rebuild_compile)
         if charged_s:
           entry["switch_s"] = charged_s
         if arm == PLAIN:
@@ -977,7 +987,8 @@ class RolloutEngine:
         else:
           mean_rows = entry["row_rounds"] / max(entry["rounds"], 1)
         entry["reward"] = tokens / max(run_s, 1e-6) / mean_rows
-        bandit.update(state.batch, arm, entry["reward"])
+        entry["answer_phase"] = phase
+        bandit.update(state.batch, arm, entry["reward"], phase=phase)
       timeline.append(
         {
           "t": t0 - start,
@@ -986,6 +997,7 @@ class RolloutEngine:
           "batch": state.batch,
           "view": view,
           "tokens": tokens,
+          "generated": generated,  # tokens generated per active row at the chunk's start
           **entry,
         }
       )
