@@ -90,10 +90,12 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.engine.spec_adaptive = True
   c.engine.spec_rounds = 8
   # Group drafts: longest suffix compared, occurrences followed, the hybrid's switch (match
-  # length), sibling rows read, reference tokens per row, rollouts kept per prompt.
+  # length, leading tokens shared with the drafter's draft), sibling rows read, reference
+  # tokens per row, rollouts kept per prompt.
   c.engine.group_ngram = 8
   c.engine.group_candidates = 16
   c.engine.group_min_match = 3
+  c.engine.group_agree = 1
   c.engine.group_siblings = 8
   c.engine.group_reference_len = 2048
   c.engine.group_history = 4

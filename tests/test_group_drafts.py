@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from tlt_jax.decode.drafting import Draft
 from tlt_jax.decode.group_drafts import (
   NO_TOKEN,
   GroupCorpus,
@@ -12,6 +13,7 @@ from tlt_jax.decode.group_drafts import (
   choose_drafts,
   corpus_text,
   group_chain,
+  hybrid_choice,
   suffix_match_lengths,
 )
 from tlt_jax.decode.sampling import SamplingConfig
@@ -165,3 +167,37 @@ def test_history_keeps_the_last_rollouts_and_round_trips():
   bad = dict(state, texts=state["texts"][1:])
   with pytest.raises(ValueError, match="inconsistent"):
     back.load_state_dict(bad)
+
+
+def _chain(rows, valid=None):
+  """A chain Draft from [B, D + 1] token rows (node 0 the root)."""
+  tokens = jnp.asarray(rows, jnp.int32)
+  b, n = tokens.shape
+  return Draft(
+    tokens=tokens,
+    parents=jnp.broadcast_to(jnp.arange(-1, n - 1, dtype=jnp.int32), (b, n)),
+    valid=jnp.ones((b, n), bool) if valid is None else jnp.asarray(valid),
+    depth=jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (b, n)),
+    probs=jnp.ones((b, n), jnp.float32),
+    scores=jnp.ones((b, n), jnp.float32),
+  )
+
+
+def test_hybrid_takes_the_group_draft_only_where_it_matches_long_and_agrees():
+  # Rows: agrees on 2 tokens; disagrees at once; agrees on 1 only; short match; group
+  # draft without a valid first node.
+  group = _chain(
+    [[0, 5, 6, 7], [0, 5, 6, 7], [0, 5, 9, 9], [0, 5, 6, 7], [0, 5, 6, 7]],
+    valid=[[1, 1, 1, 1]] * 4 + [[1, 0, 0, 0]],
+  )
+  drafter = _chain([[0, 5, 6, 1], [0, 4, 6, 7], [0, 5, 6, 7], [0, 5, 6, 7], [0, 5, 6, 7]])
+  match_len = jnp.asarray([4, 4, 4, 2, 4])
+  pick = lambda agree: np.asarray(
+    hybrid_choice(match_len, group, drafter, GroupMatch(min_match=3, agree=agree))
+  ).tolist()
+  assert pick(0) == [True, True, True, False, False]  # the match length alone
+  assert pick(1) == [True, False, True, False, False]
+  assert pick(2) == [True, False, False, False, False]
+  assert pick(9) == pick(3)  # capped at the depth
+  with pytest.raises(ValueError, match="agree"):
+    GroupMatch(agree=-1)

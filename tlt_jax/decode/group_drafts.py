@@ -46,19 +46,25 @@ class GroupMatch:
   Attributes:
     ngram: longest suffix compared (the match length is capped there).
     candidates: occurrences of the longest matched suffix followed (the most recent).
-    min_match: hybrid drafts take the group draft where its match is at least this long,
-      the drafter's otherwise.
+    min_match: hybrid drafts take the group draft where its match is at least this long
+      and it agrees with the drafter's first `agree` tokens, the drafter's otherwise.
+    agree: leading draft tokens the group draft must share with the drafter's (0: none).
+      Where the two disagree at once the drafter is usually right (it tracks the policy;
+      the group's text is only another sample), so the group draft is taken where it
+      confirms the drafter's start and goes on from a verbatim repetition.
   """
 
   ngram: int = 8
   candidates: int = 16
   min_match: int = 3
+  agree: int = 1
 
   def __post_init__(self):
-    for name in ("ngram", "candidates", "min_match"):
+    for name in ("ngram", "candidates", "min_match", "agree"):
       v = getattr(self, name)
-      if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise ValueError(f"GroupMatch.{name} must be an int >= 1, got {v!r}")
+      low = 0 if name == "agree" else 1
+      if isinstance(v, bool) or not isinstance(v, int) or v < low:
+        raise ValueError(f"GroupMatch.{name} must be an int >= {low}, got {v!r}")
 
 
 DEFAULT_MATCH = GroupMatch()
@@ -168,6 +174,21 @@ def group_chain(
     scores=jnp.ones((b, n), jnp.float32),
   )
   return draft, best.astype(jnp.int32)
+
+
+def hybrid_choice(
+  match_len: Int[Array, " B"], group: Draft, drafter: Draft, match: GroupMatch
+) -> jax.Array:
+  """[B] bool: rows whose hybrid draft is the group chain (`GroupMatch.min_match` and
+  `GroupMatch.agree`); both drafts are chains of one depth."""
+  use = (match_len >= match.min_match) & group.valid[:, 1]
+  k = min(match.agree, group.tokens.shape[1] - 1)
+  if k:
+    same = (group.tokens[:, 1 : 1 + k] == drafter.tokens[:, 1 : 1 + k]) & drafter.valid[
+      :, 1 : 1 + k
+    ]
+    use = use & (same & group.valid[:, 1 : 1 + k]).all(axis=1)
+  return use
 
 
 def choose_drafts(use_first: jax.Array, first: Draft, second: Draft) -> Draft:

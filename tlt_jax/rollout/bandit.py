@@ -93,6 +93,10 @@ class _BucketStats:
     # Undiscounted pulls: drive the warm-up and are reported in `summary`.
     self.pulls = np.zeros(num_arms, dtype=np.int64)
     self.last: list[float | None] = [None] * num_arms
+    self._fitted: tuple[np.ndarray, np.ndarray] | None = None  # fit() until the next change
+
+  def changed(self) -> None:
+    self._fitted = None
 
   def ensure_phase(self, phase: int) -> None:
     grow = phase + 1 - self.count.shape[1]
@@ -101,6 +105,7 @@ class _BucketStats:
       self.count = np.pad(self.count, pad)
       self.reward_sum = np.pad(self.reward_sum, pad)
       self.square_sum = np.pad(self.square_sum, pad)
+      self.changed()
 
   def fit(self) -> tuple[np.ndarray, np.ndarray]:
     """Per-arm speed `alpha` and per-phase factor `beta` with cell mean ~ alpha_a * beta_p.
@@ -111,6 +116,11 @@ class _BucketStats:
     mostly where every arm is fast (answers' starts) no longer looks better than one measured
     throughout. With a single phase alpha is the plain discounted mean. NaN: no data.
     """
+    if self._fitted is None:
+      self._fitted = self._fit()
+    return self._fitted
+
+  def _fit(self) -> tuple[np.ndarray, np.ndarray]:
     n = self.count
     with np.errstate(invalid="ignore", divide="ignore"):
       m = np.where(n > 0, self.reward_sum / np.where(n > 0, n, 1.0), 0.0)
@@ -342,6 +352,7 @@ class StrategyBandit:
     stats.count[i, phase] += 1.0
     stats.reward_sum[i, phase] += value
     stats.square_sum[i, phase] += value * value
+    stats.changed()
     stats.pulls[i] += 1
     stats.last[i] = value
 

@@ -81,7 +81,8 @@ class EngineConfig:
     spec_adaptive: a bandit per batch bucket picks among plain decode and the
       strategies by measured tokens/s; False always uses the first strategy.
     spec_rounds: draft-verify rounds per speculative device call.
-    group_ngram / group_candidates / group_min_match: group drafts' match settings
+    group_ngram / group_candidates / group_min_match / group_agree: group drafts' match
+      settings
       (`decode.group_drafts.GroupMatch`).
     group_siblings: sibling rows (same prompt, the row itself included) a row's group
       drafts read from the batch.
@@ -110,6 +111,7 @@ class EngineConfig:
   group_ngram: int = 8
   group_candidates: int = 16
   group_min_match: int = 3
+  group_agree: int = 1
   group_siblings: int = 8
   group_reference_len: int = 2048
   group_history: int = 4
@@ -169,7 +171,9 @@ class EngineConfig:
 
   @property
   def group_match(self) -> GroupMatch:
-    return GroupMatch(self.group_ngram, self.group_candidates, self.group_min_match)
+    return GroupMatch(
+      self.group_ngram, self.group_candidates, self.group_min_match, self.group_agree
+    )
 
   @property
   def uses_group(self) -> bool:

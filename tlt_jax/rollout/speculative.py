@@ -47,6 +47,7 @@ from tlt_jax.decode.group_drafts import (
   GroupMatch,
   choose_drafts,
   group_chain,
+  hybrid_choice,
 )
 from tlt_jax.decode.tree import ancestor_mask
 from tlt_jax.decode.verify import verify_chain, verify_sampling
@@ -364,7 +365,7 @@ def spec_decode_chunk(
         coupling=coupling,
       )
       if strategy.kind == "hybrid":
-        use_group = (match_len >= group_match.min_match) & group.valid[:, 1]
+        use_group = hybrid_choice(match_len, group, eagle, group_match)
         return choose_drafts(use_group, group, eagle), dcache
       return eagle, dcache
     return drafting.draft_tree(
