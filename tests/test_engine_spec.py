@@ -117,7 +117,9 @@ def test_group_drafts_equal_plain(models, pool, strategy, sampling):
   most of the time, and still verified."""
   _, tp, _, dp = models
   plain = _run(_engine(models, pool, sampling, spec_threshold=0), tp, None, num_samples=4)
-  engine = _engine(models, pool, sampling, spec_strategies=(strategy,))
+  # group_agree=0: the hybrid takes group drafts wherever they match (this random drafter
+  # agrees with nothing, so the default rule would never take them).
+  engine = _engine(models, pool, sampling, spec_strategies=(strategy,), group_agree=0)
   first = _run(engine, tp, dp, num_samples=4)
   assert len(engine.history) == len(PROMPTS)
   second = _run(engine, tp, dp, num_samples=4)
@@ -711,6 +713,8 @@ def test_bandit_files_each_reward_under_its_answer_phase(models, pool):
         assert entry["generated"] == pytest.approx(want)
         followed += 1
     for entry in chunks:
+      if "slowest_tokens" in entry:  # the slowest row run through the chunk
+        assert 1 <= entry["slowest_tokens"] <= entry["tokens"] / entry["rows_through"]
       if "reward" in entry:
         assert entry["answer_phase"] == answer_phase(entry["generated"], 2)
         arm = entry.get("strategy", "plain")

@@ -878,6 +878,7 @@ class RolloutEngine:
         learn = False
       compile_s = self.pool.compile_seconds
       before = int(length[active].sum())
+      start_length = length  # the host mirror is replaced, not updated, by the chunk
       # Where in the answers this chunk starts: the bandit compares arms at equal phase.
       generated = float((length - prompt_len)[active].mean())
       phase = answer_phase(generated, cfg.bandit_phase_tokens)
@@ -970,6 +971,12 @@ class RolloutEngine:
           entry["corpus_s"] = corpus_s  # host time building the group corpus (in dt)
       dt = time.perf_counter() - t0
       tokens = int(length[active].sum()) - before
+      # The rows the chunk ran from start to end, and the fewest tokens one of them gained:
+      # a rollout of equal-length rows ends with its slowest row.
+      through = active & ~done
+      if through.any():
+        entry["rows_through"] = int(through.sum())
+        entry["slowest_tokens"] = int((length - start_length)[through].min())
       compiled = self.pool.compile_seconds - compile_s
       if compiled:
         entry["compile_s"] = compiled  # lazy pools: this chunk (or its rebuild) compiled
