@@ -60,9 +60,8 @@ class GroupMatch:
   agree: int = 1
 
   def __post_init__(self):
-    for name in ("ngram", "candidates", "min_match", "agree"):
+    for name, low in (("ngram", 1), ("candidates", 1), ("min_match", 1), ("agree", 0)):
       v = getattr(self, name)
-      low = 0 if name == "agree" else 1
       if isinstance(v, bool) or not isinstance(v, int) or v < low:
         raise ValueError(f"GroupMatch.{name} must be an int >= {low}, got {v!r}")
 
@@ -182,13 +181,9 @@ def hybrid_choice(
   """[B] bool: rows whose hybrid draft is the group chain (`GroupMatch.min_match` and
   `GroupMatch.agree`); both drafts are chains of one depth."""
   use = (match_len >= match.min_match) & group.valid[:, 1]
-  k = min(match.agree, group.tokens.shape[1] - 1)
-  if k:
-    same = (group.tokens[:, 1 : 1 + k] == drafter.tokens[:, 1 : 1 + k]) & drafter.valid[
-      :, 1 : 1 + k
-    ]
-    use = use & (same & group.valid[:, 1 : 1 + k]).all(axis=1)
-  return use
+  lead = slice(1, 1 + min(match.agree, group.tokens.shape[1] - 1))  # nodes after the root
+  same = (group.tokens[:, lead] == drafter.tokens[:, lead]) & drafter.valid[:, lead]
+  return use & (same & group.valid[:, lead]).all(axis=1)  # all() of none (agree 0): True
 
 
 def choose_drafts(use_first: jax.Array, first: Draft, second: Draft) -> Draft:

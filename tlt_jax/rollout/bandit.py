@@ -31,9 +31,10 @@ Why a bandit, and why one per batch bucket:
   a fit of reward ~ arm speed x phase factor (`_BucketStats.fit`).
 
 * Exploration should stop once the arms are told apart. The bonus is therefore scaled by the
-  measured spread of the rewards: the pooled standard deviation of the bucket's chunk rewards,
-  relative to its best mean (at least `min_spread`). Arms whose timings barely vary separate
-  after a few pulls and are then rarely retried; noisy ones keep being compared.
+  measured spread of the rewards: the pooled standard deviation of the bucket's chunk rewards
+  around the fit, relative to the fitted value (at least `min_spread`). Arms whose timings
+  barely vary separate after a few pulls and are then rarely retried; noisy ones keep being
+  compared.
 
 Selection in a bucket: first every arm is pulled `min_pulls` times, round-robin in arm order;
 then the arm maximising
@@ -179,18 +180,17 @@ class _BucketStats:
 
   @classmethod
   def from_state(cls, state: Mapping[str, Any], num_arms: int) -> _BucketStats:
-    state = dict(state)
-    cells: dict[str, np.ndarray] = {}
-    for key in ("count", "reward_sum", "pulls", "last", "square_sum"):
-      if key == "square_sum" and key not in state:  # version 1: no spread, read as none
-        r, c = cells["reward_sum"], cells["count"]
-        cells[key] = np.where(c > 0, r * r / np.where(c > 0, c, 1.0), 0.0)
-        continue
-      if len(state[key]) != num_arms:
+    keys = ("count", "reward_sum", "square_sum", "pulls", "last")
+    for key in keys:
+      if key in state and len(state[key]) != num_arms:
         raise ValueError(
           f"bucket {state['bucket']}: {key!r} has {len(state[key])} entries, expected {num_arms}"
         )
-      if key in ("pulls", "last"):
+    cells: dict[str, np.ndarray] = {}
+    for key in keys[:3]:
+      if key not in state:  # "square_sum", version 1: no spread recorded, read as none
+        r, c = cells["reward_sum"], cells["count"]
+        cells[key] = np.where(c > 0, r * r / np.where(c > 0, c, 1.0), 0.0)
         continue
       rows = [r if isinstance(r, list | tuple) else [r] for r in state[key]]  # v1-2: one phase
       if len({len(r) for r in rows}) != 1 or not rows[0]:
@@ -370,7 +370,8 @@ class StrategyBandit:
     return self._arms[int(np.argmax(means))]  # argmax takes the first arm on ties.
 
   def summary(self) -> dict[int, dict[str, dict[str, Any]]]:
-    """Per bucket, per arm: pulls (undiscounted), discounted mean reward, last reward."""
+    """Per bucket, per arm: pulls (undiscounted), phase-adjusted discounted mean reward, last
+    reward."""
     out: dict[int, dict[str, dict[str, Any]]] = {}
     for bucket in sorted(self._buckets):
       stats = self._buckets[bucket]

@@ -82,8 +82,7 @@ class EngineConfig:
       strategies by measured tokens/s; False always uses the first strategy.
     spec_rounds: draft-verify rounds per speculative device call.
     group_ngram / group_candidates / group_min_match / group_agree: group drafts' match
-      settings
-      (`decode.group_drafts.GroupMatch`).
+      settings (`decode.group_drafts.GroupMatch`).
     group_siblings: sibling rows (same prompt, the row itself included) a row's group
       drafts read from the batch.
     group_reference_len: tokens of each row's reference line (its prompt's earlier
