@@ -102,6 +102,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   # The bandit compares draft strategies at equal phase of the answers (bins doubling from
   # this many generated tokens; 0: one phase).
   c.engine.bandit_phase_tokens = 16
+  # A chunk's speed, for the bandit: "frontier" (tokens/s of the least-advanced row, which
+  # bounds when a bucket ends) or "row" (the mean active row's tokens/s).
+  c.engine.bandit_reward = "frontier"
 
   # The EAGLE drafter (modes sd and tlt): warm start on the warm-start policy's rollouts,
   # then (tlt) online updates from each RL step's rollouts.

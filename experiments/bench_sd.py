@@ -8,7 +8,9 @@ speculative decoding serves in a rollout, and rows that stay active for the
 whole budget, so B is the batch throughout. Configurations:
   plain      - plain decode (spec off),
   <strategy> - speculative decoding with that fixed strategy every chunk,
-  adaptive   - the per-bucket bandit choosing among plain and the strategies.
+  adaptive   - the per-bucket bandit choosing among plain and the strategies, rewarded by
+               the first of `--adaptive_rewards` (`EngineConfig.bandit_reward`);
+  adaptive_<reward> - the same bandit rewarded by each further measure listed there.
 All engines share one executable pool; every configuration is run once untimed
 (compiles; the adaptive engine's bandit learns over `--learn_runs` runs), then
 the `--reps` timed repetitions are interleaved across configurations so drift of
@@ -78,6 +80,9 @@ _PROFILE = flags.DEFINE_list("profile_batches", ["1", "16"], "batches with a rou
 _PROFILE_ARMS = flags.DEFINE_list(
   "profile_strategies", [], "arms in the round-cost table (default: every fixed arm)"
 )
+_REWARDS = flags.DEFINE_list(
+  "adaptive_rewards", ["frontier"], "bandit rewards: adaptive, then adaptive_<reward> for more"
+)
 _LEARN = flags.DEFINE_integer("learn_runs", 6, "untimed runs for the adaptive bandit to learn")
 _LEARN_CHUNKS = flags.DEFINE_integer(
   "learn_chunks", 40, "rewarded chunks the adaptive bandit sees before timing (beyond learn_runs)"
@@ -102,6 +107,12 @@ _RANDOM_DRAFTER = flags.DEFINE_bool(
 )
 
 
+def _adaptive_modes() -> dict[str, str]:
+  """Adaptive configurations by name: their bandit's reward."""
+  rewards = _REWARDS.value
+  return {"adaptive": rewards[0], **{f"adaptive_{r}": r for r in rewards[1:]}}
+
+
 def _engine_config(base: EngineConfig, b: int, strategies, mode: str) -> EngineConfig:
   cfg = dataclasses.replace(
     base,
@@ -114,9 +125,13 @@ def _engine_config(base: EngineConfig, b: int, strategies, mode: str) -> EngineC
   )
   if mode == "plain":
     return dataclasses.replace(cfg, spec_threshold=0)
-  if mode == "adaptive":
+  if mode in _adaptive_modes():
     return dataclasses.replace(
-      cfg, spec_threshold=b, spec_strategies=tuple(strategies), spec_adaptive=True
+      cfg,
+      spec_threshold=b,
+      spec_strategies=tuple(strategies),
+      spec_adaptive=True,
+      bandit_reward=_adaptive_modes()[mode],
     )
   return dataclasses.replace(cfg, spec_threshold=b, spec_strategies=(mode,), spec_adaptive=False)
 
@@ -160,12 +175,13 @@ def main(argv):
   batches = [int(b) for b in _BATCHES.value]
   temps = [float(t) for t in _TEMPS.value]
   strategies = list(_STRATEGIES.value)
-  modes = ["plain", *strategies, "adaptive"]
+  adaptive = list(_adaptive_modes())
+  modes = ["plain", *strategies, *adaptive]
   examples = sorted(test_split, key=lambda ex: -len(format_target(ex)))
   prompts = [tokenizer.encode(format_prompt(ex), add_bos=True) for ex in examples]
   prompts = [p for p in prompts if len(p) <= base.max_prompt_len]
   rows, profiles = [], []
-  learning = {}  # (batch, temperature) -> the adaptive bandit's learning runs and chunks
+  learning = {}  # (batch, temperature, mode) -> an adaptive bandit's learning runs and chunks
   timed_compiles = 0
   start = time.perf_counter()
   compiles = compile_s = 0.0
@@ -218,7 +234,7 @@ def main(argv):
           num_samples=g,
           drafter_params=None if mode == "plain" else dparams,
         )
-        if mode != "adaptive":
+        if mode not in adaptive:
           run(mode, 1000)
           continue
         # The bandit learns over at least --learn_runs rollouts and --learn_chunks rewarded
@@ -228,7 +244,7 @@ def main(argv):
           r = run(mode, 1000 + i)
           learned += sum("reward" in e for e in r.timeline)
           i += 1
-        learning[(b, temp)] = {"runs": i, "rewarded_chunks": learned}
+        learning[(b, temp, mode)] = {"runs": i, "rewarded_chunks": learned}
       compiled = pool.compiles
       results = {m: [] for m in modes}
       calls = _CALLS.value or max(1, 8 // b)
@@ -280,10 +296,11 @@ def main(argv):
         batch_rows.append(row)
       fixed = [r for r in batch_rows if r["config"] in strategies]
       best = max(fixed, key=lambda r: r["speedup"])
-      vs_best = tps["adaptive"] / tps[best["config"]]
       for row in batch_rows:
-        if row["config"] == "adaptive":
-          row["learning"] = learning[(b, temp)]
+        if row["config"] in adaptive:
+          vs_best = tps[row["config"]] / tps[best["config"]]
+          row["learning"] = learning[(b, temp, row["config"])]
+          row["bandit_reward"] = _adaptive_modes()[row["config"]]
           row["best_fixed"] = best["config"]
           row["vs_best_fixed"] = {k: round(v, 3) for k, v in _spread(vs_best).items()}
         rows.append(row)
@@ -323,7 +340,7 @@ def main(argv):
       w.writerow({k: r[k] for k in flat})
   _plot(rows, modes, temps, os.path.join(_OUT.value, "bench_sd.png"))
   print("\n" + format_host(host))
-  _table(rows, modes, temps)
+  _table(rows, modes, temps, adaptive)
   _cost_table(profiles)
 
 
@@ -392,14 +409,14 @@ def _plot(rows, modes, temps, path):
   plt.close(fig)
 
 
-def _table(rows, modes, temps):
+def _table(rows, modes, temps, adaptive):
   for temp in temps:
     print(
       f"\ntemperature {temp:g}: tokens/s (median speedup over plain [min-max over "
       "repetitions]; accept length); adaptive / best fixed arm"
     )
-    print("| batch | " + " | ".join(modes) + " | adaptive vs best |")
-    print("|---" * (len(modes) + 2) + "|")
+    print("| batch | " + " | ".join(modes) + "".join(f" | {a} vs best" for a in adaptive) + " |")
+    print("|---" * (len(modes) + len(adaptive) + 1) + "|")
     for b in sorted({r["batch"] for r in rows}):
       cells = []
       for mode in modes:
@@ -411,13 +428,12 @@ def _table(rows, modes, temps):
         cells.append(
           f"{r['tokens_per_s']:.0f} ({sp['median']:.2f}x [{sp['min']:.2f}-{sp['max']:.2f}]{acc})"
         )
-      (ad,) = [
-        r
-        for r in rows
-        if r["batch"] == b and r["config"] == "adaptive" and r["temperature"] == temp
-      ]
-      vb = ad["vs_best_fixed"]
-      cells.append(f"{vb['median']:.2f} [{vb['min']:.2f}-{vb['max']:.2f}] of {ad['best_fixed']}")
+      for a in adaptive:
+        (ad,) = [
+          r for r in rows if r["batch"] == b and r["config"] == a and r["temperature"] == temp
+        ]
+        vb = ad["vs_best_fixed"]
+        cells.append(f"{vb['median']:.2f} [{vb['min']:.2f}-{vb['max']:.2f}] of {ad['best_fixed']}")
       print(f"| {b} | " + " | ".join(cells) + " |")
     print(
       f"crossover (smallest batch where no fixed strategy beats plain): {crossover(rows, temp)}"
@@ -455,7 +471,10 @@ def crossover(rows, temp):
     fixed = [
       r["speedup"]
       for r in rows
-      if r["batch"] == b and r["temperature"] == temp and r["config"] not in ("plain", "adaptive")
+      if r["batch"] == b
+      and r["temperature"] == temp
+      and r["config"] != "plain"
+      and not r["config"].startswith("adaptive")
     ]
     if max(fixed) < 1.0:
       return b

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from tlt_jax.rollout.bandit import StrategyBandit, answer_phase
+from tlt_jax.rollout.bandit import StrategyBandit, answer_phase, frontier_advance
 
 ARMS = ("plain", "chain2", "chain4", "tree4x2x8")
 
@@ -281,6 +281,43 @@ def test_answer_phase_bins_double():
   ]
   assert answer_phase(10_000, 0) == 0  # phases off
   assert answer_phase(1e12, 16) == 15  # capped
+
+
+def test_frontier_advance_follows_the_least_advanced_row():
+  assert frontier_advance([0, 0, 0], [5, 3, 9]) == 3  # the slowest row's gain
+  # Row 1 was behind and overtakes: the frontier moves to row 0 (6 -> 10 is 4 < row 1's 8).
+  assert frontier_advance([6, 2, 20], [10, 10, 30]) == 8
+  # The advances of successive chunks add up to the least-advanced row's progress.
+  rng = np.random.default_rng(0)
+  gen = np.zeros(5, np.int64)
+  total = 0
+  for _ in range(20):
+    new = gen + rng.integers(1, 12, size=5)
+    total += frontier_advance(gen, new)
+    gen = new
+  assert total == gen.min()
+  with pytest.raises(ValueError, match="lost tokens"):
+    frontier_advance([3, 4], [3, 2])
+  with pytest.raises(ValueError, match="equal non-empty"):
+    frontier_advance([1, 2], [1, 2, 3])
+
+
+def test_frontier_reward_ranks_arms_by_when_the_batch_ends():
+  """Arm "deep" gains more tokens per row on average than "short" but its hard rows gain
+  fewer; rows run to a common budget, so the batch ends when its slowest row does. The mean
+  row's speed prefers "deep"; the frontier's prefers "short", which finishes first."""
+  budget, chunk_s = 96, 1.0
+  gains = {"short": np.full(4, 10), "deep": np.array([18, 6, 18, 6])}  # tokens per chunk
+  chunks, frontier, mean = {}, {}, {}
+  for arm, g in gains.items():
+    gen, n, fr = np.zeros(4, np.int64), 0, []
+    while gen.min() < budget:
+      new = np.minimum(gen + g, budget)
+      fr.append(frontier_advance(gen, new) / chunk_s)
+      gen, n = new, n + 1
+    chunks[arm], frontier[arm], mean[arm] = n, np.mean(fr), g.mean() / chunk_s
+  assert chunks["short"] < chunks["deep"]
+  assert mean["deep"] > mean["short"] and frontier["short"] > frontier["deep"]
 
 
 def test_fit_recovers_arm_speeds_from_unbalanced_phases():

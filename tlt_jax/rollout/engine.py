@@ -45,13 +45,14 @@ from tlt_jax.models.drafter import check_drafter_matches
 from tlt_jax.models.transformer import KVCache
 from tlt_jax.parallel.meshes import BatchPlacement
 from tlt_jax.rollout import programs
-from tlt_jax.rollout.bandit import StrategyBandit, answer_phase
+from tlt_jax.rollout.bandit import StrategyBandit, answer_phase, frontier_advance
 from tlt_jax.rollout.history import PromptHistory, reference_line
 from tlt_jax.rollout.pool import ExecutablePool
 from tlt_jax.rollout.speculative import SpecStrategy, spec_decode_chunk
 from tlt_jax.rollout.state import RolloutState, power_of_two_buckets, round_up
 
 PLAIN = "plain"  # the bandit arm that runs plain decode
+BANDIT_REWARDS = ("frontier", "row")  # EngineConfig.bandit_reward
 
 
 def _completion(harvested: dict[str, np.ndarray]) -> np.ndarray:
@@ -90,6 +91,11 @@ class EngineConfig:
     group_history: rollouts per prompt the engine remembers for group drafts (0: none).
     bandit_phase_tokens: the bandit compares arms at equal phase of the answers, in bins
       doubling from this many generated tokens (`bandit.answer_phase`; 0: one phase).
+    bandit_reward: what a chunk's speed is measured by. "frontier": tokens per second by
+      which the least-advanced row moved (`bandit.frontier_advance`; the rows of a bucket
+      run to the same budget and the bucket ends with its slowest row); "row": tokens per
+      second of the mean active row (throughput; deep drafts look better by it than they
+      finish, since their rows spread apart).
   """
 
   max_prompt_len: int = 64
@@ -115,6 +121,7 @@ class EngineConfig:
   group_reference_len: int = 2048
   group_history: int = 4
   bandit_phase_tokens: int = 16
+  bandit_reward: str = "frontier"
 
   def __post_init__(self):
     for name in (
@@ -158,6 +165,10 @@ class EngineConfig:
     p = self.bandit_phase_tokens
     if isinstance(p, bool) or not isinstance(p, int) or p < 0:
       raise ValueError(f"EngineConfig.bandit_phase_tokens must be an int >= 0, got {p!r}")
+    if self.bandit_reward not in BANDIT_REWARDS:
+      raise ValueError(
+        f"EngineConfig.bandit_reward must be one of {BANDIT_REWARDS}, got {self.bandit_reward!r}"
+      )
 
   @property
   def slots(self) -> int:
@@ -970,33 +981,42 @@ class RolloutEngine:
           entry["corpus_s"] = corpus_s  # host time building the group corpus (in dt)
       dt = time.perf_counter() - t0
       tokens = int(length[active].sum()) - before
-      # The rows the chunk ran from start to end, and the fewest tokens one of them gained:
-      # a rollout of equal-length rows ends with its slowest row.
+      # The rows the chunk ran from start to end, the fewest tokens one of them gained and
+      # how far the least-advanced of them moved: a rollout of equal-length rows ends with
+      # its slowest row.
       through = active & ~done
       if through.any():
         entry["rows_through"] = int(through.sum())
         entry["slowest_tokens"] = int((length - start_length)[through].min())
+        entry["frontier_tokens"] = frontier_advance(
+          (start_length - prompt_len)[through], (length - prompt_len)[through]
+        )
       compiled = self.pool.compile_seconds - compile_s
       if compiled:
         entry["compile_s"] = compiled  # lazy pools: this chunk (or its rebuild) compiled
       if learn and full and tokens > 0:
-        # Reward: the speed of an active row, tokens per second per row active during the
-        # chunk, less any compile it triggered (lazy pools). The rollout ends when its
-        # longest row does, so a row's speed is what an arm should maximise; dividing by the
-        # rows active during the chunk (plain: tokens / steps; speculative: row-rounds /
-        # rounds) keeps rows that finish, early or late in a rollout, from crediting or
-        # penalising the arm that happened to run then. Chunks cut short by the last row
-        # finishing are mostly fixed overhead: skipped. A drafter chunk after a plain (or
-        # group) one pays for rebuilding the drafter's cache (`switched_away`): otherwise
-        # leaving the drafter looks free and the bandit alternates too often.
-        run_s = dt + charged_s - (compiled - rebuild_compile)
+        # Reward: a row's speed in tokens per second, less any compile the chunk triggered
+        # (lazy pools). The rollout ends when its longest row does, so a row's speed is what
+        # an arm should maximise. "frontier" (default) takes the least-advanced row that ran
+        # the whole chunk (a deep draft's rows spread apart: measured at batch 16, its mean
+        # row gained 75 tokens in a chunk and its slowest 46); "row" the mean active row,
+        # dividing by the rows active during the chunk (plain: tokens / steps; speculative:
+        # row-rounds / rounds), so rows that finish do not credit the arm that ran then.
+        # Either way rows that finish inside the chunk are left out. Chunks cut short by the
+        # last row finishing are mostly fixed overhead: skipped. A drafter chunk after a
+        # plain (or group) one pays for rebuilding the drafter's cache (`switched_away`):
+        # otherwise leaving the drafter looks free and the bandit alternates too often.
+        run_s = max(dt + charged_s - (compiled - rebuild_compile), 1e-6)
         if charged_s:
           entry["switch_s"] = charged_s
-        if arm == PLAIN:
-          mean_rows = tokens / max(int(ran), 1)
-        else:
-          mean_rows = entry["row_rounds"] / max(entry["rounds"], 1)
-        entry["reward"] = tokens / max(run_s, 1e-6) / mean_rows
+        if cfg.bandit_reward == "frontier" and "frontier_tokens" in entry:
+          entry["reward"] = entry["frontier_tokens"] / run_s
+        else:  # "row", or no row ran through (every row finished): the mean row
+          if arm == PLAIN:
+            mean_rows = tokens / max(int(ran), 1)
+          else:
+            mean_rows = entry["row_rounds"] / max(entry["rounds"], 1)
+          entry["reward"] = tokens / run_s / mean_rows
         entry["answer_phase"] = phase
         bandit.update(state.batch, arm, entry["reward"], phase=phase)
       timeline.append(
