@@ -27,6 +27,21 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.task.test_size = 500
   c.task.data_dir = ""  # "" -> <workdir>/tfds
   c.task.tokenizer = "char"  # or a local Hugging Face model directory
+  # name "local": question/answer rows from a .jsonl or .parquet file (GSM8K, MATH, ...);
+  # without test_path, test_fraction of the questions (by hash) are held out.
+  c.task.path = ""
+  c.task.test_path = ""
+  c.task.test_fraction = 0.1
+  c.task.question_key = "question"
+  c.task.answer_key = "answer"
+  c.task.solution_key = "solution"
+  # "" (the task's own; GSM8K's for local files), gsm8k, math, exact, marked, arithmetic,
+  # countdown, or "package.module:function" (completion, answer) -> reward.
+  c.task.checker = ""
+  # "plain": the question is the prompt; "chat": the tokenizer's chat template renders it
+  # as a user turn (after system_prompt, if any) with the assistant's turn opened.
+  c.task.prompt_format = "plain"
+  c.task.system_prompt = ""
   # Single-digit operands and labelled steps keep the task learnable by a
   # ~1M-parameter model in minutes on a CPU; the step count (and so the
   # response length) stays long-tailed: median ~26 characters, max ~280.
@@ -102,9 +117,10 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   # The bandit compares draft strategies at equal phase of the answers (bins doubling from
   # this many generated tokens; 0: one phase).
   c.engine.bandit_phase_tokens = 16
-  # A chunk's speed, for the bandit: "frontier" (tokens/s of the least-advanced row, which
-  # bounds when a bucket ends) or "row" (the mean active row's tokens/s).
-  c.engine.bandit_reward = "frontier"
+  # A chunk's speed, for the bandit: "octile" (tokens/s of the rows' lower octile: the rows
+  # falling behind bound when a bucket ends), "frontier" (the least-advanced row) or "row"
+  # (the mean active row's tokens/s).
+  c.engine.bandit_reward = "octile"
 
   # The EAGLE drafter (modes sd and tlt): warm start on the warm-start policy's rollouts,
   # then (tlt) online updates from each RL step's rollouts.
@@ -177,6 +193,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.rl_loss.kl_coef = 0.0
   c.rl_loss.kl_type = "k3"
   c.rl_loss.entropy_coef = 0.0
+  c.rl_loss.entropy_metric = True  # entropy in the metrics even at coef 0 (a vocab-wide pass)
   c.rl_update = ml_collections.ConfigDict()
   # At this scale the policy gradient of one batch (16 prompts x 8) is almost all noise:
   # full-parameter gradients of independent batches have cosine ~0.01, and all-parameter

@@ -10,11 +10,14 @@ whole budget, so B is the batch throughout. Configurations:
   <strategy> - speculative decoding with that fixed strategy every chunk,
   adaptive   - the per-bucket bandit choosing among plain and the strategies, rewarded by
                the first of `--adaptive_rewards` (`EngineConfig.bandit_reward`);
-  adaptive_<reward> - the same bandit rewarded by each further measure listed there.
+  adaptive_<reward> - the same bandit rewarded by each further measure listed there,
+  control    - with `--control=ARM`, a second engine running that fixed arm: its ratio to
+               the arm's own row is the run's noise floor for "within x% of the best arm".
 All engines share one executable pool; every configuration is run once untimed
 (compiles; the adaptive engine's bandit learns over `--learn_runs` runs), then
-the `--reps` timed repetitions are interleaved across configurations so drift of
-this shared CPU hits all alike. A repetition at batch B is max(1, 8 // B)
+the `--reps` timed repetitions are interleaved across configurations, each repetition in
+a rotated order, so drift of this shared CPU (and any effect of a configuration's place
+in the sequence) hits all alike. A repetition at batch B is max(1, 8 // B)
 rollouts (different keys, the same for every configuration), so that even a
 batch-1 repetition lasts seconds.
 
@@ -83,6 +86,9 @@ _PROFILE_ARMS = flags.DEFINE_list(
 _REWARDS = flags.DEFINE_list(
   "adaptive_rewards", ["frontier"], "bandit rewards: adaptive, then adaptive_<reward> for more"
 )
+_CONTROL = flags.DEFINE_string(
+  "control", "", "a fixed arm run twice (mode 'control'): the noise floor of the comparison"
+)
 _LEARN = flags.DEFINE_integer("learn_runs", 6, "untimed runs for the adaptive bandit to learn")
 _LEARN_CHUNKS = flags.DEFINE_integer(
   "learn_chunks", 40, "rewarded chunks the adaptive bandit sees before timing (beyond learn_runs)"
@@ -125,6 +131,8 @@ def _engine_config(base: EngineConfig, b: int, strategies, mode: str) -> EngineC
   )
   if mode == "plain":
     return dataclasses.replace(cfg, spec_threshold=0)
+  if mode == "control":
+    mode = _CONTROL.value
   if mode in _adaptive_modes():
     return dataclasses.replace(
       cfg,
@@ -176,7 +184,9 @@ def main(argv):
   temps = [float(t) for t in _TEMPS.value]
   strategies = list(_STRATEGIES.value)
   adaptive = list(_adaptive_modes())
-  modes = ["plain", *strategies, *adaptive]
+  if _CONTROL.value and _CONTROL.value not in strategies:
+    raise app.UsageError(f"--control={_CONTROL.value} is not one of --strategies {strategies}")
+  modes = ["plain", *strategies, *adaptive, *(["control"] if _CONTROL.value else [])]
   examples = sorted(test_split, key=lambda ex: -len(format_target(ex)))
   prompts = [tokenizer.encode(format_prompt(ex), add_bos=True) for ex in examples]
   prompts = [p for p in prompts if len(p) <= base.max_prompt_len]
@@ -250,7 +260,9 @@ def main(argv):
       calls = _CALLS.value or max(1, 8 // b)
       tps = {m: [] for m in modes}
       for rep in range(_REPS.value):
-        for mode in modes:
+        # Rotated order: each configuration takes different places in the sequence.
+        offset = rep * len(modes) // _REPS.value
+        for mode in modes[offset:] + modes[:offset]:
           # Same keys for every mode in a repetition: the same tokens (coupled sampling).
           # Several calls per repetition at small batch: a single batch-1 rollout lasts
           # under a second, too short to time on a shared machine.
@@ -303,6 +315,10 @@ def main(argv):
           row["bandit_reward"] = _adaptive_modes()[row["config"]]
           row["best_fixed"] = best["config"]
           row["vs_best_fixed"] = {k: round(v, 3) for k, v in _spread(vs_best).items()}
+        if row["config"] == "control":  # the same programs as its twin: the noise floor
+          row["control_of"] = _CONTROL.value
+          twin = tps["control"] / tps[_CONTROL.value]
+          row["vs_twin"] = {k: round(v, 3) for k, v in _spread(twin).items()}
         rows.append(row)
         print(json.dumps(row), flush=True)
       if b in [int(x) for x in _PROFILE.value]:
@@ -435,6 +451,13 @@ def _table(rows, modes, temps, adaptive):
         vb = ad["vs_best_fixed"]
         cells.append(f"{vb['median']:.2f} [{vb['min']:.2f}-{vb['max']:.2f}] of {ad['best_fixed']}")
       print(f"| {b} | " + " | ".join(cells) + " |")
+    for r in rows:
+      if r["config"] == "control" and r["temperature"] == temp:
+        vt = r["vs_twin"]
+        print(
+          f"noise floor, batch {r['batch']}: {r['control_of']} run twice, "
+          f"{vt['median']:.3f} [{vt['min']:.3f}-{vt['max']:.3f}]"
+        )
     print(
       f"crossover (smallest batch where no fixed strategy beats plain): {crossover(rows, temp)}"
     )
@@ -473,7 +496,7 @@ def crossover(rows, temp):
       for r in rows
       if r["batch"] == b
       and r["temperature"] == temp
-      and r["config"] != "plain"
+      and r["config"] not in ("plain", "control")
       and not r["config"].startswith("adaptive")
     ]
     if max(fixed) < 1.0:

@@ -147,6 +147,8 @@ def _tunix_sampler_lib():
 
 def tunix_model_config(config: ModelConfig) -> Any:
   """The tunix Qwen2 `ModelConfig` with our shapes and numerics."""
+  if config.qk_norm or config.rope_type != "default":
+    raise ValueError("the tunix Qwen2 baseline has no q/k norms and plain RoPE only")
   qwen2 = _tunix_qwen2()
   dtype = config.jnp_dtype
   return qwen2.ModelConfig(

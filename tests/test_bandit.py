@@ -296,6 +296,13 @@ def test_frontier_advance_follows_the_least_advanced_row():
     total += frontier_advance(gen, new)
     gen = new
   assert total == gen.min()
+  # A low quantile: the 2nd fewest of 9 rows (k = int(0.125 * 8) = 1), before and after.
+  assert frontier_advance([0] * 9, [1, 9, 3, 9, 9, 9, 9, 9, 9], quantile=0.125) == 3
+  assert frontier_advance([5, 1, 9], [6, 4, 9], quantile=0.125) == frontier_advance(
+    [5, 1, 9], [6, 4, 9]
+  )  # 3 rows: the minimum
+  with pytest.raises(ValueError, match="quantile"):
+    frontier_advance([1], [2], quantile=1.0)
   with pytest.raises(ValueError, match="lost tokens"):
     frontier_advance([3, 4], [3, 2])
   with pytest.raises(ValueError, match="equal non-empty"):

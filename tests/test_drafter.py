@@ -391,6 +391,12 @@ def test_shape_mismatch_errors_are_clear(s):
     check_drafter_matches(CFG, dataclasses.replace(CFG, vocab_size=41))
   with pytest.raises(ValueError, match="embedding"):
     check_drafter_matches(s.tp, CFG)
+  # A Qwen3 target (q/k norms): its drafter layer has them too, and a plain one does not fit.
+  qwen3 = dataclasses.replace(CFG, qk_norm=True)
+  q3_params = nnx.split(nnx.eval_shape(lambda: Drafter(qwen3, rngs=nnx.Rngs(0))))[1]
+  check_drafter_matches(q3_params, qwen3)
+  with pytest.raises(ValueError, match="drafter qk_norm False != target qk_norm True"):
+    check_drafter_matches(s.dp, qwen3)
   # The functional entry checks the pair at trace time (abstract target: nothing runs).
   bg, bp = nnx.split(nnx.eval_shape(lambda: Transformer(big, rngs=nnx.Rngs(0))))
   fwd = lambda tp: drafter_forward(

@@ -19,6 +19,7 @@ from tlt_jax.models.hf_io import (
   INDEX_NAME,
   SINGLE_WEIGHTS_NAME,
   config_from_hf,
+  config_to_hf,
   load_hf_checkpoint,
   save_hf_checkpoint,
 )
@@ -29,10 +30,27 @@ transformers = pytest.importorskip("transformers")
 
 TOL = 1e-4
 VOCAB, LAYERS, HIDDEN, HEADS, KV_HEADS, MLP = 128, 2, 64, 4, 2, 128
-VARIANTS = [("llama", False), ("llama", True), ("qwen2", False), ("qwen2", True)]
+VARIANTS = [
+  ("llama", False),
+  ("llama", True),
+  ("qwen2", False),
+  ("qwen2", True),
+  ("qwen3", False),
+  ("qwen3", True),
+]
 _HF_CLASSES = {
   "llama": ("LlamaConfig", "LlamaForCausalLM"),
   "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+  "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
+}
+# Llama 3.1's RoPE scaling, with an original context short enough that the tiny head's
+# frequencies fall in all three bands (kept, blended, stretched).
+LLAMA3_ROPE = {
+  "rope_type": "llama3",
+  "factor": 8.0,
+  "low_freq_factor": 1.0,
+  "high_freq_factor": 4.0,
+  "original_max_position_embeddings": 32,
 }
 
 
@@ -60,6 +78,8 @@ def _max_diff(a: np.ndarray, b: np.ndarray) -> float:
 def _make_hf_model(model_type: str, tied: bool, seed: int = 0, **overrides):
   """A random fp32 HF model; every weight (norms and biases too) is randomised."""
   config_cls, model_cls = (getattr(transformers, n) for n in _HF_CLASSES[model_type])
+  if model_type == "qwen3":
+    overrides.setdefault("head_dim", HIDDEN // HEADS)  # Qwen3Config's default is 128
   config = config_cls(
     vocab_size=VOCAB,
     hidden_size=HIDDEN,
@@ -95,6 +115,7 @@ def _our_config(model_type: str, tied: bool, dtype: str = "float32") -> ModelCon
     rope_theta=5000.0,
     rms_eps=1e-5,
     qkv_bias=model_type == "qwen2",
+    qk_norm=model_type == "qwen3",
     tie_embeddings=tied,
     dtype=dtype,
     max_position=256,
@@ -197,6 +218,8 @@ def test_import_bf16_checkpoint(hf_checkpoints, tmp_path):
     ("llama", False, True),
     ("qwen2", False, True),
     ("qwen2", True, True),
+    ("qwen3", False, False),
+    ("qwen3", True, True),
   ],
 )
 def test_export_loads_in_transformers(tmp_path, model_type, tied, bias):
@@ -209,7 +232,7 @@ def test_export_loads_in_transformers(tmp_path, model_type, tied, bias):
   assert hf_config["model_type"] == model_type
   assert hf_config["torch_dtype"] == "float32"
   assert hf_config["bos_token_id"] == 1 and hf_config["eos_token_id"] == [2, 3]
-  if model_type == "llama":
+  if model_type != "qwen2":
     assert hf_config["attention_bias"] is bias
   hf_model = _load_hf(tmp_path)
   assert type(hf_model).__name__ == _HF_CLASSES[model_type][1]
@@ -385,7 +408,13 @@ def test_llama_attention_bias_import(hf_checkpoints, tmp_path):
   ("updates", "message"),
   [
     ({"model_type": "mistral"}, "unsupported model_type 'mistral'"),
-    ({"rope_scaling": {"rope_type": "linear", "factor": 2.0}}, "rope_scaling=.*linear"),
+    ({"rope_scaling": {"rope_type": "yarn", "factor": 2.0}}, "rope_type 'yarn' is not supported"),
+    ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "rope_type 'llama3' takes"),
+    ({"rope_scaling": {"type": "linear", "factor": 2.0, "beta": 1}}, "rope_scaling.beta"),
+    ({"rope_parameters": {"rope_theta": 1e6}}, "rope_parameters.rope_theta=.*disagrees"),
+    ({"rope_parameters": {"partial_rotary_factor": 0.5}}, "partial_rotary_factor"),
+    ({"quantization_config": {"bits": 4}}, r"not understood: \['quantization_config'\]"),
+    ({"layer_types": ["sliding_attention", "full_attention"]}, "layer_types"),
     ({"mlp_bias": True}, "mlp_bias"),
     ({"hidden_act": "gelu"}, "hidden_act"),
   ],
@@ -394,6 +423,70 @@ def test_unsupported_config(llama_ckpt, updates, message):
   _edit_config(llama_ckpt, **updates)
   with pytest.raises(ValueError, match=message):
     load_hf_checkpoint(llama_ckpt)
+
+
+def _as_transformers5(path: Path) -> None:
+  """Rewrites config.json the way transformers 5 writes it: every RoPE setting in one
+  rope_parameters dict, no top-level rope_theta or rope_scaling."""
+  config_file = path / "config.json"
+  hf = json.loads(config_file.read_text())
+  rope = {"rope_theta": hf.pop("rope_theta"), "rope_type": "default"}
+  rope.update(hf.pop("rope_scaling", None) or {})
+  rope.pop("type", None)
+  config_file.write_text(json.dumps({**hf, "rope_parameters": rope}))
+
+
+@pytest.mark.parametrize(
+  "rope_scaling", [None, {"rope_type": "linear", "factor": 4.0}, LLAMA3_ROPE]
+)
+def test_rope_scaling_and_both_config_formats_match_transformers(tmp_path, rope_scaling):
+  """Llama with plain, linear and Llama-3.1 RoPE: the import matches transformers' logits
+  (positions past the original context), and the same checkpoint with its config.json in
+  transformers 5's format (rope_parameters) loads to the same config."""
+  hf_model = _make_hf_model("llama", False, seed=4, rope_scaling=rope_scaling)
+  hf_model.save_pretrained(tmp_path, safe_serialization=True)
+  config, model = load_hf_checkpoint(tmp_path)
+  assert config.rope_type == (rope_scaling or {}).get("rope_type", "default")
+  assert config.rope_theta == 5000.0
+  tokens = _tokens(length=80, seed=3)
+  diff = _max_diff(_our_logits(model, tokens), _hf_logits(hf_model, tokens))
+  print(f"import llama rope {config.rope_type}: max |logit diff| = {diff:.2e}")
+  assert diff < TOL
+  _as_transformers5(tmp_path)
+  assert "rope_theta" not in json.loads((tmp_path / "config.json").read_text())
+  config5, _ = load_hf_checkpoint(tmp_path)
+  assert config5 == config
+
+
+def test_rope_theta_only_in_rope_parameters_is_read():
+  """transformers 5 writes theta only inside rope_parameters: it must not fall back to
+  10000 (the silent error this test guards against)."""
+  hf = {
+    "model_type": "qwen2",
+    "vocab_size": 8,
+    "hidden_size": 16,
+    "intermediate_size": 32,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 2,
+    "rope_parameters": {"rope_theta": 1_000_000.0, "rope_type": "default"},
+  }
+  assert config_from_hf(hf).rope_theta == 1_000_000.0
+  assert config_from_hf({**hf, "rope_theta": 1_000_000.0}).rope_theta == 1_000_000.0
+
+
+@pytest.mark.parametrize("rope_scaling", [{"rope_type": "linear", "factor": 4.0}, LLAMA3_ROPE])
+def test_rope_scaling_round_trips_through_export(tmp_path, rope_scaling):
+  base = _our_config("llama", False)
+  config = config_from_hf({**config_to_hf(base), "rope_scaling": rope_scaling})
+  assert config.rope_type == rope_scaling["rope_type"]
+  model = _random_model(config, seed=8)
+  save_hf_checkpoint(model, config, tmp_path)
+  loaded_config, loaded = load_hf_checkpoint(tmp_path)
+  assert loaded_config == config
+  _assert_same_params(model, loaded)
+  tokens = _tokens(length=80, seed=4)
+  diff = _max_diff(_our_logits(model, tokens), _hf_logits(_load_hf(tmp_path), tokens))
+  assert diff < TOL
 
 
 def test_default_rope_scaling_accepted():
@@ -420,6 +513,8 @@ def test_export_errors(tmp_path):
     save_hf_checkpoint(model, config, tmp_path, model_type="qwen2")
   with pytest.raises(ValueError, match="unsupported model_type 'gpt2'"):
     save_hf_checkpoint(model, config, tmp_path, model_type="gpt2")
+  with pytest.raises(ValueError, match="qk_norm=False: q/k norms are Qwen3's"):
+    save_hf_checkpoint(model, config, tmp_path, model_type="qwen3")
   tied = ModelConfig(**{**config.to_dict(), "tie_embeddings": True})
   with pytest.raises(ValueError, match=r"lm_head\.kernel: not a parameter"):
     save_hf_checkpoint(model, tied, tmp_path)

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -41,6 +42,10 @@ def test_default_job_runs_on_tiny_config(tmp_path):
   )
   assert out.returncode == 0, out.stderr[-3000:]
   assert "tokens/s" in out.stdout and "response lengths" in out.stdout
+  # A quiet terminal: library INFO / WARNING lines (tfds, orbax) go to the workdir's log.
+  assert not re.search(r"^[IW]\d{4} ", out.stderr, re.M), out.stderr[-2000:]
+  logs = [f for f in os.listdir(workdir) if f.startswith("tlt_jax.") and ".INFO" in f]
+  assert logs and any(os.path.getsize(os.path.join(workdir, f)) > 0 for f in logs)
   summary = _read_json(workdir, "summary.json")
   assert summary["rollout"]["sequences"] == 4
   # Lazy compiles are counted and kept out of the throughput.
@@ -128,6 +133,18 @@ def test_tlt_mode_trains_the_drafter_online_and_exports_it(tmp_path):
   assert rows[-1]["drafter/version"] > 3 and any("spec/accept_length" in r for r in rows)
   _, _, _, info = load_drafter(os.path.join(workdir, "drafter"))
   assert info["mode"] == "tlt" and info["version"] == rows[-1]["drafter/version"]
+
+
+def test_a_bad_config_value_is_one_line_naming_the_field(tmp_path):
+  out = _cli(
+    "--config=configs/default.py:tiny",
+    f"--workdir={tmp_path / 'wd'}",
+    "--config.task.checker=bogus",
+  )
+  assert out.returncode == 2
+  assert "error: config.task.checker: Unknown checker 'bogus'" in out.stderr
+  assert "Traceback" not in out.stderr
+  assert not os.path.exists(tmp_path / "wd" / "tfds")  # refused before the data was built
 
 
 def test_mode_flag_is_checked():

@@ -54,6 +54,7 @@ def _full_logits(model, tokens):
     {"tie_embeddings": False},
     {"num_kv_heads": 4},
     {"num_kv_heads": 1, "rope_theta": 1e6},
+    {"qk_norm": True, "rope_type": "llama3", "rope_factor": 8.0, "rope_original_max_position": 8},
   ],
 )
 def test_cached_prefill_decode_and_extend_match_full_forward(extra):

@@ -112,6 +112,11 @@ def test_runs_and_resumes_exactly(tmp_path):
   assert rest[-1]["eval"] == full[-1]["eval"]  # the resumed run ends with the same params
   with open(tmp_path / "b" / "metrics.jsonl") as f:
     assert [json.loads(line)["step"] for line in f] == [0, 1, 2, 3]
+  # Each step's response lengths (the simulator's trace), kept beside the metrics.
+  with open(tmp_path / "b" / "rollout_lengths.jsonl") as f:
+    lengths = [json.loads(line) for line in f]
+  assert [r["step"] for r in lengths] == [0, 1, 2, 3]
+  assert [sum(map(sum, r["rollouts"])) for r in lengths] == [r["rollout_tokens"] for r in full]
 
 
 def _events(logdir):

@@ -8,13 +8,16 @@ Each converter names the config section in its error, so a bad override like
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any, TypeVar
 
 import jax
 import ml_collections
 from jax.sharding import Mesh
 
-from tlt_jax.data.tokenizer import Tokenizer
+from tlt_jax.data.prompts import PromptFormat
+from tlt_jax.data.tasks import TaskSpec, get_task, local_task, resolve_checker
+from tlt_jax.data.tokenizer import Tokenizer, get_tokenizer
 from tlt_jax.decode.sampling import SamplingConfig
 from tlt_jax.drafter.online import DrafterTrainConfig
 from tlt_jax.models.config import ModelConfig
@@ -29,6 +32,11 @@ from tlt_jax.training.sft import SFTConfig
 T = TypeVar("T")
 
 
+class ConfigError(ValueError):
+  """A config field with a bad value: the CLI prints the message alone (it names the field
+  and what is allowed), without a traceback."""
+
+
 def to_dataclass(
   cls: type[T],
   section: ml_collections.ConfigDict,
@@ -41,21 +49,83 @@ def to_dataclass(
   values = {k: v for k, v in section.to_dict().items() if k not in ignore}
   unknown = set(values) - fields
   if unknown:
-    raise ValueError(f"config.{name}: unknown field(s) {sorted(unknown)}; valid: {sorted(fields)}")
+    raise ConfigError(f"config.{name}: unknown field(s) {sorted(unknown)}; valid: {sorted(fields)}")
   try:
     return cls(**values, **extra)
   except (TypeError, ValueError) as e:
-    raise ValueError(f"config.{name}: {e}") from e
+    raise ConfigError(f"config.{name}: {e}") from e
 
 
 def model_config(config: ml_collections.ConfigDict, tokenizer: Tokenizer) -> ModelConfig:
   mc = to_dataclass(ModelConfig, config.model, "model", ignore=("init_seed", "checkpoint"))
   if mc.vocab_size < tokenizer.vocab_size:
-    raise ValueError(
+    raise ConfigError(
       f"config.model.vocab_size={mc.vocab_size} is smaller than the "
       f"tokenizer's vocabulary ({tokenizer.vocab_size})"
     )
   return mc
+
+
+def tokenizer(config: ml_collections.ConfigDict) -> Tokenizer:
+  """config.task.tokenizer ("char" or a directory); "" is the checkpoint's own."""
+  name = config.task.tokenizer or config.model.get("checkpoint", "")
+  if not name:
+    raise ConfigError(
+      "config.task.tokenizer is empty and there is no config.model.checkpoint to take it from"
+    )
+  try:
+    return get_tokenizer(name)
+  except (ValueError, FileNotFoundError) as e:
+    raise ConfigError(f"config.task.tokenizer: {e}") from None
+
+
+def task_spec(config: ml_collections.ConfigDict) -> TaskSpec:
+  """The job's task: a synthetic one by name, or "local" (rows from config.task.path, scored
+  by config.task.checker, GSM8K's by default). A checker named for a synthetic task replaces
+  its own. Data files are checked here, before anything is built."""
+  t = config.task
+  checker = t.get("checker", "")
+  if t.name == "local":
+    if not t.get("path", ""):
+      raise ConfigError(
+        "config.task.name='local' needs config.task.path (a .jsonl or .parquet file)"
+      )
+    for key in ("path", "test_path"):
+      path = t.get(key, "")
+      if path and not os.path.isfile(path):
+        raise ConfigError(f"config.task.{key}={path!r}: no such file")
+      if path and not path.lower().endswith((".jsonl", ".parquet")):
+        raise ConfigError(f"config.task.{key}={path!r}: expected a .jsonl or .parquet file")
+    if config.rl.get("format_reward", 0.0):
+      raise ConfigError(
+        "config.rl.format_reward rewards the synthetic tasks' '#answer' format only"
+      )
+    try:
+      return local_task(checker or "gsm8k")
+    except ValueError as e:
+      raise ConfigError(f"config.task.checker: {e}") from None
+  try:
+    task = get_task(t.name)
+  except ValueError as e:
+    raise ConfigError(f"config.task.name: {e} ('local': rows from config.task.path)") from None
+  if checker:
+    try:
+      task = dataclasses.replace(task, check=resolve_checker(checker))
+    except ValueError as e:
+      raise ConfigError(f"config.task.checker: {e}") from None
+  return task
+
+
+def prompt_format(config: ml_collections.ConfigDict, tokenizer: Tokenizer) -> PromptFormat:
+  """How an example becomes prompt text: config.task.prompt_format "plain" (the question) or
+  "chat" (the tokenizer's chat template, with config.task.system_prompt)."""
+  t = config.task
+  try:
+    return PromptFormat.for_tokenizer(
+      t.get("prompt_format", "plain"), tokenizer, t.get("system_prompt", "")
+    )
+  except ValueError as e:
+    raise ConfigError(f"config.task: {e}") from None
 
 
 MODES = ("baseline", "sd", "tlt")
@@ -65,7 +135,7 @@ def mode(config: ml_collections.ConfigDict) -> str:
   """The training mode: baseline (no SD), sd (frozen drafter), tlt (online drafter)."""
   m = config.get("mode", "baseline")
   if m not in MODES:
-    raise ValueError(f"config.mode must be one of {MODES}, got {m!r}")
+    raise ConfigError(f"config.mode must be one of {MODES}, got {m!r}")
   return m
 
 
@@ -76,7 +146,7 @@ def engine_config(config: ml_collections.ConfigDict, tokenizer: Tokenizer) -> En
   if mode(config) == "baseline":
     return dataclasses.replace(engine, spec_threshold=0)
   if not engine.spec_threshold:
-    raise ValueError(f"config.mode={mode(config)!r} needs config.engine.spec_threshold > 0")
+    raise ConfigError(f"config.mode={mode(config)!r} needs config.engine.spec_threshold > 0")
   return engine
 
 
@@ -100,7 +170,7 @@ def mesh(config: ml_collections.ConfigDict) -> Mesh | None:
   n = config.get("parallel", {}).get("devices", 1)
   available = jax.devices()
   if not isinstance(n, int) or n < 0 or n > len(available):
-    raise ValueError(
+    raise ConfigError(
       f"config.parallel.devices must be an int in [0, {len(available)}] (0: all), got {n!r}"
     )
   n = n or len(available)

@@ -2,11 +2,20 @@
 
 A thin absl wrapper; the work is in `tlt_jax.train.train_and_evaluate`.
 Overrides: `--config.sampling.temperature=0.7`; a misspelt field fails.
+
+The terminal shows progress bars and the summary. Library logs (tfds, orbax, this
+project's INFO lines) go to a file in the workdir (`tlt_jax.*.log.INFO.*`); errors still
+reach the terminal, and `--alsologtostderr` shows everything there as well. A config
+field with a bad value is reported in one line naming the field, with exit status 2.
 """
 
-from absl import app, flags
+import os
+import sys
+
+from absl import app, flags, logging
 from ml_collections import config_flags
 
+from tlt_jax.configuration import ConfigError
 from tlt_jax.train import format_summary, train_and_evaluate
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -16,12 +25,29 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metr
 flags.mark_flags_as_required(["config", "workdir"])
 
 
+def _logs_to_workdir(workdir: str) -> None:
+  """absl's handler writes to a file in the workdir; the terminal keeps errors only,
+  unless --logtostderr / --alsologtostderr / --stderrthreshold say otherwise."""
+  if flags.FLAGS["logtostderr"].value:
+    return
+  logging.get_absl_handler().use_absl_log_file("tlt_jax", workdir)
+  if not flags.FLAGS["stderrthreshold"].present:
+    flags.FLAGS.stderrthreshold = "error"
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  summary = train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+  workdir = _WORKDIR.value
+  os.makedirs(workdir, exist_ok=True)
+  _logs_to_workdir(workdir)
+  try:
+    summary = train_and_evaluate(_CONFIG.value, workdir)
+  except ConfigError as e:
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(2)
   print(format_summary(summary))
-  print(f"outputs in {_WORKDIR.value}: summary.json, timeline.json, rollout.png")
+  print(f"outputs in {workdir}: summary.json, timeline.json, rollout.png")
 
 
 if __name__ == "__main__":

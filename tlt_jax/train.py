@@ -22,7 +22,7 @@ from flax import nnx
 from tqdm.auto import tqdm
 
 from tlt_jax import checkpoint, configuration
-from tlt_jax.data import get_task, get_tokenizer, load_task_split
+from tlt_jax.data import load_local_split, load_task_split
 from tlt_jax.data.checkers import extract_marked_answer
 from tlt_jax.data.tasks import format_prompt, sft_pairs
 from tlt_jax.drafter import OnlineDrafter
@@ -39,6 +39,17 @@ from tlt_jax.training.sft import train_sft
 
 def _load_data(config, workdir):
   data_dir = config.task.data_dir or os.path.join(workdir, "tfds")
+  t = config.task
+  if t.name == "local":  # rows from .jsonl / .parquet files (configuration.task_spec checked them)
+    kwargs = dict(
+      test_path=t.get("test_path") or None,
+      test_fraction=t.get("test_fraction", 0.1),
+      split_seed=t.seed,
+      question_key=t.get("question_key", "question"),
+      answer_key=t.get("answer_key", "answer"),
+      solution_key=t.get("solution_key", "solution"),
+    )
+    return tuple(load_local_split(t.path, split, data_dir, **kwargs) for split in ("train", "test"))
   kwargs = dict(
     seed=config.task.seed,
     train_size=config.task.train_size,
@@ -50,8 +61,9 @@ def _load_data(config, workdir):
   return train, test
 
 
-def build_policy(config, workdir, tokenizer, train, progress: bool = True):
-  """The warm-started policy: restored from workdir if present, else SFT (or HF import)."""
+def build_policy(config, workdir, tokenizer, train, progress: bool = True, prompt=format_prompt):
+  """The warm-started policy: restored from workdir if present, else SFT (or HF import);
+  `prompt` renders an example's prompt text (the job's `configuration.prompt_format`)."""
   if config.model.checkpoint:
     from tlt_jax.models.hf_io import load_hf_checkpoint
 
@@ -70,6 +82,7 @@ def build_policy(config, workdir, tokenizer, train, progress: bool = True):
     config.sft.get("direct_answer_fraction", 0.0),
     seed=config.seed,
     unanswered_fraction=config.sft.get("unanswered_fraction", 0.0),
+    prompt=prompt,
   )
   start = time.perf_counter()
   params, history = train_sft(graphdef, params, tokenizer, pairs, sft_cfg, progress=progress)
@@ -86,7 +99,16 @@ def build_policy(config, workdir, tokenizer, train, progress: bool = True):
 
 
 def build_drafter(
-  config, workdir, model_cfg, graphdef, params, engine, tokenizer, train, progress: bool = True
+  config,
+  workdir,
+  model_cfg,
+  graphdef,
+  params,
+  engine,
+  tokenizer,
+  train,
+  progress: bool = True,
+  prompt=format_prompt,
 ) -> tuple[OnlineDrafter, dict[str, Any]]:
   """The EAGLE drafter's warm start for modes sd and tlt (reused from
   workdir/drafter_warm_start when present): `drafter.warmup_prompts` training
@@ -105,7 +127,7 @@ def build_drafter(
   # Prompts disjoint from the RL stream's first steps: drawn from the end of a fixed shuffle.
   order = np.random.default_rng(config.seed + 1).permutation(len(train))
   picks = order[-config.drafter.warmup_prompts :]
-  prompts = [tokenizer.encode(format_prompt(train[int(i)]), add_bos=True) for i in picks]
+  prompts = [tokenizer.encode(prompt(train[int(i)]), add_bos=True) for i in picks]
   batch = engine.config.max_batch
   for i in range(0, len(prompts), batch):
     result = engine.generate(params, prompts[i : i + batch], key=10**6 + i, seq_id_offset=10**8 + i)
@@ -175,24 +197,43 @@ def train_and_evaluate(
   os.makedirs(workdir, exist_ok=True)
   with open(os.path.join(workdir, "config.json"), "w") as f:
     f.write(config.to_json_best_effort(indent=2))
-  tokenizer = get_tokenizer(config.task.tokenizer)
-  task = get_task(config.task.name)
+  # Every config check before anything is built (the dataset, the warm start).
+  checkpoint_dir = config.model.get("checkpoint", "")
+  if checkpoint_dir and not os.path.isdir(checkpoint_dir):
+    raise configuration.ConfigError(
+      f"config.model.checkpoint={checkpoint_dir!r}: no such directory"
+    )
+  tokenizer = configuration.tokenizer(config)
+  task = configuration.task_spec(config)
+  prompt = configuration.prompt_format(config, tokenizer)
   sampling = configuration.sampling_config(config)
   engine_cfg = configuration.engine_config(config, tokenizer)
+  if config.rl.steps > 0:
+    configuration.rl_configs(config)  # RL's fields too, before the data and the warm start
+  if checkpoint_dir and config.rl.steps and config.rl_update.learning_rate > 1e-3:
+    raise configuration.ConfigError(
+      f"config.rl_update.learning_rate={config.rl_update.learning_rate} on a checkpoint: the "
+      "default config's RL settings are the toy task's (final norm only, lr 0.2); use "
+      "configs/hf_grpo.py or set rl_update.learning_rate (<= 1e-3) and trainable"
+    )
   train, test = _load_data(config, workdir)
 
-  model_cfg, graphdef, params, warm = build_policy(config, workdir, tokenizer, train, progress)
+  model_cfg, graphdef, params, warm = build_policy(
+    config, workdir, tokenizer, train, progress, prompt=prompt
+  )
   mode = configuration.mode(config)
   mesh = configuration.mesh(config)
   drafter = None
   if mode == "baseline":
+    # No drafter reads hidden states: the rollout does not capture or copy them.
+    engine_cfg = dataclasses.replace(engine_cfg, capture_hidden=False)
     engine = RolloutEngine(graphdef, model_cfg, engine_cfg, sampling, mesh=mesh)
   else:
     # The drafter's warm start rolls out with plain decode (there is no drafter yet).
     plain_cfg = dataclasses.replace(engine_cfg, spec_threshold=0)
     plain = RolloutEngine(graphdef, model_cfg, plain_cfg, sampling, mesh=mesh)
     drafter, drafter_info = build_drafter(
-      config, workdir, model_cfg, graphdef, params, plain, tokenizer, train, progress
+      config, workdir, model_cfg, graphdef, params, plain, tokenizer, train, progress, prompt
     )
     engine = RolloutEngine(
       graphdef,
@@ -211,7 +252,7 @@ def train_and_evaluate(
 
   evals = [test[i] for i in range(min(config.eval.num_examples, len(test)))]
   start = time.perf_counter()
-  summary["eval"] = evaluate_pass_at_1(engine, params, tokenizer, evals, task.check, format_prompt)
+  summary["eval"] = evaluate_pass_at_1(engine, params, tokenizer, evals, task.check, prompt)
   k = int(config.rl.get("eval_samples", 0))
   if k:  # the trainer's protocol: same problems, k samples at the rollout temperature, same key
     summary["eval"]["sampled_accuracy"] = evaluate_pass_at_1(
@@ -220,7 +261,7 @@ def train_and_evaluate(
       tokenizer,
       evals,
       task.check,
-      format_prompt,
+      prompt,
       sampling=sampling,
       num_samples=k,
       key=int(config.seed),
@@ -229,7 +270,18 @@ def train_and_evaluate(
 
   if config.rl.steps > 0:
     params, summary["rl"] = _reinforce(
-      config, workdir, graphdef, params, engine, tokenizer, train, test, task, drafter, progress
+      config,
+      workdir,
+      graphdef,
+      params,
+      engine,
+      tokenizer,
+      train,
+      test,
+      task,
+      drafter,
+      progress,
+      prompt,
     )
   drafter_params = None if drafter is None else drafter.params
   if drafter is not None:
@@ -249,7 +301,7 @@ def train_and_evaluate(
   # The long-tail rollout: G samples per prompt from the train split.
   rng = np.random.default_rng(config.seed)
   picks = rng.choice(len(train), config.rollout.num_prompts, replace=False)
-  prompts = [tokenizer.encode(format_prompt(train[int(i)]), add_bos=True) for i in picks]
+  prompts = [tokenizer.encode(prompt(train[int(i)]), add_bos=True) for i in picks]
   # No warm-up: compiling every (batch x cache) program up front cost ~40 s of the default
   # job for a ~1 s rollout. Programs the RL loop left in the pool are reused, the rest
   # compile lazily, and their seconds are kept out of the reported throughput.
@@ -307,7 +359,7 @@ def _step_reward_fn(task, process_credit: str):
 
 
 def _reinforce(
-  config, workdir, graphdef, params, engine, tokenizer, train, test, task, drafter, progress
+  config, workdir, graphdef, params, engine, tokenizer, train, test, task, drafter, progress, prompt
 ):
   """GRPO/DAPO from the warm start; resumes from workdir/checkpoints if present.
 
@@ -325,7 +377,7 @@ def _reinforce(
     train,
     [test[i] for i in range(min(rl_cfg.eval_examples, len(test)))],
     reward,
-    format_prompt,
+    prompt,
     rl_cfg,
     loss_cfg,
     update_cfg,

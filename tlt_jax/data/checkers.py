@@ -14,6 +14,7 @@ __all__ = [
   "arithmetic_steps",
   "check_arithmetic",
   "check_countdown",
+  "check_exact",
   "check_gsm8k",
   "check_marked",
   "check_math",
@@ -357,6 +358,14 @@ def evaluate_expression(expr: str) -> tuple[Fraction, list[int]] | None:
 def check_marked(completion: str, answer: str) -> float:
   """1.0 if the marked final answer of `completion` equals `answer` after normalisation."""
   return float(_answers_match(extract_marked_answer(completion), answer))
+
+
+def check_exact(completion: str, answer: str) -> float:
+  """1.0 if the whole completion (stripped, normalised) equals `answer`: for short-answer data
+  whose prompt asks for the answer alone."""
+  if not isinstance(completion, str) or not isinstance(answer, str):
+    return 0.0
+  return float(_answers_match(completion.strip()[: _MAX_ANSWER_CHARS + 1], answer))
 
 
 def check_arithmetic(completion: str, answer: str) -> float:

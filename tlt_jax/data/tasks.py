@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib
 import math
 import random
 import string
@@ -22,6 +23,7 @@ from typing import Any
 from tlt_jax.data import checkers
 
 __all__ = [
+  "CHECKERS",
   "TASKS",
   "Example",
   "TaskSpec",
@@ -30,7 +32,9 @@ __all__ = [
   "generate_arithmetic",
   "generate_countdown",
   "get_task",
+  "local_task",
   "make_split",
+  "resolve_checker",
   "split_seed",
 ]
 
@@ -373,18 +377,19 @@ def generate_countdown(
 
 @dataclasses.dataclass(frozen=True)
 class TaskSpec:
-  """A synthetic task.
+  """A task: synthetic (generated) or local (rows from files).
 
   Attributes:
-    name: Registry key.
-    generate: `(seed, num, *, start=0, **params) -> list[Example]`, deterministic.
+    name: Registry key ("local" for file data).
+    generate: `(seed, num, *, start=0, **params) -> list[Example]`, deterministic (None for
+      file data).
     check: `(completion, answer) -> float` reward in {0.0, 1.0}; never raises.
     steps: `(question, completion) -> [(end, reward)]` per reasoning step, for process
       supervision (None: the task has no step checker).
   """
 
   name: str
-  generate: Callable[..., list[Example]]
+  generate: Callable[..., list[Example]] | None
   check: Callable[[str, str], float]
   steps: Callable[[str, str], list[tuple[int, float]]] | None = None
 
@@ -403,6 +408,42 @@ def get_task(name: str) -> TaskSpec:
     return TASKS[name]
   except KeyError:
     raise ValueError(f"Unknown task {name!r}; known tasks: {sorted(TASKS)}.") from None
+
+
+# Answer checkers by name, for file data (and to override a synthetic task's own).
+CHECKERS: dict[str, Callable[[str, str], float]] = {
+  "arithmetic": checkers.check_arithmetic,
+  "countdown": checkers.check_countdown,
+  "exact": checkers.check_exact,
+  "gsm8k": checkers.check_gsm8k,
+  "marked": checkers.check_marked,
+  "math": checkers.check_math,
+}
+
+
+def resolve_checker(spec: str) -> Callable[[str, str], float]:
+  """A checker by name (a key of CHECKERS) or by import path ("package.module:function", a
+  module-level `(completion, answer) -> float` so that reward worker processes can load it)."""
+  if spec in CHECKERS:
+    return CHECKERS[spec]
+  module_name, sep, attr = spec.partition(":")
+  if not sep or not module_name or not attr:
+    raise ValueError(
+      f"Unknown checker {spec!r}: expected one of {sorted(CHECKERS)} or 'package.module:function'."
+    )
+  try:
+    module = importlib.import_module(module_name)
+  except ImportError as e:
+    raise ValueError(f"checker {spec!r}: cannot import {module_name!r} ({e}).") from None
+  fn = getattr(module, attr, None)
+  if not callable(fn):
+    raise ValueError(f"checker {spec!r}: {module_name} has no function {attr!r}.")
+  return fn
+
+
+def local_task(checker: str) -> TaskSpec:
+  """The task of file data (`builders.load_local_split`): rows are given, `checker` scores."""
+  return TaskSpec("local", None, resolve_checker(checker))
 
 
 def format_prompt(example: Mapping[str, str]) -> str:
@@ -441,8 +482,9 @@ def sft_pairs(
   direct_fraction: float = 0.0,
   seed: int = 0,
   unanswered_fraction: float = 0.0,
+  prompt: Callable[[Mapping[str, str]], str] = format_prompt,
 ) -> list[tuple[str, str]]:
-  """(prompt, target) pairs for the warm start; a `direct_fraction` of the targets skip
+  """(prompt(example), target) pairs for the warm start; a `direct_fraction` of the targets skip
   the scratchpad and state the answer alone, and an `unanswered_fraction` of the others
   stop after the scratchpad without stating the answer.
 
@@ -468,7 +510,7 @@ def sft_pairs(
       return format_unanswered_target(ex)
     return format_target(ex)
 
-  return [(format_prompt(ex), target(ex)) for ex in examples]
+  return [(prompt(ex), target(ex)) for ex in examples]
 
 
 def split_seed(seed: int, split: str) -> int:

@@ -28,7 +28,8 @@ class Tokenizer(Protocol):
   eos_id: int
 
   def encode(self, text: str, add_bos: bool = False) -> list[int]:
-    """Returns the ids of `text`, with `bos_id` in front when `add_bos`."""
+    """Returns the ids of `text`, with `bos_id` in front when `add_bos` and the tokenizer
+    starts sequences with one."""
     ...
 
   def decode(self, ids: Iterable[int], skip_special: bool = True) -> str:
@@ -125,6 +126,20 @@ def _token_content(value: Any) -> str | None:
   return None
 
 
+def _chat_template(path: str, tok_cfg: Mapping[str, Any]) -> str | None:
+  template = tok_cfg.get("chat_template")
+  if isinstance(template, list):  # [{"name": ..., "template": ...}, ...]
+    named = {t.get("name"): t.get("template") for t in template if isinstance(t, Mapping)}
+    template = named.get("default")
+  if isinstance(template, str):
+    return template
+  jinja_file = os.path.join(path, "chat_template.jinja")
+  if os.path.isfile(jinja_file):
+    with open(jinja_file, encoding="utf-8") as f:
+      return f.read()
+  return None
+
+
 def _as_id_list(value: Any) -> list[int]:
   # config.json / generation_config.json hold an int, a list of ints (several eos) or null.
   if isinstance(value, bool):
@@ -145,6 +160,10 @@ class HFTokenizer:
     pad_id, bos_id, eos_id: Special token ids.
     eos_ids: Every id that ends generation (`eos_id` first), e.g. the several ids listed in a
       chat model's `generation_config.json`.
+    uses_bos: whether sequences start with `bos_id` (`encode(add_bos=True)` adds it only
+      then): Llama's do, Qwen's (no bos_token in tokenizer_config.json) do not.
+    chat_template: the Jinja chat template of tokenizer_config.json (or chat_template.jinja),
+      None without one; `special_text` the bos / eos token strings it may print.
   """
 
   def __init__(
@@ -155,8 +174,12 @@ class HFTokenizer:
     eos_id: int,
     pad_id: int | None = None,
     eos_ids: Iterable[int] = (),
+    uses_bos: bool = True,
+    chat_template: str | None = None,
   ) -> None:
     self._tok = tokenizer
+    self.uses_bos = bool(uses_bos)
+    self.chat_template = chat_template
     self.vocab_size: int = tokenizer.get_vocab_size(with_added_tokens=True)
     self.bos_id = int(bos_id)
     self.eos_id = int(eos_id)
@@ -165,6 +188,10 @@ class HFTokenizer:
     for name, token in (("bos", self.bos_id), ("eos", self.eos_id), ("pad", self.pad_id)):
       if not 0 <= token < self.vocab_size:
         raise ValueError(f"{name}_id {token} is outside the vocabulary [0, {self.vocab_size}).")
+    self.special_text = {
+      "bos_token": tokenizer.id_to_token(self.bos_id) if self.uses_bos else "",
+      "eos_token": tokenizer.id_to_token(self.eos_id),
+    }
 
   @classmethod
   def from_dir(cls, path: str | os.PathLike[str]) -> HFTokenizer:
@@ -172,7 +199,10 @@ class HFTokenizer:
 
     Special tokens come from `tokenizer_config.json`, then `generation_config.json`, then
     `config.json`, whichever names them first; failing those, from well-known special tokens
-    present in the vocabulary. pad falls back to eos and bos (as in GPT-2) to eos.
+    present in the vocabulary. pad falls back to eos and bos (as in GPT-2) to eos. Sequences
+    start with bos unless tokenizer_config.json says otherwise (`add_bos_token: false`, or
+    `bos_token: null` as Qwen's does). The chat template is tokenizer_config.json's
+    `chat_template` (a string, or the entry named "default" of a list) or chat_template.jinja.
 
     Args:
       path: A directory holding at least `tokenizer.json`.
@@ -217,6 +247,10 @@ class HFTokenizer:
         "tokenizer_config.json, generation_config.json or config.json, and none of "
         f"{list(_EOS_CANDIDATES)} is in the vocabulary."
       )
+    if "add_bos_token" in tok_cfg:
+      uses_bos = bool(tok_cfg["add_bos_token"])
+    else:  # a tokenizer_config.json that names no bos_token (null) has none
+      uses_bos = "bos_token" not in tok_cfg or tok_cfg["bos_token"] is not None
     bos_id, _ = resolve("bos", _BOS_CANDIDATES)
     pad_id, _ = resolve("pad", _PAD_CANDIDATES)
     # Chat models list several stop ids in generation_config.json; keep them all for stopping.
@@ -229,6 +263,8 @@ class HFTokenizer:
       eos_id=eos_id,
       pad_id=pad_id,
       eos_ids=[i for i in extra_eos if 0 <= i < tok.get_vocab_size(with_added_tokens=True)],
+      uses_bos=uses_bos,
+      chat_template=_chat_template(path, tok_cfg),
     )
 
   @property
@@ -240,7 +276,7 @@ class HFTokenizer:
     # add_special_tokens=False: the post-processor of some tokenizers would add bos/eos on its
     # own, and this interface makes bos explicit.
     ids = self._tok.encode(text, add_special_tokens=False).ids
-    return [self.bos_id, *ids] if add_bos else list(ids)
+    return [self.bos_id, *ids] if add_bos and self.uses_bos else list(ids)
 
   def decode(self, ids: Iterable[int], skip_special: bool = True) -> str:
     ids = [t for t in _as_int_list(ids) if 0 <= t < self.vocab_size]

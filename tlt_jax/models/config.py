@@ -1,4 +1,4 @@
-"""Static description of a Llama/Qwen2-family decoder.
+"""Static description of a Llama / Qwen2 / Qwen3-family decoder.
 
 A frozen, hashable dataclass so it can be a static argument of jitted functions.
 """
@@ -10,10 +10,21 @@ from typing import Any
 
 import jax.numpy as jnp
 
+# RoPE frequency schemes (Hugging Face's `rope_type` names): "default" (theta only), "linear"
+# (positions divided by `rope_factor`), "llama3" (Llama 3.1's low-frequency stretch).
+ROPE_TYPES = ("default", "linear", "llama3")
+
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-  """Shape and numerics of a decoder-only transformer (Llama / Qwen2 family)."""
+  """Shape and numerics of a decoder-only transformer (Llama / Qwen2 / Qwen3 family).
+
+  `qk_norm` (Qwen3) RMS-normalises each head's queries and keys before RoPE. The `rope_*`
+  fields beyond theta describe Hugging Face's RoPE scaling (`rope_type` in ROPE_TYPES):
+  "linear" divides positions by `rope_factor`; "llama3" divides the low frequencies by
+  `rope_factor`, keeps the high ones and blends between, by `rope_low_freq_factor`,
+  `rope_high_freq_factor` and `rope_original_max_position`.
+  """
 
   vocab_size: int
   num_layers: int
@@ -25,10 +36,16 @@ class ModelConfig:
   rope_theta: float = 10_000.0
   rms_eps: float = 1e-6
   qkv_bias: bool = False
+  qk_norm: bool = False
   tie_embeddings: bool = True
   # Parameters and activations; logits and softmax are always float32.
   dtype: str = "float32"
   max_position: int = 4096
+  rope_type: str = "default"
+  rope_factor: float = 1.0
+  rope_low_freq_factor: float = 1.0
+  rope_high_freq_factor: float = 4.0
+  rope_original_max_position: int = 8192
 
   def __post_init__(self):
     for name in (
@@ -51,6 +68,19 @@ class ModelConfig:
       raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
     if self.rope_theta <= 0:
       raise ValueError(f"rope_theta must be positive, got {self.rope_theta}")
+    if self.rope_type not in ROPE_TYPES:
+      raise ValueError(f"rope_type must be one of {ROPE_TYPES}, got {self.rope_type!r}")
+    if self.rope_factor <= 0:
+      raise ValueError(f"rope_factor must be positive, got {self.rope_factor}")
+    if self.rope_type == "llama3" and not (
+      0 < self.rope_low_freq_factor < self.rope_high_freq_factor
+      and self.rope_original_max_position > 0
+    ):
+      raise ValueError(
+        "llama3 RoPE needs 0 < rope_low_freq_factor < rope_high_freq_factor and "
+        f"rope_original_max_position > 0, got {self.rope_low_freq_factor}, "
+        f"{self.rope_high_freq_factor}, {self.rope_original_max_position}"
+      )
     if self.dtype not in ("float32", "bfloat16", "float16"):
       raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
 
@@ -65,6 +95,8 @@ class ModelConfig:
     attn = d * h * hd + 2 * d * kv * hd + h * hd * d
     if self.qkv_bias:
       attn += h * hd + 2 * kv * hd
+    if self.qk_norm:
+      attn += 2 * hd
     layer = attn + 3 * d * self.mlp_dim + 2 * d
     head = 0 if self.tie_embeddings else self.vocab_size * d
     return self.num_layers * layer + self.vocab_size * d + head + d

@@ -82,7 +82,7 @@ class Drafter(nnx.Module):
       view_len = cache.slots if view_len is None else view_len
       attn_mask = cache_mask(cache_len, t, view_len, new_mask) if mask is None else mask
       kv = (cache.k[0], cache.v[0])
-    rope_cs = rope_tables(positions, self.config.head_dim, self.config.rope_theta)
+    rope_cs = rope_tables(positions, self.config)
     h, kv = self.layer(x, rope_cs, attn_mask, kv, cache_len, view_len)
     new_cache = None if kv is None else KVCache(k=(kv[0],), v=(kv[1],))
     return h, new_cache
@@ -173,6 +173,7 @@ def _shape_fields(config: ModelConfig) -> dict[str, Any]:
     "head_dim": config.head_dim,
     "mlp_dim": config.mlp_dim,
     "qkv_bias": config.qkv_bias,
+    "qk_norm": config.qk_norm,
   }
 
 
@@ -223,11 +224,13 @@ def check_drafter_matches(
     ),
     "mlp_dim": (shapes["layer/mlp/gate_proj/kernel"][1], c.mlp_dim),
     "qkv_bias": ("layer/attn/q_proj/bias" in shapes, c.qkv_bias),
+    "qk_norm": ("layer/attn/q_norm/scale" in shapes, c.qk_norm),
   }
   for name, (mine, theirs) in found.items():
     if mine != theirs:
       raise ValueError(f"drafter {name} {mine} != target {name} {theirs}")
   d, q, kv, f = c.d_model, c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.mlp_dim
+  hd = c.head_dim
   expected = {
     "fc/kernel": (2 * d, d),
     "layer/attn/q_proj/kernel": (d, q),
@@ -247,6 +250,8 @@ def check_drafter_matches(
         "layer/attn/v_proj/bias": (kv,),
       }
     )
+  if c.qk_norm:
+    expected.update({"layer/attn/q_norm/scale": (hd,), "layer/attn/k_norm/scale": (hd,)})
   for name, shape in expected.items():
     if shapes.get(name) != shape:
       raise ValueError(

@@ -1,4 +1,4 @@
-"""Hugging Face checkpoint import/export for Llama / Qwen2 decoders.
+"""Hugging Face checkpoint import/export for Llama / Qwen2 / Qwen3 decoders.
 
 A checkpoint is a local directory with `config.json` and safetensors weights,
 either one `model.safetensors` or shards listed in `model.safetensors.index.json`.
@@ -30,14 +30,81 @@ from flax import nnx
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from tlt_jax.models.config import ModelConfig
+from tlt_jax.models.config import ROPE_TYPES, ModelConfig
 from tlt_jax.models.transformer import Transformer
 
 CONFIG_NAME = "config.json"
 SINGLE_WEIGHTS_NAME = "model.safetensors"
 INDEX_NAME = "model.safetensors.index.json"
 
-_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+_ARCHITECTURES = {
+  "llama": "LlamaForCausalLM",
+  "qwen2": "Qwen2ForCausalLM",
+  "qwen3": "Qwen3ForCausalLM",
+}
+# config.json fields the loader understands (read, checked, or metadata that changes nothing
+# in the forward); any other field is an error rather than a silently ignored feature.
+_KNOWN_FIELDS = frozenset(
+  {
+    "_name_or_path",
+    "architectures",
+    "attention_bias",
+    "attention_dropout",
+    "bos_token_id",
+    "dtype",
+    "eos_token_id",
+    "head_dim",
+    "hidden_act",
+    "hidden_size",
+    "initializer_range",
+    "intermediate_size",
+    "layer_types",
+    "max_position_embeddings",
+    "max_window_layers",
+    "mlp_bias",
+    "model_type",
+    "num_attention_heads",
+    "num_hidden_layers",
+    "num_key_value_heads",
+    "pad_token_id",
+    "pretraining_tp",
+    "rms_norm_eps",
+    "rope_parameters",
+    "rope_scaling",
+    "rope_theta",
+    "sliding_window",
+    "tie_word_embeddings",
+    "torch_dtype",
+    "transformers_version",
+    "use_cache",
+    "use_mrope",
+    "use_sliding_window",
+    "vocab_size",
+  }
+)
+# RoPE settings, in either format: transformers 4 (top-level rope_theta, a rope_scaling dict
+# with "type" or "rope_type") or transformers 5 (one rope_parameters dict with all of them).
+_ROPE_FIELDS = {
+  "rope_theta": "rope_theta",
+  "rope_type": "rope_type",
+  "type": "rope_type",
+  "factor": "rope_factor",
+  "low_freq_factor": "rope_low_freq_factor",
+  "high_freq_factor": "rope_high_freq_factor",
+  "original_max_position_embeddings": "rope_original_max_position",
+  "partial_rotary_factor": "partial_rotary_factor",
+}
+# The fields each rope_type needs (besides theta); no others may be set.
+_ROPE_NEEDS = {
+  "default": (),
+  "linear": ("rope_factor",),
+  "llama3": (
+    "rope_factor",
+    "rope_low_freq_factor",
+    "rope_high_freq_factor",
+    "rope_original_max_position",
+  ),
+}
 # Buffers some exporters write that carry no learned state (we recompute RoPE).
 _HARMLESS = re.compile(r"(^|\.)rotary_emb\.inv_freq$")
 _SHARD_NAME = re.compile(r"^model-\d{5}-of-\d{5}\.safetensors$")
@@ -67,23 +134,76 @@ def _require(hf: Mapping[str, Any], key: str) -> Any:
   return hf[key]
 
 
-def _check_rope_scaling(rope_scaling: Any) -> None:
-  if rope_scaling is None:
-    return
-  kind = (
-    rope_scaling.get("rope_type", rope_scaling.get("type"))
-    if isinstance(rope_scaling, Mapping)
-    else None
-  )
-  if kind != "default":
+def _rope_config(hf: Mapping[str, Any]) -> dict[str, Any]:
+  """The `ModelConfig` RoPE fields of a config.json, from either format.
+
+  Every source (top-level rope_theta, rope_scaling, rope_parameters) is read; a field given
+  twice must agree, a field not understood is an error, and a theta given nowhere is the
+  Hugging Face classes' default (10000).
+  """
+  found: dict[str, tuple[str, Any]] = {}
+
+  def put(source: str, key: str, value: Any) -> None:
+    field = _ROPE_FIELDS.get(key)
+    if field is None:
+      raise ValueError(
+        f"{source}.{key}={value!r} is not understood (RoPE fields: {sorted(_ROPE_FIELDS)})"
+      )
+    if field in found and found[field][1] != value:
+      raise ValueError(f"{source}.{key}={value!r} disagrees with {found[field][0]}")
+    found[field] = (f"{source}.{key}", value)
+
+  if hf.get("rope_theta") is not None:
+    put("config", "rope_theta", hf["rope_theta"])
+  for source in ("rope_scaling", "rope_parameters"):
+    block = hf.get(source)
+    if block is None:
+      continue
+    if not isinstance(block, Mapping):
+      raise ValueError(f"{source}={block!r} must be a dict or null")
+    for key, value in block.items():
+      put(source, key, value)
+  values = {field: value for field, (_, value) in found.items()}
+  partial = values.pop("partial_rotary_factor", 1.0)
+  if partial != 1.0:
+    raise ValueError(f"partial_rotary_factor={partial!r} is not supported (RoPE on every dim)")
+  kind = values.setdefault("rope_type", "default")
+  if kind not in ROPE_TYPES:
+    raise ValueError(f"rope_type {kind!r} is not supported; supported: {list(ROPE_TYPES)}")
+  given = set(values) - {"rope_type", "rope_theta"}
+  need = set(_ROPE_NEEDS[kind])
+  if given != need:
     raise ValueError(
-      f"rope_scaling={rope_scaling!r} is not supported: the model implements plain RoPE only "
-      "(rope_scaling must be null or {'rope_type': 'default'})"
+      f"rope_type {kind!r} takes {sorted(need) or 'no scaling fields'}, the config gives "
+      f"{sorted(given) or 'none'}"
     )
+  values["rope_theta"] = float(values.get("rope_theta", 10_000.0))
+  if "rope_factor" in values:
+    values["rope_factor"] = float(values["rope_factor"])
+  for key in ("rope_low_freq_factor", "rope_high_freq_factor"):
+    if key in values:
+      values[key] = float(values[key])
+  if "rope_original_max_position" in values:
+    values["rope_original_max_position"] = int(values["rope_original_max_position"])
+  return values
+
+
+def _rope_to_hf(config: ModelConfig) -> dict[str, Any] | None:
+  """The transformers-4 rope_scaling dict (read by transformers 4 and 5) of a config."""
+  if config.rope_type == "default":
+    return None
+  out: dict[str, Any] = {"rope_type": config.rope_type, "factor": config.rope_factor}
+  if config.rope_type == "llama3":
+    out.update(
+      low_freq_factor=config.rope_low_freq_factor,
+      high_freq_factor=config.rope_high_freq_factor,
+      original_max_position_embeddings=config.rope_original_max_position,
+    )
+  return out
 
 
 def config_from_hf(hf: Mapping[str, Any], dtype: str = "float32") -> ModelConfig:
-  """Maps a Hugging Face Llama / Qwen2 `config.json` dict onto a `ModelConfig`.
+  """Maps a Hugging Face Llama / Qwen2 / Qwen3 `config.json` dict onto a `ModelConfig`.
 
   Args:
     hf: the parsed config.json.
@@ -94,25 +214,38 @@ def config_from_hf(hf: Mapping[str, Any], dtype: str = "float32") -> ModelConfig
     The equivalent ModelConfig.
 
   Raises:
-    ValueError: unknown model type or a feature the model does not implement
-      (MLP bias, RoPE scaling, sliding-window attention, non-SiLU activation).
+    ValueError: unknown model type, a field the loader does not understand, or a feature
+      the model does not implement (MLP bias, RoPE types other than default / linear /
+      llama3, sliding-window attention, non-SiLU activation).
   """
   model_type = hf.get("model_type")
   if model_type not in _ARCHITECTURES:
     raise ValueError(f"unsupported model_type {model_type!r}; supported: {sorted(_ARCHITECTURES)}")
-  _check_rope_scaling(hf.get("rope_scaling"))
+  unknown = sorted(set(hf) - _KNOWN_FIELDS)
+  if unknown:
+    raise ValueError(
+      f"config.json fields not understood: {unknown} (a feature the model may not implement; "
+      "remove them from config.json if they are only metadata)"
+    )
+  rope = _rope_config(hf)
   act = hf.get("hidden_act", "silu")
   if act != "silu":
     raise ValueError(f"hidden_act={act!r} is not supported (only 'silu')")
-  if model_type == "llama":
-    if hf.get("mlp_bias", False):
-      raise ValueError("Llama config has mlp_bias=True, which the model does not support")
-    qkv_bias = bool(hf.get("attention_bias", False))
+  if hf.get("mlp_bias", False):
+    raise ValueError(f"{model_type} config has mlp_bias=True, which the model does not support")
+  if model_type == "qwen2":
+    qkv_bias = True  # Qwen2 attention always has q/k/v biases, whatever the config says
   else:
-    # Qwen2 attention always has q/k/v biases, whatever the config says.
-    qkv_bias = True
-    if hf.get("use_sliding_window", False):
-      raise ValueError("Qwen2 config has use_sliding_window=True, which the model does not support")
+    qkv_bias = bool(hf.get("attention_bias", False))
+  if hf.get("use_mrope", False):
+    raise ValueError(f"{model_type} config has use_mrope=True (multimodal RoPE): not supported")
+  if hf.get("use_sliding_window", False):
+    raise ValueError(
+      f"{model_type} config has use_sliding_window=True, which the model does not support"
+    )
+  layer_kinds = set(hf.get("layer_types") or ()) - {"full_attention"}
+  if layer_kinds:
+    raise ValueError(f"layer_types {sorted(layer_kinds)} are not supported (full attention only)")
 
   d_model = int(_require(hf, "hidden_size"))
   num_heads = int(_require(hf, "num_attention_heads"))
@@ -133,13 +266,14 @@ def config_from_hf(hf: Mapping[str, Any], dtype: str = "float32") -> ModelConfig
     num_kv_heads=num_heads if num_kv_heads is None else int(num_kv_heads),
     head_dim=int(head_dim),
     mlp_dim=int(_require(hf, "intermediate_size")),
-    rope_theta=float(hf.get("rope_theta", 10_000.0)),
     rms_eps=float(hf.get("rms_norm_eps", 1e-6)),
     qkv_bias=qkv_bias,
+    qk_norm=model_type == "qwen3",
     # Both HF config classes default to untied when the field is absent.
     tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
     dtype=dtype,
     max_position=int(hf.get("max_position_embeddings", ModelConfig.max_position)),
+    **rope,
   )
 
 
@@ -152,7 +286,8 @@ def config_to_hf(
   """Builds the `config.json` dict that `transformers` needs to rebuild the model.
 
   Raises:
-    ValueError: unknown model type, or Qwen2 requested without q/k/v biases.
+    ValueError: unknown model type, Qwen2 requested without q/k/v biases, or q/k norms
+      (Qwen3's) with another model type or the reverse.
   """
   if model_type not in _ARCHITECTURES:
     raise ValueError(f"unsupported model_type {model_type!r}; supported: {sorted(_ARCHITECTURES)}")
@@ -160,6 +295,11 @@ def config_to_hf(
     raise ValueError(
       "qwen2 export needs qkv_bias=True (Qwen2 attention always has q/k/v biases); "
       "use model_type='llama' for a bias-free model"
+    )
+  if config.qk_norm != (model_type == "qwen3"):
+    raise ValueError(
+      f"{model_type} export of a model with qk_norm={config.qk_norm}: q/k norms are "
+      "Qwen3's (model_type='qwen3' exactly when qk_norm=True)"
     )
   hf: dict[str, Any] = {
     "architectures": [_ARCHITECTURES[model_type]],
@@ -178,7 +318,7 @@ def config_to_hf(
     "max_position_embeddings": config.max_position,
     "rms_norm_eps": config.rms_eps,
     "rope_theta": config.rope_theta,
-    "rope_scaling": None,
+    "rope_scaling": _rope_to_hf(config),
     "tie_word_embeddings": config.tie_embeddings,
     "attention_dropout": 0.0,
     "initializer_range": 0.02,
@@ -188,6 +328,8 @@ def config_to_hf(
     hf.update(attention_bias=config.qkv_bias, mlp_bias=False, pretraining_tp=1)
   else:
     hf.update(use_sliding_window=False, sliding_window=None, max_window_layers=config.num_layers)
+  if model_type == "qwen3":
+    hf.update(attention_bias=config.qkv_bias)
   if bos_token_id is not None:
     hf["bos_token_id"] = int(bos_token_id)
   if eos_token_id is not None:
@@ -239,9 +381,13 @@ def _entries(config: ModelConfig, model_type: str) -> list[_Entry]:
     out.append(
       _Entry(f"{hf}.self_attn.o_proj.weight", (*ours, "attn", "o_proj", "kernel"), (q_dim, d), True)
     )
-    if model_type == "llama" and c.qkv_bias:
-      # HF Llama's attention_bias also biases o_proj; our o_proj has none, so it must be zero.
+    if model_type != "qwen2" and c.qkv_bias:
+      # HF Llama's and Qwen3's attention_bias also biases o_proj; ours has none: must be zero.
       out.append(_Entry(f"{hf}.self_attn.o_proj.bias", None, (d,), False))
+    if c.qk_norm:
+      for name in ("q_norm", "k_norm"):
+        path = (*ours, "attn", name, "scale")
+        out.append(_Entry(f"{hf}.self_attn.{name}.weight", path, (c.head_dim,), False))
     out.append(
       _Entry(
         f"{hf}.post_attention_layernorm.weight", (*ours, "post_attn_norm", "scale"), (d,), False
@@ -307,7 +453,7 @@ def _cast(array: np.ndarray, dtype: str) -> np.ndarray:
 def load_hf_checkpoint(
   path: str | os.PathLike, dtype: str = "float32"
 ) -> tuple[ModelConfig, Transformer]:
-  """Loads a local Hugging Face Llama / Qwen2 checkpoint into a `Transformer`.
+  """Loads a local Hugging Face Llama / Qwen2 / Qwen3 checkpoint into a `Transformer`.
 
   Args:
     path: directory with config.json and model.safetensors (or shards + index).

@@ -1,4 +1,4 @@
-"""Llama/Qwen2-family decoder in Flax NNX, used functionally.
+"""Llama / Qwen2 / Qwen3-family decoder in Flax NNX, used functionally.
 
 One module serves every device program of the project:
 - full-sequence forward (training, log-probs, packed samples via segment ids);
@@ -72,10 +72,31 @@ class RMSNorm(nnx.Module):
     return (y * self.scale[...].astype(jnp.float32)).astype(x.dtype)
 
 
-def rope_tables(positions: Int[Array, "B T"], head_dim: int, theta: float):
+def rope_inv_freq(config: ModelConfig) -> Float[Array, " E2"]:
+  """RoPE's E/2 angular frequencies, with the config's scaling (the formulas of Hugging
+  Face's rope_type "linear" and "llama3", in float32 as there)."""
+  e = config.head_dim
+  inv = 1.0 / (config.rope_theta ** (jnp.arange(0, e, 2, dtype=jnp.float32) / e))
+  factor = config.rope_factor
+  if config.rope_type == "linear":
+    return inv / factor
+  if config.rope_type == "llama3":
+    low, high = config.rope_low_freq_factor, config.rope_high_freq_factor
+    old = config.rope_original_max_position
+    wavelen = 2 * jnp.pi / inv
+    # Long wavelengths (past old / low) are stretched by the factor, short ones (under
+    # old / high) kept, and the band between blended linearly in old / wavelen.
+    scaled = jnp.where(wavelen > old / low, inv / factor, inv)
+    smooth = (old / wavelen - low) / (high - low)
+    blended = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= old / high) & (wavelen <= old / low)
+    return jnp.where(medium, blended, scaled)
+  return inv
+
+
+def rope_tables(positions: Int[Array, "B T"], config: ModelConfig):
   """(cos, sin), each [B, T, 1, E]: computed once per forward, shared by all layers."""
-  inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
-  angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, E/2]
+  angles = positions.astype(jnp.float32)[..., None] * rope_inv_freq(config)  # [B, T, E/2]
   angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]
   return jnp.cos(angles), jnp.sin(angles)
 
@@ -217,6 +238,9 @@ class Attention(nnx.Module):
     self.k_proj = lin(c.d_model, c.num_kv_heads * c.head_dim, c.qkv_bias)
     self.v_proj = lin(c.d_model, c.num_kv_heads * c.head_dim, c.qkv_bias)
     self.o_proj = lin(c.num_heads * c.head_dim, c.d_model, False)
+    # Qwen3: each head's queries and keys are RMS-normalised (one scale over the head dim).
+    self.q_norm = RMSNorm(c.head_dim, c.rms_eps, dt) if c.qk_norm else None
+    self.k_norm = RMSNorm(c.head_dim, c.rms_eps, dt) if c.qk_norm else None
     self.config = config
 
   def __call__(self, x, rope_cs, mask, cache_kv=None, cache_len=None, view_len=None):
@@ -225,6 +249,8 @@ class Attention(nnx.Module):
     q = self.q_proj(x).reshape(b, t, c.num_heads, c.head_dim)
     k = self.k_proj(x).reshape(b, t, c.num_kv_heads, c.head_dim)
     v = self.v_proj(x).reshape(b, t, c.num_kv_heads, c.head_dim)
+    if self.q_norm is not None:
+      q, k = self.q_norm(q), self.k_norm(k)
     q = apply_rope(q, rope_cs)
     k = apply_rope(k, rope_cs)
     if cache_kv is None:
@@ -384,7 +410,7 @@ class Transformer(nnx.Module):
         raise ValueError(
           f"mask shape {mask.shape} != (batch, new tokens, view_len) {(b, t, view_len)}"
         )
-    rope_cs = rope_tables(positions, self.config.head_dim, self.config.rope_theta)
+    rope_cs = rope_tables(positions, self.config)
     new_k, new_v, feats = [], [], []
     for i, layer in enumerate(self.layers):
       kv = None if cache is None else (cache.k[i], cache.v[i])

@@ -37,6 +37,9 @@ class PolicyLossConfig:
     kl_coef: weight of the KL penalty to a reference policy (0: none).
     kl_type: "k1" (logp - ref_logp) or "k3" (Schulman's non-negative estimator).
     entropy_coef: weight of the entropy bonus (subtracted from the loss).
+    entropy_metric: compute the policy's entropy for the metrics even when entropy_coef is 0
+      (a diagnostic of entropy collapse; it costs a pass over [tokens, vocabulary], real for
+      150k vocabularies).
     temperature: the rollout temperature.
     top_k, top_p: the rollout's truncation (0 and 1: none), as in decode.SamplingConfig.
       Every log-prob the loss sees (old, new) is of the distribution the rollout samples
@@ -49,6 +52,7 @@ class PolicyLossConfig:
   kl_coef: float = 0.0
   kl_type: str = "k3"
   entropy_coef: float = 0.0
+  entropy_metric: bool = True
   temperature: float = 1.0
   top_k: int = 0
   top_p: float = 1.0

@@ -259,6 +259,8 @@ class GRPOTrainer:
         options=ocp.CheckpointManagerOptions(max_to_keep=2, create=True),
       )
     self.metrics_path = os.path.join(workdir, "metrics.jsonl")
+    # Each step's response lengths, apart from the flat metrics rows.
+    self.lengths_path = os.path.join(workdir, "rollout_lengths.jsonl")
     self._restore()
 
   # ------------------------------------------------------------ checkpoints
@@ -360,11 +362,12 @@ class GRPOTrainer:
       self.scheduler.drafter.load_checkpoint_state(d["drafter"], dict(d["buffer"]), d["meta"])
       self.scheduler.load_state(d["meta"]["scheduler"])
     # Metrics past the checkpoint belong to the lost tail of the killed run.
-    if os.path.exists(self.metrics_path):
-      with open(self.metrics_path) as f:
-        keep = [line for line in f if json.loads(line)["step"] < self.step]
-      with open(self.metrics_path, "w") as f:
-        f.writelines(keep)
+    for path in (self.metrics_path, self.lengths_path):
+      if os.path.exists(path):
+        with open(path) as f:
+          keep = [line for line in f if json.loads(line)["step"] < self.step]
+        with open(path, "w") as f:
+          f.writelines(keep)
 
   # ------------------------------------------------------------------- step
   def _next_examples(self, n: int) -> list[Mapping[str, str]]:
@@ -562,6 +565,9 @@ class GRPOTrainer:
       "update_tokens": int(mask.sum()),
       "logp_rollout_vs_trainer_max_abs": float(diff.max()) if diff.size else 0.0,
       "rollout_tokens": int(lengths.sum()),
+      # Each rollout's response lengths (refills are rollouts of their own): the trace the
+      # step simulator replays (tlt_jax.sim); run() moves it to rollout_lengths.jsonl.
+      "rollout_lengths": [res.num_generated.tolist() for res in batch_result],
       **{f"loss/{k}": v for k, v in m.items()},
       **{f"time/{k}": v for k, v in times.items()},
       # Programs the rollouts compiled lazily (inside time/rollout): compare modes without it.
@@ -712,6 +718,9 @@ class GRPOTrainer:
           row.update(self.scheduler.step_records())
         # Weight sync costs nothing here: the engine reads the trainer's arrays.
         row["time/other"] = row["time/step"] - sum(row[f"time/{p}"] for p in PHASES)
+        lengths = {"step": row["step"], "rollouts": row.pop("rollout_lengths")}
+        with open(self.lengths_path, "a") as f:
+          f.write(json.dumps(lengths) + "\n")
         with open(self.metrics_path, "a") as f:
           f.write(json.dumps(row) + "\n")
         self._log_tensorboard(tb, row)

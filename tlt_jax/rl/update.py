@@ -310,11 +310,12 @@ def make_policy_update(
       def loss_fn(p):
         if trainable:  # frozen parameters are constants: no backward pass reaches them
           p = jax.tree.map(lambda x, m: x if m else jax.lax.stop_gradient(x), p, train_mask)
-        # Entropy always: a cheap, key diagnostic (entropy collapse) even when not in the loss.
+        # Entropy in the loss, or as a diagnostic (entropy collapse) if entropy_metric.
+        with_entropy = loss_cfg.entropy_coef > 0 or loss_cfg.entropy_metric
         logp, ent = token_logprobs(
-          graphdef, p, mb["tokens"], temp, with_entropy=True, **trunc, **layout(mb)
+          graphdef, p, mb["tokens"], temp, with_entropy=with_entropy, **trunc, **layout(mb)
         )
-        if loss_cfg.entropy_coef == 0:
+        if ent is not None and loss_cfg.entropy_coef == 0:
           ent = jax.lax.stop_gradient(ent)  # metric only: no backward through it
         loss, _ = policy_loss(
           logp,

@@ -1,0 +1,249 @@
+r"""What TLT does to an RL step, predicted by replaying the rollout engine's policy
+(tlt_jax.sim) on response lengths with a decode cost model.
+
+Two uses:
+
+Calibrated on this host: the cost grid of experiments/cost_surface.py, response lengths from
+a run's rollout_lengths.jsonl (every rollout of every step) or a log-normal fit, the accept lengths
+this project measured (bench_sd, e2e_modes), the update's seconds per token; prints the
+predicted rollout and step time per mode, to set beside the measured ones.
+
+  python experiments/simulate.py --surface=runs/cost_surface/cost_surface.json \
+    --lengths=runs/e2e/baseline/rollout_lengths.jsonl --engine_max_batch=128 --spec_threshold=32 \
+    --accept_sd=chain4:3.4,chain8:4.6 --accept_tlt=chain4:3.9,chain8:5.9 \
+    --update_ms_per_token=0.9
+
+Projected (--project): H100 cost models from published figures for bf16 Qwen2.5-7B (one
+GPU per rollout instance) and 32B (4-way tensor parallel), the paper's settings (GRPO,
+G = 8, 32k response cap, SD at <= 32 running rows, verification of 32 draft nodes, accept
+length 4.59 for a drafter aligned once and 6.53 trained during RL) and DAPO-like response
+lengths (median ~470, p90 ~1k: "RL in the Wild" traces); the table in the paper's layout,
+then with the group drafts of this project added as a further arm.
+
+  python experiments/simulate.py --project
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+
+import numpy as np
+from absl import app, flags
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from tlt_jax.sim import (  # noqa: E402
+  ArmModel,
+  EnginePolicy,
+  RooflineCost,
+  TableCost,
+  arms_from_accept,
+  replay_step,
+  speedup_bound,
+)
+
+_PROJECT = flags.DEFINE_bool("project", False, "H100 projection in the paper's settings")
+_SURFACE = flags.DEFINE_string("surface", "", "cost_surface.json of this host")
+_LENGTHS = flags.DEFINE_string("lengths", "", "a run's rollout_lengths.jsonl")
+_LOGNORMAL = flags.DEFINE_list(
+  "lognormal", ["470", "1000", "32768", "128"], "median, p90, cap, rows (without --lengths)"
+)
+_STEPS = flags.DEFINE_integer("steps", 20, "RL steps replayed (lengths drawn per step)")
+_MAX_BATCH = flags.DEFINE_integer("engine_max_batch", 128, "EngineConfig.max_batch")
+_MIN_BUCKET = flags.DEFINE_integer("engine_min_batch_bucket", 1, "EngineConfig.min_batch_bucket")
+_CHUNK = flags.DEFINE_integer("chunk_steps", 16, "EngineConfig.chunk_steps")
+_THRESHOLD = flags.DEFINE_integer("spec_threshold", 32, "EngineConfig.spec_threshold")
+_ROUNDS = flags.DEFINE_integer("spec_rounds", 8, "EngineConfig.spec_rounds")
+_PROMPT = flags.DEFINE_integer("prompt_len", 128, "prompt tokens")
+_ACCEPT_SD = flags.DEFINE_list("accept_sd", ["chain4:3.4", "chain8:4.6"], "frozen drafter")
+_ACCEPT_TLT = flags.DEFINE_list("accept_tlt", ["chain4:3.9", "chain8:5.9"], "online drafter")
+_DRAFT_COST = flags.DEFINE_float("draft_cost", 0.1, "drafter forward / target decode step")
+_UPDATE = flags.DEFINE_float("update_ms_per_token", 1.0, "policy update, ms per token")
+_OTHER = flags.DEFINE_float("other_s", 0.0, "rewards, old log-probs etc., seconds per step")
+_DRAFTER_S = flags.DEFINE_float("drafter_s", 0.0, "drafter training per step (tlt), seconds")
+_STOCHASTIC = flags.DEFINE_bool("stochastic", True, "draw per-round acceptance per row")
+_SEED = flags.DEFINE_integer("seed", 0, "length and acceptance draws")
+_OUT = flags.DEFINE_string("out", "", "write the predictions here as JSON")
+
+
+def _accept(items) -> dict[str, float]:
+  out = {}
+  for item in items:
+    name, _, value = item.partition(":")
+    out[name] = float(value)
+  return out
+
+
+def lognormal_lengths(median, p90, cap, rows, steps, seed) -> list[list[int]]:
+  """Response lengths of `steps` rollouts of `rows`: log-normal through the median and p90,
+  capped (rows at the cap are the truncated ones)."""
+  sigma = math.log(p90 / median) / 1.2816  # the normal's 90th percentile
+  rng = np.random.default_rng(seed)
+  draws = rng.lognormal(math.log(median), sigma, size=(steps, rows))
+  return np.clip(np.rint(draws), 1, cap).astype(int).tolist()
+
+
+def run_lengths(path: str) -> list[list[int]]:
+  """Every rollout of a run (refills included), in order."""
+  out = []
+  with open(path) as f:
+    for line in f:
+      out += json.loads(line)["rollouts"]
+  if not out:
+    raise ValueError(f"{path}: no rollouts")
+  return out
+
+
+def predict(cost, policy, traces, arms_sd, arms_tlt, update_s, other_s, drafter_s, stochastic):
+  """Mean rollout / step seconds per mode over the traces, and the end-to-end ratios."""
+  modes = {"baseline": (), "sd": arms_sd, "tlt": arms_tlt}
+  out = {}
+  for mode, arms in modes.items():
+    preds = [
+      replay_step(
+        mode,
+        lengths,
+        cost,
+        policy,
+        arms,
+        update_s_per_token=update_s,
+        other_s=other_s,
+        drafter_s=drafter_s,
+        stochastic=stochastic,
+        seed=i,
+      )
+      for i, lengths in enumerate(traces)
+    ]
+    arm_chunks: dict[str, int] = {}
+    for p in preds:
+      for k, v in p.rollout.chunks_by_arm.items():
+        arm_chunks[k] = arm_chunks.get(k, 0) + v
+    out[mode] = {
+      "rollout_s": float(np.mean([p.rollout_s for p in preds])),
+      "step_s": float(np.mean([p.step_s for p in preds])),
+      "chunks_by_arm": arm_chunks,
+    }
+  base = out["baseline"]
+  for mode in ("sd", "tlt"):
+    m = out[mode]
+    m["rollout_speedup"] = base["rollout_s"] / m["rollout_s"]
+    m["step_speedup"] = base["step_s"] / m["step_s"]
+    m["bound"] = speedup_bound(base["rollout_s"] / base["step_s"], m["rollout_speedup"])
+  base["rollout_share"] = base["rollout_s"] / base["step_s"]
+  return out
+
+
+def _print(title: str, pred: dict) -> None:
+  base = pred["baseline"]
+  print(f"\n{title}")
+  print("| mode | rollout s | step s | rollout speedup | step speedup | arms (chunks) |")
+  print("|---|---|---|---|---|---|")
+  for mode, m in pred.items():
+    arms = ", ".join(f"{k} {v}" for k, v in sorted(m["chunks_by_arm"].items()))
+    rs = f"{m['rollout_speedup']:.2f}x" if mode != "baseline" else "-"
+    ss = f"{m['step_speedup']:.2f}x" if mode != "baseline" else "-"
+    print(f"| {mode} | {m['rollout_s']:.1f} | {m['step_s']:.1f} | {rs} | {ss} | {arms} |")
+  print(f"rollout share of the baseline step: {base['rollout_share']:.2f}")
+
+
+# Published figures (see the module docstring): H100 SXM dense bf16 989 TFLOP/s, HBM3
+# 3.35 TB/s; bandwidth efficiency 0.8 puts a 7B decode step at ~5.7 ms + 0.5 ms overhead,
+# the 6.1-6.3 ms a token reported for batch-1 decode of 7-8B models on one H100.
+_H100 = dict(peak_flops=989e12, bandwidth=3.35e12, bandwidth_efficiency=0.8, overhead_s=5e-4)
+_MODELS = {
+  # params, layers, kv heads, head dim, GPUs per rollout instance
+  "Qwen2.5-7B": (7.6e9, 28, 4, 128, 1),
+  "Qwen2.5-32B": (32.8e9, 64, 8, 128, 4),
+}
+
+
+def project() -> dict:
+  """The paper's settings on H100 cost models; see the module docstring."""
+  results = {}
+  for name, (params, layers, kv_heads, head_dim, gpus) in _MODELS.items():
+    cost = RooflineCost(
+      params=params,
+      bytes_per_param=2,
+      kv_bytes_per_token=2 * layers * kv_heads * head_dim * 2,
+      peak_flops=gpus * _H100["peak_flops"],
+      bandwidth=gpus * _H100["bandwidth"],
+      bandwidth_efficiency=_H100["bandwidth_efficiency"],
+      overhead_s=_H100["overhead_s"],
+    )
+    # A tree of 32 verified nodes (the paper's arms: depth 8, top-k 4); the drafter is one
+    # decoder layer: about 1 / layers of a step, plus the LM head's share.
+    draft_cost = 1.0 / layers + 0.05
+    frozen = ArmModel("tree8x4x32", 32, 4.59, 8, draft_cost)
+    online = ArmModel("tree8x4x32", 32, 6.53, 8, draft_cost)
+    group = ArmModel("group16", 17, _GROUP_ACCEPT.value, 0)
+    policy = EnginePolicy(max_batch=128, chunk_steps=16, spec_threshold=32, prompt_len=256)
+    traces = lognormal_lengths(470, 1000, 32768, 128, _STEPS.value, _SEED.value)
+    # Update: 3 x 2 x params FLOPs a token (forward + backward) at 40% of the instance's
+    # peak; the paper's rollout share is ~0.85 of a step, so other time stays 0 here.
+    update_s = 6 * params / (0.4 * gpus * _H100["peak_flops"])
+    for label, arms in (
+      ("paper", ([frozen], [online])),
+      ("+group", ([frozen, group], [online, group])),
+    ):
+      pred = predict(cost, policy, traces, arms[0], arms[1], update_s, 0.0, 0.0, True)
+      results[f"{name} {label}"] = pred
+      _print(f"{name}, {gpus} x H100, {label}", pred)
+  print(
+    "\nPaper (REFERENCE: 64 H100s vs veRL): Qwen2.5-7B 1.86x, Qwen2.5-32B 2.12x end to end;"
+    " SD alone at batch 1 2.61x (7B)."
+  )
+  return results
+
+
+_GROUP_ACCEPT = flags.DEFINE_float(
+  "group_accept", 1.8, "group drafts' accept length (this project: 1.4-1.8, RESULTS.md)"
+)
+
+
+def main(argv):
+  del argv
+  if _PROJECT.value:
+    results = project()
+  else:
+    if not _SURFACE.value:
+      raise app.UsageError("--surface (experiments/cost_surface.py's JSON) or --project")
+    with open(_SURFACE.value) as f:
+      cost = TableCost.from_dict(json.load(f))
+    if _LENGTHS.value:
+      traces = run_lengths(_LENGTHS.value)
+    else:
+      median, p90, cap, rows = (float(x) for x in _LOGNORMAL.value)
+      traces = lognormal_lengths(median, p90, int(cap), int(rows), _STEPS.value, _SEED.value)
+    policy = EnginePolicy(
+      max_batch=_MAX_BATCH.value,
+      min_batch_bucket=_MIN_BUCKET.value,
+      chunk_steps=_CHUNK.value,
+      spec_threshold=_THRESHOLD.value,
+      spec_rounds=_ROUNDS.value,
+      prompt_len=_PROMPT.value,
+    )
+    arms_sd = arms_from_accept(_accept(_ACCEPT_SD.value), _DRAFT_COST.value)
+    arms_tlt = arms_from_accept(_accept(_ACCEPT_TLT.value), _DRAFT_COST.value)
+    results = predict(
+      cost,
+      policy,
+      traces,
+      arms_sd,
+      arms_tlt,
+      _UPDATE.value / 1000.0,
+      _OTHER.value,
+      _DRAFTER_S.value,
+      _STOCHASTIC.value,
+    )
+    _print(f"this host ({_SURFACE.value}), {len(traces)} rollouts", results)
+  if _OUT.value:
+    os.makedirs(os.path.dirname(_OUT.value) or ".", exist_ok=True)
+    with open(_OUT.value, "w") as f:
+      json.dump(results, f, indent=2)
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,127 @@
+"""configs/hf_grpo.py end to end on a tiny random checkpoint written here: the job imports the
+checkpoint and its tokenizer, renders prompts with the chat template, trains on a local .jsonl
+file with the GSM8K checker, and refuses the toy task's RL settings on a checkpoint."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+import tokenizers
+from tokenizers import decoders, models, pre_tokenizers, trainers
+
+from tlt_jax import configuration
+from tlt_jax.models.config import ModelConfig
+from tlt_jax.models.hf_io import save_hf_checkpoint
+from tlt_jax.models.transformer import init_model
+from tlt_jax.train import train_and_evaluate
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+  sys.path.insert(0, ROOT)
+
+from configs import default, hf_grpo  # noqa: E402
+
+CHATML = (
+  "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+  "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def checkpoint_dir(tmp_path_factory):
+  """A Qwen3-layout random model (q/k norms) with a ChatML BPE tokenizer and no BOS."""
+  path = tmp_path_factory.mktemp("qwen3_tiny")
+  tok = tokenizers.Tokenizer(models.BPE())
+  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+  tok.decoder = decoders.ByteLevel()
+  trainer = trainers.BpeTrainer(
+    vocab_size=320,
+    special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+    initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    show_progress=False,
+  )
+  tok.train_from_iterator(["What is 3 plus 4? 3+4=7. #### 7"] * 8, trainer)
+  tok.save(str(path / "tokenizer.json"))
+  (path / "tokenizer_config.json").write_text(
+    json.dumps({"bos_token": None, "eos_token": "<|im_end|>", "chat_template": CHATML})
+  )
+  config = ModelConfig(
+    vocab_size=tok.get_vocab_size(),
+    num_layers=1,
+    d_model=32,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=8,
+    mlp_dim=64,
+    qk_norm=True,
+    tie_embeddings=True,
+    rope_theta=1e6,
+  )
+  save_hf_checkpoint(init_model(config, seed=0), config, path, model_type="qwen3")
+  return path
+
+
+@pytest.fixture
+def data_file(tmp_path):
+  rows = [
+    {"question": f"What is {a} plus {b}?", "answer": f"{a}+{b}={a + b}. #### {a + b}"}
+    for a in range(1, 7)
+    for b in range(1, 5)
+  ]
+  path = tmp_path / "sums.jsonl"
+  path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+  return path
+
+
+def _small(config, checkpoint_dir, data_file):
+  config.model.checkpoint = str(checkpoint_dir)
+  config.task.path = str(data_file)
+  config.task.test_fraction = 0.25
+  config.engine.max_prompt_len = 48
+  config.engine.max_new_tokens = 16
+  config.engine.max_batch = 8
+  config.engine.spec_threshold = 8
+  config.engine.min_batch_bucket = 4
+  config.engine.min_cache_bucket = 64
+  config.engine.min_prompt_bucket = 48
+  config.engine.chunk_steps = 8
+  config.rollout.num_prompts = 2
+  config.rollout.num_samples = 2
+  config.eval.num_examples = 2
+  config.rl.steps = 1
+  config.rl.prompts_per_step = 2
+  config.rl.group_size = 2
+  config.rl.dynamic_sampling = False  # a random policy's groups all score 0: keep them
+  config.rl.eval_every = 1
+  config.rl.eval_examples = 2
+  config.rl_update.micro_batch = 2
+  config.rl_update.warmup_steps = 0
+  return config
+
+
+def test_hf_grpo_job_runs_on_a_checkpoint_and_a_jsonl_file(tmp_path, checkpoint_dir, data_file):
+  config = _small(hf_grpo.get_config(), checkpoint_dir, data_file)
+  tok = configuration.tokenizer(config)  # the checkpoint's own
+  prompt = configuration.prompt_format(config, tok)({"question": "What is 1 plus 2?"})
+  assert prompt == "<|im_start|>user\nWhat is 1 plus 2?<|im_end|>\n<|im_start|>assistant\n"
+  assert not tok.uses_bos
+  summary = train_and_evaluate(config, str(tmp_path / "run"), progress=False)
+  assert summary["warm_start"]["source"] == str(checkpoint_dir)
+  assert summary["rl"]["steps"] == 1 and summary["rollout"]["sequences"] == 4
+
+
+def test_toy_rl_settings_are_refused_on_a_checkpoint(tmp_path, checkpoint_dir, data_file):
+  config = _small(default.get_config("tiny"), checkpoint_dir, data_file)
+  config.task.name = "local"
+  config.task.tokenizer = str(checkpoint_dir)
+  with pytest.raises(ValueError, match="RL settings are the toy task's"):
+    train_and_evaluate(config, str(tmp_path / "run"), progress=False)
+  config.model.checkpoint = str(tmp_path / "nowhere")
+  with pytest.raises(
+    configuration.ConfigError, match="config.model.checkpoint=.*no such directory"
+  ):
+    train_and_evaluate(config, str(tmp_path / "run"), progress=False)
+  assert not (tmp_path / "run" / "tfds").exists()  # refused before the dataset was built

@@ -1,0 +1,131 @@
+"""The RL-step simulator: cost models, and the engine policy replayed on hand-made cases whose
+times can be counted by hand."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from tlt_jax.sim import (
+  ArmModel,
+  EnginePolicy,
+  RooflineCost,
+  TableCost,
+  arms_from_accept,
+  chain_accept_length,
+  replay_rollout,
+  replay_step,
+  speedup_bound,
+)
+from tlt_jax.sim.replay import _per_token_acceptance
+
+
+@dataclasses.dataclass(frozen=True)
+class _Cost:
+  """Unit cost per forward: flat (memory bound) or per row and token (compute bound)."""
+
+  per_row: bool = False
+  per_token: bool = False
+
+  def seconds(self, batch, tokens, context):
+    return float((batch if self.per_row else 1) * (tokens if self.per_token else 1))
+
+
+def test_plain_rollout_lasts_its_longest_row_and_compaction_counts_rows():
+  lengths = [1, 2, 3, 10]
+  # Flat cost: the rollout is as long as its longest row, whatever the batch.
+  assert replay_rollout(lengths, _Cost(), EnginePolicy(max_batch=4)).seconds == 10.0
+  # Cost per row, buckets 1/2/4, compaction after every step: 4 + 4 + 2 + 7 x 1 rows.
+  policy = EnginePolicy(max_batch=4, chunk_steps=1)
+  pred = replay_rollout(lengths, _Cost(per_row=True), policy)
+  assert pred.seconds == 17.0 and pred.seconds_by_bucket == {4: 8.0, 2: 2.0, 1: 7.0}
+  no_compact = dataclasses.replace(policy, compact=False)
+  assert replay_rollout(lengths, _Cost(per_row=True), no_compact).seconds == 40.0
+  # Compaction waits for chunk boundaries: chunks of 4 steps keep batch 4 for the first.
+  chunked = dataclasses.replace(policy, chunk_steps=4)
+  assert replay_rollout(lengths, _Cost(per_row=True), chunked).seconds == 4 * 4 + 6
+
+
+def test_speculative_rounds_divide_a_memory_bound_tail_by_the_accept_length():
+  arm = ArmModel("chain8", nodes=9, accept_length=4.0, draft_steps=8, draft_cost=0.0)
+  policy = EnginePolicy(max_batch=1, spec_threshold=1, spec_rounds=5)
+  plain = replay_rollout([100], _Cost(), dataclasses.replace(policy, spec_threshold=0))
+  spec = replay_rollout([100], _Cost(), policy, [arm])
+  assert plain.seconds == 100.0 and spec.seconds == 25.0
+  assert spec.chunks_by_arm == {"chain8": 5}
+  # The drafter's forwards cost: 8 x 0.1 of a step per round.
+  drafted = dataclasses.replace(arm, draft_cost=0.1)
+  assert replay_rollout([100], _Cost(), policy, [drafted]).seconds == pytest.approx(25 * 1.8)
+
+
+def test_the_replayed_bandit_keeps_plain_decode_where_verification_is_compute_bound():
+  arm = ArmModel("chain8", nodes=9, accept_length=4.0, draft_steps=8, draft_cost=0.05)
+  policy = EnginePolicy(max_batch=8, spec_threshold=8)
+  pred = replay_rollout([20] * 8, _Cost(per_row=True, per_token=True), policy, [arm])
+  assert set(pred.chunks_by_arm) == {"plain"}  # 4 tokens for 9 + drafting: a loss
+  pred = replay_rollout([20] * 8, _Cost(), policy, [arm])
+  assert set(pred.chunks_by_arm) == {"chain8"}
+
+
+def test_stochastic_acceptance_matches_the_mean_and_the_slowest_row_decides():
+  arm = ArmModel("chain8", nodes=9, accept_length=4.0, draft_steps=8)
+  a = _per_token_acceptance(arm)
+  assert chain_accept_length(a, 8) == pytest.approx(4.0, rel=1e-6)
+  policy = EnginePolicy(max_batch=64, spec_threshold=64, spec_rounds=4, compact=False)
+  one = replay_rollout([4000], _Cost(), policy, [arm], stochastic=True, seed=1)
+  assert one.seconds == pytest.approx(1000, rel=0.05)  # ~4 tokens a round on average
+  # 64 rows spread apart; at flat cost the bucket lasts as long as its slowest row.
+  many = replay_rollout([400] * 64, _Cost(), policy, [arm], stochastic=True, seed=1)
+  mean = replay_rollout([400] * 64, _Cost(), policy, [arm])
+  assert many.seconds > mean.seconds == 100.0
+
+
+def test_table_cost_interpolates_in_log2_and_grows_past_the_grid():
+  table = TableCost(
+    batches=(1, 4, 16),
+    tokens=(1, 5),
+    ms=((10.0, 12.0, 30.0), (14.0, 20.0, 80.0)),
+    context=128,
+    ms_per_context_token=(0.001, 0.002, 0.01),
+  )
+  assert table.seconds(4, 1, 128) == pytest.approx(0.012)
+  assert table.seconds(2, 1, 128) == pytest.approx(0.011)  # halfway in log2
+  assert table.seconds(4, 5, 128) == pytest.approx(0.020)
+  assert table.seconds(1, 1, 1128) == pytest.approx(0.011)  # + 1000 x 0.001 ms
+  assert table.seconds(32, 1, 128) >= 2 * table.seconds(16, 1, 128) - 1e-12
+  with pytest.raises(ValueError, match="ascending"):
+    TableCost(batches=(4, 1), tokens=(1,), ms=((1.0, 1.0),), context=0)
+  assert TableCost.from_dict(dataclasses.asdict(table)) == table
+
+
+def test_roofline_cost_is_flat_while_memory_bound_and_linear_once_compute_bound():
+  h100_7b = RooflineCost(
+    params=7.6e9,
+    bytes_per_param=2,
+    kv_bytes_per_token=2 * 28 * 4 * 128 * 2,
+    peak_flops=989e12,
+    bandwidth=3.35e12,
+  )
+  one, eight = h100_7b.seconds(1, 1, 1000), h100_7b.seconds(8, 1, 1000)
+  assert 4e-3 < one < 8e-3 and eight / one < 1.1  # weights dominate at small batch
+  big, bigger = h100_7b.seconds(4096, 1, 0), h100_7b.seconds(8192, 1, 0)
+  assert bigger / big == pytest.approx(2.0, rel=0.01)
+
+
+def test_step_modes_and_the_end_to_end_bound():
+  arms = arms_from_accept({"chain4": 3.0, "group8": 2.0}, draft_cost=0.1)
+  assert [a.draft_steps for a in arms] == [4, 0]
+  policy = EnginePolicy(max_batch=4, spec_threshold=4, spec_rounds=2, chunk_steps=2)
+  lengths = [30, 60, 90, 300]
+  base = replay_step("baseline", lengths, _Cost(), policy, arms, update_s_per_token=0.1)
+  assert base.rollout.chunks_by_arm.keys() == {"plain"} and base.update_s == pytest.approx(48.0)
+  tlt = replay_step("tlt", lengths, _Cost(), policy, arms, update_s_per_token=0.1, drafter_s=1e4)
+  assert tlt.rollout_s < base.rollout_s and tlt.drafter_s == pytest.approx(1e4 - tlt.rollout_s)
+  assert speedup_bound(0.85, 3.0) == pytest.approx(2.307, abs=1e-3)
+  with pytest.raises(ValueError, match="mode"):
+    replay_step("fast", lengths, _Cost(), policy, update_s_per_token=0.0)
+  with pytest.raises(ValueError, match="max_batch"):
+    replay_rollout([1] * 5, _Cost(), policy)
+  assert np.isfinite(base.step_s)

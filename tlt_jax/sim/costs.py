@@ -1,0 +1,203 @@
+"""Cost models for the RL-step simulator: what one forward costs, and what a draft accepts.
+
+A decode cost model answers one question, `seconds(batch, tokens, context)`: the time of one
+forward of the policy over `batch` rows with `tokens` new tokens each (1: a decode step;
+depth + 1: verifying a chain draft) at a mean cache length of `context` tokens. Two forms:
+
+* `TableCost`: measured on a host (experiments/cost_surface.py writes the table): ms per
+  forward on a grid of batch sizes and new tokens per row at one context length, plus the
+  measured growth per context token; interpolated linearly in log2(batch) and log2(tokens).
+* `RooflineCost`: from a model's size and a device's published peak figures, for hosts one
+  cannot measure on: a forward costs the larger of its arithmetic (2 x params FLOPs a token,
+  at a sustained fraction of peak) and its memory traffic (the weights once, each row's KV
+  cache), plus a fixed launch overhead.
+
+`ArmModel` describes a speculative-decoding strategy to the simulator: the nodes the target
+verifies per row, the tokens a round emits per row on average (its accept length, taken
+from this project's measured drafter curves), and the drafter's cost per round as a fraction
+of a target decode step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from typing import Protocol
+
+import numpy as np
+
+__all__ = [
+  "ArmModel",
+  "DecodeCost",
+  "RooflineCost",
+  "TableCost",
+  "arms_from_accept",
+  "chain_accept_length",
+]
+
+
+class DecodeCost(Protocol):
+  def seconds(self, batch: int, tokens: int, context: float) -> float:
+    """One forward: `batch` rows x `tokens` new tokens, mean cache length `context`."""
+    ...
+
+
+def _interp_log2(x: float, xs: np.ndarray, ys: np.ndarray) -> float:
+  """ys at x, linear in log2(x) inside xs; outside, the nearest segment extended (at least
+  proportional growth past the largest x: more rows never cost less per row)."""
+  lx, lxs = math.log2(x), np.log2(xs)
+  if len(xs) == 1:
+    return float(ys[0] * (x / xs[0] if x > xs[0] else 1.0))
+  if x > xs[-1]:
+    slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])  # per unit of x, not of log2(x)
+    return float(ys[-1] + max(slope, ys[-1] / xs[-1]) * (x - xs[-1]))
+  if x < xs[0]:
+    return float(ys[0])
+  return float(np.interp(lx, lxs, ys))
+
+
+@dataclasses.dataclass(frozen=True)
+class TableCost:
+  """Measured forward times.
+
+  Attributes:
+    batches: batch sizes of the grid (ascending).
+    tokens: new tokens per row of the grid (ascending; 1 = decode).
+    ms: [len(tokens), len(batches)] forward time in ms at `context`.
+    context: the cache length the grid was measured at.
+    ms_per_context_token: extra ms per row per cache token beyond `context` (the KV
+      reads), by batch (len(batches)); 0 where not measured.
+  """
+
+  batches: tuple[int, ...]
+  tokens: tuple[int, ...]
+  ms: tuple[tuple[float, ...], ...]
+  context: float
+  ms_per_context_token: tuple[float, ...] = ()
+
+  def __post_init__(self):
+    b, t = np.asarray(self.batches), np.asarray(self.tokens)
+    grid = np.asarray(self.ms, dtype=float)
+    if b.ndim != 1 or not b.size or np.any(np.diff(b) <= 0) or b[0] < 1:
+      raise ValueError(f"batches must be ascending positive ints, got {self.batches}")
+    if t.ndim != 1 or not t.size or np.any(np.diff(t) <= 0) or t[0] < 1:
+      raise ValueError(f"tokens must be ascending positive ints, got {self.tokens}")
+    if grid.shape != (t.size, b.size) or not np.all(grid > 0):
+      raise ValueError(f"ms must be positive, shape {(t.size, b.size)}, got {grid.shape}")
+    if self.ms_per_context_token and len(self.ms_per_context_token) != b.size:
+      raise ValueError("ms_per_context_token needs one value per batch size")
+
+  @classmethod
+  def from_dict(cls, d: Mapping) -> TableCost:
+    return cls(
+      batches=tuple(int(x) for x in d["batches"]),
+      tokens=tuple(int(x) for x in d["tokens"]),
+      ms=tuple(tuple(float(x) for x in row) for row in d["ms"]),
+      context=float(d["context"]),
+      ms_per_context_token=tuple(float(x) for x in d.get("ms_per_context_token", ())),
+    )
+
+  def seconds(self, batch: int, tokens: int, context: float) -> float:
+    b = np.asarray(self.batches, dtype=float)
+    grid = np.asarray(self.ms, dtype=float)
+    by_tokens = np.array([_interp_log2(batch, b, row) for row in grid])
+    ms = _interp_log2(tokens, np.asarray(self.tokens, dtype=float), by_tokens)
+    if self.ms_per_context_token:
+      slope = _interp_log2(batch, b, np.asarray(self.ms_per_context_token))
+      ms += max(slope, 0.0) * (context - self.context)
+    return max(ms, 1e-6) / 1000.0
+
+
+@dataclasses.dataclass(frozen=True)
+class RooflineCost:
+  """A forward from peak figures: max(FLOPs / sustained FLOP/s, bytes / sustained bandwidth)
+  + overhead.
+
+  Attributes:
+    params: policy parameters (the weights read once per forward).
+    bytes_per_param: 2 for bf16.
+    kv_bytes_per_token: KV-cache bytes per cached token of one row (2 x layers x kv heads x
+      head dim x bytes).
+    peak_flops, bandwidth: the device's (FLOP/s, bytes/s), over the devices of one
+      rollout instance (tensor parallel: their sum).
+    flops_efficiency, bandwidth_efficiency: the sustained fractions of peak.
+    overhead_s: fixed time per forward (launches, sampling, synchronisation).
+  """
+
+  params: float
+  bytes_per_param: float
+  kv_bytes_per_token: float
+  peak_flops: float
+  bandwidth: float
+  flops_efficiency: float = 0.6
+  bandwidth_efficiency: float = 0.8
+  overhead_s: float = 0.0
+
+  def seconds(self, batch: int, tokens: int, context: float) -> float:
+    flops = 2.0 * self.params * batch * tokens
+    traffic = self.params * self.bytes_per_param + batch * context * self.kv_bytes_per_token
+    compute_s = flops / (self.peak_flops * self.flops_efficiency)
+    memory_s = traffic / (self.bandwidth * self.bandwidth_efficiency)
+    return self.overhead_s + max(compute_s, memory_s)
+
+
+def chain_accept_length(per_token: float, depth: int) -> float:
+  """Tokens a chain draft of `depth` emits per round when each draft token is accepted with
+  probability `per_token` independently (the bonus/correction token included):
+  (1 - a^(depth + 1)) / (1 - a)."""
+  if not 0.0 <= per_token <= 1.0 or depth < 1:
+    raise ValueError(f"need 0 <= per_token <= 1 and depth >= 1, got {per_token}, {depth}")
+  if per_token == 1.0:
+    return float(depth + 1)
+  return (1.0 - per_token ** (depth + 1)) / (1.0 - per_token)
+
+
+@dataclasses.dataclass(frozen=True)
+class ArmModel:
+  """A draft strategy as the simulator sees it.
+
+  Attributes:
+    name: the engine's strategy name ("chain8", "group16", ...).
+    nodes: tokens per row the target verifies in one round (depth + 1 for a chain).
+    accept_length: mean tokens a round emits per row (1 .. max emit).
+    draft_steps: drafter forwards per round (the chain's depth; 0 for model-free drafts).
+    draft_cost: one drafter forward as a fraction of a target decode step at the same
+      batch (a one-layer drafter of an L-layer target: about 1 / L plus the LM head).
+  """
+
+  name: str
+  nodes: int
+  accept_length: float
+  draft_steps: int
+  draft_cost: float = 0.0
+
+  def __post_init__(self):
+    if self.nodes < 2 or not 1.0 <= self.accept_length <= self.nodes:
+      raise ValueError(
+        f"arm {self.name}: need nodes >= 2 and 1 <= accept_length <= nodes, got "
+        f"{self.nodes}, {self.accept_length}"
+      )
+    if self.draft_steps < 0 or self.draft_cost < 0:
+      raise ValueError(f"arm {self.name}: draft_steps and draft_cost must be >= 0")
+
+  def round_seconds(self, cost: DecodeCost, batch: int, context: float) -> float:
+    """Draft, then verify every row's `nodes` tokens in one target forward."""
+    step = cost.seconds(batch, 1, context)
+    return self.draft_steps * self.draft_cost * step + cost.seconds(batch, self.nodes, context)
+
+
+def arms_from_accept(
+  accept: Mapping[str, float], draft_cost: float, model_free: Sequence[str] = ()
+) -> tuple[ArmModel, ...]:
+  """ArmModels of chain/group strategies ("chain<d>", "group<d>", "hybrid<d>") from measured
+  accept lengths; model-free arms (group drafts) cost no drafter forwards."""
+  out = []
+  for name, length in accept.items():
+    digits = "".join(ch for ch in name if ch.isdigit())
+    if not digits or name[: -len(digits)] not in ("chain", "group", "hybrid"):
+      raise ValueError(f"arm {name!r}: expected chain<d>, group<d> or hybrid<d>")
+    depth = int(digits)
+    free = name.startswith("group") or name in model_free
+    out.append(ArmModel(name, depth + 1, float(length), 0 if free else depth, draft_cost))
+  return tuple(out)
