@@ -8,8 +8,7 @@ import os
 import sys
 
 import pytest
-import tokenizers
-from tokenizers import decoders, models, pre_tokenizers, trainers
+from bpe_helpers import train_bpe
 
 from tlt_jax import configuration
 from tlt_jax.data.checkers import check_exact, check_gsm8k
@@ -40,16 +39,7 @@ EXAMPLE = {"question": "What is 6 times 7?", "solution": "", "answer": "42"}
 
 
 def _tokenizer_dir(tmp_path, tok_cfg: dict):
-  tok = tokenizers.Tokenizer(models.BPE())
-  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-  tok.decoder = decoders.ByteLevel()
-  trainer = trainers.BpeTrainer(
-    vocab_size=300,
-    special_tokens=SPECIALS,
-    initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    show_progress=False,
-  )
-  tok.train_from_iterator(["What is 6 times 7? You are a careful solver. 42"] * 4, trainer)
+  tok = train_bpe(["What is 6 times 7? You are a careful solver. 42"] * 4, SPECIALS, 300)
   tok.save(str(tmp_path / "tokenizer.json"))
   # tokenizer_class: what transformers' AutoTokenizer needs (this project ignores it).
   tok_cfg = {"tokenizer_class": "PreTrainedTokenizerFast", **tok_cfg}

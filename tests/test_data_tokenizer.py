@@ -6,7 +6,7 @@ import string
 import numpy as np
 import pytest
 import tokenizers
-from tokenizers import decoders, models, pre_tokenizers, trainers
+from bpe_helpers import train_bpe
 
 from tlt_jax.data import tasks
 from tlt_jax.data.tokenizer import (
@@ -26,18 +26,7 @@ _SENTENCES = [
 
 
 def _train_bpe(special_tokens: list[str]) -> tokenizers.Tokenizer:
-  """A tiny byte-level BPE, so every string round-trips exactly."""
-  tok = tokenizers.Tokenizer(models.BPE())
-  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-  tok.decoder = decoders.ByteLevel()
-  trainer = trainers.BpeTrainer(
-    vocab_size=400,
-    special_tokens=special_tokens,
-    initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    show_progress=False,
-  )
-  tok.train_from_iterator(_SENTENCES, trainer=trainer)
-  return tok
+  return train_bpe(_SENTENCES, special_tokens)
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,7 @@ import os
 import sys
 
 import pytest
-import tokenizers
-from tokenizers import decoders, models, pre_tokenizers, trainers
+from bpe_helpers import train_bpe
 
 from tlt_jax import configuration
 from tlt_jax.models.config import ModelConfig
@@ -34,16 +33,8 @@ CHATML = (
 def checkpoint_dir(tmp_path_factory):
   """A Qwen3-layout random model (q/k norms) with a ChatML BPE tokenizer and no BOS."""
   path = tmp_path_factory.mktemp("qwen3_tiny")
-  tok = tokenizers.Tokenizer(models.BPE())
-  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-  tok.decoder = decoders.ByteLevel()
-  trainer = trainers.BpeTrainer(
-    vocab_size=320,
-    special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-    initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    show_progress=False,
-  )
-  tok.train_from_iterator(["What is 3 plus 4? 3+4=7. #### 7"] * 8, trainer)
+  specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+  tok = train_bpe(["What is 3 plus 4? 3+4=7. #### 7"] * 8, specials, 320)
   tok.save(str(path / "tokenizer.json"))
   (path / "tokenizer_config.json").write_text(
     json.dumps({"bos_token": None, "eos_token": "<|im_end|>", "chat_template": CHATML})
