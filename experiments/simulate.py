@@ -65,6 +65,9 @@ _UPDATE = flags.DEFINE_float("update_ms_per_token", 1.0, "policy update, ms per 
 _OTHER = flags.DEFINE_float("other_s", 0.0, "rewards, old log-probs etc., seconds per step")
 _DRAFTER_S = flags.DEFINE_float("drafter_s", 0.0, "drafter training per step (tlt), seconds")
 _STOCHASTIC = flags.DEFINE_bool("stochastic", True, "draw per-round acceptance per row")
+_GROUP_ACCEPT = flags.DEFINE_float(
+  "group_accept", 1.8, "group drafts' accept length (this project: 1.4-1.8, RESULTS.md)"
+)
 _SEED = flags.DEFINE_integer("seed", 0, "length and acceptance draws")
 _OUT = flags.DEFINE_string("out", "", "write the predictions here as JSON")
 
@@ -196,11 +199,6 @@ def project() -> dict:
     " SD alone at batch 1 2.61x (7B)."
   )
   return results
-
-
-_GROUP_ACCEPT = flags.DEFINE_float(
-  "group_accept", 1.8, "group drafts' accept length (this project: 1.4-1.8, RESULTS.md)"
-)
 
 
 def main(argv):

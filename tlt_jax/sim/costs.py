@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Protocol
 
 import numpy as np
@@ -187,9 +187,7 @@ class ArmModel:
     return self.draft_steps * self.draft_cost * step + cost.seconds(batch, self.nodes, context)
 
 
-def arms_from_accept(
-  accept: Mapping[str, float], draft_cost: float, model_free: Sequence[str] = ()
-) -> tuple[ArmModel, ...]:
+def arms_from_accept(accept: Mapping[str, float], draft_cost: float) -> tuple[ArmModel, ...]:
   """ArmModels of chain/group strategies ("chain<d>", "group<d>", "hybrid<d>") from measured
   accept lengths; model-free arms (group drafts) cost no drafter forwards."""
   out = []
@@ -198,6 +196,6 @@ def arms_from_accept(
     if not digits or name[: -len(digits)] not in ("chain", "group", "hybrid"):
       raise ValueError(f"arm {name!r}: expected chain<d>, group<d> or hybrid<d>")
     depth = int(digits)
-    free = name.startswith("group") or name in model_free
-    out.append(ArmModel(name, depth + 1, float(length), 0 if free else depth, draft_cost))
+    drafted = 0 if name.startswith("group") else depth  # group drafts: no drafter forwards
+    out.append(ArmModel(name, depth + 1, float(length), drafted, draft_cost))
   return tuple(out)
