@@ -84,7 +84,7 @@ _PROFILE_ARMS = flags.DEFINE_list(
   "profile_strategies", [], "arms in the round-cost table (default: every fixed arm)"
 )
 _REWARDS = flags.DEFINE_list(
-  "adaptive_rewards", ["frontier"], "bandit rewards: adaptive, then adaptive_<reward> for more"
+  "adaptive_rewards", ["octile"], "bandit rewards: adaptive, then adaptive_<reward> for more"
 )
 _CONTROL = flags.DEFINE_string(
   "control", "", "a fixed arm run twice (mode 'control'): the noise floor of the comparison"
