@@ -66,8 +66,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
 
   c.sft = ml_collections.ConfigDict()
   # The lookup of the next labelled operation is learnt suddenly. At 480 steps the warm
-  # start could stop short of that jump (seed 1 on one host: held-out greedy 0.10; seeds
-  # 0 and 2: 0.47, 0.59); at 720 every seed measured is past it (0.58, 0.74, 0.93).
+  # start could stop short of that jump; at 720 every seed measured is past it
+  # (experiments/RESULTS.md, "default job by seed").
   c.sft.steps = 720
   c.sft.batch_rows = 16
   c.sft.row_len = 448
@@ -197,13 +197,12 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.rl_update = ml_collections.ConfigDict()
   # At this scale the policy gradient of one batch (16 prompts x 8) is almost all noise:
   # full-parameter gradients of independent batches have cosine ~0.01, and all-parameter
-  # GRPO either moves too little (lr 1e-5) or wrecks the warm start (>= 1e-4); see the
-  # README. Its one reliable direction is sharpening: dJ/dT < 0 in every batch measured,
-  # and the final norm's gradient (cosine ~0.46 between batches) points 78% along its
-  # scale, i.e. towards a lower temperature (tied embeddings). So RL updates the final
-  # norm only, at a large lr: sampled pass@1 0.41 -> 0.51 in 8 steps (greedy 0.62 stays).
+  # GRPO either moves too little (lr 1e-5) or wrecks the warm start (>= 1e-4). Its one
+  # reliable direction is sharpening: the gradient favours a lower temperature in every
+  # batch, and the final norm's scale carries it (tied embeddings). So RL updates the final
+  # norm only, at a large lr: sampled pass@1 rises within 8 steps while greedy stays.
   # All parameters: --config.rl_update.trainable='' --config.rl_update.learning_rate=1e-5.
-  # (experiments/gradient_signal.py measures the cosines and dJ/dT.)
+  # (experiments/gradient_signal.py measures it; figures in experiments/RESULTS.md.)
   c.rl_update.learning_rate = 0.2
   c.rl_update.warmup_steps = 2
   c.rl_update.weight_decay = 0.0
@@ -219,7 +218,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   # (--config.seed=S --config.model.init_seed=S): the summary prints them beside the run's
   # own figures. Held-out pass@1 on 100 problems, greedy / sampled (4 samples at temperature
   # 1). The warm start decides most of the spread: the task is still being learnt at 720
-  # SFT steps (final loss 0.01-0.10 by seed). README: "Two commands".
+  # SFT steps (final loss 0.01-0.10 by seed). README: "What the default job does and shows".
   c.reference = ml_collections.ConfigDict(
     {
       "runs": "seeds 0-2, one host, 2026-11-24",

@@ -302,8 +302,8 @@ def train_and_evaluate(
   rng = np.random.default_rng(config.seed)
   picks = rng.choice(len(train), config.rollout.num_prompts, replace=False)
   prompts = [tokenizer.encode(prompt(train[int(i)]), add_bos=True) for i in picks]
-  # No warm-up: compiling every (batch x cache) program up front cost ~40 s of the default
-  # job for a ~1 s rollout. Programs the RL loop left in the pool are reused, the rest
+  # No warm-up: compiling every (batch x cache) program up front cost far more than the
+  # default job's short closing rollout. Programs the RL loop left in the pool are reused, the rest
   # compile lazily, and their seconds are kept out of the reported throughput.
   compiles, compile_s = engine.pool.compiles, engine.pool.compile_seconds
   result = engine.generate(
@@ -513,7 +513,7 @@ def format_summary(summary: dict[str, Any]) -> str:
   if summary.get("reference"):
     ref = summary["reference"]
     lines.append(
-      f"this config's measured ranges ({ref['runs']}; README): warm start {ref['warm_start']}; "
+      f"this config's measured ranges ({ref['runs']}): warm start {ref['warm_start']}; "
       f"after RL {ref['after_rl']}; RL's sampled gain {ref['rl_gain_sampled']}"
     )
   return "\n".join(lines)

@@ -153,7 +153,7 @@ def _attend_dots(
 
   The query rows of one kv head (its G heads x T tokens) are merged into one matrix
   dimension first: with (G, T) left as two free dimensions of the einsum, XLA:CPU ran the
-  products 1.1-2x slower (few tokens most; SFT gradients too, see the README).
+  products slower (experiments/RESULTS.md has the measurements).
   """
   b, t, h, e = q.shape
   kv = k.shape[1]

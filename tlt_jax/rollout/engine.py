@@ -1004,8 +1004,8 @@ class RolloutEngine:
         # Reward: a row's speed in tokens per second, less any compile the chunk triggered
         # (lazy pools). The rollout ends when its longest row does, so a row's speed is what
         # an arm should maximise. "frontier" takes the least-advanced row that ran the whole
-        # chunk (a deep draft's rows spread apart: measured at batch 16, its mean row gained
-        # 75 tokens in a chunk and its slowest 46), "octile" (default) the rows' lower octile
+        # chunk (a deep draft's rows spread apart, so its mean row outruns its slowest one),
+        # "octile" (default) the rows' lower octile
         # (the minimum of 64 rows is too noisy to rank arms by); "row" the mean active row,
         # dividing by the rows active during the chunk (plain: tokens / steps; speculative:
         # row-rounds / rounds), so rows that finish do not credit the arm that ran then.

@@ -205,7 +205,7 @@ class SliceScheduler:
     """Call before a rollout; returns the drafter params it should start with.
 
     Compiles and times the update before the rollout, never inside it (the first call
-    compiles: seconds, which would blow the long tail's budget; measured 4.6 s), on the
+    compiles: seconds, which would blow the long tail's budget), on the
     rollout's devices and on every freed device set, with dry runs that leave the
     drafter unchanged (a resumed run primes again, from the checkpointed state)."""
     t = self.clock()
