@@ -253,8 +253,9 @@ def make_policy_update(
   `trainable` (UpdateConfig.trainable; "": all) differentiates only the parameters whose
   paths match: the others are held constant inside the loss (stop_gradient), so their
   gradients are exact zeros and the backward pass stops where no trained parameter lies
-  upstream (the final norm alone: a much cheaper update step, experiments/bench_update.py). Pair it with an optimizer that freezes
-  the same parameters (make_optimizer does, for the same pattern).
+  upstream (the final norm alone: a much cheaper update step, experiments/bench_update.py).
+  Pair it with an optimizer that freezes the same parameters (make_optimizer does, for the
+  same pattern).
 
   Metrics: loss, grad_norm (of the trained parameters, before clipping), skipped, and
   policy_loss's metrics, all of the pre-update policy on the full batch.
