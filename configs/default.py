@@ -60,7 +60,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.model.rope_theta = 10_000.0
   c.model.qkv_bias = False
   c.model.tie_embeddings = True
-  c.model.dtype = "float32"
+  c.model.dtype = "float32"  # compute; bfloat16 on accelerators
+  c.model.param_dtype = "float32"  # stored (master) weights and optimizer state
   c.model.init_seed = 0
   c.model.checkpoint = ""  # a local HF directory to start from instead of SFT
 
@@ -135,6 +136,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.drafter.batch_rows = 4
   c.drafter.row_len = 0  # 0: the engine's cache slots
   c.drafter.buffer_rows = 512
+  c.drafter.buffer_bytes = 2**31  # host memory cap on the buffer (caps buffer_rows)
+  c.drafter.buffer_dtype = "bfloat16"  # the buffered target features
   c.drafter.keep_steps = 2
   c.scheduler = ml_collections.ConfigDict()
   c.scheduler.rollout_budget = 0.05
@@ -146,6 +149,10 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   # devices a compacted long tail frees train the drafter.
   c.parallel = ml_collections.ConfigDict()
   c.parallel.devices = 1
+  # Policy update on a ("data", "tensor") mesh of those devices: fsdp splits parameters
+  # and optimizer state over "data"; tensor > 1 also splits heads and MLP width.
+  c.parallel.fsdp = False
+  c.parallel.tensor = 1
 
   c.sampling = ml_collections.ConfigDict()
   c.sampling.temperature = 1.0
@@ -193,6 +200,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.rl_loss.kl_coef = 0.0
   c.rl_loss.kl_type = "k3"
   c.rl_loss.entropy_coef = 0.0
+  c.rl_loss.vocab_chunk = 0  # > 0: log-probs over vocabulary chunks (large vocabularies)
   c.rl_loss.entropy_metric = True  # entropy in the metrics even at coef 0 (a vocab-wide pass)
   c.rl_update = ml_collections.ConfigDict()
   # At this scale the policy gradient of one batch (16 prompts x 8) is almost all noise:

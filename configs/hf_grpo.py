@@ -23,6 +23,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c = default.get_config()
   c.reference = ml_collections.ConfigDict()  # the toy task's measured ranges do not apply
   c.model.checkpoint = ""  # required: a local HF directory (config.json + safetensors)
+  # bfloat16 forward and rollout over float32 master weights: updates at lr 1e-6 survive.
+  c.model.dtype = "bfloat16"
+  c.model.param_dtype = "float32"
   c.task.tokenizer = ""  # "": the checkpoint's own
   c.task.name = "local"
   c.task.checker = "gsm8k"
@@ -50,6 +53,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.rl.checkpoint_every = 20
   c.rl.reward_timeout_s = 10.0
   c.rl_loss.kl_coef = 0.0
+  c.rl_loss.vocab_chunk = 8192  # no [tokens, 150k] float32 logits in the loss
   c.rl_loss.entropy_metric = False  # a pass over [tokens, 150k vocabulary]: only if asked
   c.rl_update.trainable = ""  # every parameter
   c.rl_update.learning_rate = 1e-6

@@ -26,7 +26,7 @@ from tlt_jax import configuration
 from tlt_jax.data import get_tokenizer
 from tlt_jax.data.tasks import generate_arithmetic, sft_pairs
 from tlt_jax.models import transformer
-from tlt_jax.training import sft
+from tlt_jax.warmstart import sft
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/default.py", "job config")
 _BLOCKS = flags.DEFINE_list("blocks", ["0", "64", "128", "224"], "query block sizes (0: dense)")
@@ -39,7 +39,7 @@ def _step_seconds(block: int, batch, model_cfg, sft_cfg, steps: int) -> float:
   # The block size is read when the step is traced: set it, then build a fresh jit.
   transformer._CAUSAL_BLOCK = block or 10**9
   graphdef, params = nnx.split(transformer.init_model(model_cfg, seed=0))
-  optimizer = sft.make_optimizer(sft_cfg)
+  optimizer = sft.sft_optimizer(sft_cfg)
   opt_state = optimizer.init(params)
   step = sft.make_train_step(graphdef, optimizer)
   params, opt_state, m = step(params, opt_state, batch)  # compile

@@ -37,7 +37,7 @@ from tlt_jax.data import get_tokenizer  # noqa: E402
 from tlt_jax.data.tasks import format_prompt  # noqa: E402
 from tlt_jax.decode.sampling import SamplingConfig  # noqa: E402
 from tlt_jax.drafter.training import (  # noqa: E402
-  default_drafter_optimizer,
+  drafter_optimizer,
   make_drafter_update,
   make_training_batch,
 )
@@ -91,7 +91,7 @@ def train_drafter(
   packed = make_training_batch(data["tokens"], data["hidden"], data["prompt_len"], data["length"])
   n = packed["tokens"].shape[0]
   logging.info("drafter data: %d packed rows of %d pairs", n, packed["tokens"].shape[1])
-  optimizer = default_drafter_optimizer(lr, max(1, steps // 20), steps)
+  optimizer = drafter_optimizer(lr, max(1, steps // 20), steps)
   opt_state = optimizer.init(dparams)
   update = make_drafter_update(dgraph, graphdef, optimizer, logit_weight=logit_weight)
   rng = np.random.default_rng(seed)

@@ -10,7 +10,10 @@
 # %%
 import matplotlib
 
-matplotlib.use("Agg")
+try:  # in Jupyter the figures show inline; as a plain script (the test suite) they do not
+  get_ipython()  # noqa: F821
+except NameError:
+  matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 from flax import nnx

@@ -11,7 +11,10 @@
 import jax
 import matplotlib
 
-matplotlib.use("Agg")
+try:  # in Jupyter the figures show inline; as a plain script (the test suite) they do not
+  get_ipython()  # noqa: F821
+except NameError:
+  matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from flax import nnx
 

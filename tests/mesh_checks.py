@@ -22,6 +22,13 @@ from tlt_jax.models.config import ModelConfig
 from tlt_jax.models.drafter import init_drafter
 from tlt_jax.models.transformer import init_model
 from tlt_jax.parallel import BatchPlacement, data_mesh, replicated, rows_sharding
+from tlt_jax.parallel.sharding import (
+  ROLLOUT_RULES,
+  TRAIN_RULES,
+  param_shardings,
+  place,
+  training_mesh,
+)
 from tlt_jax.rl import PolicyLossConfig, UpdateConfig, make_optimizer, make_policy_update
 from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
 
@@ -110,25 +117,30 @@ def _update_inputs(tp, rows=16, width=16):
   return batch
 
 
-def _policy_update(tg, tp, batch, mesh=None):
+def _policy_update(tg, tp, batch, mesh=None, rules=None):
+  """One update; on `mesh` rows split over "data" and params replicated, or placed by
+  `rules` (e.g. TRAIN_RULES: FSDP and tensor sharding)."""
   ucfg = UpdateConfig(learning_rate=1e-2, total_steps=4, micro_batch=batch["tokens"].shape[0])
   optimizer = make_optimizer(ucfg)
-  update = make_policy_update(tg, optimizer, PolicyLossConfig(), ucfg.micro_batch)
+  shardings = None if rules is None else param_shardings(tp, mesh, rules)
+  update = make_policy_update(
+    tg, optimizer, PolicyLossConfig(), ucfg.micro_batch, param_sharding=shardings
+  )
   params = jax.tree.map(jnp.copy, tp)
-  opt_state = optimizer.init(params)
   if mesh is not None:
-    params, opt_state = jax.device_put((params, opt_state), replicated(mesh))
+    params = jax.device_put(params, shardings or replicated(mesh))
     batch = jax.device_put(batch, rows_sharding(mesh))
-  params, _, metrics = update(params, opt_state, batch, None)
-  return params, metrics
+  opt_state = optimizer.init(params)
+  params, opt_state, metrics = update(params, opt_state, batch, None)
+  return params, metrics, opt_state
 
 
 def check_sharded_update():
   """The policy update with rows split over the train mesh equals one device's."""
   tg, tp, _, _ = _models()
   batch = _update_inputs(tp)
-  ref, ref_m = _policy_update(tg, tp, batch)
-  got, got_m = _policy_update(tg, tp, batch, data_mesh())
+  ref, ref_m, _ = _policy_update(tg, tp, batch)
+  got, got_m, _ = _policy_update(tg, tp, batch, data_mesh())
   leaf = jax.tree.leaves(got)[0]
   assert len(leaf.sharding.device_set) == 8
   np.testing.assert_allclose(float(got_m["loss"]), float(ref_m["loss"]), rtol=1e-5)
@@ -137,6 +149,74 @@ def check_sharded_update():
   # entries by a fraction of lr (1e-2).
   for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(ref)):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=5e-4)
+
+
+def _shard_shape(x):
+  return x.addressable_shards[0].data.shape
+
+
+def check_fsdp_update():
+  """The policy update with parameters and optimizer state split over a 4 x 2 ("data",
+  "tensor") mesh (FSDP x tensor) equals one device's; every matrix is really split."""
+  tg, tp, _, _ = _models()
+  batch = _update_inputs(tp)
+  ref, ref_m, _ = _policy_update(tg, tp, batch)
+  mesh = training_mesh(tensor=2)
+  assert dict(mesh.shape) == {"data": 4, "tensor": 2}
+  got, got_m, opt_state = _policy_update(tg, tp, batch, mesh, TRAIN_RULES)
+  gate = got["layers"][0]["mlp"]["gate_proj"]["kernel"][...]  # [32 embed, 64 mlp]
+  assert gate.shape == (32, 64) and _shard_shape(gate) == (8, 32), _shard_shape(gate)
+  embed = got["embed"]["embedding"][...]  # [40 vocab, 32 embed]: vocab over tensor
+  assert _shard_shape(embed) == (20, 8), _shard_shape(embed)
+  # Adam's moments follow their parameters' layout.
+  moments = [x for x in jax.tree.leaves(opt_state) if getattr(x, "shape", None) == (32, 64)]
+  assert moments and all(_shard_shape(m) == (8, 32) for m in moments)
+  np.testing.assert_allclose(float(got_m["loss"]), float(ref_m["loss"]), rtol=1e-5)
+  np.testing.assert_allclose(float(got_m["grad_norm"]), float(ref_m["grad_norm"]), rtol=1e-5)
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(ref), strict=True):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=5e-4)
+
+
+def check_fsdp_forward_and_rollout():
+  """Log-probs under FSDP-sharded params equal one device's; the rollout engine takes the
+  sharded params (resharded device to device to its layout) and draws the same tokens;
+  the rollout layout (ROLLOUT_RULES) keeps the model dimension whole."""
+  from tlt_jax.rl.update import token_logprobs
+
+  tg, tp, _, _ = _models()
+  tokens = jnp.asarray(_update_inputs(tp)["tokens"])
+  fn = jax.jit(lambda p, t: token_logprobs(tg, p, t, 1.0)[0])
+  ref = np.asarray(fn(tp, tokens))
+  mesh = training_mesh(tensor=2)
+  sharded = place(tp, mesh, TRAIN_RULES)
+  np.testing.assert_allclose(np.asarray(fn(sharded, tokens)), ref, atol=1e-5)
+  rollout = place(sharded, mesh, ROLLOUT_RULES)
+  gate = rollout["layers"][0]["mlp"]["gate_proj"]["kernel"][...]
+  assert _shard_shape(gate) == (32, 32)  # embed whole, mlp over tensor
+  single = RolloutEngine(tg, MODEL, dataclasses.replace(ENGINE, spec_threshold=0), GREEDY)
+  want = single.generate(tp, PROMPTS, 4, key=0, max_new_tokens=LIMITS)
+  engine = RolloutEngine(
+    tg, MODEL, dataclasses.replace(ENGINE, spec_threshold=0), GREEDY, mesh=data_mesh()
+  )
+  got = engine.generate(sharded, PROMPTS, 4, key=0, max_new_tokens=LIMITS)
+  np.testing.assert_array_equal(got.tokens, want.tokens)
+
+
+def check_trainer_fsdp():
+  """GRPO with the update on a 4 x 2 FSDP x tensor mesh (the rollout on the 8-device data
+  mesh): the same samples and metrics as one device, params split after every step."""
+  import tempfile
+
+  with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
+    ref = _trainer(a, None).run(progress=False)
+    trainer = _trainer(b, training_mesh(tensor=2), rollout_mesh=data_mesh(), shard_params=True)
+    got = trainer.run(progress=False)
+  gate = trainer.params["layers"][0]["mlp"]["gate_proj"]["kernel"][...]
+  assert _shard_shape(gate) == (8, 32)
+  for r, g in zip(ref, got, strict=True):
+    assert g["rollout_tokens"] == r["rollout_tokens"] and g["reward_mean"] == r["reward_mean"]
+    for k in ("loss/loss", "loss/grad_norm", "loss/approx_kl"):
+      np.testing.assert_allclose(g[k], r[k], rtol=1e-4, atol=1e-6)
 
 
 def check_drafter_on_freed_devices():
@@ -247,7 +327,7 @@ def check_freed_meshes_prepared_before_rollout():
   assert "drafter/unprepared_free_sets" not in rec, rec
 
 
-def _trainer(workdir, mesh):
+def _trainer(workdir, mesh, rollout_mesh=None, shard_params=False):
   from rl_helpers import IdTokenizer, seven_reward, tiny_grpo
 
   from tlt_jax.rl.trainer import GRPOTrainer
@@ -255,7 +335,7 @@ def _trainer(workdir, mesh):
   tg, tp, _, _ = _models()
   sampling = SamplingConfig(temperature=1.0)
   engine = RolloutEngine(
-    tg, MODEL, dataclasses.replace(ENGINE, stop_tokens=(0,)), sampling, mesh=mesh
+    tg, MODEL, dataclasses.replace(ENGINE, stop_tokens=(0,)), sampling, mesh=rollout_mesh or mesh
   )
   examples = [{"question": " ".join(map(str, p)), "answer": ""} for p in PROMPTS]
   return GRPOTrainer(
@@ -272,6 +352,7 @@ def _trainer(workdir, mesh):
     UpdateConfig(learning_rate=1e-3, total_steps=4, micro_batch=8, mini_batches=2),
     workdir,
     mesh=mesh,
+    shard_params=shard_params,
   )
 
 
@@ -313,6 +394,23 @@ def distributed(process_id: int, port: int, out_dir: str):
   assert gbatch["tokens"].shape[0] == 16  # 8 rows from each process
   update = make_policy_update(tg, optimizer, PolicyLossConfig(), ucfg.micro_batch)
   new, _, metrics = update(params, opt_state, gbatch, None)
+  # The same update with parameters and optimizer state FSDP-split over both processes'
+  # devices: each process holds a quarter of every matrix.
+  from jax.experimental import multihost_utils
+
+  shardings = param_shardings(tp, mesh, TRAIN_RULES)
+  fsdp_params = jax.tree.map(
+    lambda x, sh: jax.make_array_from_callback(x.shape, sh, lambda idx: np.asarray(x)[idx]),
+    tp,
+    shardings,
+  )
+  fsdp_update = make_policy_update(
+    tg, optimizer, PolicyLossConfig(), ucfg.micro_batch, param_sharding=shardings
+  )
+  fsdp_new, _, fsdp_m = fsdp_update(fsdp_params, optimizer.init(fsdp_params), gbatch, None)
+  gate = fsdp_new["layers"][0]["mlp"]["gate_proj"]["kernel"][...]
+  assert gate.addressable_shards[0].data.shape == (8, 64), gate.addressable_shards[0].data.shape
+  fsdp_full = multihost_utils.process_allgather(nnx.to_pure_dict(fsdp_new), tiled=True)
   local = {
     "/".join(map(str, k)): np.asarray(v.addressable_data(0))
     for k, v in jax.tree_util.tree_leaves_with_path(nnx.to_pure_dict(new))
@@ -321,7 +419,12 @@ def distributed(process_id: int, port: int, out_dir: str):
     os.path.join(out_dir, f"process{process_id}.npz"),
     tokens=out.tokens,
     loss=np.asarray(metrics["loss"].addressable_data(0)),
+    fsdp_loss=np.asarray(fsdp_m["loss"].addressable_data(0)),
     **{f"param:{k}": v for k, v in local.items()},
+    **{
+      "fsdp:" + "/".join(map(str, k)): np.asarray(v)
+      for k, v in jax.tree_util.tree_leaves_with_path(fsdp_full)
+    },
   )
   jax.distributed.shutdown()
 

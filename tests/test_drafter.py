@@ -13,8 +13,8 @@ from tlt_jax.decode import drafting
 from tlt_jax.decode.sampling import SamplingConfig
 from tlt_jax.decode.verify import verify_sampling
 from tlt_jax.drafter import (
-  default_drafter_optimizer,
   drafter_loss,
+  drafter_optimizer,
   make_drafter_update,
   make_training_batch,
 )
@@ -363,7 +363,7 @@ def test_training_reduces_loss_and_never_touches_the_target(s):
 
   target_before = jax.tree.map(np.array, s.tp)
   steps = 50
-  opt = default_drafter_optimizer(3e-3, 5, steps)
+  opt = drafter_optimizer(3e-3, 5, steps)
   update = make_drafter_update(s.dg, s.tg, opt)
   dp = jax.tree.map(jnp.copy, s.dp)  # the fixture's params stay alive (dp is donated)
   opt_state = opt.init(dp)

@@ -13,9 +13,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from tiny_models import TINY_UNTIED
 
 from tlt_jax.decode.sampling import SamplingConfig
-from tlt_jax.models.config import ModelConfig
 from tlt_jax.models.drafter import init_drafter
 from tlt_jax.models.transformer import init_model
 from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
@@ -23,16 +23,7 @@ from tlt_jax.rollout.pool import ExecutablePool
 from tlt_jax.rollout.speculative import SpecStrategy
 
 # Untied head: `_functional_pair` needs it, and one config lets all tests share programs.
-MODEL = ModelConfig(
-  vocab_size=40,
-  num_layers=2,
-  d_model=32,
-  num_heads=4,
-  num_kv_heads=2,
-  head_dim=8,
-  mlp_dim=64,
-  tie_embeddings=False,
-)
+MODEL = TINY_UNTIED
 ENGINE = EngineConfig(
   max_prompt_len=8,
   max_new_tokens=40,
@@ -531,14 +522,14 @@ def test_rl_trainer_trains_the_drafter_online_and_checkpoints_it(models, tmp_pat
   shutil.rmtree(tmp_path / "drafter_checkpoints" / "2")
   third_sched = _online(models)
   fallback = _rl_trainer(models, tmp_path, 3, scheduler=third_sched)
-  assert fallback.step == 1 and fallback.ckpt.all_steps() == [1]
+  assert fallback.step == 1 and fallback.checkpoints.policy.all_steps() == [1]
   _same_drafter_state(third_sched.drafter.checkpoint_state(), saved[1][0])
   # No drafter checkpoints at all (a workdir from before they existed, or from another
   # mode): the policy resumes, the drafter starts from its warm start, nothing is deleted.
   shutil.rmtree(tmp_path / "drafter_checkpoints")
   fourth_sched = _online(models)
   policy_only = _rl_trainer(models, tmp_path, 3, scheduler=fourth_sched)
-  assert policy_only.step == 1 and policy_only.ckpt.all_steps() == [1]
+  assert policy_only.step == 1 and policy_only.checkpoints.policy.all_steps() == [1]
   assert fourth_sched.drafter.version == 0 and len(fourth_sched.drafter.buffer) == 0
   with pytest.raises(ValueError, match="not both"):
     _rl_trainer(models, tmp_path / "x", 1, scheduler=_online(models), drafter_params=models[3])

@@ -103,7 +103,9 @@ def _make_hf_model(model_type: str, tied: bool, seed: int = 0, **overrides):
   return model
 
 
-def _our_config(model_type: str, tied: bool, dtype: str = "float32") -> ModelConfig:
+def _our_config(
+  model_type: str, tied: bool, dtype: str = "float32", param_dtype: str = "float32"
+) -> ModelConfig:
   return ModelConfig(
     vocab_size=VOCAB,
     num_layers=LAYERS,
@@ -118,6 +120,7 @@ def _our_config(model_type: str, tied: bool, dtype: str = "float32") -> ModelCon
     qk_norm=model_type == "qwen3",
     tie_embeddings=tied,
     dtype=dtype,
+    param_dtype=param_dtype,
     max_position=256,
   )
 
@@ -198,11 +201,11 @@ def test_import_matches_transformers(hf_checkpoints, model_type, tied):
 def test_import_bf16_checkpoint(hf_checkpoints, tmp_path):
   _, hf_model = hf_checkpoints[("qwen2", False)]
   copy.deepcopy(hf_model).to(torch.bfloat16).save_pretrained(tmp_path, safe_serialization=True)
-  for dtype in ("float32", "bfloat16"):
-    config, model = load_hf_checkpoint(tmp_path, dtype=dtype)
-    assert config.dtype == dtype
+  for dtype, param_dtype in (("float32", "float32"), ("bfloat16", "bfloat16")):
+    config, model = load_hf_checkpoint(tmp_path, dtype=dtype, param_dtype=param_dtype)
+    assert (config.dtype, config.param_dtype) == (dtype, param_dtype)
     embed = model.embed.embedding[...]
-    assert embed.dtype == jnp.dtype(dtype)
+    assert embed.dtype == jnp.dtype(param_dtype)
     expected = hf_model.model.embed_tokens.weight.detach().to(torch.bfloat16).float().numpy()
     np.testing.assert_array_equal(np.asarray(embed, np.float32), expected)
 
@@ -254,13 +257,21 @@ def test_round_trip_is_exact(tmp_path, model_type, tied):
 
 
 def test_round_trip_bf16(tmp_path):
-  config = _our_config("qwen2", False, dtype="bfloat16")
+  config = _our_config("qwen2", False, dtype="bfloat16", param_dtype="bfloat16")
   model = _random_model(config, seed=6)
   save_hf_checkpoint(model, config, tmp_path, model_type="qwen2")
   assert json.loads((tmp_path / "config.json").read_text())["torch_dtype"] == "bfloat16"
-  loaded_config, loaded = load_hf_checkpoint(tmp_path, dtype="bfloat16")
+  loaded_config, loaded = load_hf_checkpoint(tmp_path, dtype="bfloat16", param_dtype="bfloat16")
   assert loaded_config == config
   _assert_same_params(model, loaded)
+  # bfloat16 compute over float32 masters (the default param_dtype): the same bf16 values,
+  # stored in float32.
+  master_config, master = load_hf_checkpoint(tmp_path, dtype="bfloat16")
+  assert master_config.param_dtype == "float32"
+  assert master.embed.embedding[...].dtype == jnp.float32
+  np.testing.assert_array_equal(
+    np.asarray(master.embed.embedding[...]), np.asarray(loaded.embed.embedding[...], np.float32)
+  )
 
 
 @pytest.mark.parametrize(("model_type", "tied"), [("llama", True), ("qwen2", False)])

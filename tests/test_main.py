@@ -82,7 +82,7 @@ def test_default_job_runs_on_tiny_config(tmp_path):
 def test_summary_prints_the_configs_measured_ranges():
   """The default config carries the README's measured ranges and the summary prints them
   beside the run's own figures; the tiny config has none and prints none."""
-  from tlt_jax.train import format_summary
+  from tlt_jax.reporting import format_summary
 
   ref = default.get_config().reference.to_dict()
   assert not default.get_config("tiny").get("reference")
@@ -309,17 +309,3 @@ def test_process_credit_takes_the_tasks_step_checker():
 def test_unknown_variant():
   with pytest.raises(ValueError, match="unknown config variant"):
     default.get_config("huge")
-
-
-_NOTEBOOKS = sorted(n for n in os.listdir(os.path.join(ROOT, "notebooks")) if n.endswith(".py"))
-
-
-@pytest.mark.parametrize("name", _NOTEBOOKS)
-def test_notebook_executes(name):
-  import runpy
-
-  runpy.run_path(os.path.join(ROOT, "notebooks", name), run_name="__main__")
-
-
-def test_notebooks_are_found():
-  assert len(_NOTEBOOKS) >= 3

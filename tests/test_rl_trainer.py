@@ -11,6 +11,7 @@ from flax import nnx
 from tlt_jax.data.tasks import format_prompt, generate_arithmetic
 from tlt_jax.data.tokenizer import CharTokenizer
 from tlt_jax.decode.sampling import SamplingConfig
+from tlt_jax.evaluation import evaluate_pass_at_1
 from tlt_jax.models.config import ModelConfig
 from tlt_jax.models.transformer import init_model
 from tlt_jax.rl import PolicyLossConfig, UpdateConfig
@@ -18,7 +19,6 @@ from tlt_jax.rl.rewards import RewardPool
 from tlt_jax.rl.trainer import GRPOConfig, GRPOTrainer
 from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
 from tlt_jax.rollout.pool import ExecutablePool
-from tlt_jax.training.evaluate import evaluate_pass_at_1
 
 TOK = CharTokenizer()
 MODEL = ModelConfig(
@@ -309,7 +309,7 @@ def test_format_reward():
 
 
 def test_sampled_evaluation_is_keyed_and_counts_every_sample(tmp_path):
-  from tlt_jax.training.evaluate import evaluate_pass_at_1
+  from tlt_jax.evaluation import evaluate_pass_at_1
 
   trainer = _trainer(tmp_path, 1, eval_samples=3)
   row = trainer.evaluate()
@@ -345,5 +345,5 @@ def test_the_last_step_is_checkpointed_even_when_its_update_was_skipped(tmp_path
   trainer._optimize = skipped_last
   rows = trainer.run(progress=False)
   assert [r["loss/skipped"] for r in rows] == [0.0, 1.0]
-  assert trainer.ckpt.all_steps() == [2]
+  assert trainer.checkpoints.policy.all_steps() == [2]
   assert _trainer(tmp_path, 2).step == 2

@@ -7,7 +7,7 @@ from flax import nnx
 from tlt_jax.data import CharTokenizer
 from tlt_jax.models.config import ModelConfig
 from tlt_jax.models.transformer import init_model
-from tlt_jax.training.sft import SFTConfig, encode_example, pack_batches, train_sft
+from tlt_jax.warmstart.sft import SFTConfig, encode_example, pack_batches, train_sft
 
 
 def test_packing_keeps_samples_apart_and_masks_only_targets():

@@ -22,12 +22,13 @@ from tlt_jax.decode.sampling import SamplingConfig
 from tlt_jax.drafter.online import DrafterTrainConfig
 from tlt_jax.models.config import ModelConfig
 from tlt_jax.parallel.meshes import data_mesh
+from tlt_jax.parallel.sharding import training_mesh
 from tlt_jax.rl.loss import PolicyLossConfig
 from tlt_jax.rl.trainer import GRPOConfig
 from tlt_jax.rl.update import UpdateConfig
 from tlt_jax.rollout.engine import EngineConfig
 from tlt_jax.scheduler import SchedulerConfig
-from tlt_jax.training.sft import SFTConfig
+from tlt_jax.warmstart.sft import SFTConfig
 
 T = TypeVar("T")
 
@@ -163,6 +164,24 @@ def drafter_config(config: ml_collections.ConfigDict) -> DrafterTrainConfig:
 
 def scheduler_config(config: ml_collections.ConfigDict) -> SchedulerConfig:
   return to_dataclass(SchedulerConfig, config.scheduler, "scheduler")
+
+
+def train_mesh(config: ml_collections.ConfigDict, rollout_mesh: Mesh | None) -> Mesh | None:
+  """The policy update's mesh: the rollout's devices as ("data", "tensor") with
+  `parallel.tensor` devices per tensor group when `parallel.fsdp` or tensor > 1 (params
+  then sharded: `parallel.sharding.TRAIN_RULES`), else the rollout mesh itself."""
+  par = config.get("parallel", {})
+  fsdp, tensor = par.get("fsdp", False), par.get("tensor", 1)
+  if not isinstance(tensor, int) or tensor < 1:
+    raise ConfigError(f"config.parallel.tensor must be a positive int, got {tensor!r}")
+  if not (fsdp or tensor > 1):
+    return rollout_mesh
+  if rollout_mesh is None:
+    raise ConfigError("config.parallel.fsdp / tensor need config.parallel.devices > 1 (or 0)")
+  devices = list(rollout_mesh.devices.flat)
+  if len(devices) % tensor:
+    raise ConfigError(f"config.parallel.tensor={tensor} does not divide the {len(devices)} devices")
+  return training_mesh(devices, tensor)
 
 
 def mesh(config: ml_collections.ConfigDict) -> Mesh | None:

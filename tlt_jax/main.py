@@ -16,7 +16,8 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from tlt_jax.configuration import ConfigError
-from tlt_jax.train import format_summary, train_and_evaluate
+from tlt_jax.reporting import format_summary
+from tlt_jax.train import train_and_evaluate
 
 _CONFIG = config_flags.DEFINE_config_file(
   "config", None, "Path to a config file.", lock_config=True

@@ -27,14 +27,15 @@ from tlt_jax.data.checkers import extract_marked_answer
 from tlt_jax.data.tasks import format_prompt, sft_pairs
 from tlt_jax.drafter import OnlineDrafter
 from tlt_jax.drafter.export import save_drafter
+from tlt_jax.evaluation import evaluate_pass_at_1
 from tlt_jax.models.drafter import init_drafter
 from tlt_jax.models.transformer import init_model
+from tlt_jax.reporting import length_stats, plot_rl, plot_rollout
 from tlt_jax.rl.rewards import with_format_reward
 from tlt_jax.rl.trainer import PHASES, GRPOTrainer
-from tlt_jax.rollout.engine import RolloutEngine, RolloutResult
+from tlt_jax.rollout.engine import RolloutEngine
 from tlt_jax.scheduler import SliceScheduler
-from tlt_jax.training.evaluate import evaluate_pass_at_1
-from tlt_jax.training.sft import train_sft
+from tlt_jax.warmstart.sft import train_sft
 
 
 def _load_data(config, workdir):
@@ -67,7 +68,9 @@ def build_policy(config, workdir, tokenizer, train, progress: bool = True, promp
   if config.model.checkpoint:
     from tlt_jax.models.hf_io import load_hf_checkpoint
 
-    model_cfg, model = load_hf_checkpoint(config.model.checkpoint)
+    model_cfg, model = load_hf_checkpoint(
+      config.model.checkpoint, dtype=config.model.dtype, param_dtype=config.model.param_dtype
+    )
     graphdef, params = nnx.split(model)
     return model_cfg, graphdef, params, {"source": config.model.checkpoint}
   model_cfg = configuration.model_config(config, tokenizer)
@@ -153,43 +156,6 @@ def build_drafter(
   return drafter, info
 
 
-def length_stats(lengths: np.ndarray) -> dict[str, float]:
-  p = lambda q: float(np.percentile(lengths, q))
-  median = p(50)
-  return {
-    "min": float(lengths.min()),
-    "median": median,
-    "p90": p(90),
-    "p99": p(99),
-    "max": float(lengths.max()),
-    "max_over_median": float(lengths.max()) / max(median, 1),
-  }
-
-
-def plot_rollout(result: RolloutResult, path: str) -> None:
-  import matplotlib
-
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
-  fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.8))
-  a.hist(result.num_generated, bins=40, color="tab:blue")
-  a.set_xlabel("response length (tokens)")
-  a.set_ylabel("sequences")
-  a.set_title("response lengths: the long tail")
-  steps = [e for e in result.timeline if e["phase"] == "decode"]
-  t = np.array([e["t"] + e["dt"] for e in steps])
-  b.step(t, [e["active"] for e in steps], where="pre", label="active sequences")
-  b.step(t, [e["batch"] for e in steps], where="pre", label="batch bucket", linestyle="--")
-  b.set_xlabel("time (s)")
-  b.set_ylabel("rows")
-  b.set_title("active batch over the rollout")
-  b.legend()
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
-
-
 def train_and_evaluate(
   config: ml_collections.ConfigDict, workdir: str, progress: bool = True
 ) -> dict[str, Any]:
@@ -210,6 +176,8 @@ def train_and_evaluate(
   engine_cfg = configuration.engine_config(config, tokenizer)
   if config.rl.steps > 0:
     configuration.rl_configs(config)  # RL's fields too, before the data and the warm start
+  mesh = configuration.mesh(config)
+  configuration.train_mesh(config, mesh)  # parallel.fsdp / tensor, checked as early
   if checkpoint_dir and config.rl.steps and config.rl_update.learning_rate > 1e-3:
     raise configuration.ConfigError(
       f"config.rl_update.learning_rate={config.rl_update.learning_rate} on a checkpoint: the "
@@ -222,7 +190,6 @@ def train_and_evaluate(
     config, workdir, tokenizer, train, progress, prompt=prompt
   )
   mode = configuration.mode(config)
-  mesh = configuration.mesh(config)
   drafter = None
   if mode == "baseline":
     # No drafter reads hidden states: the rollout does not capture or copy them.
@@ -369,6 +336,8 @@ def _reinforce(
   reward = with_format_reward(
     task.check, extract_marked_answer, float(config.rl.get("format_reward", 0.0))
   )
+  rollout_mesh = engine.placement.mesh if engine.placement is not None else None
+  train_mesh = configuration.train_mesh(config, rollout_mesh)
   trainer = GRPOTrainer(
     graphdef,
     params,
@@ -394,8 +363,9 @@ def _reinforce(
       if configuration.mode(config) == "tlt"
       else None
     ),
-    mesh=engine.placement.mesh if engine.placement is not None else None,
+    mesh=train_mesh,
     step_reward_fn=_step_reward_fn(task, rl_cfg.process_credit),
+    shard_params=train_mesh is not None and train_mesh is not rollout_mesh,
   )
   warm_s = 0.0
   if config.rl.get("warmup_engine", False):
@@ -438,82 +408,3 @@ def _reinforce(
       sum(r["drafter/rollout_charged_s"] for r in rows)
     )
   return trainer.params, out
-
-
-def plot_rl(rows: list[dict[str, Any]], path: str) -> None:
-  import matplotlib
-
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
-  fig, ax = plt.subplots(figsize=(6, 3.8))
-  ax.plot([r["step"] for r in rows], [r["reward_mean"] for r in rows], label="train reward")
-  evals = [r for r in rows if "eval" in r]
-  ax.plot(
-    [r["step"] for r in evals],
-    [r["eval"]["accuracy"] for r in evals],
-    marker="o",
-    label="held-out pass@1 (greedy)",
-  )
-  sampled = [r for r in evals if "sampled_accuracy" in r["eval"]]
-  if sampled:
-    ax.plot(
-      [r["step"] for r in sampled],
-      [r["eval"]["sampled_accuracy"] for r in sampled],
-      marker="s",
-      label="held-out pass@1 (sampled, mean of k)",
-    )
-  ax.set_xlabel("RL step")
-  ax.set_ylabel("reward / accuracy")
-  ax.set_title("GRPO from the warm start")
-  ax.legend()
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
-
-
-def format_summary(summary: dict[str, Any]) -> str:
-  e, w = summary["eval"], summary["warm_start"]
-  held_out = f"held-out pass@1 (greedy): {e['accuracy']:.3f} on {e['num_examples']} problems"
-  if "sampled_accuracy" in e:
-    held_out += f", sampled {e['sampled_accuracy']:.3f} (at the rollout temperature)"
-  head = [
-    f"policy: {summary['model_params'] / 1e6:.2f}M params, warm start from {w['source']}",
-    held_out,
-  ]
-  if "rollout" not in summary:
-    return "\n".join(head)
-  r = summary["rollout"]
-  lines = [
-    head[0]
-    + (f" ({w['sft_steps']} SFT steps, {w['sft_seconds']:.0f}s)" if "sft_seconds" in w else ""),
-    held_out,
-    f"rollout: {r['sequences']} sequences, {r['generated_tokens']} tokens in "
-    f"{r['wall_seconds']:.2f}s, {r['tokens_per_second']:.0f} tokens/s without its "
-    f"{r['compile_seconds']:.2f}s of lazy compiles; mean reward {r['mean_reward']:.3f}",
-    "response lengths: "
-    + ", ".join(
-      f"{k} {v:.0f}" if k != "max_over_median" else f"max/median {v:.1f}x"
-      for k, v in r["lengths"].items()
-    ),
-    f"batch buckets used: {r['batch_buckets_used']}; {r['executables']} executables in the "
-    f"pool ({r['executable_temp_MB']:.0f} MB of XLA temporaries in all), "
-    f"{r['compiled_during_rollout']} of them compiled during this rollout",
-  ]
-  if "rl" in summary:
-    rl = summary["rl"]
-    final = rl["final_eval"] or {}
-    text = (
-      f"after {rl['steps']} GRPO steps: held-out pass@1 (greedy) "
-      f"{final.get('accuracy', float('nan')):.3f} (warm start {e['accuracy']:.3f})"
-    )
-    if "sampled_accuracy" in final and "sampled_accuracy" in e:
-      text += f", sampled {final['sampled_accuracy']:.3f} (warm start {e['sampled_accuracy']:.3f})"
-    lines.insert(2, text + f"; rollout {100 * rl['rollout_share']:.0f}% of step time")
-  if summary.get("reference"):
-    ref = summary["reference"]
-    lines.append(
-      f"this config's measured ranges ({ref['runs']}): warm start {ref['warm_start']}; "
-      f"after RL {ref['after_rl']}; RL's sampled gain {ref['rl_gain_sampled']}"
-    )
-  return "\n".join(lines)

@@ -37,7 +37,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 from flax import nnx
-from jaxtyping import Array, Bool, Float, Int
+from jaxtyping import Array, Float, Int
 
 from tlt_jax.decode.sampling import SamplingConfig, gumbel_noise, sampling_logits, sequence_keys
 from tlt_jax.models.drafter import (
@@ -46,7 +46,7 @@ from tlt_jax.models.drafter import (
   drafter_forward,
   init_drafter_cache,
 )
-from tlt_jax.models.transformer import KVCache
+from tlt_jax.models.transformer import KVCache, tree_cache_mask
 
 
 @flax.struct.dataclass
@@ -280,18 +280,6 @@ def tree_slots(depth: int, topk: int) -> int:
   return 1 + (depth - 1) * topk
 
 
-def _tree_mask(
-  cache_len: Int[Array, " B"], visible: Bool[Array, "B T R"], view_len: int
-) -> Bool[Array, "B T S"]:
-  """Committed slots (< cache_len) plus, in the tree region [cache_len, +R), the
-  slots each new node may see (its ancestors and itself)."""
-  r = visible.shape[2]
-  rel = jnp.arange(view_len)[None, :] - cache_len[:, None]  # [B, S]
-  idx = jnp.broadcast_to(jnp.clip(rel, 0, r - 1)[:, None, :], visible.shape[:2] + (view_len,))
-  in_tree = jnp.take_along_axis(visible, idx, axis=2) & ((rel >= 0) & (rel < r))[:, None, :]
-  return (rel < 0)[:, None, :] | in_tree
-
-
 def draft_tree(
   drafter_graphdef: nnx.GraphDef,
   drafter_params: nnx.State,
@@ -379,7 +367,7 @@ def draft_tree(
       cache=cache,
       cache_len=base,
       view_len=view_len,
-      mask=_tree_mask(cache_len, front_vis, view_len),
+      mask=tree_cache_mask(cache_len, front_vis, view_len),
     )
     lp, tok = propose(h, d + 1)  # [B, K, K]: children of frontier node j
     score = (front_score[:, :, None] + lp).reshape(b, topk * topk)

@@ -2,10 +2,10 @@
 online drafter (buffer + versioned params) and its standalone export."""
 
 from tlt_jax.drafter.buffer import DrafterBuffer
-from tlt_jax.drafter.online import DrafterTrainConfig, OnlineDrafter, drafter_optimizer
+from tlt_jax.drafter.online import DrafterTrainConfig, OnlineDrafter
 from tlt_jax.drafter.training import (
-  default_drafter_optimizer,
   drafter_loss,
+  drafter_optimizer,
   make_drafter_update,
   make_training_batch,
 )
@@ -14,7 +14,6 @@ __all__ = [
   "DrafterBuffer",
   "DrafterTrainConfig",
   "OnlineDrafter",
-  "default_drafter_optimizer",
   "drafter_loss",
   "drafter_optimizer",
   "make_drafter_update",

@@ -18,12 +18,11 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from flax import nnx
 from jax.sharding import Mesh
 
 from tlt_jax.drafter.buffer import DrafterBuffer
-from tlt_jax.drafter.training import make_drafter_update
+from tlt_jax.drafter.training import drafter_optimizer, make_drafter_update
 from tlt_jax.parallel.meshes import replicated, rows_sharding
 
 
@@ -37,7 +36,12 @@ class DrafterTrainConfig:
     weight_decay, grad_clip: AdamW weight decay, global-norm clip.
     batch_rows, row_len: a packed update batch is [batch_rows, row_len] pairs
       (row_len 0: the engine's cache slots).
-    buffer_rows: rows the buffer holds.
+    buffer_rows: rows the buffer holds, at most (see buffer_bytes).
+    buffer_bytes: host memory the buffer may take (tokens and features); caps buffer_rows
+      (a row is slots x (feature_dim x the feature dtype's size + 4) bytes: 29 MB for a
+      7B model's 3584-wide features over 4096 slots in bfloat16).
+    buffer_dtype: the features' storage dtype ("bfloat16" halves float32's bytes; the
+      drafter's loss upcasts).
     keep_steps: RL steps of rollouts the buffer samples from (newest first).
     seed: batch sampling.
   """
@@ -49,6 +53,8 @@ class DrafterTrainConfig:
   batch_rows: int = 4
   row_len: int = 0
   buffer_rows: int = 512
+  buffer_bytes: int = 2**31
+  buffer_dtype: str = "bfloat16"
   keep_steps: int = 2
   seed: int = 0
 
@@ -59,19 +65,31 @@ class DrafterTrainConfig:
       v = getattr(self, name)
       if not isinstance(v, int) or v < 1:
         raise ValueError(f"DrafterTrainConfig.{name} must be a positive int, got {v!r}")
+    if not isinstance(self.buffer_bytes, int) or self.buffer_bytes < 1:
+      raise ValueError(
+        f"DrafterTrainConfig.buffer_bytes must be a positive int, got {self.buffer_bytes!r}"
+      )
+    if self.buffer_dtype not in ("float32", "bfloat16", "float16"):
+      raise ValueError(
+        "DrafterTrainConfig.buffer_dtype must be float32, bfloat16 or float16, got "
+        f"{self.buffer_dtype!r}"
+      )
     for name in ("warmup_steps", "row_len"):
       v = getattr(self, name)
       if not isinstance(v, int) or v < 0:
         raise ValueError(f"DrafterTrainConfig.{name} must be an int >= 0, got {v!r}")
 
 
-def drafter_optimizer(cfg: DrafterTrainConfig) -> optax.GradientTransformation:
-  """AdamW with clipping; linear warm-up, then constant: online training has no end."""
-  lr = optax.linear_schedule(0.0, cfg.learning_rate, max(cfg.warmup_steps, 1))
-  return optax.chain(
-    optax.clip_by_global_norm(cfg.grad_clip),
-    optax.adamw(lr, b1=0.9, b2=0.95, weight_decay=cfg.weight_decay),
-  )
+def buffer_capacity(cfg: DrafterTrainConfig, slots: int, feature_dim: int) -> int:
+  """Rows of the drafter's buffer: buffer_rows, or fewer where buffer_bytes says so."""
+  row_bytes = slots * (feature_dim * np.dtype(jnp.dtype(cfg.buffer_dtype)).itemsize + 4)
+  fits = cfg.buffer_bytes // row_bytes
+  if fits < 1:
+    raise ValueError(
+      f"DrafterTrainConfig.buffer_bytes={cfg.buffer_bytes} holds no row of the drafter's "
+      f"buffer ({row_bytes} bytes: {slots} slots x {feature_dim} features)"
+    )
+  return int(min(cfg.buffer_rows, fits))
 
 
 class OnlineDrafter:
@@ -89,8 +107,19 @@ class OnlineDrafter:
   ):
     self.graphdef, self.config = graphdef, config
     self.row_len = config.row_len or slots
-    self.buffer = DrafterBuffer(config.buffer_rows, slots, feature_dim, config.keep_steps)
-    self.optimizer = drafter_optimizer(config)
+    self.buffer = DrafterBuffer(
+      buffer_capacity(config, slots, feature_dim),
+      slots,
+      feature_dim,
+      config.keep_steps,
+      dtype=jnp.dtype(config.buffer_dtype),
+    )
+    self.optimizer = drafter_optimizer(
+      config.learning_rate,
+      config.warmup_steps,
+      weight_decay=config.weight_decay,
+      grad_clip=config.grad_clip,
+    )
     # Not donated: the rollout engine may still hold the previous version's arrays.
     self._update = make_drafter_update(graphdef, target_graphdef, self.optimizer, donate=False)
     self.params = params

@@ -29,6 +29,7 @@ from flax import nnx
 from jaxtyping import Array, Float
 
 from tlt_jax.models.drafter import draft_logits, drafter_forward
+from tlt_jax.utils.optim import clipped_adamw
 
 Batch = dict[str, Any]
 
@@ -181,22 +182,24 @@ def drafter_loss(
   return loss, metrics
 
 
-def default_drafter_optimizer(
+def drafter_optimizer(
   lr: float,
   warmup: int,
-  total_steps: int,
+  total_steps: int | None = None,
   *,
   weight_decay: float = 0.01,
   grad_clip: float = 1.0,
 ) -> optax.GradientTransformation:
-  """AdamW (b1 0.9, b2 0.95) with global-norm clipping; linear warmup then cosine to lr / 10."""
-  if not 0 <= warmup < total_steps:
-    raise ValueError(f"need 0 <= warmup < total_steps, got warmup={warmup}, total={total_steps}")
-  schedule = optax.warmup_cosine_decay_schedule(0.0, lr, warmup, total_steps, end_value=lr * 0.1)
-  return optax.chain(
-    optax.clip_by_global_norm(grad_clip),
-    optax.adamw(schedule, b1=0.9, b2=0.95, weight_decay=weight_decay),
-  )
+  """AdamW (b1 0.9, b2 0.95) with global-norm clipping and a linear warm-up, then a cosine
+  to lr / 10 at `total_steps` (offline training), or constant (None: online training has
+  no end)."""
+  if total_steps is None:
+    schedule = optax.linear_schedule(0.0, lr, max(warmup, 1))
+  else:
+    if not 0 <= warmup < total_steps:
+      raise ValueError(f"need 0 <= warmup < total_steps, got warmup={warmup}, total={total_steps}")
+    schedule = optax.warmup_cosine_decay_schedule(0.0, lr, warmup, total_steps, end_value=lr * 0.1)
+  return clipped_adamw(schedule, grad_clip=grad_clip, b2=0.95, weight_decay=weight_decay)
 
 
 def make_drafter_update(

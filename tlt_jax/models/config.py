@@ -13,6 +13,7 @@ import jax.numpy as jnp
 # RoPE frequency schemes (Hugging Face's `rope_type` names): "default" (theta only), "linear"
 # (positions divided by `rope_factor`), "llama3" (Llama 3.1's low-frequency stretch).
 ROPE_TYPES = ("default", "linear", "llama3")
+DTYPES = ("float32", "bfloat16", "float16")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,6 +25,12 @@ class ModelConfig:
   "linear" divides positions by `rope_factor`; "llama3" divides the low frequencies by
   `rope_factor`, keeps the high ones and blends between, by `rope_low_freq_factor`,
   `rope_high_freq_factor` and `rope_original_max_position`.
+
+  Precision: `dtype` is the compute dtype (activations, the KV cache, and the weights as
+  every forward reads them: `models.precision.compute_params`); `param_dtype` is how the
+  parameters are stored and updated (the master weights, and so the optimizer state).
+  bfloat16 compute over float32 masters keeps small updates (lr ~1e-6) that bfloat16
+  weights would round away. Logits and log-probs are always float32.
   """
 
   vocab_size: int
@@ -38,8 +45,8 @@ class ModelConfig:
   qkv_bias: bool = False
   qk_norm: bool = False
   tie_embeddings: bool = True
-  # Parameters and activations; logits and softmax are always float32.
   dtype: str = "float32"
+  param_dtype: str = "float32"
   max_position: int = 4096
   rope_type: str = "default"
   rope_factor: float = 1.0
@@ -81,12 +88,19 @@ class ModelConfig:
         f"rope_original_max_position > 0, got {self.rope_low_freq_factor}, "
         f"{self.rope_high_freq_factor}, {self.rope_original_max_position}"
       )
-    if self.dtype not in ("float32", "bfloat16", "float16"):
-      raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+    for name in ("dtype", "param_dtype"):
+      if getattr(self, name) not in DTYPES:
+        raise ValueError(f"{name} must be one of {DTYPES}, got {getattr(self, name)!r}")
 
   @property
   def jnp_dtype(self) -> Any:
+    """The compute dtype."""
     return jnp.dtype(self.dtype)
+
+  @property
+  def jnp_param_dtype(self) -> Any:
+    """The stored (master) parameters' dtype."""
+    return jnp.dtype(self.param_dtype)
 
   @property
   def num_params(self) -> int:

@@ -50,9 +50,15 @@ class Drafter(nnx.Module):
 
   def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
     self.config = config
-    dt = config.jnp_dtype
     d = config.d_model
-    self.fc = nnx.Linear(2 * d, d, use_bias=False, dtype=dt, param_dtype=dt, rngs=rngs)
+    self.fc = nnx.Linear(
+      2 * d,
+      d,
+      use_bias=False,
+      dtype=config.jnp_dtype,
+      param_dtype=config.jnp_param_dtype,
+      rngs=rngs,
+    )
     self.layer = DecoderLayer(config, rngs, identity_input_norm=True)
 
   def __call__(

@@ -6,9 +6,9 @@ Torch `nn.Linear` stores weights as [out, in]; our `nnx.Linear` kernels are
 [in, out], so projection and LM-head matrices are transposed on the way in and out.
 
 Public API:
-  config_from_hf(hf_config, dtype) -> ModelConfig
+  config_from_hf(hf_config, dtype, param_dtype) -> ModelConfig
   config_to_hf(config, model_type, ...) -> dict
-  load_hf_checkpoint(path, dtype) -> (ModelConfig, Transformer)
+  load_hf_checkpoint(path, dtype, param_dtype) -> (ModelConfig, Transformer)
   save_hf_checkpoint(model_or_state, config, path, model_type, ...)
 """
 
@@ -202,13 +202,16 @@ def _rope_to_hf(config: ModelConfig) -> dict[str, Any] | None:
   return out
 
 
-def config_from_hf(hf: Mapping[str, Any], dtype: str = "float32") -> ModelConfig:
+def config_from_hf(
+  hf: Mapping[str, Any], dtype: str = "float32", param_dtype: str = "float32"
+) -> ModelConfig:
   """Maps a Hugging Face Llama / Qwen2 / Qwen3 `config.json` dict onto a `ModelConfig`.
 
   Args:
     hf: the parsed config.json.
-    dtype: parameter/activation dtype of the resulting model (independent of the
-      checkpoint's stored dtype; weights are cast on load).
+    dtype: compute dtype of the resulting model (independent of the checkpoint's stored
+      dtype).
+    param_dtype: dtype its parameters are stored and updated in (weights are cast on load).
 
   Returns:
     The equivalent ModelConfig.
@@ -272,6 +275,7 @@ def config_from_hf(hf: Mapping[str, Any], dtype: str = "float32") -> ModelConfig
     # Both HF config classes default to untied when the field is absent.
     tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
     dtype=dtype,
+    param_dtype=param_dtype,
     max_position=int(hf.get("max_position_embeddings", ModelConfig.max_position)),
     **rope,
   )
@@ -451,13 +455,14 @@ def _cast(array: np.ndarray, dtype: str) -> np.ndarray:
 
 
 def load_hf_checkpoint(
-  path: str | os.PathLike, dtype: str = "float32"
+  path: str | os.PathLike, dtype: str = "float32", param_dtype: str = "float32"
 ) -> tuple[ModelConfig, Transformer]:
   """Loads a local Hugging Face Llama / Qwen2 / Qwen3 checkpoint into a `Transformer`.
 
   Args:
     path: directory with config.json and model.safetensors (or shards + index).
-    dtype: dtype of the resulting parameters; stored tensors (fp32/bf16/fp16) are cast.
+    dtype: the model's compute dtype.
+    param_dtype: dtype of the resulting parameters; stored tensors (fp32/bf16/fp16) are cast.
 
   Returns:
     (config, model).
@@ -475,7 +480,7 @@ def load_hf_checkpoint(
     raise FileNotFoundError(f"no {CONFIG_NAME} in checkpoint directory {directory}")
   with config_file.open() as f:
     hf_config = json.load(f)
-  config = config_from_hf(hf_config, dtype)
+  config = config_from_hf(hf_config, dtype, param_dtype)
   files = _weight_files(directory)
   entries = {e.hf_name: e for e in _entries(config, hf_config["model_type"])}
 
@@ -522,13 +527,13 @@ def load_hf_checkpoint(
           continue
         if entry.transpose:
           array = array.T
-        values[entry.path] = jnp.asarray(_cast(array, dtype))
+        values[entry.path] = jnp.asarray(_cast(array, param_dtype))
   _raise_problems(f"checkpoint {directory} cannot be represented by the model", problems)
   if tied_head is not None:
     with safe_open(tied_head, framework="numpy") as f:
       head = f.get_tensor("lm_head.weight")
     embed = values[("embed", "embedding")]
-    if head.shape != embed.shape or not np.array_equal(_cast(head, dtype), np.asarray(embed)):
+    if head.shape != embed.shape or not np.array_equal(_cast(head, param_dtype), np.asarray(embed)):
       raise ValueError(
         f"checkpoint {directory} has tie_word_embeddings=true but an lm_head.weight "
         "that differs from model.embed_tokens.weight"

@@ -232,15 +232,15 @@ def _write_rows(
 class Attention(nnx.Module):
   def __init__(self, config: ModelConfig, rngs: nnx.Rngs):
     c = config
-    dt = c.jnp_dtype
-    lin = lambda i, o, bias: nnx.Linear(i, o, use_bias=bias, dtype=dt, param_dtype=dt, rngs=rngs)
+    dt, pt = c.jnp_dtype, c.jnp_param_dtype
+    lin = lambda i, o, bias: nnx.Linear(i, o, use_bias=bias, dtype=dt, param_dtype=pt, rngs=rngs)
     self.q_proj = lin(c.d_model, c.num_heads * c.head_dim, c.qkv_bias)
     self.k_proj = lin(c.d_model, c.num_kv_heads * c.head_dim, c.qkv_bias)
     self.v_proj = lin(c.d_model, c.num_kv_heads * c.head_dim, c.qkv_bias)
     self.o_proj = lin(c.num_heads * c.head_dim, c.d_model, False)
     # Qwen3: each head's queries and keys are RMS-normalised (one scale over the head dim).
-    self.q_norm = RMSNorm(c.head_dim, c.rms_eps, dt) if c.qk_norm else None
-    self.k_norm = RMSNorm(c.head_dim, c.rms_eps, dt) if c.qk_norm else None
+    self.q_norm = RMSNorm(c.head_dim, c.rms_eps, pt) if c.qk_norm else None
+    self.k_norm = RMSNorm(c.head_dim, c.rms_eps, pt) if c.qk_norm else None
     self.config = config
 
   def __call__(self, x, rope_cs, mask, cache_kv=None, cache_len=None, view_len=None):
@@ -268,8 +268,8 @@ class Attention(nnx.Module):
 
 class MLP(nnx.Module):
   def __init__(self, config: ModelConfig, rngs: nnx.Rngs):
-    dt = config.jnp_dtype
-    lin = lambda i, o: nnx.Linear(i, o, use_bias=False, dtype=dt, param_dtype=dt, rngs=rngs)
+    dt, pt = config.jnp_dtype, config.jnp_param_dtype
+    lin = lambda i, o: nnx.Linear(i, o, use_bias=False, dtype=dt, param_dtype=pt, rngs=rngs)
     self.gate_proj = lin(config.d_model, config.mlp_dim)
     self.up_proj = lin(config.d_model, config.mlp_dim)
     self.down_proj = lin(config.mlp_dim, config.d_model)
@@ -282,10 +282,10 @@ class DecoderLayer(nnx.Module):
   """Pre-norm decoder layer. `identity_input_norm` is for the EAGLE drafter."""
 
   def __init__(self, config: ModelConfig, rngs: nnx.Rngs, identity_input_norm: bool = False):
-    dt = config.jnp_dtype
-    self.input_norm = None if identity_input_norm else RMSNorm(config.d_model, config.rms_eps, dt)
+    pt = config.jnp_param_dtype
+    self.input_norm = None if identity_input_norm else RMSNorm(config.d_model, config.rms_eps, pt)
     self.attn = Attention(config, rngs)
-    self.post_attn_norm = RMSNorm(config.d_model, config.rms_eps, dt)
+    self.post_attn_norm = RMSNorm(config.d_model, config.rms_eps, pt)
     self.mlp = MLP(config, rngs)
 
   def __call__(self, x, rope_cs, mask, cache_kv=None, cache_len=None, view_len=None):
@@ -331,29 +331,43 @@ def cache_mask(
   return (rel < 0)[:, None, :] | new_vis
 
 
+def tree_cache_mask(
+  cache_len: Int[Array, " B"], visible: Bool[Array, "B T R"], view_len: int
+) -> Bool[Array, "B T S"]:
+  """Per-row tree visibility over a cache view: committed slots (< cache_len) plus, in
+  the tree region [cache_len, cache_len + R), the slots `visible` lets each new node see
+  (its ancestors and itself). `cache_mask` with `new_mask` is the one-tree-for-all-rows
+  case."""
+  r = visible.shape[2]
+  rel = jnp.arange(view_len)[None, :] - cache_len[:, None]  # [B, S]
+  idx = jnp.broadcast_to(jnp.clip(rel, 0, r - 1)[:, None, :], visible.shape[:2] + (view_len,))
+  in_tree = jnp.take_along_axis(visible, idx, axis=2) & ((rel >= 0) & (rel < r))[:, None, :]
+  return (rel < 0)[:, None, :] | in_tree
+
+
 class Transformer(nnx.Module):
   """Decoder-only LM. See the module docstring for the entry points."""
 
   def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
     self.config = config
-    dt = config.jnp_dtype
+    dt, pt = config.jnp_dtype, config.jnp_param_dtype
     self.embed = nnx.Embed(
       config.vocab_size,
       config.d_model,
       dtype=dt,
-      param_dtype=dt,
+      param_dtype=pt,
       embedding_init=nnx.initializers.normal(0.02),
       rngs=rngs,
     )
     self.layers = nnx.List([DecoderLayer(config, rngs) for _ in range(config.num_layers)])
-    self.final_norm = RMSNorm(config.d_model, config.rms_eps, dt)
+    self.final_norm = RMSNorm(config.d_model, config.rms_eps, pt)
     if not config.tie_embeddings:
       self.lm_head = nnx.Linear(
         config.d_model,
         config.vocab_size,
         use_bias=False,
         dtype=dt,
-        param_dtype=dt,
+        param_dtype=pt,
         kernel_init=nnx.initializers.normal(0.02),
         rngs=rngs,
       )
@@ -363,11 +377,18 @@ class Transformer(nnx.Module):
 
   def logits(self, hidden: Float[Array, "... D"]) -> Float[Array, "... V"]:
     """LM head in float32 (tied to the embedding or separate)."""
+    return self.head_logits(hidden, 0, self.config.vocab_size)
+
+  def head_logits(self, hidden: Float[Array, "... D"], start, size: int) -> Float[Array, "... V"]:
+    """Float32 logits of the `size` vocabulary entries from `start` (may be traced; clamped
+    to [0, vocab_size - size], as lax.dynamic_slice does): a slice of the head, so a
+    log-prob pass can run over the vocabulary in chunks."""
     h = hidden.astype(jnp.float32)
     if self.config.tie_embeddings:
-      w = self.embed.embedding[...].astype(jnp.float32)
-      return jnp.einsum("...d,vd->...v", h, w)
-    return jnp.einsum("...d,dv->...v", h, self.lm_head.kernel[...].astype(jnp.float32))
+      w = jax.lax.dynamic_slice_in_dim(self.embed.embedding[...], start, size, axis=0)
+      return jnp.einsum("...d,vd->...v", h, w.astype(jnp.float32))
+    w = jax.lax.dynamic_slice_in_dim(self.lm_head.kernel[...], start, size, axis=1)
+    return jnp.einsum("...d,dv->...v", h, w.astype(jnp.float32))
 
   def __call__(
     self,

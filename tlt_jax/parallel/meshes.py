@@ -1,13 +1,12 @@
 """Meshes per role and the placement of a rollout's rows on them.
 
-Every role (rollout, policy training, drafter training) uses a 1-D mesh with one
-named axis, "data": rollout rows, policy-update rows and
-drafter-update rows are split along it, parameters are replicated (these
-models fit one device; a "model" axis for tensor parallelism would be added
-here). The rollout's long tail shrinks the batch bucket; `BatchPlacement` puts
-a bucket of B rows on the largest power-of-two prefix of the rollout devices
-that divides B, and the devices it frees form the drafter-training sub-mesh
-(TLT's "freed devices train the drafter").
+The rollout and drafter training use a 1-D mesh with the axis "data": rollout rows and
+drafter-update rows are split along it, parameters replicated. The policy update uses
+that mesh too, or a ("data", "tensor") mesh with its parameters sharded
+(`parallel.sharding`: FSDP over "data", tensor parallelism over "tensor"). The rollout's
+long tail shrinks the batch bucket; `BatchPlacement` puts a bucket of B rows on the
+largest power-of-two prefix of the rollout devices that divides B, and the devices it
+frees form the drafter-training sub-mesh (TLT's "freed devices train the drafter").
 """
 
 from __future__ import annotations

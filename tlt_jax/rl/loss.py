@@ -40,6 +40,9 @@ class PolicyLossConfig:
     entropy_metric: compute the policy's entropy for the metrics even when entropy_coef is 0
       (a diagnostic of entropy collapse; it costs a pass over [tokens, vocabulary], real for
       150k vocabularies).
+    vocab_chunk: > 0: log-probs (and entropy) computed over vocabulary chunks of this size,
+      so no [tokens, vocabulary] float32 array is built (large vocabularies; untruncated
+      sampling only: top_k 0, top_p 1). 0: one pass over the vocabulary.
     temperature: the rollout temperature.
     top_k, top_p: the rollout's truncation (0 and 1: none), as in decode.SamplingConfig.
       Every log-prob the loss sees (old, new) is of the distribution the rollout samples
@@ -53,6 +56,7 @@ class PolicyLossConfig:
   kl_type: str = "k3"
   entropy_coef: float = 0.0
   entropy_metric: bool = True
+  vocab_chunk: int = 0
   temperature: float = 1.0
   top_k: int = 0
   top_p: float = 1.0
@@ -76,6 +80,13 @@ class PolicyLossConfig:
         f"temperature must be > 0 (the rollout temperature), got {self.temperature!r}"
       )
     SamplingConfig(self.temperature, self.top_k, self.top_p)  # top_k, top_p: as the sampler
+    if not isinstance(self.vocab_chunk, int) or self.vocab_chunk < 0:
+      raise ValueError(f"vocab_chunk must be an int >= 0, got {self.vocab_chunk!r}")
+    if self.vocab_chunk and (self.top_k > 0 or self.top_p < 1.0):
+      raise ValueError(
+        f"vocab_chunk={self.vocab_chunk} needs untruncated sampling (top_k=0, top_p=1): a "
+        "top-k / top-p kept set depends on a row's whole vocabulary"
+      )
 
   @property
   def sampling(self) -> SamplingConfig:

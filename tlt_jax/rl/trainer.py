@@ -34,15 +34,15 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-import orbax.checkpoint as ocp
-from absl import logging
 from flax import nnx
 from jax.sharding import Mesh
 from tensorboardX import SummaryWriter
 from tqdm.auto import tqdm
 
 from tlt_jax.data.tokenizer import Tokenizer, text_ends
+from tlt_jax.evaluation import evaluate_pass_at_1
 from tlt_jax.parallel.meshes import replicated, rows_sharding
+from tlt_jax.parallel.sharding import DATA, TRAIN_RULES, param_shardings
 from tlt_jax.rl.advantages import (
   PROCESS_CREDITS,
   group_advantages,
@@ -51,6 +51,7 @@ from tlt_jax.rl.advantages import (
   process_advantages,
   token_process_advantages,
 )
+from tlt_jax.rl.checkpoints import TrainerCheckpoints
 from tlt_jax.rl.loss import PolicyLossConfig
 from tlt_jax.rl.packing import pack_policy_batch, plan_packing
 from tlt_jax.rl.rewards import RewardFn, RewardPool
@@ -58,7 +59,6 @@ from tlt_jax.rl.update import UpdateConfig, make_optimizer, make_policy_update, 
 from tlt_jax.rollout.engine import RolloutEngine
 from tlt_jax.rollout.pool import ExecutablePool
 from tlt_jax.scheduler import SliceScheduler
-from tlt_jax.training.evaluate import evaluate_pass_at_1
 
 # (example, completion) -> [(end, reward)] per reasoning step of the completion, e.g.
 # data.checkers.arithmetic_steps on the example's question (see GRPOConfig.process_credit).
@@ -161,6 +161,7 @@ class GRPOTrainer:
     scheduler: SliceScheduler | None = None,
     mesh: Mesh | None = None,
     step_reward_fn: StepRewardFn | None = None,
+    shard_params: bool = False,
   ):
     """See the module docstring.
 
@@ -175,9 +176,12 @@ class GRPOTrainer:
     buffer are checkpointed beside the policy (see `save`).
     `step_reward_fn` (needed when config.process_credit is set): per-step rewards of a
     completion, for process supervision.
-    `mesh` (the policy-training role's 1-D "data" mesh): params, optimizer state and
-    reference replicated on it, every update's rows split over it (the engine has its
-    own rollout mesh, `RolloutEngine(mesh=...)`).
+    `mesh` (the policy-training role's mesh: 1-D "data", or ("data", "tensor") from
+    `parallel.training_mesh`): every update's rows split over "data"; params, optimizer
+    state and reference replicated on it, or with `shard_params` split by
+    `parallel.sharding.TRAIN_RULES` (FSDP over "data", heads and MLP width over "tensor").
+    The engine has its own rollout mesh (`RolloutEngine(mesh=...)`) and places the
+    weights there itself, device to device.
     """
     self.graphdef, self.engine, self.tokenizer = graphdef, engine, tokenizer
     if scheduler is not None and drafter_params is not None:
@@ -213,8 +217,16 @@ class GRPOTrainer:
       )
     self.optimizer = make_optimizer(update_config)
     update_config.mini_batch_samples(self.rows)  # validates mini_batches
+    if shard_params and mesh is None:
+      raise ValueError("shard_params needs a mesh")
+    self.param_sharding = param_shardings(params, mesh, TRAIN_RULES) if shard_params else None
     self.update = make_policy_update(
-      graphdef, self.optimizer, loss_config, update_config.micro_batch, update_config.trainable
+      graphdef,
+      self.optimizer,
+      loss_config,
+      update_config.micro_batch,
+      update_config.trainable,
+      param_sharding=self.param_sharding,
     )
     self.old_logp = jax.jit(
       lambda p, t, pos, seg: token_logprobs(
@@ -226,6 +238,7 @@ class GRPOTrainer:
         top_p=loss_config.top_p,
         positions=pos,
         segment_ids=seg,
+        vocab_chunk=loss_config.vocab_chunk,
       )[0]
     )
     # Update and old-log-prob programs, compiled ahead of time per packed shape, so a
@@ -233,12 +246,14 @@ class GRPOTrainer:
     self.programs = ExecutablePool()
     self.mesh = mesh
     if mesh is not None:
-      if update_config.micro_batch % mesh.devices.size:
+      data = mesh.shape[DATA]
+      if update_config.micro_batch % data:
         raise ValueError(
           f"a micro-batch of {update_config.micro_batch} rows does not split over the "
-          f"{mesh.devices.size}-device mesh"
+          f"mesh's {data} data shards"
         )
-      params = jax.device_put(params, replicated(mesh))
+      layout = replicated(mesh) if self.param_sharding is None else self.param_sharding
+      params = jax.device_put(params, layout)
     self.params = params
     # The frozen KL reference: the starting policy, kept (and checkpointed) only when used.
     self.ref_params = jax.tree.map(jnp.copy, params) if loss_config.kl_coef > 0 else None
@@ -246,128 +261,15 @@ class GRPOTrainer:
     self.step = 0
     self.cursor = 0  # position in the shuffled training order
     self.order = np.random.default_rng(config.seed).permutation(len(self.train))
-    self.ckpt = ocp.CheckpointManager(
-      os.path.abspath(os.path.join(workdir, "checkpoints")),
-      options=ocp.CheckpointManagerOptions(max_to_keep=2, create=True),
-    )
-    # TLT: the online drafter's own checkpoints, written after the checkpoint window (see
-    # `save`); a resume restores a step present in both.
-    self.drafter_ckpt = None
-    if scheduler is not None:
-      self.drafter_ckpt = ocp.CheckpointManager(
-        os.path.abspath(os.path.join(workdir, "drafter_checkpoints")),
-        options=ocp.CheckpointManagerOptions(max_to_keep=2, create=True),
-      )
-    self.metrics_path = os.path.join(workdir, "metrics.jsonl")
-    # Each step's response lengths, apart from the flat metrics rows.
-    self.lengths_path = os.path.join(workdir, "rollout_lengths.jsonl")
-    self._restore()
+    self.checkpoints = TrainerCheckpoints(workdir, with_drafter=scheduler is not None)
+    self.metrics_path = self.checkpoints.metrics_path
+    self.lengths_path = self.checkpoints.lengths_path
+    self.checkpoints.restore(self)
 
   # ------------------------------------------------------------ checkpoints
-  def _pytree(self) -> dict[str, Any]:
-    tree = {"params": nnx.to_pure_dict(self.params), "opt_state": self.opt_state}
-    if self.ref_params is not None:
-      tree["reference"] = nnx.to_pure_dict(self.ref_params)
-    return tree
-
   def save(self) -> None:
-    """Writes step, params, optimizer, data position (orbax finalises atomically,
-    so a write cut short never replaces the last good checkpoint).
-
-    TLT: while orbax writes the policy, the device is free and the scheduler trains the
-    drafter ("checkpoint" window); those updates belong to this step. So the drafter
-    (params, optimizer state, version, data buffer) and the scheduler's state go to a
-    second manager (workdir/drafter_checkpoints, same step) once the window has closed,
-    and `_restore` takes the newest step present in both: a kill between the two writes
-    falls back to the previous complete pair. (One manager would have to capture the
-    drafter before the window, losing its updates on resume, or hold the policy write
-    until the window closed, losing the window.) The drafter write is asynchronous too,
-    from host copies: it finishes while the next step runs (the next save, or the end of
-    `run`, waits for it).
-    """
-    meta = {"step": self.step, "cursor": self.cursor}
-    if self.engine.bandit is not None:
-      meta["bandit"] = self.engine.bandit.state_dict()
-    items = {"state": ocp.args.StandardSave(self._pytree())}
-    if self.engine.history is not None:
-      # Group drafts read each prompt's earlier rollouts: a resumed run keeps them.
-      meta["history"] = True
-      items["history"] = ocp.args.StandardSave(self.engine.history.state_dict())
-    self.ckpt.save(self.step, args=ocp.args.Composite(meta=ocp.args.JsonSave(meta), **items))
-    if self.scheduler is not None:
-      # The write runs in orbax's threads: a device slice for the drafter.
-      self.scheduler.fill("checkpoint", self.ckpt.is_saving_in_progress, self.params)
-    self.ckpt.wait_until_finished()
-    if self.scheduler is not None:
-      tree, buffer, dmeta = self.scheduler.drafter.checkpoint_state()
-      dmeta["scheduler"] = self.scheduler.state()
-      self.drafter_ckpt.save(
-        self.step,
-        args=ocp.args.Composite(
-          drafter=ocp.args.StandardSave(tree),
-          buffer=ocp.args.StandardSave(buffer),
-          meta=ocp.args.JsonSave(dmeta),
-        ),
-      )
-
-  def _restore(self) -> None:
-    managers = [m for m in (self.ckpt, self.drafter_ckpt) if m is not None]
-    with_drafter = self.drafter_ckpt is not None
-    if with_drafter and self.ckpt.all_steps() and not self.drafter_ckpt.all_steps():
-      # Policy checkpoints but no drafter ones at all: a workdir from a mode without an
-      # online drafter, or from before drafter checkpoints existed. The policy resumes
-      # exactly (its rollouts do not depend on the drafter); the drafter keeps its warm
-      # start. Nothing is deleted.
-      logging.warning(
-        "%s has no drafter checkpoints: resuming the policy, the drafter from its warm start",
-        self.workdir,
-      )
-      managers, with_drafter = [self.ckpt], False
-    steps = set.intersection(*(set(m.all_steps()) for m in managers))
-    last = max(steps, default=None)
-    # Steps past the last complete pair (a policy whose drafter write was cut short) go:
-    # the rerun of that step saves it afresh (orbax skips a step at or below its latest).
-    for m in managers:
-      for s in m.all_steps():
-        if last is None or s > last:
-          m.delete(s)
-    if last is None:
-      return
-    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, self._pytree())
-    got = self.ckpt.restore(
-      last,
-      args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()
-      ),
-    )
-    nnx.replace_by_pure_dict(self.params, got["state"]["params"])
-    if self.ref_params is not None:
-      nnx.replace_by_pure_dict(self.ref_params, got["state"]["reference"])
-    self.opt_state = got["state"]["opt_state"]
-    self.step, self.cursor = int(got["meta"]["step"]), int(got["meta"]["cursor"])
-    if self.engine.bandit is not None and "bandit" in got["meta"]:
-      self.engine.bandit.load_state_dict(got["meta"]["bandit"])
-    if self.engine.history is not None and got["meta"].get("history"):
-      hist = self.ckpt.restore(last, args=ocp.args.Composite(history=ocp.args.StandardRestore()))
-      self.engine.history.load_state_dict(dict(hist["history"]))
-    if with_drafter:
-      d = self.drafter_ckpt.restore(
-        last,
-        args=ocp.args.Composite(
-          drafter=ocp.args.StandardRestore(self.scheduler.drafter.abstract_state()),
-          buffer=ocp.args.StandardRestore(),
-          meta=ocp.args.JsonRestore(),
-        ),
-      )
-      self.scheduler.drafter.load_checkpoint_state(d["drafter"], dict(d["buffer"]), d["meta"])
-      self.scheduler.load_state(d["meta"]["scheduler"])
-    # Metrics past the checkpoint belong to the lost tail of the killed run.
-    for path in (self.metrics_path, self.lengths_path):
-      if os.path.exists(path):
-        with open(path) as f:
-          keep = [line for line in f if json.loads(line)["step"] < self.step]
-        with open(path, "w") as f:
-          f.writelines(keep)
+    """Checkpoints the step (`checkpoints.TrainerCheckpoints.save`)."""
+    self.checkpoints.save(self)
 
   # ------------------------------------------------------------------- step
   def _next_examples(self, n: int) -> list[Mapping[str, str]]:
@@ -740,8 +642,8 @@ class GRPOTrainer:
       bar.close()
       tb.close()
       rewards.close()
-      if self.drafter_ckpt is not None:
-        self.drafter_ckpt.wait_until_finished()
+      if self.checkpoints.drafter is not None:
+        self.checkpoints.drafter.wait_until_finished()
     return history
 
   @staticmethod

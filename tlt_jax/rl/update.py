@@ -23,7 +23,10 @@ from flax import nnx
 from jaxtyping import Array, Float, Int
 
 from tlt_jax.decode.sampling import SamplingConfig, sampling_log_probs
+from tlt_jax.models.precision import compute_model
+from tlt_jax.rl.logprobs import chunked_logprobs
 from tlt_jax.rl.loss import PolicyLossConfig, policy_loss
+from tlt_jax.utils.optim import clipped_adamw
 from tlt_jax.utils.trees import path_name
 
 BATCH_KEYS = ("tokens", "mask", "old_logp", "advantages")
@@ -45,6 +48,7 @@ def token_logprobs(
   with_entropy: bool = False,
   positions: Int[Array, "B T"] | None = None,
   segment_ids: Int[Array, "B T"] | None = None,
+  vocab_chunk: int = 0,
 ) -> tuple[Float[Array, "B T"], Float[Array, "B T"] | None]:
   """Log-prob of each token given its prefix under the sampled distribution: the
   policy tempered, then top-k / top-p truncated and renormalised, as the rollout draws
@@ -74,6 +78,12 @@ def token_logprobs(
       tokens are never clamped.
     with_entropy: also return the entropy of each predictive distribution (of the
       truncated one: tokens outside the kept set contribute exactly 0).
+    vocab_chunk: > 0: the head and its log-sum-exp run over vocabulary chunks of this
+      size (`rl.logprobs.chunked_logprobs`; untruncated only), so no [B, T, vocab] float32
+      array is built; 0: one pass over the whole vocabulary.
+
+  The forward reads the parameters in the model's compute dtype (models.precision), as
+  the rollout does; gradients reach the stored (master) parameters through that cast.
 
   Returns:
     logp [B, T] with logp[:, t] = log p(tokens[:, t] | tokens[:, :t]) for t >= 1
@@ -85,18 +95,31 @@ def token_logprobs(
   # Temperature is applied here (it may be traced); the config truncates only.
   truncation = SamplingConfig(temperature=1.0, top_k=top_k, top_p=top_p)
   truncated = top_k > 0 or top_p < 1.0
-  model = nnx.merge(graphdef, params)
+  if vocab_chunk and truncated:
+    raise ValueError(
+      f"vocab_chunk={vocab_chunk} needs the untruncated distribution (top_k=0, top_p=1): "
+      f"a top-k / top-p kept set depends on a row's whole vocabulary (got top_k={top_k}, "
+      f"top_p={top_p})"
+    )
+  model = compute_model(graphdef, params)
   b, t = tokens.shape
   if positions is None:
     positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
   hidden, _, _ = model(tokens, positions, segment_ids=segment_ids)
+  pad = lambda x: jnp.pad(x, ((0, 0), (1, 0)))
+  if vocab_chunk:
+    flat = hidden[:, :-1].reshape(b * (t - 1), -1)
+    logp, ent = chunked_logprobs(
+      model, flat, tokens[:, 1:].reshape(-1), temperature, vocab_chunk, with_entropy
+    )
+    unflat = lambda x: pad(x.reshape(b, t - 1))
+    return unflat(logp), (unflat(ent) if with_entropy else None)
   # Position t - 1 predicts token t.
   logits = model.logits(hidden[:, :-1]).astype(jnp.float32) / temperature
   logp_all = sampling_log_probs(logits, truncation)
   logp = jnp.take_along_axis(logp_all, tokens[:, 1:, None], axis=-1)[..., 0]
   if truncated:  # outside the kept set: about -1e30 - logsumexp; a where, so no gradient
     logp = jnp.where(logp > -1e29, logp, OUT_OF_SET_LOGP)
-  pad = lambda x: jnp.pad(x, ((0, 0), (1, 0)))
   if not with_entropy:
     return pad(logp), None
   # exp(-1e30) is exactly 0 and 0 * -1e30 = 0: truncated tokens add nothing, nor NaN.
@@ -201,9 +224,8 @@ def make_optimizer(cfg: UpdateConfig) -> optax.GradientTransformation:
   schedule = optax.warmup_cosine_decay_schedule(
     0.0, cfg.learning_rate, cfg.warmup_steps, cfg.total_steps, end_value=0.0
   )
-  adamw = optax.chain(
-    optax.clip_by_global_norm(cfg.grad_clip),
-    optax.adamw(schedule, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay),
+  adamw = clipped_adamw(
+    schedule, grad_clip=cfg.grad_clip, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay
   )
   if not cfg.trainable:
     return adamw
@@ -227,6 +249,7 @@ def make_policy_update(
   loss_cfg: PolicyLossConfig,
   micro_batch: int,
   trainable: str = "",
+  param_sharding: Any = None,
 ) -> Callable[..., tuple[nnx.State, optax.OptState, dict[str, jax.Array]]]:
   """A jitted `(params, opt_state, batch, ref_params) -> (params, opt_state, metrics)`.
 
@@ -257,6 +280,10 @@ def make_policy_update(
   Pair it with an optimizer that freezes the same parameters (make_optimizer does, for the
   same pattern).
 
+  `param_sharding` (a pytree of shardings like params, e.g. FSDP's from
+  `parallel.sharding.param_shardings`): the gradients and the updated params are held to
+  it, so XLA reduce-scatters gradients rather than replicating them.
+
   Metrics: loss, grad_norm (of the trained parameters, before clipping), skipped, and
   policy_loss's metrics, all of the pre-update policy on the full batch.
   """
@@ -264,7 +291,7 @@ def make_policy_update(
     raise ValueError(f"micro_batch must be a positive int, got {micro_batch!r}")
   temp = loss_cfg.temperature
   # The policy's log-probs are of the sampled (truncated) distribution, as old_logp must be.
-  trunc = dict(top_k=loss_cfg.top_k, top_p=loss_cfg.top_p)
+  trunc = dict(top_k=loss_cfg.top_k, top_p=loss_cfg.top_p, vocab_chunk=loss_cfg.vocab_chunk)
   _compile_trainable(trainable)  # a bad pattern fails here, not at the first trace
 
   def step(params, opt_state, batch, ref_params):
@@ -304,7 +331,9 @@ def make_policy_update(
         # The reference untruncated (tempered only): it is > 0 everywhere, so KL(sampled
         # policy || reference) is finite; a truncated reference would score tokens outside
         # its own kept set at -30 (and its set is not the policy's).
-        ref_logp, _ = token_logprobs(graphdef, ref_params, mb["tokens"], temp, **layout(mb))
+        ref_logp, _ = token_logprobs(
+          graphdef, ref_params, mb["tokens"], temp, vocab_chunk=loss_cfg.vocab_chunk, **layout(mb)
+        )
         ref_logp = jax.lax.stop_gradient(ref_logp)
 
       def loss_fn(p):
@@ -330,11 +359,17 @@ def make_policy_update(
         return loss, (logp, ent)
 
       (_, (logp, ent)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
-      grad_acc = jax.tree.map(lambda a, g: a + w * g, grad_acc, grads)
+      grad_acc = jax.tree.map(lambda a, g: a + w * g.astype(a.dtype), grad_acc, grads)
       return grad_acc, (jax.lax.stop_gradient(logp), jax.lax.stop_gradient(ent), ref_logp)
 
-    zeros = jax.tree.map(jnp.zeros_like, params)
+    # Gradients accumulate in float32 (whatever the parameters' dtype), then take theirs.
+    zeros = jax.tree.map(
+      lambda x: jnp.zeros(x.shape, jnp.promote_types(x.dtype, jnp.float32)), params
+    )
     grads, (logp, ent, ref_logp) = jax.lax.scan(micro_step, zeros, (slices, weights))
+    grads = jax.tree.map(lambda g, x: g.astype(x.dtype), grads, params)
+    if param_sharding is not None:
+      grads = jax.lax.with_sharding_constraint(grads, param_sharding)
     merge = lambda x: None if x is None else x.reshape(rows, *x.shape[2:])
     # Loss and metrics once on the full batch: exact whatever the slicing.
     loss, metrics = policy_loss(
@@ -356,6 +391,8 @@ def make_policy_update(
       return optax.apply_updates(p, updates), s
 
     params, opt_state = jax.lax.cond(ok, apply, lambda ops: ops, (params, opt_state))
+    if param_sharding is not None:
+      params = jax.lax.with_sharding_constraint(params, param_sharding)
     metrics = {
       **metrics,
       "loss": loss,

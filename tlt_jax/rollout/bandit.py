@@ -59,6 +59,10 @@ from typing import Any
 
 import numpy as np
 
+PLAIN = "plain"  # the bandit arm that runs plain decode
+# EngineConfig.bandit_reward -> the rows' quantile whose advance is the reward (None: the mean).
+BANDIT_REWARDS = {"frontier": 0.0, "octile": 0.125, "row": None}
+
 _MAX_PHASE = 15  # answer_phase's last bin (> 500k tokens at 16)
 _STATE_VERSION = 3  # 2: sums of squared rewards (spread-scaled exploration); 3: per-phase cells
 

@@ -42,23 +42,16 @@ from tlt_jax.decode.group_drafts import GroupCorpus, GroupMatch
 from tlt_jax.decode.sampling import SamplingConfig
 from tlt_jax.models.config import ModelConfig
 from tlt_jax.models.drafter import check_drafter_matches
+from tlt_jax.models.precision import compute_params
 from tlt_jax.models.transformer import KVCache
 from tlt_jax.parallel.meshes import BatchPlacement
 from tlt_jax.rollout import programs
-from tlt_jax.rollout.bandit import StrategyBandit, answer_phase, frontier_advance
-from tlt_jax.rollout.history import PromptHistory, reference_line
+from tlt_jax.rollout.bandit import BANDIT_REWARDS, PLAIN, StrategyBandit
+from tlt_jax.rollout.history import PromptHistory
 from tlt_jax.rollout.pool import ExecutablePool
+from tlt_jax.rollout.run import RolloutRun
 from tlt_jax.rollout.speculative import SpecStrategy, spec_decode_chunk
 from tlt_jax.rollout.state import RolloutState, power_of_two_buckets, round_up
-
-PLAIN = "plain"  # the bandit arm that runs plain decode
-# EngineConfig.bandit_reward -> the rows' quantile whose advance is the reward (None: the mean).
-BANDIT_REWARDS = {"frontier": 0.0, "octile": 0.125, "row": None}
-
-
-def _completion(harvested: dict[str, np.ndarray]) -> np.ndarray:
-  """The generated tokens of one harvested row."""
-  return harvested["tokens"][harvested["prompt_len"] : harvested["length"]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -748,308 +741,31 @@ class RolloutEngine:
       if self.drafter_graphdef is None:
         raise ValueError("drafter_params given but the engine was built without drafter_graphdef")
       check_drafter_matches(drafter_params, self.model_config)
+      drafter_params = compute_params(drafter_params, self.model_config)
+    # The rollout reads the weights in the compute dtype (once per rollout, not per step).
+    params = compute_params(params, self.model_config)
     if isinstance(key, int):
       key = jax.random.key(key)
     if self.placement is not None:
       self.placement.clear()  # params are placed once per rollout and bucket
-
-    start = time.perf_counter()
-    lens = np.array([len(p) for p in prompts], np.int32)
-    prompts_np = np.zeros((len(prompts), int(lens.max())), np.int32)
-    for i, p in enumerate(prompts):
-      prompts_np[i, : len(p)] = np.asarray(p, np.int32)
-    seq_ids = seq_id_offset + np.arange(n_rows, dtype=np.int32)
-    state = self._run_prefill(
+    run = RolloutRun(
+      self,
       params,
-      prompts_np,
-      lens,
+      prompts,
       num_samples,
-      np.asarray(max_new_rows, np.int32),
-      seq_ids,
-      sampling,
-      key,
+      max_new_rows,
+      key=key,
+      sampling=sampling,
+      seq_id_offset=seq_id_offset,
+      drafter_params=drafter_params,
+      on_chunk=on_chunk,
     )
-
-    # Host mirrors of the small per-row arrays; rows map to request rows.
-    row_seq = np.asarray(state.seq_id)
-    length, done, prompt_len = jax.device_get((state.length, state.done, state.prompt_len))
-    timeline: list[dict[str, Any]] = [
-      {
-        "t": 0.0,
-        "dt": time.perf_counter() - start,
-        "phase": "prefill",
-        "active": int((~done).sum()),
-        "batch": state.batch,
-        "view": int(lens.max()),
-        "tokens": n_rows,
-      }
-    ]
-    outputs: dict[int, dict[str, np.ndarray]] = {}
-
-    def collect(rows: np.ndarray):
-      if rows.size == 0:
-        return
-      padded = np.zeros((state.batch,), np.int32)
-      padded[: rows.size] = rows
-      args = (state, jnp.asarray(padded))
-      got = jax.device_get(self._harvest_exe(args)(*args))
-      for j in range(rows.size):
-        outputs[int(got["seq_id"][j]) - seq_id_offset] = {k: v[j] for k, v in got.items()}
-      nonlocal group_corpus
-      group_corpus = None  # finished rows move from the live siblings to the reference
-
-    # Group drafts: the corpus of the current layout (built on the first group chunk after
-    # a change; the siblings' progress is read on the device).
-    group_corpus: GroupCorpus | None = None
-
-    def build_corpus() -> GroupCorpus:
-      w, r = cfg.group_siblings, cfg.group_reference_len
-      row_prompt = np.where(row_seq >= 0, (row_seq - seq_id_offset) // num_samples, -1)
-      siblings = np.full((state.batch, w), -1, np.int32)
-      reference = np.full((state.batch, r), -1, np.int32)
-      for p in np.unique(row_prompt[row_prompt >= 0]):
-        rows = np.flatnonzero(row_prompt == p)
-        pieces = self.history.pieces(prompts[p])
-        for n in range(p * num_samples, (p + 1) * num_samples):
-          if n in outputs:  # finished and harvested: no longer in the batch
-            pieces.append(self.history.with_context(prompts[p], _completion(outputs[n])))
-        line = reference_line(pieces, r)
-        for i in rows:
-          siblings[i, : min(w, rows.size)] = np.concatenate([[i], rows[rows != i]])[:w]
-          reference[i] = line
-      return self._corpus(siblings, reference)
-
-    max_len = np.asarray(state.max_len)
-    spec_on = bool(cfg.spec_threshold) and (drafter_params is not None or not cfg.needs_drafter)
-    bandit = self.bandit_for(sampling)
-    dstate = None  # (drafter cache, drafter_len) in step with `state`, or None
-    push_forced = False  # the drafter cache was dropped for a pushed drafter version
-    # The drafter cache was dropped by an arm that does not advance it (plain or group
-    # drafts): rebuilding it is the cost of switching back, charged to the arm that needs
-    # it. The first build of a rollout is not: every drafter arm would pay it, and charging
-    # it to whichever arm happens to run first makes the incumbent look slow.
-    switched_away = False
-    owed_rebuild_s = 0.0  # push-forced rebuild seconds not yet reported to on_chunk
-
-    def call_hook(batch: int, active_rows: int):
-      nonlocal owed_rebuild_s
-      t_hook = time.perf_counter()
-      pushed = on_chunk(batch, owed_rebuild_s)
-      hook_s = time.perf_counter() - t_hook
-      owed_rebuild_s = 0.0
-      timeline.append(
-        {
-          "t": t_hook - start,
-          "dt": hook_s,
-          "phase": "drafter_hook",
-          "active": active_rows,
-          "batch": batch,
-          "view": 0,
-          "tokens": 0,
-          "pushed": pushed is not None and batch > 0,  # batch 0: the return is ignored
-        }
-      )
-      return pushed
-
-    while True:
-      active = ~done & (row_seq >= 0)
-      if not active.any():
-        break
-      if cfg.compact:
-        target = round_up(int(active.sum()), cfg.batch_buckets)
-        if target < state.batch:
-          collect(np.nonzero(done & (row_seq >= 0))[0])
-          keep = np.nonzero(active)[0]
-          rows = np.zeros((target,), np.int32)
-          rows[: keep.size] = keep
-          valid = np.arange(target) < keep.size
-          args = (state, jnp.asarray(rows), jnp.asarray(valid))
-          state = self._rows(self._take_exe(args)(*args))
-          if dstate is not None:
-            args = (dstate, jnp.asarray(rows))
-            dstate = self._rows(self._drafter_take_exe(args)(*args))
-          row_seq = np.where(valid, row_seq[rows], -1)
-          length, max_len, prompt_len = length[rows], max_len[rows], prompt_len[rows]
-          done = np.where(valid, done[rows], True)
-          active = ~done
-      if on_chunk is not None:
-        pushed = call_hook(state.batch, int(active.sum()))
-        if pushed is not None:
-          check_drafter_matches(pushed, self.model_config)
-          # The cache was built by the old drafter: its rebuild is the push's cost.
-          push_forced = push_forced or dstate is not None
-          drafter_params, dstate = pushed, None
-      arm = PLAIN
-      learn = spec_on and bandit is not None and state.batch <= cfg.spec_threshold
-      if spec_on and state.batch <= cfg.spec_threshold:
-        arm = bandit.select(state.batch) if learn else cfg.strategies[0].name
-      last_bucket = state.batch == cfg.batch_buckets[0]
-      if learn and arm == PLAIN and last_bucket and self._exploits_plain(bandit, state.batch):
-        # The bandit has settled on plain decode for the last bucket: run it to the end
-        # in one call, as the plain engine does (no host round trip per chunk). Such a
-        # chunk is not chunk-sized, so it does not feed the bandit.
-        learn = False
-      compile_s = self.pool.compile_seconds
-      before = int(length[active].sum())
-      start_length = length  # the host mirror is replaced, not updated, by the chunk
-      # Where in the answers this chunk starts: the bandit compares arms at equal phase.
-      generated = float((length - prompt_len)[active].mean())
-      phase = answer_phase(generated, cfg.bandit_phase_tokens)
-      t0 = time.perf_counter()
-      switch_s = 0.0  # drafter-cache rebuild this chunk needed (switching from plain)
-      charged_s = 0.0  # the part of it the bandit charges to this chunk's arm
-      rebuild_compile = 0.0  # lazy compile inside the rebuild (not in the chunk's dt)
-      if arm == PLAIN:
-        switched_away = switched_away or dstate is not None
-        dstate = None  # plain decode does not advance the drafter's cache
-        push_forced = False  # the switch back rebuilds it anyway
-        # Every active row may grow by chunk_steps; the cache view must cover it.
-        need = int(np.minimum(length + cfg.chunk_steps - 1, max_len)[active].max())
-        view = round_up(need, cfg.view_buckets)
-        steps = cfg.chunk_steps
-        if last_bucket and not learn:
-          # Nothing left to compact: run to the end of the cache bucket in one
-          # device call (host round trips cost more than small-batch steps).
-          # Not while the bandit compares arms: it needs chunk-sized samples.
-          steps = max(steps, view - int(length[active].max()) + 1)
-        b = state.batch
-        args = (self._rep(params, b), state, self._rep(key, b), np.int32(steps))
-        state, ran = self._decode_exe(sampling, view, args)(*args)
-        length, done, ran = jax.device_get((state.length, state.done, ran))
-        entry = {"phase": "decode", "steps": int(ran)}
-        full = ran == steps
-      else:
-        strategy = self.strategies[arm]
-        rounds = cfg.spec_rounds
-        # A row starting a round at length L writes draft nodes at slots
-        # [L - 1, L - 1 + N); rows reaching max_len stop.
-        last = np.minimum(length + (rounds - 1) * strategy.max_emit, max_len - 1)
-        view = round_up(int((last - 1 + strategy.nodes)[active].max()), cfg.view_buckets)
-        if strategy.uses_drafter and dstate is None:
-          width = min(view, cfg.slots)
-          args = (self._rep(params, state.batch), self._rep(drafter_params, state.batch), state)
-          dstate = self._rows(self._drafter_prefill_exe(width, args)(*args))
-          jax.block_until_ready(dstate)
-          switch_s = time.perf_counter() - t0
-          rebuild = {
-            "t": t0 - start,
-            "dt": switch_s,
-            "phase": "drafter_prefill",
-            "active": int(active.sum()),
-            "batch": state.batch,
-            "view": width,
-            "tokens": 0,
-            "forced_by_push": push_forced,
-          }
-          rebuild_compile = self.pool.compile_seconds - compile_s
-          if rebuild_compile:  # a lazy pool compiled this width (in the chunk's compile_s too)
-            rebuild["rebuild_compile_s"] = rebuild_compile
-          timeline.append(rebuild)
-          if push_forced:  # reported without lazy compiles (counted apart, one-time)
-            owed_rebuild_s += switch_s - rebuild_compile
-            push_forced = False
-          elif switched_away:
-            charged_s = switch_s - rebuild_compile
-          switched_away = False
-          t0 = time.perf_counter()
-        b = state.batch
-        corpus, corpus_s = None, 0.0
-        if strategy.uses_group:
-          if group_corpus is None:
-            t_corpus = time.perf_counter()
-            group_corpus = build_corpus()
-            corpus_s = time.perf_counter() - t_corpus
-          corpus = group_corpus
-        if strategy.uses_drafter:
-          args = (self._rep(params, b), self._rep(drafter_params, b), state, *dstate)
-        else:
-          args = (self._rep(params, b), None, state, None, None)
-        args += (corpus, self._rep(key, b), np.int32(rounds))
-        state, dcache, dlen, stats = self._spec_exe(sampling, strategy, view, args)(*args)
-        if strategy.uses_drafter:
-          dstate = (dcache, dlen)
-        else:  # the drafter's cache did not follow: the next drafter chunk rebuilds it
-          switched_away = switched_away or dstate is not None
-          dstate, push_forced = None, False
-        length, done, stats = jax.device_get((state.length, state.done, stats))
-        full = stats.rounds == rounds
-        entry = {
-          "phase": "spec",
-          "strategy": arm,
-          "rounds": int(stats.rounds),
-          "row_rounds": int(stats.row_rounds.sum()),
-          "accepted": int(stats.accepted.sum()),
-        }
-        if strategy.uses_group:
-          entry["corpus_s"] = corpus_s  # host time building the group corpus (in dt)
-      dt = time.perf_counter() - t0
-      tokens = int(length[active].sum()) - before
-      # The rows the chunk ran from start to end, the fewest tokens one of them gained and
-      # how far the least-advanced of them moved: a rollout of equal-length rows ends with
-      # its slowest row.
-      through = active & ~done
-      if through.any():
-        entry["rows_through"] = int(through.sum())
-        entry["slowest_tokens"] = int((length - start_length)[through].min())
-        before_gen = (start_length - prompt_len)[through]
-        after_gen = (length - prompt_len)[through]
-        entry["frontier_tokens"] = frontier_advance(before_gen, after_gen)
-        if BANDIT_REWARDS[cfg.bandit_reward]:  # a quantile above the minimum
-          q = BANDIT_REWARDS[cfg.bandit_reward]
-          entry[f"{cfg.bandit_reward}_tokens"] = frontier_advance(before_gen, after_gen, q)
-      compiled = self.pool.compile_seconds - compile_s
-      if compiled:
-        entry["compile_s"] = compiled  # lazy pools: this chunk (or its rebuild) compiled
-      if learn and full and tokens > 0:
-        # Reward: a row's speed in tokens per second, less any compile the chunk triggered
-        # (lazy pools). The rollout ends when its longest row does, so a row's speed is what
-        # an arm should maximise. "frontier" takes the least-advanced row that ran the whole
-        # chunk (a deep draft's rows spread apart, so its mean row outruns its slowest one),
-        # "octile" (default) the rows' lower octile
-        # (the minimum of 64 rows is too noisy to rank arms by); "row" the mean active row,
-        # dividing by the rows active during the chunk (plain: tokens / steps; speculative:
-        # row-rounds / rounds), so rows that finish do not credit the arm that ran then.
-        # Either way rows that finish inside the chunk are left out. Chunks cut short by the
-        # last row finishing are mostly fixed overhead: skipped. A drafter chunk after a
-        # plain (or group) one pays for rebuilding the drafter's cache (`switched_away`):
-        # otherwise leaving the drafter looks free and the bandit alternates too often.
-        run_s = max(dt + charged_s - (compiled - rebuild_compile), 1e-6)
-        if charged_s:
-          entry["switch_s"] = charged_s
-        measured = f"{cfg.bandit_reward}_tokens"
-        if measured in entry:  # frontier / octile, where some row ran through the chunk
-          entry["reward"] = entry[measured] / run_s
-        else:  # "row", or no row ran through (every row finished): the mean row
-          if arm == PLAIN:
-            mean_rows = tokens / max(int(ran), 1)
-          else:
-            mean_rows = entry["row_rounds"] / max(entry["rounds"], 1)
-          entry["reward"] = tokens / run_s / mean_rows
-        entry["answer_phase"] = phase
-        bandit.update(state.batch, arm, entry["reward"], phase=phase)
-      timeline.append(
-        {
-          "t": t0 - start,
-          "dt": dt,
-          "active": int(active.sum()),
-          "batch": state.batch,
-          "view": view,
-          "tokens": tokens,
-          "generated": generated,  # tokens generated per active row at the chunk's start
-          **entry,
-        }
-      )
-    if on_chunk is not None and owed_rebuild_s:
-      call_hook(0, 0)  # the last push-forced rebuild's report
-    collect(np.nonzero(row_seq >= 0)[0])
-    wall = time.perf_counter() - start
-    if self.history is not None and sampling == self.sampling:
-      # The engine's own rollouts (not evaluation at another temperature) feed the history.
-      for p, prompt in enumerate(prompts):
-        group = range(p * num_samples, (p + 1) * num_samples)
-        texts = [_completion(outputs[n]) for n in group]
-        self.history.add(prompt, texts)
-    return self._assemble(outputs, n_rows, num_samples, timeline, wall)
+    while run.active().any():
+      run.compact()
+      run.drafter_hook()
+      arm, learn = run.choose_arm()
+      run.run_chunk(arm, learn)
+    return run.finish()
 
   def _assemble(self, outputs, n_rows, num_samples, timeline, wall) -> RolloutResult:
     missing = [n for n in range(n_rows) if n not in outputs]

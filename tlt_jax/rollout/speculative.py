@@ -51,7 +51,7 @@ from tlt_jax.decode.group_drafts import (
 )
 from tlt_jax.decode.tree import ancestor_mask
 from tlt_jax.decode.verify import verify_chain, verify_sampling
-from tlt_jax.models.transformer import KVCache, Transformer
+from tlt_jax.models.transformer import KVCache, Transformer, tree_cache_mask
 from tlt_jax.rollout import programs
 from tlt_jax.rollout.programs import DecodeStatic
 from tlt_jax.rollout.state import RolloutState
@@ -233,17 +233,6 @@ def _commit_window(
   return jax.vmap(write)(buf, win, w0)
 
 
-def _tree_cache_mask(
-  cache_len: Int[Array, " B"], anc: Bool[Array, "B N N"], view_len: int
-) -> Bool[Array, "B N S"]:
-  """Committed slots (< cache_len) plus each node's ancestors among the new slots."""
-  n = anc.shape[1]
-  rel = jnp.arange(view_len)[None, :] - cache_len[:, None]  # [B, S]
-  idx = jnp.broadcast_to(jnp.clip(rel, 0, n - 1)[:, None, :], (anc.shape[0], n, view_len))
-  in_tree = jnp.take_along_axis(anc, idx, axis=2) & ((rel >= 0) & (rel < n))[:, None, :]
-  return (rel < 0)[:, None, :] | in_tree
-
-
 def _commit_cache(
   old: KVCache,
   new: KVCache,
@@ -400,7 +389,7 @@ def spec_decode_chunk(
       # A chain's ancestor mask is causal: the shared default suffices.
       h, cache, _ = model(dr.tokens, positions, cache=st.cache, cache_len=base, view_len=view_len)
     else:
-      mask = _tree_cache_mask(base, ancestor_mask(dr.parents), view_len)
+      mask = tree_cache_mask(base, ancestor_mask(dr.parents), view_len)
       h, cache, _ = model(
         dr.tokens, positions, cache=st.cache, cache_len=base, view_len=view_len, mask=mask
       )

@@ -21,6 +21,8 @@ from flax import nnx
 from tqdm.auto import tqdm
 
 from tlt_jax.data.tokenizer import Tokenizer
+from tlt_jax.models.precision import compute_model
+from tlt_jax.utils.optim import clipped_adamw
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,14 +103,12 @@ def sft_loss(model, batch):
   return (nll * mask).sum() / denom, {"token_accuracy": (correct * mask).sum() / denom}
 
 
-def make_optimizer(cfg: SFTConfig) -> optax.GradientTransformation:
+def sft_optimizer(cfg: SFTConfig) -> optax.GradientTransformation:
+  """Clipped AdamW (b2 0.98) on a warm-up cosine to 5% of the peak rate."""
   schedule = optax.warmup_cosine_decay_schedule(
     0.0, cfg.learning_rate, cfg.warmup_steps, cfg.steps, end_value=cfg.learning_rate * 0.05
   )
-  return optax.chain(
-    optax.clip_by_global_norm(cfg.grad_clip),
-    optax.adamw(schedule, b1=0.9, b2=0.98, weight_decay=cfg.weight_decay),
-  )
+  return clipped_adamw(schedule, grad_clip=cfg.grad_clip, b2=0.98, weight_decay=cfg.weight_decay)
 
 
 def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation):
@@ -116,7 +116,7 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
 
   def step(params, opt_state, batch):
     def loss_fn(p):
-      return sft_loss(nnx.merge(graphdef, p), batch)
+      return sft_loss(compute_model(graphdef, p), batch)
 
     (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
     updates, opt_state = optimizer.update(grads, opt_state, params)
@@ -137,7 +137,7 @@ def train_sft(
   """Trains on (prompt, target) text pairs; returns new params and per-step metrics."""
   seqs = [encode_example(tokenizer, p, t) for p, t in examples]
   batches = pack_batches(seqs, cfg.batch_rows, cfg.row_len, cfg.seed)
-  optimizer = make_optimizer(cfg)
+  optimizer = sft_optimizer(cfg)
   opt_state = optimizer.init(params)
   step_fn = make_train_step(graphdef, optimizer)
   history: list[dict[str, Any]] = []

@@ -1,0 +1,104 @@
+"""Per-device memory of a GRPO job before running it, and the estimate checked on CPU.
+
+  python experiments/memory_plan.py                      # Qwen2.5 1.5B / 7B / 32B on 8 x 80 GB
+  python experiments/memory_plan.py --check_cpu          # planned vs XLA's compiled programs
+
+The plan (`tlt_jax.parallel.memory.plan_memory`) is arithmetic on the shapes; --check_cpu
+compiles the policy update of small models here and compares the planned update bytes
+with what XLA reports for the compiled program (arguments + outputs + temporaries).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app, flags  # noqa: E402
+
+from tlt_jax.models.config import ModelConfig  # noqa: E402
+from tlt_jax.parallel.memory import (  # noqa: E402
+  compiled_update_bytes,
+  format_plan,
+  plan_memory,
+  qwen25,
+)
+
+_DEVICES = flags.DEFINE_integer("devices", 8, "devices of the node")
+_CAPACITY = flags.DEFINE_float("capacity_gib", 80.0, "memory per device")
+_CHECK = flags.DEFINE_bool("check_cpu", False, "compare the plan with compiled programs here")
+
+
+def check_cpu() -> None:
+  print("planned update bytes vs XLA's compiled policy update (one CPU device):")
+  print("| model | rows x width | vocab_chunk | planned MiB | measured MiB | measured / planned |")
+  print("|---|---|---|---|---|---|")
+  small = ModelConfig(
+    vocab_size=4096,
+    num_layers=4,
+    d_model=256,
+    num_heads=8,
+    num_kv_heads=4,
+    head_dim=32,
+    mlp_dim=768,
+  )
+  wide_vocab = ModelConfig(
+    vocab_size=32768,
+    num_layers=2,
+    d_model=128,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=32,
+    mlp_dim=384,
+  )
+  for name, model in (("small 4x256", small), ("vocab 32k", wide_vocab)):
+    for rows, width, chunk in ((4, 256, 0), (4, 256, 1024), (8, 512, 0)):
+      plan = plan_memory(
+        model,
+        devices=1,
+        micro_batch_rows=rows,
+        row_len=width,
+        rollout_rows=1,
+        slots=1,
+        vocab_chunk=chunk,
+      )
+      got = compiled_update_bytes(model, rows, width, chunk)
+      print(
+        f"| {name} | {rows} x {width} | {chunk} | {plan.update_peak / 2**20:.1f} | "
+        f"{got / 2**20:.1f} | {got / plan.update_peak:.2f} |"
+      )
+
+
+def main(argv):
+  del argv
+  if _CHECK.value:
+    check_cpu()
+    return
+  n = _DEVICES.value
+  # One packed row per data shard per micro-batch; rollout of 128 rows with 4k-token caches.
+  for size, rows, width in (("1.5B", 1, 4096), ("7B", 1, 2048), ("7B", 1, 4096), ("32B", 1, 2048)):
+    model = qwen25(size)
+    for tensor in (1, 2) if size == "32B" else (1,):
+      plan = plan_memory(
+        model,
+        devices=n,
+        tensor=tensor,
+        micro_batch_rows=rows * n // tensor,
+        row_len=width,
+        rollout_rows=128,
+        slots=4096,
+        vocab_chunk=8192,
+        rollout_tensor=tensor if size == "32B" else 1,
+      )
+      print(
+        f"\nQwen2.5-{size} ({model.num_params / 1e9:.2f}B parameters), {n} devices, "
+        f"FSDP x tensor {n // tensor} x {tensor}; update micro-batch {rows} rows x {width} "
+        f"tokens per data shard, loss over 8192-entry vocabulary chunks; rollout 128 rows x "
+        "4096 slots"
+      )
+      print(format_plan(plan, _CAPACITY.value))
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,191 @@
+"""Per-device memory of an RL job, before running it: parameters, optimizer, activations,
+logits and the rollout's KV cache, for a model, a mesh and the batch shapes.
+
+The estimate is arithmetic on the shapes (`plan_memory`); `experiments/memory_plan.py`
+prints it for real model sizes and compares it with what XLA reports for compiled
+programs on this machine. Conventions:
+- the policy update holds the master parameters, their gradients and Adam's two moments
+  (all in `param_dtype`), split over every device with FSDP, over "tensor" otherwise;
+- the forward reads a compute-dtype copy, split like the masters, plus one layer gathered;
+- saved activations per layer and token: the residual stream and norm outputs (4 x d), the
+  attention projections (q, o: 2 x heads x head_dim; k, v: 2 x kv_heads x head_dim), the
+  MLP's gate, up and product (3 x mlp), in the compute dtype, and the attention
+  probabilities (heads x row_len, float32), split over "tensor";
+- the loss's float32 logits: tokens x vocabulary three times (logits, log-softmax, their
+  gradient), or tokens x chunk with `vocab_chunk`;
+- the rollout holds the weights in the compute dtype (split over its tensor group) and a
+  KV cache of rows x slots x layers x 2 x kv_heads x head_dim, its rows split over the
+  data replicas.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from tlt_jax.models.config import ModelConfig
+
+GIB = 1024**3
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryPlan:
+  """Bytes per device. The update and the rollout run one after the other; the master
+  parameters and optimizer state stay resident through both."""
+
+  params: int
+  grads: int
+  optimizer: int
+  compute_params: int
+  activations: int
+  logits: int
+  rollout_params: int
+  kv_cache: int
+
+  @property
+  def resident(self) -> int:
+    return self.params + self.optimizer
+
+  @property
+  def update_peak(self) -> int:
+    return self.resident + self.grads + self.compute_params + self.activations + self.logits
+
+  @property
+  def rollout_peak(self) -> int:
+    return self.resident + self.rollout_params + self.kv_cache
+
+  @property
+  def peak(self) -> int:
+    return max(self.update_peak, self.rollout_peak)
+
+  def rows(self) -> list[tuple[str, int]]:
+    return [(f.name, getattr(self, f.name)) for f in dataclasses.fields(self)] + [
+      ("update peak", self.update_peak),
+      ("rollout peak", self.rollout_peak),
+    ]
+
+
+def _itemsize(dtype: str) -> int:
+  return 4 if dtype == "float32" else 2
+
+
+def layer_params(model: ModelConfig) -> int:
+  d, h, kv, hd = model.d_model, model.num_heads, model.num_kv_heads, model.head_dim
+  attn = d * h * hd + 2 * d * kv * hd + h * hd * d
+  return attn + 3 * d * model.mlp_dim
+
+
+def plan_memory(
+  model: ModelConfig,
+  *,
+  devices: int,
+  tensor: int = 1,
+  fsdp: bool = True,
+  micro_batch_rows: int,
+  row_len: int,
+  rollout_rows: int,
+  slots: int,
+  vocab_chunk: int = 0,
+  rollout_tensor: int = 1,
+) -> MemoryPlan:
+  """Per-device bytes of one GRPO step's update and rollout (see the module docstring).
+
+  Args:
+    model: the policy.
+    devices: devices of the update's mesh (data x tensor).
+    tensor: the update mesh's tensor axis.
+    fsdp: parameters and optimizer split over every device (else over "tensor" only).
+    micro_batch_rows, row_len: one micro-batch of the update (packed rows x width).
+    rollout_rows, slots: the rollout's batch and cache slots per row.
+    vocab_chunk: the loss's vocabulary chunk (0: the whole vocabulary at once).
+    rollout_tensor: the rollout's tensor group (1: weights whole on every device).
+  """
+  if devices % tensor or devices % rollout_tensor:
+    raise ValueError(f"tensor={tensor} / rollout_tensor={rollout_tensor} must divide {devices}")
+  data = devices // tensor
+  pb, cb = _itemsize(model.param_dtype), _itemsize(model.dtype)
+  n = model.num_params
+  split = devices if fsdp else tensor
+  params = n * pb // split
+  tokens = -(-micro_batch_rows * row_len // data)  # per data shard
+  d, h, kv, hd = model.d_model, model.num_heads, model.num_kv_heads, model.head_dim
+  per_token = (4 * d + 2 * h * hd + 2 * kv * hd + 3 * model.mlp_dim) * cb + h * row_len * 4
+  activations = model.num_layers * tokens * per_token // tensor
+  width = min(vocab_chunk, model.vocab_size) if vocab_chunk else model.vocab_size
+  logits = 3 * tokens * width * 4 // (1 if vocab_chunk else tensor)
+  kv_rows = -(-rollout_rows // (devices // rollout_tensor))
+  kv_heads_split = rollout_tensor if kv % rollout_tensor == 0 else 1
+  kv_cache = kv_rows * slots * model.num_layers * 2 * kv * hd * cb // kv_heads_split
+  return MemoryPlan(
+    params=params,
+    grads=params,
+    optimizer=2 * params,
+    compute_params=n * cb // split + layer_params(model) * cb // tensor,
+    activations=activations,
+    logits=logits,
+    rollout_params=n * cb // rollout_tensor,
+    kv_cache=kv_cache,
+  )
+
+
+def format_plan(plan: MemoryPlan, capacity_gib: float | None = None) -> str:
+  """A two-column table in GiB; with `capacity_gib`, whether the peak fits."""
+  lines = [f"{name:>16}  {value / GIB:9.2f} GiB" for name, value in plan.rows()]
+  if capacity_gib is not None:
+    fits = plan.peak <= capacity_gib * GIB
+    lines.append(f"{'fits':>16}  {'yes' if fits else 'NO'} ({capacity_gib:g} GiB per device)")
+  return "\n".join(lines)
+
+
+def qwen25(size: str) -> ModelConfig:
+  """Qwen2.5's published shapes (config.json of the Hugging Face releases), bf16 compute
+  over float32 masters."""
+  shapes = {
+    "1.5B": dict(num_layers=28, d_model=1536, num_heads=12, num_kv_heads=2, mlp_dim=8960),
+    "7B": dict(num_layers=28, d_model=3584, num_heads=28, num_kv_heads=4, mlp_dim=18944),
+    "32B": dict(num_layers=64, d_model=5120, num_heads=40, num_kv_heads=8, mlp_dim=27648),
+  }
+  if size not in shapes:
+    raise ValueError(f"size must be one of {sorted(shapes)}, got {size!r}")
+  return ModelConfig(
+    vocab_size=151936 if size == "1.5B" else 152064,
+    head_dim=128,
+    qkv_bias=True,
+    tie_embeddings=size == "1.5B",
+    dtype="bfloat16",
+    param_dtype="float32",
+    rope_theta=1e6,
+    max_position=32768,
+    **shapes[size],
+  )
+
+
+def compiled_update_bytes(model: ModelConfig, rows: int, width: int, vocab_chunk: int = 0) -> int:
+  """XLA's bytes for one compiled policy update (AdamW) of `rows` x `width` tokens on one
+  device, for checking `plan_memory` against the compiler (compiles; does not run)."""
+  import jax.numpy as jnp
+  from flax import nnx
+
+  from tlt_jax.models.transformer import init_model
+  from tlt_jax.rl import PolicyLossConfig, UpdateConfig, make_optimizer, make_policy_update
+
+  graphdef, params = nnx.split(init_model(model))
+  ucfg = UpdateConfig(micro_batch=rows)
+  opt = make_optimizer(ucfg)
+  loss_cfg = PolicyLossConfig(vocab_chunk=vocab_chunk)
+  update = make_policy_update(graphdef, opt, loss_cfg, ucfg.micro_batch)
+  batch = {
+    "tokens": jnp.zeros((rows, width), jnp.int32),
+    "mask": jnp.ones((rows, width), jnp.float32),
+    "old_logp": jnp.zeros((rows, width), jnp.float32),
+    "advantages": jnp.zeros((rows,), jnp.float32),
+  }
+  return measured_bytes(update.lower(params, opt.init(params), batch, None).compile())
+
+
+def measured_bytes(compiled) -> int:
+  """Bytes XLA reports for a compiled program: arguments + outputs + temporaries, less
+  aliased (donated) outputs."""
+  m = compiled.memory_analysis()
+  return int(
+    m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes - m.alias_size_in_bytes
+  )

@@ -1,0 +1,153 @@
+"""The GRPO trainer's checkpoints: the policy's and, in TLT, the online drafter's.
+
+Two orbax managers in the workdir: `checkpoints/` (params, optimizer state, KL reference,
+step, data position, bandit statistics, group-draft history) and `drafter_checkpoints/`
+(the drafter's params, optimizer state, version, data buffer and the scheduler's cost
+estimates), written one after the other at the same step (see `save`). A resume takes the
+newest step present in both, so a kill at any point resumes exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import TYPE_CHECKING, Any
+
+import jax
+import orbax.checkpoint as ocp
+from absl import logging
+from flax import nnx
+
+if TYPE_CHECKING:
+  from tlt_jax.rl.trainer import GRPOTrainer
+
+
+class TrainerCheckpoints:
+  """The trainer's orbax managers and the metrics files a resume truncates."""
+
+  def __init__(self, workdir: str, with_drafter: bool):
+    self.workdir = workdir
+    self.policy = ocp.CheckpointManager(
+      os.path.abspath(os.path.join(workdir, "checkpoints")),
+      options=ocp.CheckpointManagerOptions(max_to_keep=2, create=True),
+    )
+    # TLT: the online drafter's own checkpoints, written after the checkpoint window (see
+    # `save`); a resume restores a step present in both.
+    self.drafter = None
+    if with_drafter:
+      self.drafter = ocp.CheckpointManager(
+        os.path.abspath(os.path.join(workdir, "drafter_checkpoints")),
+        options=ocp.CheckpointManagerOptions(max_to_keep=2, create=True),
+      )
+    self.metrics_path = os.path.join(workdir, "metrics.jsonl")
+    # Each step's response lengths, apart from the flat metrics rows.
+    self.lengths_path = os.path.join(workdir, "rollout_lengths.jsonl")
+
+  @staticmethod
+  def state(t: GRPOTrainer) -> dict[str, Any]:
+    """The policy's checkpointed arrays: params, optimizer state, KL reference."""
+    tree = {"params": nnx.to_pure_dict(t.params), "opt_state": t.opt_state}
+    if t.ref_params is not None:
+      tree["reference"] = nnx.to_pure_dict(t.ref_params)
+    return tree
+
+  def save(self, t: GRPOTrainer) -> None:
+    """Writes step, params, optimizer, data position (orbax finalises atomically,
+    so a write cut short never replaces the last good checkpoint).
+
+    TLT: while orbax writes the policy, the device is free and the scheduler trains the
+    drafter ("checkpoint" window); those updates belong to this step. So the drafter
+    (params, optimizer state, version, data buffer) and the scheduler's state go to a
+    second manager (workdir/drafter_checkpoints, same step) once the window has closed,
+    and `restore` takes the newest step present in both: a kill between the two writes
+    falls back to the previous complete pair. (One manager would have to capture the
+    drafter before the window, losing its updates on resume, or hold the policy write
+    until the window closed, losing the window.) The drafter write is asynchronous too,
+    from host copies: it finishes while the next step runs (the next save, or the end of
+    `run`, waits for it).
+    """
+    meta = {"step": t.step, "cursor": t.cursor}
+    if t.engine.bandit is not None:
+      meta["bandit"] = t.engine.bandit.state_dict()
+    items = {"state": ocp.args.StandardSave(self.state(t))}
+    if t.engine.history is not None:
+      # Group drafts read each prompt's earlier rollouts: a resumed run keeps them.
+      meta["history"] = True
+      items["history"] = ocp.args.StandardSave(t.engine.history.state_dict())
+    self.policy.save(t.step, args=ocp.args.Composite(meta=ocp.args.JsonSave(meta), **items))
+    if t.scheduler is not None:
+      # The write runs in orbax's threads: a device slice for the drafter.
+      t.scheduler.fill("checkpoint", self.policy.is_saving_in_progress, t.params)
+    self.policy.wait_until_finished()
+    if t.scheduler is not None:
+      tree, buffer, dmeta = t.scheduler.drafter.checkpoint_state()
+      dmeta["scheduler"] = t.scheduler.state()
+      self.drafter.save(
+        t.step,
+        args=ocp.args.Composite(
+          drafter=ocp.args.StandardSave(tree),
+          buffer=ocp.args.StandardSave(buffer),
+          meta=ocp.args.JsonSave(dmeta),
+        ),
+      )
+
+  def restore(self, t: GRPOTrainer) -> None:
+    """Restores the newest step present in every manager into `t` (nothing when none)
+    and drops later steps and the metrics rows past it."""
+    managers = [m for m in (self.policy, self.drafter) if m is not None]
+    with_drafter = self.drafter is not None
+    if with_drafter and self.policy.all_steps() and not self.drafter.all_steps():
+      # Policy checkpoints but no drafter ones at all: a workdir from a mode without an
+      # online drafter, or from before drafter checkpoints existed. The policy resumes
+      # exactly (its rollouts do not depend on the drafter); the drafter keeps its warm
+      # start. Nothing is deleted.
+      logging.warning(
+        "%s has no drafter checkpoints: resuming the policy, the drafter from its warm start",
+        self.workdir,
+      )
+      managers, with_drafter = [self.policy], False
+    steps = set.intersection(*(set(m.all_steps()) for m in managers))
+    last = max(steps, default=None)
+    # Steps past the last complete pair (a policy whose drafter write was cut short) go:
+    # the rerun of that step saves it afresh (orbax skips a step at or below its latest).
+    for m in managers:
+      for s in m.all_steps():
+        if last is None or s > last:
+          m.delete(s)
+    if last is None:
+      return
+    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, self.state(t))
+    got = self.policy.restore(
+      last,
+      args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()
+      ),
+    )
+    nnx.replace_by_pure_dict(t.params, got["state"]["params"])
+    if t.ref_params is not None:
+      nnx.replace_by_pure_dict(t.ref_params, got["state"]["reference"])
+    t.opt_state = got["state"]["opt_state"]
+    t.step, t.cursor = int(got["meta"]["step"]), int(got["meta"]["cursor"])
+    if t.engine.bandit is not None and "bandit" in got["meta"]:
+      t.engine.bandit.load_state_dict(got["meta"]["bandit"])
+    if t.engine.history is not None and got["meta"].get("history"):
+      hist = self.policy.restore(last, args=ocp.args.Composite(history=ocp.args.StandardRestore()))
+      t.engine.history.load_state_dict(dict(hist["history"]))
+    if with_drafter:
+      d = self.drafter.restore(
+        last,
+        args=ocp.args.Composite(
+          drafter=ocp.args.StandardRestore(t.scheduler.drafter.abstract_state()),
+          buffer=ocp.args.StandardRestore(),
+          meta=ocp.args.JsonRestore(),
+        ),
+      )
+      t.scheduler.drafter.load_checkpoint_state(d["drafter"], dict(d["buffer"]), d["meta"])
+      t.scheduler.load_state(d["meta"]["scheduler"])
+    # Metrics past the checkpoint belong to the lost tail of the killed run.
+    for path in (self.metrics_path, self.lengths_path):
+      if os.path.exists(path):
+        with open(path) as f:
+          keep = [line for line in f if json.loads(line)["step"] < t.step]
+        with open(path, "w") as f:
+          f.writelines(keep)

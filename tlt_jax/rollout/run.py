@@ -1,0 +1,429 @@
+"""One rollout, step by step: the loop of `RolloutEngine.generate` as named steps.
+
+    run = RolloutRun(engine, ...)        # prefill: every row's prompt, first token
+    while run.active().any():
+      run.compact()                      # harvest finished rows, move to a smaller bucket
+      run.drafter_hook()                 # the scheduler may push a new drafter version
+      arm, learn = run.choose_arm()      # plain decode or a draft strategy (the bandit)
+      run.run_chunk(arm, learn)          # one device call; timeline entry, bandit reward
+    result = run.finish()                # harvest the rest, feed the group history
+
+The run holds the device state, host mirrors of its small per-row arrays, the drafter's
+cache (when a drafter arm keeps it in step), the group-draft corpus, the timeline and the
+harvested rows. The engine owns the compiled programs, the bandits and the history.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from tlt_jax.decode.group_drafts import GroupCorpus
+from tlt_jax.decode.sampling import SamplingConfig
+from tlt_jax.models.drafter import check_drafter_matches
+from tlt_jax.models.precision import compute_params
+from tlt_jax.rollout.bandit import BANDIT_REWARDS, PLAIN, answer_phase, frontier_advance
+from tlt_jax.rollout.history import reference_line
+from tlt_jax.rollout.state import round_up
+
+if TYPE_CHECKING:
+  from tlt_jax.rollout.engine import RolloutEngine, RolloutResult
+
+
+def completion(harvested: dict[str, np.ndarray]) -> np.ndarray:
+  """The generated tokens of one harvested row."""
+  return harvested["tokens"][harvested["prompt_len"] : harvested["length"]]
+
+
+class RolloutRun:
+  """The mutable state of one `generate` call and its steps (see the module docstring)."""
+
+  def __init__(
+    self,
+    engine: RolloutEngine,
+    params: nnx.State,
+    prompts: Sequence[Sequence[int]],
+    num_samples: int,
+    max_new_rows: Sequence[int],
+    *,
+    key: jax.Array,
+    sampling: SamplingConfig,
+    seq_id_offset: int,
+    drafter_params: nnx.State | None,
+    on_chunk: Callable[[int, float], nnx.State | None] | None,
+  ):
+    self.engine, self.cfg = engine, engine.config
+    self.params, self.drafter_params = params, drafter_params
+    self.prompts, self.num_samples = prompts, num_samples
+    self.key, self.sampling, self.seq_id_offset = key, sampling, seq_id_offset
+    self.on_chunk = on_chunk
+    self.n_rows = len(prompts) * num_samples
+    self.start = time.perf_counter()
+    lens = np.array([len(p) for p in prompts], np.int32)
+    prompts_np = np.zeros((len(prompts), int(lens.max())), np.int32)
+    for i, p in enumerate(prompts):
+      prompts_np[i, : len(p)] = np.asarray(p, np.int32)
+    seq_ids = seq_id_offset + np.arange(self.n_rows, dtype=np.int32)
+    self.state = engine._run_prefill(
+      params,
+      prompts_np,
+      lens,
+      num_samples,
+      np.asarray(max_new_rows, np.int32),
+      seq_ids,
+      sampling,
+      key,
+    )
+    # Host mirrors of the small per-row arrays; rows map to request rows.
+    self.row_seq = np.asarray(self.state.seq_id)
+    self.length, self.done, self.prompt_len = jax.device_get(
+      (self.state.length, self.state.done, self.state.prompt_len)
+    )
+    self.max_len = np.asarray(self.state.max_len)
+    self.timeline: list[dict[str, Any]] = [
+      {
+        "t": 0.0,
+        "dt": time.perf_counter() - self.start,
+        "phase": "prefill",
+        "active": int((~self.done).sum()),
+        "batch": self.state.batch,
+        "view": int(lens.max()),
+        "tokens": self.n_rows,
+      }
+    ]
+    self.outputs: dict[int, dict[str, np.ndarray]] = {}
+    # Group drafts: the corpus of the current layout (built on the first group chunk
+    # after a change; the siblings' progress is read on the device).
+    self.group_corpus: GroupCorpus | None = None
+    self.spec_on = bool(self.cfg.spec_threshold) and (
+      drafter_params is not None or not self.cfg.needs_drafter
+    )
+    self.bandit = engine.bandit_for(sampling)
+    self.dstate = None  # (drafter cache, drafter_len) in step with `state`, or None
+    self.push_forced = False  # the drafter cache was dropped for a pushed drafter version
+    # The drafter cache was dropped by an arm that does not advance it (plain or group
+    # drafts): rebuilding it is the cost of switching back, charged to the arm that needs
+    # it. The first build of a rollout is not: every drafter arm would pay it, and
+    # charging it to whichever arm happens to run first makes the incumbent look slow.
+    self.switched_away = False
+    self.owed_rebuild_s = 0.0  # push-forced rebuild seconds not yet reported to on_chunk
+
+  # ------------------------------------------------------------------ the steps
+  def active(self) -> np.ndarray:
+    return ~self.done & (self.row_seq >= 0)
+
+  def compact(self) -> None:
+    """Finished rows are harvested and the rest gathered into the smallest batch bucket
+    that holds them (with the drafter's cache, when it is in step)."""
+    if not self.cfg.compact:
+      return
+    active = self.active()
+    target = round_up(int(active.sum()), self.cfg.batch_buckets)
+    if target >= self.state.batch:
+      return
+    self.harvest(np.nonzero(self.done & (self.row_seq >= 0))[0])
+    keep = np.nonzero(active)[0]
+    rows = np.zeros((target,), np.int32)
+    rows[: keep.size] = keep
+    valid = np.arange(target) < keep.size
+    eng = self.engine
+    args = (self.state, jnp.asarray(rows), jnp.asarray(valid))
+    self.state = eng._rows(eng._take_exe(args)(*args))
+    if self.dstate is not None:
+      args = (self.dstate, jnp.asarray(rows))
+      self.dstate = eng._rows(eng._drafter_take_exe(args)(*args))
+    self.row_seq = np.where(valid, self.row_seq[rows], -1)
+    self.length, self.max_len = self.length[rows], self.max_len[rows]
+    self.prompt_len = self.prompt_len[rows]
+    self.done = np.where(valid, self.done[rows], True)
+
+  def drafter_hook(self) -> None:
+    """`on_chunk` at the chunk boundary; a pushed drafter version replaces the drafter
+    (its cache, built by the old version, is rebuilt by the next drafter chunk)."""
+    if self.on_chunk is None:
+      return
+    pushed = self._call_hook(self.state.batch, int(self.active().sum()))
+    if pushed is not None:
+      check_drafter_matches(pushed, self.engine.model_config)
+      pushed = compute_params(pushed, self.engine.model_config)
+      # The cache was built by the old drafter: its rebuild is the push's cost.
+      self.push_forced = self.push_forced or self.dstate is not None
+      self.drafter_params, self.dstate = pushed, None
+
+  def choose_arm(self) -> tuple[str, bool]:
+    """(arm, learn): plain decode above the speculative threshold; below it the bandit's
+    choice (learning from the chunk's reward) or the first strategy when not adaptive."""
+    cfg, batch = self.cfg, self.state.batch
+    arm = PLAIN
+    learn = self.spec_on and self.bandit is not None and batch <= cfg.spec_threshold
+    if self.spec_on and batch <= cfg.spec_threshold:
+      arm = self.bandit.select(batch) if learn else cfg.strategies[0].name
+    settled = learn and arm == PLAIN and self._last_bucket()
+    if settled and self.engine._exploits_plain(self.bandit, batch):
+      # The bandit has settled on plain decode for the last bucket: run it to the end in
+      # one call, as the plain engine does (no host round trip per chunk). Such a chunk is
+      # not chunk-sized, so it does not feed the bandit.
+      learn = False
+    return arm, learn
+
+  def run_chunk(self, arm: str, learn: bool) -> None:
+    """One device call of `arm`; its timeline entry and, when learning, its reward."""
+    active = self.active()
+    compile_s = self.engine.pool.compile_seconds
+    before = int(self.length[active].sum())
+    start_length = self.length  # the host mirror is replaced, not updated, by the chunk
+    # Where in the answers this chunk starts: the bandit compares arms at equal phase.
+    generated = float((self.length - self.prompt_len)[active].mean())
+    phase = answer_phase(generated, self.cfg.bandit_phase_tokens)
+    if arm == PLAIN:
+      t0, entry, view, full, cost = self._decode(active, learn)
+    else:
+      t0, entry, view, full, cost = self._speculate(arm, active)
+    dt = time.perf_counter() - t0
+    tokens = int(self.length[active].sum()) - before
+    self._progress(entry, active, start_length)
+    compiled = self.engine.pool.compile_seconds - compile_s
+    if compiled:
+      entry["compile_s"] = compiled  # lazy pools: this chunk (or its rebuild) compiled
+    if learn and full and tokens > 0:
+      charged_s, rebuild_compile = cost
+      run_s = max(dt + charged_s - (compiled - rebuild_compile), 1e-6)
+      if charged_s:
+        entry["switch_s"] = charged_s
+      entry["reward"] = self._reward(entry, arm, tokens, run_s)
+      entry["answer_phase"] = phase
+      self.bandit.update(self.state.batch, arm, entry["reward"], phase=phase)
+    self.timeline.append(
+      {
+        "t": t0 - self.start,
+        "dt": dt,
+        "active": int(active.sum()),
+        "batch": self.state.batch,
+        "view": view,
+        "tokens": tokens,
+        "generated": generated,  # tokens generated per active row at the chunk's start
+        **entry,
+      }
+    )
+
+  def finish(self) -> RolloutResult:
+    """Harvests the remaining rows, reports the last push-forced rebuild, and feeds the
+    engine's own rollouts (not evaluation at another sampling) to the group history."""
+    if self.on_chunk is not None and self.owed_rebuild_s:
+      self._call_hook(0, 0)  # the last push-forced rebuild's report
+    self.harvest(np.nonzero(self.row_seq >= 0)[0])
+    wall = time.perf_counter() - self.start
+    eng = self.engine
+    if eng.history is not None and self.sampling == eng.sampling:
+      for p, prompt in enumerate(self.prompts):
+        group = range(p * self.num_samples, (p + 1) * self.num_samples)
+        eng.history.add(prompt, [completion(self.outputs[n]) for n in group])
+    return eng._assemble(self.outputs, self.n_rows, self.num_samples, self.timeline, wall)
+
+  def harvest(self, rows: np.ndarray) -> None:
+    """Copies finished rows (their tokens, log-probs, features) to the host."""
+    if rows.size == 0:
+      return
+    padded = np.zeros((self.state.batch,), np.int32)
+    padded[: rows.size] = rows
+    args = (self.state, jnp.asarray(padded))
+    got = jax.device_get(self.engine._harvest_exe(args)(*args))
+    for j in range(rows.size):
+      self.outputs[int(got["seq_id"][j]) - self.seq_id_offset] = {k: v[j] for k, v in got.items()}
+    self.group_corpus = None  # finished rows move from the live siblings to the reference
+
+  # ------------------------------------------------------------------ chunk kinds
+  def _last_bucket(self) -> bool:
+    return self.state.batch == self.cfg.batch_buckets[0]
+
+  def _decode(self, active: np.ndarray, learn: bool):
+    """Plain decode for chunk_steps (to the end of the cache bucket in the last bucket
+    when not learning). Returns (t0, entry, view, full, (charged_s, rebuild_compile))."""
+    cfg, eng = self.cfg, self.engine
+    t0 = time.perf_counter()
+    self.switched_away = self.switched_away or self.dstate is not None
+    self.dstate = None  # plain decode does not advance the drafter's cache
+    self.push_forced = False  # the switch back rebuilds it anyway
+    # Every active row may grow by chunk_steps; the cache view must cover it.
+    need = int(np.minimum(self.length + cfg.chunk_steps - 1, self.max_len)[active].max())
+    view = round_up(need, cfg.view_buckets)
+    steps = cfg.chunk_steps
+    if self._last_bucket() and not learn:
+      # Nothing left to compact: run to the end of the cache bucket in one device call
+      # (host round trips cost more than small-batch steps). Not while the bandit
+      # compares arms: it needs chunk-sized samples.
+      steps = max(steps, view - int(self.length[active].max()) + 1)
+    b = self.state.batch
+    args = (eng._rep(self.params, b), self.state, eng._rep(self.key, b), np.int32(steps))
+    self.state, ran = eng._decode_exe(self.sampling, view, args)(*args)
+    self.length, self.done, ran = jax.device_get((self.state.length, self.state.done, ran))
+    return t0, {"phase": "decode", "steps": int(ran)}, view, ran == steps, (0.0, 0.0)
+
+  def _speculate(self, arm: str, active: np.ndarray):
+    """spec_rounds rounds of draft + verify with strategy `arm`, rebuilding the drafter's
+    cache first when it is not in step. Returns like `_decode`; the rebuild is timed in a
+    timeline entry of its own and charged to the arm only after a switch away."""
+    cfg, eng = self.cfg, self.engine
+    strategy = eng.strategies[arm]
+    rounds = cfg.spec_rounds
+    # A row starting a round at length L writes draft nodes at slots [L - 1, L - 1 + N);
+    # rows reaching max_len stop.
+    last = np.minimum(self.length + (rounds - 1) * strategy.max_emit, self.max_len - 1)
+    view = round_up(int((last - 1 + strategy.nodes)[active].max()), cfg.view_buckets)
+    charged_s = rebuild_compile = 0.0
+    t0 = time.perf_counter()
+    if strategy.uses_drafter and self.dstate is None:
+      charged_s, rebuild_compile = self._rebuild_drafter_cache(view, active, t0)
+      t0 = time.perf_counter()
+    b = self.state.batch
+    corpus, corpus_s = None, 0.0
+    if strategy.uses_group:
+      if self.group_corpus is None:
+        t_corpus = time.perf_counter()
+        self.group_corpus = self._build_corpus()
+        corpus_s = time.perf_counter() - t_corpus
+      corpus = self.group_corpus
+    params = eng._rep(self.params, b)
+    if strategy.uses_drafter:
+      args = (params, eng._rep(self.drafter_params, b), self.state, *self.dstate)
+    else:
+      args = (params, None, self.state, None, None)
+    args += (corpus, eng._rep(self.key, b), np.int32(rounds))
+    self.state, dcache, dlen, stats = eng._spec_exe(self.sampling, strategy, view, args)(*args)
+    if strategy.uses_drafter:
+      self.dstate = (dcache, dlen)
+    else:  # the drafter's cache did not follow: the next drafter chunk rebuilds it
+      self.switched_away = self.switched_away or self.dstate is not None
+      self.dstate, self.push_forced = None, False
+    self.length, self.done, stats = jax.device_get((self.state.length, self.state.done, stats))
+    entry = {
+      "phase": "spec",
+      "strategy": arm,
+      "rounds": int(stats.rounds),
+      "row_rounds": int(stats.row_rounds.sum()),
+      "accepted": int(stats.accepted.sum()),
+    }
+    if strategy.uses_group:
+      entry["corpus_s"] = corpus_s  # host time building the group corpus (in dt)
+    return t0, entry, view, stats.rounds == rounds, (charged_s, rebuild_compile)
+
+  def _rebuild_drafter_cache(self, view: int, active: np.ndarray, t0: float):
+    """Prefills the drafter's cache from the target's features; returns (seconds charged
+    to the chunk's arm, lazy-compile seconds inside the rebuild)."""
+    eng = self.engine
+    compile_before = eng.pool.compile_seconds
+    width = min(view, self.cfg.slots)
+    b = self.state.batch
+    args = (eng._rep(self.params, b), eng._rep(self.drafter_params, b), self.state)
+    self.dstate = eng._rows(eng._drafter_prefill_exe(width, args)(*args))
+    jax.block_until_ready(self.dstate)
+    switch_s = time.perf_counter() - t0
+    rebuild = {
+      "t": t0 - self.start,
+      "dt": switch_s,
+      "phase": "drafter_prefill",
+      "active": int(active.sum()),
+      "batch": b,
+      "view": width,
+      "tokens": 0,
+      "forced_by_push": self.push_forced,
+    }
+    rebuild_compile = eng.pool.compile_seconds - compile_before
+    if rebuild_compile:  # a lazy pool compiled this width (in the chunk's compile_s too)
+      rebuild["rebuild_compile_s"] = rebuild_compile
+    self.timeline.append(rebuild)
+    charged_s = 0.0
+    if self.push_forced:  # reported without lazy compiles (counted apart, one-time)
+      self.owed_rebuild_s += switch_s - rebuild_compile
+      self.push_forced = False
+    elif self.switched_away:
+      charged_s = switch_s - rebuild_compile
+    self.switched_away = False
+    return charged_s, rebuild_compile
+
+  # ------------------------------------------------------------------ measurement
+  def _progress(self, entry: dict[str, Any], active: np.ndarray, start_length: np.ndarray):
+    """The rows the chunk ran from start to end, the fewest tokens one of them gained and
+    how far the least-advanced of them (and the configured quantile) moved: a rollout of
+    equal-length rows ends with its slowest row."""
+    through = active & ~self.done
+    if not through.any():
+      return
+    entry["rows_through"] = int(through.sum())
+    entry["slowest_tokens"] = int((self.length - start_length)[through].min())
+    before_gen = (start_length - self.prompt_len)[through]
+    after_gen = (self.length - self.prompt_len)[through]
+    entry["frontier_tokens"] = frontier_advance(before_gen, after_gen)
+    q = BANDIT_REWARDS[self.cfg.bandit_reward]
+    if q:  # a quantile above the minimum
+      entry[f"{self.cfg.bandit_reward}_tokens"] = frontier_advance(before_gen, after_gen, q)
+
+  def _reward(self, entry: dict[str, Any], arm: str, tokens: int, run_s: float) -> float:
+    """The chunk's speed in tokens per second of one row, less any compile it triggered.
+
+    The rollout ends when its longest row does, so a row's speed is what an arm should
+    maximise. "frontier" takes the least-advanced row that ran the whole chunk (a deep
+    draft's rows spread apart, so its mean row outruns its slowest one), "octile"
+    (default) the rows' lower octile (the minimum of 64 rows is too noisy to rank arms
+    by), "row" the mean active row, dividing by the rows active during the chunk (plain:
+    tokens / steps; speculative: row-rounds / rounds), so rows that finish do not credit
+    the arm that ran then. Rows that finish inside the chunk are left out either way, and
+    chunks cut short by the last row finishing (mostly fixed overhead) are not rewarded.
+    A drafter chunk after a plain (or group) one pays for rebuilding the drafter's cache,
+    or leaving the drafter would look free and the bandit would alternate too often.
+    """
+    measured = f"{self.cfg.bandit_reward}_tokens"
+    if measured in entry:  # frontier / octile, where some row ran through the chunk
+      return entry[measured] / run_s
+    if arm == PLAIN:  # "row", or no row ran through (every row finished): the mean row
+      mean_rows = tokens / max(entry["steps"], 1)
+    else:
+      mean_rows = entry["row_rounds"] / max(entry["rounds"], 1)
+    return tokens / run_s / mean_rows
+
+  # ------------------------------------------------------------------ helpers
+  def _call_hook(self, batch: int, active_rows: int):
+    t_hook = time.perf_counter()
+    pushed = self.on_chunk(batch, self.owed_rebuild_s)
+    hook_s = time.perf_counter() - t_hook
+    self.owed_rebuild_s = 0.0
+    self.timeline.append(
+      {
+        "t": t_hook - self.start,
+        "dt": hook_s,
+        "phase": "drafter_hook",
+        "active": active_rows,
+        "batch": batch,
+        "view": 0,
+        "tokens": 0,
+        "pushed": pushed is not None and batch > 0,  # batch 0: the return is ignored
+      }
+    )
+    return pushed
+
+  def _build_corpus(self) -> GroupCorpus:
+    """Each row's siblings (live rows of its prompt) and reference line (the prompt's
+    earlier rollouts and its finished siblings) for group drafts."""
+    eng, cfg = self.engine, self.cfg
+    w, r = cfg.group_siblings, cfg.group_reference_len
+    g = self.num_samples
+    row_prompt = np.where(self.row_seq >= 0, (self.row_seq - self.seq_id_offset) // g, -1)
+    siblings = np.full((self.state.batch, w), -1, np.int32)
+    reference = np.full((self.state.batch, r), -1, np.int32)
+    for p in np.unique(row_prompt[row_prompt >= 0]):
+      rows = np.flatnonzero(row_prompt == p)
+      pieces = eng.history.pieces(self.prompts[p])
+      for n in range(p * g, (p + 1) * g):
+        if n in self.outputs:  # finished and harvested: no longer in the batch
+          pieces.append(eng.history.with_context(self.prompts[p], completion(self.outputs[n])))
+      line = reference_line(pieces, r)
+      for i in rows:
+        siblings[i, : min(w, rows.size)] = np.concatenate([[i], rows[rows != i]])[:w]
+        reference[i] = line
+    return eng._corpus(siblings, reference)

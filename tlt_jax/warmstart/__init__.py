@@ -1,0 +1,1 @@
+"""The policy's supervised warm start: next-token training on a task's worked solutions."""
