@@ -15,10 +15,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from tiny_models import TINY_UNTIED
 
 from tlt_jax.decode.sampling import SamplingConfig
 from tlt_jax.drafter import DrafterTrainConfig, OnlineDrafter
-from tlt_jax.models.config import ModelConfig
 from tlt_jax.models.drafter import init_drafter
 from tlt_jax.models.transformer import init_model
 from tlt_jax.parallel import BatchPlacement, data_mesh, replicated, rows_sharding
@@ -32,16 +32,7 @@ from tlt_jax.parallel.sharding import (
 from tlt_jax.rl import PolicyLossConfig, UpdateConfig, make_optimizer, make_policy_update
 from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
 
-MODEL = ModelConfig(
-  vocab_size=40,
-  num_layers=1,
-  d_model=32,
-  num_heads=4,
-  num_kv_heads=2,
-  head_dim=8,
-  mlp_dim=64,
-  tie_embeddings=False,
-)
+MODEL = dataclasses.replace(TINY_UNTIED, num_layers=1)
 ENGINE = EngineConfig(
   max_prompt_len=8,
   max_new_tokens=24,
