@@ -84,7 +84,10 @@ _PROFILE_ARMS = flags.DEFINE_list(
   "profile_strategies", [], "arms in the round-cost table (default: every fixed arm)"
 )
 _REWARDS = flags.DEFINE_list(
-  "adaptive_rewards", ["octile"], "bandit rewards: adaptive, then adaptive_<reward> for more"
+  "adaptive_rewards",
+  ["octile"],
+  "bandit rewards: adaptive, then adaptive_<reward> for more; <reward>+cut also rewards "
+  "chunks cut short by their rows finishing (EngineConfig.bandit_cut_short)",
 )
 _CONTROL = flags.DEFINE_string(
   "control", "", "a fixed arm run twice (mode 'control'): the noise floor of the comparison"
@@ -139,7 +142,8 @@ def _engine_config(base: EngineConfig, b: int, strategies, mode: str) -> EngineC
       spec_threshold=b,
       spec_strategies=tuple(strategies),
       spec_adaptive=True,
-      bandit_reward=_adaptive_modes()[mode],
+      bandit_reward=_adaptive_modes()[mode].removesuffix("+cut"),
+      bandit_cut_short=_adaptive_modes()[mode].endswith("+cut"),
     )
   return dataclasses.replace(cfg, spec_threshold=b, spec_strategies=(mode,), spec_adaptive=False)
 

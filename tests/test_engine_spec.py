@@ -762,3 +762,34 @@ def test_bandit_files_each_reward_under_its_answer_phase(models, pool):
     for a, counts in enumerate(entry["count"]):
       for p, n in enumerate(counts):
         assert n == filed.get((entry["bucket"], arms[a], p), 0), (entry["bucket"], arms[a], p)
+
+
+def test_cut_short_chunks_are_rewarded_only_when_asked(models, pool):
+  """A bucket's last chunk ends early when its rows finish. By default the bandit skips it
+  (mostly fixed overhead at small batch); with `bandit_cut_short` it is rewarded too, so an
+  arm that finishes in few chunks is not judged on its early chunks alone. Outputs are the
+  same either way."""
+  _, tp, _, dp = models
+  runs = {}
+  for cut in (False, True):
+    # No compaction: the batch stays in one (not the last) bucket, where every chunk learns.
+    engine = _engine(
+      models,
+      pool,
+      SAMPLED,
+      spec_adaptive=True,
+      spec_strategies=("chain3",),
+      compact=False,
+      bandit_cut_short=cut,
+    )
+    result = _run(engine, tp, dp, num_samples=2, key=11)
+    chunks = [e for e in result.timeline if e["phase"] in ("decode", "spec")]
+    short = [e for e in chunks if e["phase"] == "spec" and e["rounds"] < ENGINE.spec_rounds] + [
+      e for e in chunks if e["phase"] == "decode" and e["steps"] < ENGINE.chunk_steps
+    ]
+    runs[cut] = (result, short)
+  (plain_result, default_short), (cut_result, cut_short) = runs[False], runs[True]
+  np.testing.assert_array_equal(cut_result.tokens, plain_result.tokens)
+  assert default_short and cut_short
+  assert not any("reward" in e for e in default_short)
+  assert any("reward" in e for e in cut_short)

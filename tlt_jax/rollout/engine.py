@@ -91,6 +91,10 @@ class EngineConfig:
       for the rows' lower octile (steadier than the minimum of many rows); "row": tokens per
       second of the mean active row (throughput; deep drafts look better by it than they
       finish, since their rows spread apart).
+    bandit_cut_short: also reward chunks cut short by their rows finishing (a bucket's
+      last chunk). Without it an arm that finishes a bucket in few chunks is rewarded on
+      its early chunks alone, and the ragged ending that costs deep drafts never reaches
+      the bandit.
   """
 
   max_prompt_len: int = 64
@@ -117,6 +121,7 @@ class EngineConfig:
   group_history: int = 4
   bandit_phase_tokens: int = 16
   bandit_reward: str = "octile"
+  bandit_cut_short: bool = False
 
   def __post_init__(self):
     for name in (

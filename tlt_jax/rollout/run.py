@@ -191,7 +191,7 @@ class RolloutRun:
     compiled = self.engine.pool.compile_seconds - compile_s
     if compiled:
       entry["compile_s"] = compiled  # lazy pools: this chunk (or its rebuild) compiled
-    if learn and full and tokens > 0:
+    if learn and (full or self.cfg.bandit_cut_short) and tokens > 0:
       charged_s, rebuild_compile = cost
       run_s = max(dt + charged_s - (compiled - rebuild_compile), 1e-6)
       if charged_s:
