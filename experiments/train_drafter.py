@@ -4,8 +4,10 @@ r"""Offline EAGLE drafter training for a warm-started policy; reports acceptance
    (SFT) and saved there, exactly as the default job does.
 2. Rollouts of the policy on training prompts (half greedy, half temperature 1)
    with the target's hidden states captured: the drafter's training data.
-3. Offline drafter training (optax AdamW; SmoothL1 on features + 0.1 soft CE,
-   EAGLE alignment, samples packed without attending to each other).
+3. Offline drafter training (`warmstart.drafter.fit_drafter`, the default job's loop:
+   an `OnlineDrafter` whose buffer holds every rollout; AdamW with a cosine decay;
+   SmoothL1 on features + `--logit_weight` x soft CE, EAGLE alignment, samples packed
+   without attending to each other).
 4. Acceptance on HELD-OUT prompts: speculative rollouts with a fixed chain
    strategy at temperature 0 and 1; tokens committed per round per sequence.
 
@@ -27,7 +29,6 @@ import numpy as np
 from absl import app, flags, logging
 from flax import nnx
 from ml_collections import config_flags
-from tqdm.auto import tqdm
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -36,13 +37,10 @@ from tlt_jax import checkpoint, configuration, train  # noqa: E402
 from tlt_jax.data import get_tokenizer  # noqa: E402
 from tlt_jax.data.tasks import format_prompt  # noqa: E402
 from tlt_jax.decode.sampling import SamplingConfig  # noqa: E402
-from tlt_jax.drafter.training import (  # noqa: E402
-  drafter_optimizer,
-  make_drafter_update,
-  make_training_batch,
-)
+from tlt_jax.drafter.online import DrafterTrainConfig, OnlineDrafter  # noqa: E402
 from tlt_jax.models.drafter import init_drafter  # noqa: E402
 from tlt_jax.rollout.engine import RolloutEngine  # noqa: E402
+from tlt_jax.warmstart.drafter import collect_rollouts, fit_drafter  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/sd_bench.py", "policy config")
 _WORKDIR = flags.DEFINE_string("workdir", "runs/sd_policy", "holds warm_start/ and outputs")
@@ -62,19 +60,11 @@ def encode_prompts(tokenizer, examples):
   return [tokenizer.encode(format_prompt(ex), add_bos=True) for ex in examples]
 
 
-def collect_rollouts(engine, params, prompts, batch):
-  """Half greedy, half temperature 1; returns stacked numpy arrays (hidden trimmed)."""
-  parts = []
-  for i in tqdm(range(0, len(prompts), batch), desc="rollouts"):
-    temp = 0.0 if (i // batch) % 2 == 0 else 1.0
-    r = engine.generate(
-      params,
-      prompts[i : i + batch],
-      key=i,
-      sampling=SamplingConfig(temperature=temp),
-      seq_id_offset=i,
-    )
-    parts.append(r)
+def rollout_arrays(engine, params, prompts):
+  """Half greedy, half temperature 1 (`warmstart.drafter.collect_rollouts`); stacked
+  numpy arrays (hidden trimmed to the longest row), saved so that drafters trained with
+  other losses reuse them."""
+  parts = collect_rollouts(engine, params, prompts, temperatures=(0.0, 1.0))
   width = int(max(r.length.max() for r in parts))
   cat = lambda f: np.concatenate([f(r) for r in parts])
   return {
@@ -83,34 +73,6 @@ def collect_rollouts(engine, params, prompts, batch):
     "prompt_len": cat(lambda r: r.prompt_len),
     "length": cat(lambda r: r.length),
   }
-
-
-def train_drafter(
-  graphdef, params, dgraph, dparams, data, steps, rows, lr, seed=0, logit_weight=0.1
-):
-  packed = make_training_batch(data["tokens"], data["hidden"], data["prompt_len"], data["length"])
-  n = packed["tokens"].shape[0]
-  logging.info("drafter data: %d packed rows of %d pairs", n, packed["tokens"].shape[1])
-  optimizer = drafter_optimizer(lr, max(1, steps // 20), steps)
-  opt_state = optimizer.init(dparams)
-  update = make_drafter_update(dgraph, graphdef, optimizer, logit_weight=logit_weight)
-  rng = np.random.default_rng(seed)
-  order: list[int] = []
-  history = []
-  bar = tqdm(range(steps), desc="drafter")
-  for step in bar:
-    take = []
-    while len(take) < rows:  # epochs of shuffled packed rows
-      if not order:
-        order = list(rng.permutation(n))
-      take.append(order.pop())
-    batch = {k: v[np.asarray(take)] for k, v in packed.items()}
-    dparams, opt_state, metrics = update(dparams, opt_state, params, batch)
-    if step % 10 == 0 or step == steps - 1:
-      m = {k: float(v) for k, v in jax.device_get(metrics).items()}
-      history.append({"step": step, **m})
-      bar.set_postfix(loss=f"{m['loss']:.3f}", top1=f"{m['top1_agreement']:.3f}")
-  return dparams, history
 
 
 def acceptance(engine, params, dparams, prompts, temperature, strategy):
@@ -170,24 +132,31 @@ def main(argv):
     with np.load(cached) as f:
       data = dict(f)
   else:
-    data = collect_rollouts(engine, params, prompts, engine_cfg.max_batch)
+    data = rollout_arrays(engine, params, prompts)
     np.savez(cached, **data)
   rollout_s = time.perf_counter() - t0
 
   dgraph, dparams = nnx.split(init_drafter(model_cfg, seed=0))
-  t0 = time.perf_counter()
-  dparams, history = train_drafter(
-    graphdef,
-    params,
-    dgraph,
-    dparams,
-    data,
-    _STEPS.value,
-    _ROWS.value,
-    _LR.value,
+  steps = _STEPS.value
+  dcfg = DrafterTrainConfig(
+    learning_rate=_LR.value,
+    warmup_steps=max(1, steps // 20),
+    decay_steps=steps,
     logit_weight=_LOGIT_WEIGHT.value,
+    batch_rows=_ROWS.value,
+    buffer_rows=len(data["length"]),
+    buffer_bytes=2**34,
+    buffer_dtype="float32",
   )
+  drafter = OnlineDrafter(
+    dgraph, dparams, graphdef, dcfg, slots=engine_cfg.slots, feature_dim=model_cfg.d_model
+  )
+  added = drafter.buffer.add(**data, step=0)
+  logging.info("drafter data: %d rollout rows", added)
+  t0 = time.perf_counter()
+  history = fit_drafter(drafter, params, steps)
   train_s = time.perf_counter() - t0
+  dparams = drafter.params
   checkpoint.save_params(os.path.join(workdir, _OUT_NAME.value), dparams)
 
   def spec_engine(strategy):

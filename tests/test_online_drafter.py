@@ -298,3 +298,33 @@ def test_drafter_export_round_trip(online, tmp_path):
     load_drafter(path, dataclasses.replace(MODEL, d_model=32, num_heads=4))
   with pytest.raises(FileNotFoundError, match="drafter_config"):
     load_drafter(tmp_path)
+
+
+def test_offline_fit_uses_the_configs_logit_weight_and_decay(online):
+  """`warmstart.drafter.fit_drafter` (the default job's and train_drafter.py's loop) on
+  one buffer: the soft cross-entropy's weight changes the first loss, a cosine decay
+  changes where the params end."""
+  from tlt_jax.warmstart.drafter import fit_drafter
+
+  _, tp, tokens, hidden = online
+  tg = nnx.graphdef(init_model(MODEL, seed=0))
+
+  def fit(**kw):
+    dg, dp = nnx.split(init_drafter(MODEL, seed=1))
+    cfg = DrafterTrainConfig(learning_rate=1e-2, warmup_steps=0, batch_rows=2, row_len=24, **kw)
+    drafter = OnlineDrafter(dg, dp, tg, cfg, slots=24, feature_dim=MODEL.d_model)
+    drafter.buffer.add(tokens, hidden, np.full((8,), 4), np.full((8,), 24), step=0)
+    history = fit_drafter(drafter, tp, 4, log_every=1, progress=False)
+    assert [h["step"] for h in history] == [0, 1, 2, 3] and drafter.version == 4
+    return history, jax.tree.leaves(drafter.params)
+
+  base, base_params = fit()
+  soft, _ = fit(logit_weight=1.0)
+  decayed, decayed_params = fit(decay_steps=4)
+  assert soft[0]["loss"] != pytest.approx(base[0]["loss"])
+  assert decayed[0]["loss"] == pytest.approx(base[0]["loss"])  # before any update
+  assert any(not np.allclose(a, b) for a, b in zip(base_params, decayed_params))
+  with pytest.raises(ValueError, match="decay_steps"):
+    DrafterTrainConfig(warmup_steps=5, decay_steps=5)
+  with pytest.raises(ValueError, match="logit_weight"):
+    DrafterTrainConfig(logit_weight=-1.0)

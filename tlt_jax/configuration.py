@@ -1,5 +1,20 @@
 """ConfigDict at the edge, frozen dataclasses inside: conversion with clear errors.
 
+The one place where a job's config (configs/*.py, an ml_collections ConfigDict) meets
+the library's configs. Each library config is a frozen dataclass that validates itself,
+defined next to the code it configures and re-exported here:
+
+  job section          dataclass            defined in
+  config.model         ModelConfig          tlt_jax/models/config.py
+  config.sampling      SamplingConfig       tlt_jax/decode/sampling.py
+  config.engine        EngineConfig         tlt_jax/rollout/engine.py
+  config.sft           SFTConfig            tlt_jax/warmstart/sft.py
+  config.drafter       DrafterTrainConfig   tlt_jax/drafter/online.py
+  config.scheduler     SchedulerConfig      tlt_jax/scheduler/slices.py
+  config.rl            GRPOConfig           tlt_jax/rl/trainer.py
+  config.rl_loss       PolicyLossConfig     tlt_jax/rl/loss.py
+  config.rl_update     UpdateConfig         tlt_jax/rl/update.py
+
 Each converter names the config section in its error, so a bad override like
 `--config.sampling.top_p=2` fails with "config.sampling: top_p must be in
 (0, 1]" before anything is built or compiled.
@@ -29,6 +44,33 @@ from tlt_jax.rl.update import UpdateConfig
 from tlt_jax.rollout.engine import EngineConfig
 from tlt_jax.scheduler import SchedulerConfig
 from tlt_jax.warmstart.sft import SFTConfig
+
+__all__ = [
+  "ConfigError",
+  "DrafterTrainConfig",
+  "EngineConfig",
+  "GRPOConfig",
+  "ModelConfig",
+  "PolicyLossConfig",
+  "SFTConfig",
+  "SamplingConfig",
+  "SchedulerConfig",
+  "UpdateConfig",
+  "drafter_config",
+  "engine_config",
+  "mesh",
+  "mode",
+  "model_config",
+  "prompt_format",
+  "rl_configs",
+  "sampling_config",
+  "scheduler_config",
+  "sft_config",
+  "task_spec",
+  "to_dataclass",
+  "tokenizer",
+  "train_mesh",
+]
 
 T = TypeVar("T")
 

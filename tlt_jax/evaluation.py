@@ -64,3 +64,26 @@ def evaluate_pass_at_1(
     "mean_length": float(np.mean(lengths)),
     "samples": samples,
   }
+
+
+def held_out_metrics(
+  engine: RolloutEngine,
+  params: nnx.State,
+  tokenizer: Tokenizer,
+  examples: Sequence[Mapping[str, str]],
+  check: Callable[[str, str], float],
+  format_prompt: Callable[[Mapping[str, str]], str],
+  *,
+  samples: int = 0,
+  key: int = 0,
+) -> dict[str, float]:
+  """An RL run's evaluation row: greedy accuracy and mean response length, and with
+  `samples` > 0 sampled pass@1 (`samples` per problem at the engine's own sampling, drawn
+  with `key`, so every evaluation of a run uses the same random numbers)."""
+  args = (engine, params, tokenizer, examples, check, format_prompt)
+  greedy = evaluate_pass_at_1(*args)
+  row = {"accuracy": greedy["accuracy"], "mean_length": greedy["mean_length"]}
+  if samples:
+    sampled = evaluate_pass_at_1(*args, sampling=engine.sampling, num_samples=samples, key=key)
+    row["sampled_accuracy"] = sampled["accuracy"]
+  return row

@@ -19,7 +19,6 @@ import ml_collections
 import numpy as np
 from absl import logging
 from flax import nnx
-from tqdm.auto import tqdm
 
 from tlt_jax import checkpoint, configuration
 from tlt_jax.data import load_local_split, load_task_split
@@ -35,6 +34,7 @@ from tlt_jax.rl.rewards import with_format_reward
 from tlt_jax.rl.trainer import PHASES, GRPOTrainer
 from tlt_jax.rollout.engine import RolloutEngine
 from tlt_jax.scheduler import SliceScheduler
+from tlt_jax.warmstart.drafter import collect_rollouts, fit_drafter
 from tlt_jax.warmstart.sft import train_sft
 
 
@@ -131,16 +131,13 @@ def build_drafter(
   order = np.random.default_rng(config.seed + 1).permutation(len(train))
   picks = order[-config.drafter.warmup_prompts :]
   prompts = [tokenizer.encode(prompt(train[int(i)]), add_bos=True) for i in picks]
-  batch = engine.config.max_batch
-  for i in range(0, len(prompts), batch):
-    result = engine.generate(params, prompts[i : i + batch], key=10**6 + i, seq_id_offset=10**8 + i)
+  results = collect_rollouts(
+    engine, params, prompts, key=10**6, seq_id_offset=10**8, progress=progress
+  )
+  for result in results:
     drafter.observe(result, step=0)
   rollout_s = time.perf_counter() - start
-  bar = tqdm(range(config.drafter.offline_steps), desc="drafter", disable=not progress)
-  for _ in bar:
-    m = drafter.update(params)
-    if drafter.version % 20 == 0:
-      bar.set_postfix(loss=f"{float(m['loss']):.3f}", top1=f"{float(m['top1_agreement']):.2f}")
+  fit_drafter(drafter, params, config.drafter.offline_steps, progress=progress)
   m = {k: float(v) for k, v in jax.device_get(drafter.last_metrics).items()}
   checkpoint.save_params(path, drafter.params)
   info = {

@@ -31,8 +31,12 @@ class DrafterTrainConfig:
   """Online drafter training.
 
   Attributes:
-    learning_rate: AdamW peak rate (constant after a linear warm-up).
+    learning_rate: AdamW peak rate.
     warmup_steps: linear warm-up updates.
+    decay_steps: 0: the rate stays at its peak after the warm-up (online training has no
+      end); > 0: a cosine to a tenth of it at this many updates (an offline fit).
+    logit_weight: weight of the soft cross-entropy to the target's next-token
+      distribution beside the feature regression (EAGLE's 0.1; 1.0 distils harder).
     weight_decay, grad_clip: AdamW weight decay, global-norm clip.
     batch_rows, row_len: a packed update batch is [batch_rows, row_len] pairs
       (row_len 0: the engine's cache slots).
@@ -48,6 +52,8 @@ class DrafterTrainConfig:
 
   learning_rate: float = 1e-3
   warmup_steps: int = 10
+  decay_steps: int = 0
+  logit_weight: float = 0.1
   weight_decay: float = 0.01
   grad_clip: float = 1.0
   batch_rows: int = 4
@@ -74,10 +80,17 @@ class DrafterTrainConfig:
         "DrafterTrainConfig.buffer_dtype must be float32, bfloat16 or float16, got "
         f"{self.buffer_dtype!r}"
       )
-    for name in ("warmup_steps", "row_len"):
+    if not self.logit_weight >= 0:
+      raise ValueError(f"DrafterTrainConfig.logit_weight must be >= 0, got {self.logit_weight}")
+    for name in ("warmup_steps", "row_len", "decay_steps"):
       v = getattr(self, name)
       if not isinstance(v, int) or v < 0:
         raise ValueError(f"DrafterTrainConfig.{name} must be an int >= 0, got {v!r}")
+    if self.decay_steps and not 0 <= self.warmup_steps < self.decay_steps:
+      raise ValueError(
+        f"DrafterTrainConfig.decay_steps={self.decay_steps} must exceed warmup_steps="
+        f"{self.warmup_steps} (or be 0: no decay)"
+      )
 
 
 def buffer_capacity(cfg: DrafterTrainConfig, slots: int, feature_dim: int) -> int:
@@ -117,11 +130,14 @@ class OnlineDrafter:
     self.optimizer = drafter_optimizer(
       config.learning_rate,
       config.warmup_steps,
+      config.decay_steps or None,
       weight_decay=config.weight_decay,
       grad_clip=config.grad_clip,
     )
     # Not donated: the rollout engine may still hold the previous version's arrays.
-    self._update = make_drafter_update(graphdef, target_graphdef, self.optimizer, donate=False)
+    self._update = make_drafter_update(
+      graphdef, target_graphdef, self.optimizer, logit_weight=config.logit_weight, donate=False
+    )
     self.params = params
     self.opt_state = self.optimizer.init(params)
     self.version = 0  # optimizer updates applied

@@ -20,12 +20,15 @@ The trainer's forward passes (old log-probs, update) run on packed rows
 rounded up to 128), rows padded to the micro-batch times a power of two, so a
 long-tailed batch costs its tokens, not P * G x its longest row, and compiles once
 per (rows, width) bucket.
+
+Parts: batch assembly (rl/batch.py), the metrics writers (rl/metrics.py), held-out
+evaluation (tlt_jax/evaluation.py), checkpoint state (rl/checkpoints.py); this module is
+the step loop.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -36,33 +39,30 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
-from tensorboardX import SummaryWriter
 from tqdm.auto import tqdm
 
-from tlt_jax.data.tokenizer import Tokenizer, text_ends
-from tlt_jax.evaluation import evaluate_pass_at_1
+from tlt_jax.data.tokenizer import Tokenizer
+from tlt_jax.evaluation import held_out_metrics
 from tlt_jax.parallel.meshes import replicated, rows_sharding
 from tlt_jax.parallel.sharding import DATA, TRAIN_RULES, param_shardings
-from tlt_jax.rl.advantages import (
-  PROCESS_CREDITS,
-  group_advantages,
-  informative_groups,
-  overlong_penalty,
-  process_advantages,
-  token_process_advantages,
+from tlt_jax.rl.advantages import PROCESS_CREDITS, overlong_penalty
+from tlt_jax.rl.batch import (
+  ProcessCredit,
+  ScoredRollout,
+  StepRewardFn,
+  assemble,
+  chosen_groups,
+  packed_width,
 )
 from tlt_jax.rl.checkpoints import TrainerCheckpoints
 from tlt_jax.rl.loss import PolicyLossConfig
+from tlt_jax.rl.metrics import MetricsLog, spec_metrics
 from tlt_jax.rl.packing import pack_policy_batch, plan_packing
 from tlt_jax.rl.rewards import RewardFn, RewardPool
 from tlt_jax.rl.update import UpdateConfig, make_optimizer, make_policy_update, token_logprobs
 from tlt_jax.rollout.engine import RolloutEngine
 from tlt_jax.rollout.pool import ExecutablePool
 from tlt_jax.scheduler import SliceScheduler
-
-# (example, completion) -> [(end, reward)] per reasoning step of the completion, e.g.
-# data.checkers.arithmetic_steps on the example's question (see GRPOConfig.process_credit).
-StepRewardFn = Callable[[Mapping[str, str], str], Sequence[tuple[int, float]]]
 
 # Timed phases of a step (metrics "time/<phase>"); time/other is the step's remainder.
 PHASES = ("rollout", "reward", "old_logp", "update", "eval", "checkpoint")
@@ -195,8 +195,13 @@ class GRPOTrainer:
         f"process_credit={config.process_credit!r} needs a step_reward_fn (the task's "
         "per-step checker)"
       )
-    self.step_reward_fn = step_reward_fn
-    self._step_errors = 0  # step checkers that failed in the current step
+    self.process_credit = (
+      ProcessCredit(
+        step_reward_fn, tokenizer, config.process_credit, config.group_size, config.normalize_std
+      )
+      if config.process_credit
+      else None
+    )
     self.cfg, self.loss_cfg, self.update_cfg = config, loss_config, update_config
     self.workdir = workdir
     # The loss scores the distribution the engine samples: same temperature and truncation.
@@ -277,10 +282,14 @@ class GRPOTrainer:
     self.cursor += n
     return [self.train[i] for i in idx]
 
-  def _rollout(self, examples, rewards: RewardPool, salt: int):
-    p, g = len(examples), self.cfg.group_size
+  def _rollout(self, examples, rewards: RewardPool, salt: int, times: dict[str, float]):
+    """Rolls out G samples of each example, dispatches their old log-probs and scores them
+    (host threads) meanwhile. Returns the scored rollout, a function that waits for its
+    old log-probs, and the reward pool's result; adds to times' rollout and reward."""
+    t = time.perf_counter()
+    cfg, p, g = self.cfg, len(examples), self.cfg.group_size
     prompts = [self.tokenizer.encode(self.format_prompt(ex), add_bos=True) for ex in examples]
-    key = jax.random.fold_in(jax.random.key(self.cfg.seed), self.step * 64 + salt)
+    key = jax.random.fold_in(jax.random.key(cfg.seed), self.step * 64 + salt)
     drafter_params, hook = self.drafter_params, None
     if self.scheduler is not None:
       drafter_params, hook = self.scheduler.begin_rollout(self.params), self.scheduler.on_chunk
@@ -297,59 +306,30 @@ class GRPOTrainer:
       self.scheduler.end_rollout()
       self.scheduler.drafter.observe(result, self.step)
     texts = [self.tokenizer.decode(result.completion(n)) for n in range(p * g)]
-    answers = [examples[n // g]["answer"] for n in range(p * g)]
-    return result, rewards.submit(texts, answers), texts
-
-  def _process(self, result, texts, examples) -> tuple[np.ndarray, np.ndarray, float] | None:
-    """Process supervision (config.process_credit): per-token process advantages [N, slots]
-    (0 off the response), per group whether its step rewards differ at all, and the mean
-    step reward."""
-    cfg, g = self.cfg, self.cfg.group_size
-    if not cfg.process_credit:
-      return None
-    steps = [self._steps(examples[n // g], text) for n, text in enumerate(texts)]
-    normalised = process_advantages(
-      [[r for _, r in s] for s in steps], g, normalize_std=cfg.normalize_std
-    )
-    out = np.zeros(result.tokens.shape, np.float32)
-    for n, (s, adv) in enumerate(zip(steps, normalised)):
-      if not s:
-        continue
-      ids = result.completion(n)
-      start = int(result.prompt_len[n])
-      out[n, start : start + len(ids)] = token_process_advantages(
-        [e for e, _ in s], adv, text_ends(self.tokenizer, ids), cfg.process_credit
+    pending = rewards.submit(texts, [examples[n // g]["answer"] for n in range(p * g)])
+    times["rollout"] += time.perf_counter() - t
+    # The device computes old log-probs while the host threads score rewards.
+    t = time.perf_counter()
+    old_logp = self._old_logp(result)
+    if self.scheduler is not None and salt == 0:
+      # Once the old log-probs are done the device idles until the host has scored.
+      done = old_logp()
+      old_logp = lambda: done  # noqa: E731
+      self.scheduler.fill("reward", lambda: not pending.done(), self.params)
+    got = pending()
+    process = self.process_credit(result, texts, examples) if self.process_credit else None
+    times["reward"] += time.perf_counter() - t
+    shaped = got.rewards.copy()
+    if cfg.overlong_buffer:
+      shaped += overlong_penalty(
+        result.num_generated, self.engine.config.max_new_tokens, cfg.overlong_buffer
       )
-    informative = np.array(
-      [any(np.any(a != 0) for a in normalised[j : j + g]) for j in range(0, len(texts), g)]
-    )
-    flat = [r for s in steps for _, r in s]
-    return out, informative, float(np.mean(flat)) if flat else 0.0
-
-  def _steps(self, example, text: str) -> list[tuple[int, float]]:
-    """The step checker's [(end, reward)] for one completion; one that raises or returns
-    something malformed (ends not increasing within the text, rewards not finite) gives
-    that sample no step credit, counted in step_reward_errors."""
-    try:
-      steps = [(int(e), float(r)) for e, r in self.step_reward_fn(example, text)]
-      ends = [0, *(e for e, _ in steps)]
-      increasing = all(a < b for a, b in zip(ends, ends[1:])) and ends[-1] <= len(text)
-      if increasing and all(np.isfinite(r) for _, r in steps):
-        return steps
-    except Exception:  # a user's checker must not kill the run
-      pass
-    self._step_errors += 1
-    return []
-
-  def _width(self, results) -> int:
-    """Packed-row columns: the longest sample rounded up to 128 (few shapes)."""
-    longest = max(int(r.length.max()) for r in results)
-    return min(self.engine.config.slots, -(-longest // 128) * 128)
+    return ScoredRollout(result, shaped, got.rewards, process=process), old_logp, got
 
   def _old_logp(self, result) -> Callable[[], np.ndarray]:
     """Dispatches the old log-probs of a rollout's samples on packed rows; the
     returned function waits and gives them per sample, [N, slots]."""
-    width = self._width([result])
+    width = packed_width([result], self.engine.config.slots)
     plan = plan_packing(
       result.length, width, self.update_cfg.micro_batch, self.update_cfg.pow2_rows
     )
@@ -361,115 +341,60 @@ class GRPOTrainer:
     return lambda: plan.unpack(np.asarray(out), t)
 
   def train_step(self, rewards: RewardPool) -> dict[str, Any]:
+    """One RL step: rollouts (refilled under dynamic sampling), the update batch, the
+    update; returns the step's metrics row."""
     cfg, g, p = self.cfg, self.cfg.group_size, self.cfg.prompts_per_step
-    times: dict[str, float] = {}
-    self._step_errors = 0
+    times = {"rollout": 0.0, "reward": 0.0}
+    if self.process_credit:
+      self.process_credit.reset_errors()
     compiled = self.engine.pool.compile_seconds
     train_compiled = self.programs.compile_seconds
+    rollouts, waits, got = [], [], None
+    while len(rollouts) <= (cfg.max_refills if cfg.dynamic_sampling else 0):
+      scored, wait, scores = self._rollout(self._next_examples(p), rewards, len(rollouts), times)
+      rollouts.append(scored)
+      waits.append(wait)
+      got = scores if got is None else got  # the first rollout's: the step's reward figures
+      if sum(int(r.informative(g).sum()) for r in rollouts) >= p:
+        break
     t = time.perf_counter()
-    examples = self._next_examples(p)
-    result, pending, texts = self._rollout(examples, rewards, 0)
-    times["rollout"] = time.perf_counter() - t
-    # The device computes old log-probs while the host threads score rewards.
-    t = time.perf_counter()
-    old_of = [self._old_logp(result)]
-    if self.scheduler is not None:
-      # Once the old log-probs are done the device idles until the host has scored.
-      old_first = old_of[0]()
-      old_of[0] = lambda: old_first
-      self.scheduler.fill("reward", lambda: not pending.done(), self.params)
-    got = pending()
-    process = [self._process(result, texts, examples)]
-    times["reward"] = time.perf_counter() - t
-    r = got.rewards.copy()
-    if cfg.overlong_buffer:
-      r += overlong_penalty(
-        result.num_generated, self.engine.config.max_new_tokens, cfg.overlong_buffer
-      )
-    kept = np.ones(p, bool)
-    refills = 0
-    batch_result, batch_rewards, raw = [result], [r], [got.rewards]
-    if cfg.dynamic_sampling:
-      kept = self._informative(r, process[0])
-      while kept.sum() < p and refills < cfg.max_refills:
-        refills += 1
-        t = time.perf_counter()
-        more_examples = self._next_examples(p)
-        extra, pend, extra_texts = self._rollout(more_examples, rewards, refills)
-        times["rollout"] += time.perf_counter() - t
-        old_of.append(self._old_logp(extra))
-        more = pend()
-        process.append(self._process(extra, extra_texts, more_examples))
-        er = more.rewards.copy()
-        if cfg.overlong_buffer:
-          er += overlong_penalty(
-            extra.num_generated, self.engine.config.max_new_tokens, cfg.overlong_buffer
-          )
-        batch_result.append(extra)
-        batch_rewards.append(er)
-        raw.append(more.rewards)
-        kept = np.concatenate([kept, self._informative(er, process[-1])])
-    t = time.perf_counter()
-    olds = [f() for f in old_of]
+    for scored, wait in zip(rollouts, waits):
+      scored.old_logp = wait()
     times["old_logp"] = time.perf_counter() - t
-    # Assemble the first P informative groups (all groups without dynamic sampling).
-    groups = [(i, j) for i, res in enumerate(batch_result) for j in range(p)]
-    flags = kept if cfg.dynamic_sampling else np.ones(len(groups), bool)
-    chosen = [grp for grp, f in zip(groups, flags) if f][:p]
-    width = self._width(batch_result)
-    n = len(chosen) * g
-    tokens = np.zeros((n, width), np.int32)
-    length = np.zeros((n,), np.int32)
-    mask = np.zeros((n, width), np.float32)
-    adv = np.zeros((n, width), np.float32)
-    rollout_lp = np.zeros((n, width), np.float32)
-    old = np.zeros((n, width), np.float32)
-    for slot, (i, j) in enumerate(chosen):
-      res, rew = batch_result[i], batch_rewards[i]
-      rows = slice(j * g, (j + 1) * g)
-      dst = slice(slot * g, (slot + 1) * g)
-      tokens[dst] = res.tokens[rows, :width]
-      length[dst] = res.length[rows]
-      rollout_lp[dst] = res.logprobs[rows, :width]
-      old[dst] = olds[i][rows, :width]
-      cols = np.arange(width)[None]
-      mask[dst] = (cols >= res.prompt_len[rows, None]) & (cols < res.length[rows, None])
-      adv[dst] = group_advantages(
-        rew[rows], g, normalize_std=cfg.normalize_std, negative_weight=cfg.negative_weight
-      )[:, None]
-      if process[i] is not None:
-        adv[dst] += cfg.process_coef * process[i][0][rows, :width]
-    diff = np.abs(old - rollout_lp)[mask > 0]
-    samples = {
-      "tokens": tokens,
-      "length": length,
-      "mask": mask,
-      "old_logp": old,
-      "advantages": adv,
-    }
+    chosen = chosen_groups(rollouts, g, p, cfg.dynamic_sampling)
+    results = [r.result for r in rollouts]
+    width = packed_width(results, self.engine.config.slots)
+    samples, logp_gap = assemble(
+      rollouts,
+      chosen,
+      g,
+      width,
+      normalize_std=cfg.normalize_std,
+      negative_weight=cfg.negative_weight,
+      process_coef=cfg.process_coef,
+    )
     t = time.perf_counter()
     m = self._optimize(samples, width)
     times["update"] = time.perf_counter() - t
-    all_raw = np.concatenate(raw)
-    lengths = np.concatenate([res.num_generated for res in batch_result])
+    first = rollouts[0]
     self.step += 1
     return {
       "step": self.step - 1,
       "reward_mean": float(got.rewards.mean()),
       "accuracy": float((got.rewards > 0.5).mean()),
-      "length_mean": float(result.num_generated.mean()),
-      "length_max": int(result.num_generated.max()),
+      "length_mean": float(first.result.num_generated.mean()),
+      "length_max": int(first.result.num_generated.max()),
       "groups_used": len(chosen),
-      "refills": refills,
+      "refills": len(rollouts) - 1,
       "reward_errors": got.errors,
       "reward_timeouts": got.timeouts,
-      "samples_rolled_out": int(all_raw.size),
-      "update_tokens": int(mask.sum()),
-      "logp_rollout_vs_trainer_max_abs": float(diff.max()) if diff.size else 0.0,
-      "rollout_tokens": int(lengths.sum()),
+      "samples_rolled_out": int(sum(r.raw_rewards.size for r in rollouts)),
+      "update_tokens": int(samples["mask"].sum()),
+      "logp_rollout_vs_trainer_max_abs": logp_gap,
+      "rollout_tokens": int(sum(r.num_generated.sum() for r in results)),
       # Each rollout's response lengths (refills are rollouts of their own): the trace the
-      # step simulator replays (tlt_jax.sim); run() moves it to rollout_lengths.jsonl.
-      "rollout_lengths": [res.num_generated.tolist() for res in batch_result],
+      # step simulator replays (tlt_jax.sim); MetricsLog moves it to rollout_lengths.jsonl.
+      "rollout_lengths": [r.num_generated.tolist() for r in results],
       **{f"loss/{k}": v for k, v in m.items()},
       **{f"time/{k}": v for k, v in times.items()},
       # Programs the rollouts compiled lazily (inside time/rollout): compare modes without it.
@@ -477,50 +402,20 @@ class GRPOTrainer:
       # Old-log-prob and update programs compiled for new packed shapes (inside
       # time/reward or time/old_logp, and time/update).
       "time/train_compile": self.programs.compile_seconds - train_compiled,
-      **self._spec_metrics(batch_result),
+      **spec_metrics(results),
       **(
-        {"step_reward_mean": process[0][2], "step_reward_errors": self._step_errors}
-        if process[0] is not None
+        {
+          "step_reward_mean": first.process.mean_step_reward,
+          "step_reward_errors": self.process_credit.errors,
+        }
+        if first.process is not None
         else {}
       ),
       # Generation time at batch buckets <= max_batch / 4 (the long tail) and in all:
       # their ratio caps what speculative decoding can save (1 / (1 - share)).
-      "time/rollout_tail": sum(res.generation_seconds(self._tail_batch) for res in batch_result),
-      "time/rollout_generate": sum(res.generation_seconds() for res in batch_result),
+      "time/rollout_tail": sum(r.generation_seconds(self._tail_batch) for r in results),
+      "time/rollout_generate": sum(r.generation_seconds() for r in results),
     }
-
-  def _informative(self, rewards: np.ndarray, process) -> np.ndarray:
-    """Per group, whether it carries a learning signal: outcome rewards that differ, or
-    (process supervision) step rewards that do."""
-    kept = informative_groups(rewards, self.cfg.group_size)
-    return kept if process is None else kept | process[1]
-
-  def _spec_metrics(self, results) -> dict[str, float]:
-    """Speculative-decoding figures of this step's rollouts (nothing when SD is off)."""
-    chunks = [s for s in (r.spec_summary() for r in results) if s["row_rounds"]]
-    if not chunks:
-      return {}
-    rounds = sum(s["row_rounds"] for s in chunks)
-    out = {
-      "spec/accept_length": sum(s["accept_length"] * s["row_rounds"] for s in chunks) / rounds,
-      "spec/tokens": sum(s["tokens"] for s in chunks),
-      "spec/seconds": sum(s["seconds"] for s in chunks),
-    }
-    # The arm mix (chunks per arm, plain decode included) and each draft arm's accept length.
-    per_arm: dict[str, list[int]] = {}
-    for r in results:
-      for e in r.timeline:
-        if e["phase"] in ("decode", "spec"):
-          acc = per_arm.setdefault(e.get("strategy", "plain"), [0, 0, 0])
-          acc[0] += 1
-          if e["phase"] == "spec":
-            acc[1] += e["tokens"]
-            acc[2] += e["row_rounds"]
-    for arm, (n, tokens, row_rounds) in sorted(per_arm.items()):
-      out[f"spec/arm/{arm}/chunks"] = n
-      if row_rounds:
-        out[f"spec/arm/{arm}/accept_length"] = tokens / row_rounds
-    return out
 
   def _rows(self, x: np.ndarray) -> jax.Array:
     """A batch array on the training devices, rows split over the mesh when there is one."""
@@ -578,19 +473,16 @@ class GRPOTrainer:
 
   def evaluate(self) -> dict[str, Any]:
     """Greedy pass@1 and (eval_samples > 0) sampled pass@1 on the held-out problems."""
-    args = (self.engine, self.params, self.tokenizer, self.evals, self.eval_check)
-    out = evaluate_pass_at_1(*args, self.format_prompt)
-    row = {"accuracy": out["accuracy"], "mean_length": out["mean_length"]}
-    if self.cfg.eval_samples:
-      sampled = evaluate_pass_at_1(
-        *args,
-        self.format_prompt,
-        sampling=self.engine.sampling,
-        num_samples=self.cfg.eval_samples,
-        key=self.cfg.seed,
-      )
-      row["sampled_accuracy"] = sampled["accuracy"]
-    return row
+    return held_out_metrics(
+      self.engine,
+      self.params,
+      self.tokenizer,
+      self.evals,
+      self.eval_check,
+      self.format_prompt,
+      samples=self.cfg.eval_samples,
+      key=self.cfg.seed,
+    )
 
   def run(self, progress: bool = True) -> list[dict[str, Any]]:
     """Trains to `config.steps`, resuming from the last checkpoint; returns this call's metrics."""
@@ -598,8 +490,12 @@ class GRPOTrainer:
     rewards = RewardPool(self.reward_fn, workers=cfg.reward_workers, timeout_s=cfg.reward_timeout_s)
     history = []
     bar = tqdm(total=cfg.steps, initial=self.step, desc="grpo", disable=not progress)
-    # purge_step drops events a killed run logged past the checkpoint we resume from.
-    tb = SummaryWriter(os.path.join(self.workdir, "tensorboard"), purge_step=self.step)
+    log = MetricsLog(
+      self.metrics_path,
+      self.lengths_path,
+      os.path.join(self.workdir, "tensorboard"),
+      purge_step=self.step,
+    )
     last_eval = {}
     try:
       while self.step < cfg.steps:
@@ -620,12 +516,7 @@ class GRPOTrainer:
           row.update(self.scheduler.step_records())
         # Weight sync costs nothing here: the engine reads the trainer's arrays.
         row["time/other"] = row["time/step"] - sum(row[f"time/{p}"] for p in PHASES)
-        lengths = {"step": row["step"], "rollouts": row.pop("rollout_lengths")}
-        with open(self.lengths_path, "a") as f:
-          f.write(json.dumps(lengths) + "\n")
-        with open(self.metrics_path, "a") as f:
-          f.write(json.dumps(row) + "\n")
-        self._log_tensorboard(tb, row)
+        log.write(row)
         history.append(row)
         if "eval" in row:
           last_eval = {"eval": f"{row['eval']['accuracy']:.3f}"}
@@ -640,19 +531,8 @@ class GRPOTrainer:
         )
     finally:
       bar.close()
-      tb.close()
+      log.close()
       rewards.close()
       if self.checkpoints.drafter is not None:
         self.checkpoints.drafter.wait_until_finished()
     return history
-
-  @staticmethod
-  def _log_tensorboard(tb: SummaryWriter, row: Mapping[str, Any]) -> None:
-    """Every number of a metrics row as a scalar at its step (eval/* nested ones too)."""
-    flat = dict(row)
-    for k, v in row.get("eval", {}).items():
-      flat[f"eval/{k}"] = v
-    for k, v in flat.items():
-      if k != "step" and isinstance(v, int | float) and not isinstance(v, bool):
-        tb.add_scalar(k, v, row["step"])
-    tb.flush()
