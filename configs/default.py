@@ -153,6 +153,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   # and optimizer state over "data"; tensor > 1 also splits heads and MLP width.
   c.parallel.fsdp = False
   c.parallel.tensor = 1
+  # Rollout weights split over tensor groups of this many devices (1: whole on each device).
+  c.parallel.rollout_tensor = 1
 
   c.sampling = ml_collections.ConfigDict()
   c.sampling.temperature = 1.0

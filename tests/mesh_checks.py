@@ -95,6 +95,56 @@ def check_sharded_rollout():
   np.testing.assert_allclose(out.logprobs, ref.logprobs, atol=1e-4)
 
 
+def check_tensor_rollout():
+  """The rollout on a ("data", "tensor") mesh: rows over 4 pairs of devices, each pair
+  holding the weights split by ROLLOUT_RULES (MLP width, heads, vocabulary). Plain and
+  speculative decoding, greedy and sampled, compacting onto fewer pairs: the tokens one
+  device draws; the pairs a compacted bucket frees are the drafter's devices."""
+  tg, tp, dg, dp = _models()
+  mesh = training_mesh(tensor=2)
+  placement = BatchPlacement(mesh)
+  assert [placement.num_devices(b) for b in (16, 8, 6, 1)] == [4, 4, 2, 1]
+  assert len(placement.free_devices(2)) == 4 and placement.free_devices(8) == []
+  gate = placement.weights(tp, 16)["layers"][0]["mlp"]["gate_proj"]["kernel"][...]
+  assert _shard_shape(gate) == (32, 32) and len(gate.sharding.device_set) == 8
+  whole = placement.replicate(tp, 16)["layers"][0]["mlp"]["gate_proj"]["kernel"][...]
+  assert _shard_shape(whole) == (32, 64)
+  plain_cfg = dataclasses.replace(ENGINE, spec_threshold=0)
+  spec_cfg = dataclasses.replace(ENGINE, spec_threshold=8, spec_strategies=("chain3",))
+  for sampling, key in ((GREEDY, 0), (SamplingConfig(temperature=1.0, top_p=0.95), 5)):
+    ref = RolloutEngine(tg, MODEL, plain_cfg, sampling).generate(
+      tp, PROMPTS, 4, key=key, max_new_tokens=LIMITS
+    )
+    plain = RolloutEngine(tg, MODEL, plain_cfg, sampling, mesh=mesh)
+    got = plain.generate(tp, PROMPTS, 4, key=key, max_new_tokens=LIMITS)
+    np.testing.assert_array_equal(got.tokens, ref.tokens)
+    np.testing.assert_allclose(got.logprobs, ref.logprobs, atol=1e-4)
+    devices = {e["devices"] for e in plain.pool.summary() if e["key"].startswith("('decode'")}
+    assert {8, 4} <= devices, devices  # 16 rows on 4 pairs, then 4 rows on 2 pairs
+    spec = RolloutEngine(tg, MODEL, spec_cfg, sampling, drafter_graphdef=dg, mesh=mesh)
+    out = spec.generate(tp, PROMPTS, 4, key=key, max_new_tokens=LIMITS, drafter_params=dp)
+    assert out.spec_summary()["row_rounds"] > 0
+    np.testing.assert_array_equal(out.tokens, ref.tokens)
+
+
+def check_trainer_tensor_rollout():
+  """GRPO with the update FSDP x tensor sharded and the rollout tensor sharded, on the
+  same 4 x 2 mesh (weights resharded from the training to the rollout layout each step,
+  device to device): the same samples and metrics as one device."""
+  import tempfile
+
+  with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
+    ref = _trainer(a, None).run(progress=False)
+    mesh = training_mesh(tensor=2)
+    trainer = _trainer(b, mesh, rollout_mesh=mesh, shard_params=True)
+    got = trainer.run(progress=False)
+  assert trainer.engine.placement.tensor == 2
+  for r, g in zip(ref, got, strict=True):
+    assert g["rollout_tokens"] == r["rollout_tokens"] and g["reward_mean"] == r["reward_mean"]
+    for k in ("loss/loss", "loss/grad_norm", "loss/approx_kl"):
+      np.testing.assert_allclose(g[k], r[k], rtol=1e-4, atol=1e-6)
+
+
 def _update_inputs(tp, rows=16, width=16):
   rng = np.random.default_rng(0)
   tokens = rng.integers(1, MODEL.vocab_size, (rows, width)).astype(np.int32)

@@ -40,6 +40,8 @@ def _env(devices: int) -> dict[str, str]:
     "fsdp_update",
     "fsdp_forward_and_rollout",
     "trainer_fsdp",
+    "tensor_rollout",
+    "trainer_tensor_rollout",
   ],
 )
 def test_on_eight_devices(check):

@@ -227,15 +227,25 @@ def train_mesh(config: ml_collections.ConfigDict, rollout_mesh: Mesh | None) -> 
 
 
 def mesh(config: ml_collections.ConfigDict) -> Mesh | None:
-  """The rollout/training mesh over `parallel.devices` devices (0: all; 1: none)."""
-  n = config.get("parallel", {}).get("devices", 1)
+  """The rollout mesh over `parallel.devices` devices (0: all; 1: none): rows split over
+  "data", and with `parallel.rollout_tensor` > 1 a ("data", "tensor") mesh whose tensor
+  groups of that many devices split the weights (`parallel.sharding.ROLLOUT_RULES`)."""
+  par = config.get("parallel", {})
+  n, tensor = par.get("devices", 1), par.get("rollout_tensor", 1)
   available = jax.devices()
   if not isinstance(n, int) or n < 0 or n > len(available):
     raise ConfigError(
       f"config.parallel.devices must be an int in [0, {len(available)}] (0: all), got {n!r}"
     )
   n = n or len(available)
-  return None if n == 1 else data_mesh(available[:n])
+  if not isinstance(tensor, int) or tensor < 1 or n % tensor:
+    raise ConfigError(
+      f"config.parallel.rollout_tensor must be a positive int dividing the {n} devices, "
+      f"got {tensor!r}"
+    )
+  if n == 1:
+    return None
+  return training_mesh(available[:n], tensor) if tensor > 1 else data_mesh(available[:n])
 
 
 def sampling_config(config: ml_collections.ConfigDict) -> SamplingConfig:

@@ -1,12 +1,14 @@
 """Meshes per role and the placement of a rollout's rows on them.
 
-The rollout and drafter training use a 1-D mesh with the axis "data": rollout rows and
-drafter-update rows are split along it, parameters replicated. The policy update uses
-that mesh too, or a ("data", "tensor") mesh with its parameters sharded
+The rollout uses a 1-D mesh with the axis "data" (rows split along it, weights whole on
+every device) or a ("data", "tensor") mesh (rows over "data", each row group's weights
+split over its "tensor" devices by `sharding.ROLLOUT_RULES`: heads, MLP width and
+vocabulary). Drafter training uses a 1-D "data" mesh. The policy update uses the
+rollout's mesh too, or a ("data", "tensor") mesh with its parameters sharded
 (`parallel.sharding`: FSDP over "data", tensor parallelism over "tensor"). The rollout's
 long tail shrinks the batch bucket; `BatchPlacement` puts a bucket of B rows on the
-largest power-of-two prefix of the rollout devices that divides B, and the devices it
-frees form the drafter-training sub-mesh (TLT's "freed devices train the drafter").
+largest power-of-two prefix of the row groups that divides B, and the devices it frees
+form the drafter-training sub-mesh (TLT's "freed devices train the drafter").
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
+
+from tlt_jax.parallel.sharding import ROLLOUT_RULES, TENSOR, place
 
 AXIS = "data"
 
@@ -40,34 +44,43 @@ def replicated(mesh: Mesh) -> NamedSharding:
 
 
 class BatchPlacement:
-  """Places a batch bucket's per-row arrays and its replicated inputs on a sub-mesh."""
+  """Places a batch bucket's per-row arrays, its weights and its replicated inputs on a
+  sub-mesh: the first k row groups of the rollout mesh (a group is one device on a 1-D
+  mesh, a tensor group of `tensor` devices on a ("data", "tensor") mesh)."""
 
   def __init__(self, mesh: Mesh):
-    if mesh.axis_names != (AXIS,):
+    if mesh.axis_names not in ((AXIS,), (AXIS, TENSOR)):
       raise ValueError(
-        f"the rollout mesh must have the single axis {AXIS!r}, got {mesh.axis_names}"
+        f"the rollout mesh must have the axes ({AXIS!r},) or ({AXIS!r}, {TENSOR!r}), got "
+        f"{mesh.axis_names}"
       )
     self.mesh = mesh
     self.devices = list(mesh.devices.flat)
+    self._grid = mesh.devices.reshape(mesh.devices.shape[0], -1)  # [groups, tensor]
+    self.tensor = self._grid.shape[1]
     self._meshes: dict[int, Mesh] = {}
-    self._replicas: dict[tuple[int, int], tuple[Any, Any]] = {}
+    self._replicas: dict[tuple[int, int, str], tuple[Any, Any]] = {}
 
   def num_devices(self, batch: int) -> int:
-    """Devices for `batch` rows: the largest power of two <= #devices dividing batch."""
+    """Row groups (data shards) for `batch` rows: the largest power of two <= #groups
+    dividing batch (devices, on a 1-D mesh)."""
     k = 1
-    while 2 * k <= len(self.devices) and batch % (2 * k) == 0:
+    while 2 * k <= self._grid.shape[0] and batch % (2 * k) == 0:
       k *= 2
     return k
 
   def submesh(self, batch: int) -> Mesh:
     k = self.num_devices(batch)
     if k not in self._meshes:
-      self._meshes[k] = data_mesh(self.devices[:k])
+      if self.mesh.devices.ndim == 1:
+        self._meshes[k] = data_mesh(self.devices[:k])
+      else:
+        self._meshes[k] = Mesh(self._grid[:k], (AXIS, TENSOR))
     return self._meshes[k]
 
   def free_devices(self, batch: int) -> list[jax.Device]:
     """The devices a `batch`-row bucket leaves idle: the drafter's sub-mesh."""
-    return self.devices[self.num_devices(batch) :]
+    return list(self._grid[self.num_devices(batch) :].flat)
 
   def rows(self, tree: Any, batch: int) -> Any:
     """Per-row arrays, split over the bucket's devices (a no-op when already there)."""
@@ -76,12 +89,25 @@ class BatchPlacement:
   def replicate(self, tree: Any, batch: int) -> Any:
     """A copy of `tree` on every device of the bucket's sub-mesh, cached per tree until
     `clear` (params are placed once per rollout, not per chunk)."""
+    return self._cached(tree, batch, "replicated")
+
+  def weights(self, tree: Any, batch: int) -> Any:
+    """Model parameters (policy or drafter) for the bucket: replicated on a 1-D mesh;
+    on a ("data", "tensor") mesh whole on every row group and split within it by
+    `ROLLOUT_RULES`. Cached like `replicate`."""
+    return self._cached(tree, batch, "weights" if self.tensor > 1 else "replicated")
+
+  def _cached(self, tree: Any, batch: int, layout: str) -> Any:
     k = self.num_devices(batch)
-    hit = self._replicas.get((id(tree), k))
+    hit = self._replicas.get((id(tree), k, layout))
     if hit is not None and hit[0] is tree:
       return hit[1]
-    placed = jax.device_put(tree, replicated(self.submesh(batch)))
-    self._replicas[(id(tree), k)] = (tree, placed)
+    sub = self.submesh(batch)
+    if layout == "weights":
+      placed = place(tree, sub, ROLLOUT_RULES)
+    else:
+      placed = jax.device_put(tree, replicated(sub))
+    self._replicas[(id(tree), k, layout)] = (tree, placed)
     return placed
 
   def clear(self) -> None:

@@ -319,7 +319,8 @@ class RolloutEngine:
     mesh: Mesh | None = None,
   ):
     self.graphdef = graphdef
-    # Rows split over a 1-D "data" mesh; a compacted bucket moves to fewer devices.
+    # Rows split over the mesh's "data" axis (weights whole, or split over "tensor"); a
+    # compacted bucket moves to fewer devices.
     self.placement = BatchPlacement(mesh) if mesh is not None else None
     self.model_config = model_config
     self.config = config
@@ -381,10 +382,17 @@ class RolloutEngine:
     return self.placement.rows(tree, batch)
 
   def _rep(self, tree: Any, batch: int) -> Any:
-    """Params / keys replicated on the devices of a `batch`-row bucket."""
+    """Keys replicated on the devices of a `batch`-row bucket."""
     if self.placement is None or tree is None:
       return tree
     return self.placement.replicate(tree, batch)
+
+  def _weights(self, tree: Any, batch: int) -> Any:
+    """Policy or drafter params on the devices of a `batch`-row bucket (replicated, or
+    split over a tensor group)."""
+    if self.placement is None or tree is None:
+      return tree
+    return self.placement.weights(tree, batch)
 
   def _static(self, sampling: SamplingConfig) -> programs.DecodeStatic:
     return programs.DecodeStatic(
@@ -593,7 +601,7 @@ class RolloutEngine:
     for b in cfg.batch_buckets:
       state = self._rows(self._dummy_state(b))
       for view in cfg.view_buckets:
-        args = (self._rep(params, b), state, self._rep(key, b), np.int32(0))
+        args = (self._weights(params, b), state, self._rep(key, b), np.int32(0))
         state, _ = self._decode_exe(sampling, view, args)(*args)
       for b2 in cfg.batch_buckets:
         if b2 < b:
@@ -602,7 +610,9 @@ class RolloutEngine:
       self._harvest_exe((state, jnp.zeros((b,), jnp.int32)))
       spec = drafter_params is not None or not cfg.needs_drafter
       if spec and cfg.spec_threshold and b <= cfg.spec_threshold:
-        self._warmup_spec(self._rep(params, b), self._rep(drafter_params, b), sampling, state)
+        self._warmup_spec(
+          self._weights(params, b), self._weights(drafter_params, b), sampling, state
+        )
     if self.placement is not None:
       self.placement.clear()
     return time.perf_counter() - start
@@ -682,7 +692,7 @@ class RolloutEngine:
       key,
     )
     if self.placement is not None:
-      args = (self._rep(args[0], b), *args[1:6], self._rep(key, b))
+      args = (self._weights(args[0], b), *args[1:6], self._rep(key, b))
     return self._rows(self._prefill_exe(sampling, args)(*args))
 
   def generate(

@@ -69,16 +69,18 @@ def _fresh(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _placement(leaves: list[Any]) -> tuple[Any, ...]:
-  """The device sets of the committed array arguments (uncommitted and host values
-  follow the others). One device: () so single-device keys stay simple."""
-  devices = {
-    tuple(d.id for d in x.sharding.device_set)
+  """The (device set, partition spec) pairs of the committed array arguments (uncommitted
+  and host values follow the others): weights replicated or split over a tensor group
+  are different programs on the same devices. One device: () so single-device keys stay
+  simple."""
+  placed = {
+    (tuple(sorted(d.id for d in x.sharding.device_set)), getattr(x.sharding, "spec", None))
     for x in leaves
     if isinstance(x, jax.Array) and x.committed
   }
-  if all(len(d) <= 1 for d in devices) and len(devices) <= 1:
+  if all(len(d) <= 1 for d, _ in placed) and len({d for d, _ in placed}) <= 1:
     return ()
-  return tuple(sorted(devices))
+  return tuple(sorted(placed, key=repr))
 
 
 class ExecutablePool:
@@ -169,7 +171,7 @@ class ExecutablePool:
     return [
       {
         "key": str(k[0]),
-        "devices": max((len(d) for d in k[1]), default=1),
+        "devices": max((len(d) for d, _ in k[1]), default=1),
         "attention_form": k[3][0],
         "compile_s": round(e.compile_seconds, 3),
         "temp_bytes": e.temp_bytes,

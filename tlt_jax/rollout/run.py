@@ -260,7 +260,7 @@ class RolloutRun:
       # compares arms: it needs chunk-sized samples.
       steps = max(steps, view - int(self.length[active].max()) + 1)
     b = self.state.batch
-    args = (eng._rep(self.params, b), self.state, eng._rep(self.key, b), np.int32(steps))
+    args = (eng._weights(self.params, b), self.state, eng._rep(self.key, b), np.int32(steps))
     self.state, ran = eng._decode_exe(self.sampling, view, args)(*args)
     self.length, self.done, ran = jax.device_get((self.state.length, self.state.done, ran))
     return t0, {"phase": "decode", "steps": int(ran)}, view, ran == steps, (0.0, 0.0)
@@ -289,9 +289,9 @@ class RolloutRun:
         self.group_corpus = self._build_corpus()
         corpus_s = time.perf_counter() - t_corpus
       corpus = self.group_corpus
-    params = eng._rep(self.params, b)
+    params = eng._weights(self.params, b)
     if strategy.uses_drafter:
-      args = (params, eng._rep(self.drafter_params, b), self.state, *self.dstate)
+      args = (params, eng._weights(self.drafter_params, b), self.state, *self.dstate)
     else:
       args = (params, None, self.state, None, None)
     args += (corpus, eng._rep(self.key, b), np.int32(rounds))
@@ -320,7 +320,7 @@ class RolloutRun:
     compile_before = eng.pool.compile_seconds
     width = min(view, self.cfg.slots)
     b = self.state.batch
-    args = (eng._rep(self.params, b), eng._rep(self.drafter_params, b), self.state)
+    args = (eng._weights(self.params, b), eng._weights(self.drafter_params, b), self.state)
     self.dstate = eng._rows(eng._drafter_prefill_exe(width, args)(*args))
     jax.block_until_ready(self.dstate)
     switch_s = time.perf_counter() - t0
