@@ -295,6 +295,32 @@ def test_sd_bench_config_is_a_50m_policy():
   configuration.engine_config(config, tok)
 
 
+def test_regime_config_is_in_tlts_regime():
+  """configs/regime.py keeps the properties its docstring claims: weights several times
+  the hosts' 32 MB L3, a rollout batch near the measured b* (8.7 rows), every parameter
+  trained, and reasoning-like lengths (median >= ~100 tokens, max >= 10x the median) from
+  its task's generator, within the engine's token budget."""
+  import numpy as np
+
+  from configs import regime
+  from tlt_jax.data.tasks import generate_countdown
+
+  config = regime.get_config()
+  tok = CharTokenizer()
+  model = configuration.model_config(config, tok)
+  assert model.num_params * 4 >= 4 * 32 * 2**20
+  rl, _, update = configuration.rl_configs(config)
+  assert 4 <= rl.prompts_per_step * rl.group_size <= 16
+  assert update.trainable == "" and rl.steps >= 20
+  engine = configuration.engine_config(config, tok)
+  assert engine.max_batch >= rl.prompts_per_step * rl.group_size
+  examples = generate_countdown(0, 400, **config.task.params.to_dict())
+  lengths = np.array([len(e["solution"]) for e in examples])
+  assert np.median(lengths) >= 90 and lengths.max() >= 10 * np.median(lengths)
+  assert lengths.max() < engine.max_new_tokens
+  assert max(len(e["question"]) for e in examples) + 1 <= engine.max_prompt_len
+
+
 def test_process_credit_takes_the_tasks_step_checker():
   from tlt_jax import train
   from tlt_jax.data.tasks import get_task
