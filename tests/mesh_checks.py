@@ -109,6 +109,10 @@ def check_tensor_rollout():
   assert _shard_shape(gate) == (32, 32) and len(gate.sharding.device_set) == 8
   whole = placement.replicate(tp, 16)["layers"][0]["mlp"]["gate_proj"]["kernel"][...]
   assert _shard_shape(whole) == (32, 64)
+  from tlt_jax.models.transformer import KVCache
+
+  cache = placement.rows(KVCache.zeros(MODEL, 16, 32), 16)  # 2 kv heads over each pair
+  assert _shard_shape(cache.k[0]) == (4, 1, 32, MODEL.head_dim)
   plain_cfg = dataclasses.replace(ENGINE, spec_threshold=0)
   spec_cfg = dataclasses.replace(ENGINE, spec_threshold=8, spec_strategies=("chain3",))
   for sampling, key in ((GREEDY, 0), (SamplingConfig(temperature=1.0, top_p=0.95), 5)):

@@ -21,6 +21,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from tlt_jax.models.transformer import KVCache
 from tlt_jax.parallel.sharding import ROLLOUT_RULES, TENSOR, place
 
 AXIS = "data"
@@ -83,8 +84,22 @@ class BatchPlacement:
     return list(self._grid[self.num_devices(batch) :].flat)
 
   def rows(self, tree: Any, batch: int) -> Any:
-    """Per-row arrays, split over the bucket's devices (a no-op when already there)."""
-    return jax.device_put(tree, rows_sharding(self.submesh(batch)))
+    """Per-row arrays, split over the bucket's row groups (a no-op when already there);
+    on a ("data", "tensor") mesh KV caches also split their kv heads over the tensor
+    group, as the weights that read them are."""
+    sub = self.submesh(batch)
+    flat = rows_sharding(sub)
+    if self.tensor == 1:
+      return jax.device_put(tree, flat)
+    heads = NamedSharding(sub, P(AXIS, TENSOR))  # [B, K, S, E]: rows, then kv heads
+
+    def layout(x):
+      if isinstance(x, KVCache):
+        return jax.tree.map(lambda a: heads if a.shape[1] % self.tensor == 0 else flat, x)
+      return flat
+
+    is_cache = lambda x: isinstance(x, KVCache)
+    return jax.device_put(tree, jax.tree.map(layout, tree, is_leaf=is_cache))
 
   def replicate(self, tree: Any, batch: int) -> Any:
     """A copy of `tree` on every device of the bucket's sub-mesh, cached per tree until
