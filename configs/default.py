@@ -223,6 +223,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.rl_update.epochs = 1
   # A regex over parameter paths to update ("": all), e.g. "layers/3|final_norm".
   c.rl_update.trainable = "final_norm"
+  # Recompute each layer's activations in the backward pass (long rows on accelerators).
+  c.rl_update.remat = False
 
   # What this job printed on this project's 2-core CPU hosts, as ranges over seeds 0-2
   # (--config.seed=S --config.model.init_seed=S): the summary prints them beside the run's

@@ -60,4 +60,5 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.rl_update.warmup_steps = 10
   c.rl_update.weight_decay = 0.0
   c.rl_update.micro_batch = 4
+  c.rl_update.remat = True  # long reasoning rows: keep one layer's activations at a time
   return c

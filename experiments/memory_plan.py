@@ -32,8 +32,11 @@ _CHECK = flags.DEFINE_bool("check_cpu", False, "compare the plan with compiled p
 
 def check_cpu() -> None:
   print("planned update bytes vs XLA's compiled policy update (one CPU device):")
-  print("| model | rows x width | vocab_chunk | planned MiB | measured MiB | measured / planned |")
-  print("|---|---|---|---|---|---|")
+  print(
+    "| model | rows x width | vocab_chunk | remat | planned MiB | measured MiB | "
+    "measured / planned |"
+  )
+  print("|---|---|---|---|---|---|---|")
   small = ModelConfig(
     vocab_size=4096,
     num_layers=4,
@@ -53,7 +56,12 @@ def check_cpu() -> None:
     mlp_dim=384,
   )
   for name, model in (("small 4x256", small), ("vocab 32k", wide_vocab)):
-    for rows, width, chunk in ((4, 256, 0), (4, 256, 1024), (8, 512, 0)):
+    for rows, width, chunk, remat in (
+      (4, 256, 0, False),
+      (4, 256, 1024, False),
+      (8, 512, 0, False),
+      (8, 512, 0, True),
+    ):
       plan = plan_memory(
         model,
         devices=1,
@@ -62,10 +70,11 @@ def check_cpu() -> None:
         rollout_rows=1,
         slots=1,
         vocab_chunk=chunk,
+        remat=remat,
       )
-      got = compiled_update_bytes(model, rows, width, chunk)
+      got = compiled_update_bytes(model, rows, width, chunk, remat=remat)
       print(
-        f"| {name} | {rows} x {width} | {chunk} | {plan.update_peak / 2**20:.1f} | "
+        f"| {name} | {rows} x {width} | {chunk} | {remat} | {plan.update_peak / 2**20:.1f} | "
         f"{got / 2**20:.1f} | {got / plan.update_peak:.2f} |"
       )
 
@@ -77,7 +86,15 @@ def main(argv):
     return
   n = _DEVICES.value
   # One packed row per data shard per micro-batch; rollout of 128 rows with 4k-token caches.
-  for size, rows, width in (("1.5B", 1, 4096), ("7B", 1, 2048), ("7B", 1, 4096), ("32B", 1, 2048)):
+  cases = (
+    ("1.5B", 1, 4096, False),
+    ("7B", 1, 2048, False),
+    ("7B", 1, 4096, False),
+    ("7B", 1, 4096, True),
+    ("32B", 1, 2048, False),
+    ("32B", 1, 4096, True),
+  )
+  for size, rows, width, remat in cases:
     model = qwen25(size)
     for tensor in (1, 2) if size == "32B" else (1,):
       plan = plan_memory(
@@ -90,12 +107,13 @@ def main(argv):
         slots=4096,
         vocab_chunk=8192,
         rollout_tensor=tensor if size == "32B" else 1,
+        remat=remat,
       )
       print(
         f"\nQwen2.5-{size} ({model.num_params / 1e9:.2f}B parameters), {n} devices, "
         f"FSDP x tensor {n // tensor} x {tensor}; update micro-batch {rows} rows x {width} "
-        f"tokens per data shard, loss over 8192-entry vocabulary chunks; rollout 128 rows x "
-        "4096 slots"
+        f"tokens per data shard{', remat' if remat else ''}, loss over 8192-entry "
+        "vocabulary chunks; rollout 128 rows x 4096 slots"
       )
       print(format_plan(plan, _CAPACITY.value))
 

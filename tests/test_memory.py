@@ -48,3 +48,17 @@ def test_plan_is_within_a_factor_of_two_of_the_compiled_update(chunk):
   plan = plan_memory(model, devices=1, vocab_chunk=chunk, **SHAPES)
   measured = compiled_update_bytes(model, SHAPES["micro_batch_rows"], SHAPES["row_len"], chunk)
   assert 0.5 <= measured / plan.update_peak <= 2.0, (measured, plan)
+
+
+def test_remat_shrinks_the_compiled_update_and_the_plan_follows():
+  """Long rows: without remat every layer's attention probabilities are saved for the
+  backward pass; with it one layer's are. XLA's compiled update shrinks, and the plan's
+  remat estimate stays within a factor of two of it."""
+  rows, width = 8, 512
+  plain = compiled_update_bytes(SMALL, rows, width)
+  remat = compiled_update_bytes(SMALL, rows, width, remat=True)
+  assert remat < 0.7 * plain, (remat, plain)
+  shapes = dict(micro_batch_rows=rows, row_len=width, rollout_rows=1, slots=1)
+  plan = plan_memory(SMALL, devices=1, remat=True, **shapes)
+  assert plan.activations < plan_memory(SMALL, devices=1, **shapes).activations
+  assert 0.5 <= remat / plan.update_peak <= 2.0, (remat, plan)

@@ -429,6 +429,24 @@ def test_differentiating_only_the_trained_parameters_changes_nothing(model, patt
     )
 
 
+def test_remat_recomputes_the_same_update(model):
+  """Rematerialised layers (UpdateConfig.remat) give the update of the plain backward
+  pass: the same gradient, one more forward (its memory: tests/test_memory.py)."""
+  graphdef, params = model
+  sgd = optax.sgd(1.0)  # the change is the gradient itself
+  batch = _batch(graphdef, params, seed=9)
+  outs = [
+    make_policy_update(graphdef, sgd, PolicyLossConfig(), 2, remat=remat)(
+      _copy(params), sgd.init(params), batch, None
+    )
+    for remat in (False, True)
+  ]
+  (p_plain, _, m_plain), (p_remat, _, m_remat) = outs
+  chex.assert_trees_all_close(p_remat, p_plain, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(m_remat["grad_norm"], m_plain["grad_norm"], rtol=1e-5)
+  assert float(m_plain["grad_norm"]) > 1e-3
+
+
 def test_update_config_validation():
   assert UpdateConfig().mini_batch_samples(16) == 16
   assert UpdateConfig(mini_batches=4).mini_batch_samples(16) == 4

@@ -403,6 +403,7 @@ class Transformer(nnx.Module):
     segment_ids: Int[Array, "B T"] | None = None,
     mask: Bool[Array, "B T S"] | None = None,
     return_layers: Sequence[int] = (),
+    remat: bool = False,
   ) -> tuple[Float[Array, "B T D"], KVCache | None, tuple[jax.Array, ...]]:
     """Runs the decoder.
 
@@ -411,6 +412,10 @@ class Transformer(nnx.Module):
     written at slots [cache_len, cache_len + T) of every row and attend to the
     first `view_len` slots (default: all), by `cache_mask` or, when given, an
     explicit per-row `mask` [B, T, view_len] (per-row draft trees).
+
+    `remat` (full forwards only): each layer's activations are recomputed in the backward
+    pass instead of saved, so a gradient holds one layer's activations and every layer's
+    input, not every layer's activations (training long rows).
 
     Returns:
       hidden: last layer's output after the final norm, [B, T, D].
@@ -435,7 +440,10 @@ class Transformer(nnx.Module):
     new_k, new_v, feats = [], [], []
     for i, layer in enumerate(self.layers):
       kv = None if cache is None else (cache.k[i], cache.v[i])
-      x, kv = layer(x, rope_cs, mask, kv, cache_len, view_len)
+      if remat and cache is None:
+        x, kv = _remat_layer(layer, x, rope_cs, mask), None
+      else:
+        x, kv = layer(x, rope_cs, mask, kv, cache_len, view_len)
       if kv is not None:
         new_k.append(kv[0])
         new_v.append(kv[1])
@@ -444,6 +452,12 @@ class Transformer(nnx.Module):
     hidden = self.final_norm(x)
     new_cache = None if cache is None else KVCache(k=tuple(new_k), v=tuple(new_v))
     return hidden, new_cache, tuple(feats)
+
+
+@nnx.remat
+def _remat_layer(layer: DecoderLayer, x, rope_cs, mask):
+  """A decoder layer of a full forward whose activations the backward pass recomputes."""
+  return layer(x, rope_cs, mask)[0]
 
 
 def init_model(config: ModelConfig, seed: int = 0) -> Transformer:

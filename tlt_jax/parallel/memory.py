@@ -10,7 +10,8 @@ programs on this machine. Conventions:
 - saved activations per layer and token: the residual stream and norm outputs (4 x d), the
   attention projections (q, o: 2 x heads x head_dim; k, v: 2 x kv_heads x head_dim), the
   MLP's gate, up and product (3 x mlp), in the compute dtype, and the attention
-  probabilities (heads x row_len, float32), split over "tensor";
+  probabilities (heads x row_len, float32), split over "tensor"; with remat, only each
+  layer's input (d) and one layer's activations;
 - the loss's float32 logits: tokens x vocabulary three times (logits, log-softmax, their
   gradient), or tokens x chunk with `vocab_chunk`;
 - the rollout holds the weights in the compute dtype (split over its tensor group) and a
@@ -86,6 +87,7 @@ def plan_memory(
   slots: int,
   vocab_chunk: int = 0,
   rollout_tensor: int = 1,
+  remat: bool = False,
 ) -> MemoryPlan:
   """Per-device bytes of one GRPO step's update and rollout (see the module docstring).
 
@@ -98,6 +100,8 @@ def plan_memory(
     rollout_rows, slots: the rollout's batch and cache slots per row.
     vocab_chunk: the loss's vocabulary chunk (0: the whole vocabulary at once).
     rollout_tensor: the rollout's tensor group (1: weights whole on every device).
+    remat: layers recompute their activations in the backward pass: every layer's input
+      (the residual stream) is saved and one layer's activations live at a time.
   """
   if devices % tensor or devices % rollout_tensor:
     raise ValueError(f"tensor={tensor} / rollout_tensor={rollout_tensor} must divide {devices}")
@@ -109,7 +113,10 @@ def plan_memory(
   tokens = -(-micro_batch_rows * row_len // data)  # per data shard
   d, h, kv, hd = model.d_model, model.num_heads, model.num_kv_heads, model.head_dim
   per_token = (4 * d + 2 * h * hd + 2 * kv * hd + 3 * model.mlp_dim) * cb + h * row_len * 4
-  activations = model.num_layers * tokens * per_token // tensor
+  if remat:
+    activations = model.num_layers * tokens * d * cb + tokens * per_token // tensor
+  else:
+    activations = model.num_layers * tokens * per_token // tensor
   width = min(vocab_chunk, model.vocab_size) if vocab_chunk else model.vocab_size
   logits = 3 * tokens * width * 4 // (1 if vocab_chunk else tensor)
   kv_rows = -(-rollout_rows // (devices // rollout_tensor))
@@ -159,7 +166,9 @@ def qwen25(size: str) -> ModelConfig:
   )
 
 
-def compiled_update_bytes(model: ModelConfig, rows: int, width: int, vocab_chunk: int = 0) -> int:
+def compiled_update_bytes(
+  model: ModelConfig, rows: int, width: int, vocab_chunk: int = 0, remat: bool = False
+) -> int:
   """XLA's bytes for one compiled policy update (AdamW) of `rows` x `width` tokens on one
   device, for checking `plan_memory` against the compiler (compiles; does not run)."""
   import jax.numpy as jnp
@@ -172,7 +181,7 @@ def compiled_update_bytes(model: ModelConfig, rows: int, width: int, vocab_chunk
   ucfg = UpdateConfig(micro_batch=rows)
   opt = make_optimizer(ucfg)
   loss_cfg = PolicyLossConfig(vocab_chunk=vocab_chunk)
-  update = make_policy_update(graphdef, opt, loss_cfg, ucfg.micro_batch)
+  update = make_policy_update(graphdef, opt, loss_cfg, ucfg.micro_batch, remat=remat)
   batch = {
     "tokens": jnp.zeros((rows, width), jnp.int32),
     "mask": jnp.ones((rows, width), jnp.float32),

@@ -232,6 +232,7 @@ class GRPOTrainer:
       update_config.micro_batch,
       update_config.trainable,
       param_sharding=self.param_sharding,
+      remat=update_config.remat,
     )
     self.old_logp = jax.jit(
       lambda p, t, pos, seg: token_logprobs(

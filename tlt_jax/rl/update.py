@@ -49,6 +49,7 @@ def token_logprobs(
   positions: Int[Array, "B T"] | None = None,
   segment_ids: Int[Array, "B T"] | None = None,
   vocab_chunk: int = 0,
+  remat: bool = False,
 ) -> tuple[Float[Array, "B T"], Float[Array, "B T"] | None]:
   """Log-prob of each token given its prefix under the sampled distribution: the
   policy tempered, then top-k / top-p truncated and renormalised, as the rollout draws
@@ -81,6 +82,8 @@ def token_logprobs(
     vocab_chunk: > 0: the head and its log-sum-exp run over vocabulary chunks of this
       size (`rl.logprobs.chunked_logprobs`; untruncated only), so no [B, T, vocab] float32
       array is built; 0: one pass over the whole vocabulary.
+    remat: recompute each layer's activations in the backward pass (`Transformer`'s
+      remat): less memory for a gradient through these log-probs, one more forward.
 
   The forward reads the parameters in the model's compute dtype (models.precision), as
   the rollout does; gradients reach the stored (master) parameters through that cast.
@@ -105,7 +108,7 @@ def token_logprobs(
   b, t = tokens.shape
   if positions is None:
     positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-  hidden, _, _ = model(tokens, positions, segment_ids=segment_ids)
+  hidden, _, _ = model(tokens, positions, segment_ids=segment_ids, remat=remat)
   pad = lambda x: jnp.pad(x, ((0, 0), (1, 0)))
   if vocab_chunk:
     flat = hidden[:, :-1].reshape(b * (t - 1), -1)
@@ -151,6 +154,8 @@ class UpdateConfig:
     trainable: a regular expression over parameter paths ("layers/3/mlp/down_proj/kernel",
       "embed/embedding", "final_norm/scale"; re.search): only matching parameters are
       updated, the rest stay frozen. "": all parameters.
+    remat: recompute each layer's activations in the backward pass (less memory per
+      micro-batch row, one more forward; `make_policy_update`).
   """
 
   learning_rate: float = 1e-6
@@ -165,6 +170,7 @@ class UpdateConfig:
   b1: float = 0.9
   b2: float = 0.999
   trainable: str = ""
+  remat: bool = False
 
   def __post_init__(self):
     if not (self.learning_rate > 0 and math.isfinite(self.learning_rate)):
@@ -250,6 +256,7 @@ def make_policy_update(
   micro_batch: int,
   trainable: str = "",
   param_sharding: Any = None,
+  remat: bool = False,
 ) -> Callable[..., tuple[nnx.State, optax.OptState, dict[str, jax.Array]]]:
   """A jitted `(params, opt_state, batch, ref_params) -> (params, opt_state, metrics)`.
 
@@ -283,6 +290,10 @@ def make_policy_update(
   `param_sharding` (a pytree of shardings like params, e.g. FSDP's from
   `parallel.sharding.param_shardings`): the gradients and the updated params are held to
   it, so XLA reduce-scatters gradients rather than replicating them.
+
+  `remat` (UpdateConfig.remat): the policy's layers recompute their activations in the
+  backward pass (one more forward; a micro-batch then holds every layer's input and one
+  layer's activations, so longer rows fit).
 
   Metrics: loss, grad_norm (of the trained parameters, before clipping), skipped, and
   policy_loss's metrics, all of the pre-update policy on the full batch.
@@ -342,7 +353,14 @@ def make_policy_update(
         # Entropy in the loss, or as a diagnostic (entropy collapse) if entropy_metric.
         with_entropy = loss_cfg.entropy_coef > 0 or loss_cfg.entropy_metric
         logp, ent = token_logprobs(
-          graphdef, p, mb["tokens"], temp, with_entropy=with_entropy, **trunc, **layout(mb)
+          graphdef,
+          p,
+          mb["tokens"],
+          temp,
+          with_entropy=with_entropy,
+          remat=remat,
+          **trunc,
+          **layout(mb),
         )
         if ent is not None and loss_cfg.entropy_coef == 0:
           ent = jax.lax.stop_gradient(ent)  # metric only: no backward through it
