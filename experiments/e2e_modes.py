@@ -5,6 +5,9 @@ accepted-length-over-training figure, scaled to this machine. One process, one
 config, the same warm-start policy, the same drafter warm start, the same
 prompts and seeds; only `config.mode` differs. The warm start and the drafter's
 warm start are built once in <out>/shared and copied into each mode's workdir.
+With `--seeds=0,1` every mode runs once per RL seed (`config.seed`: data order and
+rollout keys; the warm starts are shared), in <out>/<mode>_s<seed>; speedups are
+taken against the baseline of the same seed and reported per seed and as their mean.
 
 Writes <out>/e2e_modes.json, .csv (one row per mode and step) and .png
 (step time per mode, reward and held-out accuracy curves, accepted length over
@@ -35,6 +38,9 @@ from tlt_jax import train  # noqa: E402
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/default.py", "job config")
 _OUT = flags.DEFINE_string("out", "runs/e2e_modes", "output folder")
 _MODES = flags.DEFINE_list("modes", ["baseline", "sd", "tlt"], "modes to run, in order")
+_SEEDS = flags.DEFINE_list(
+  "seeds", [], "RL seeds (config.seed; default: the config's); each mode runs once per seed"
+)
 _ANALYZE = flags.DEFINE_bool(
   "analyze_only", False, "rebuild the tables and plot from the runs already in --out"
 )
@@ -58,11 +64,14 @@ def main(argv):
   config = _CONFIG.value.copy_and_resolve_references()
   shared = None if _ANALYZE.value else _prepare(config, out)
   results, rows = {}, []
-  for mode in _MODES.value:
-    workdir = os.path.join(out, mode)
+  seeds = [int(s) for s in _SEEDS.value] or [int(config.seed)]
+  runs = [(mode, seed) for seed in seeds for mode in _MODES.value]
+  for mode, seed in runs:
+    label = mode if len(seeds) == 1 else f"{mode}_s{seed}"
+    workdir = os.path.join(out, label)
     if _ANALYZE.value:
       with open(os.path.join(workdir, "summary.json")) as f:
-        results[mode] = {"summary": json.load(f)}
+        results[label] = {"summary": json.load(f), "mode": mode, "seed": seed}
     else:
       if os.path.isdir(workdir):
         shutil.rmtree(workdir)  # a fresh run: resuming would skip the steps we time
@@ -70,13 +79,18 @@ def main(argv):
       for piece in ("warm_start", "drafter_warm_start"):
         shutil.copytree(os.path.join(shared, piece), os.path.join(workdir, piece))
       cfg = config.copy_and_resolve_references()
-      cfg.mode = mode
+      cfg.mode, cfg.seed = mode, seed
       cfg.rollout.num_prompts = 0  # no closing rollout report: the RL steps are the measurement
       start = time.perf_counter()
       summary = train.train_and_evaluate(cfg, workdir)
-      results[mode] = {"summary": summary, "wall_seconds": time.perf_counter() - start}
+      results[label] = {
+        "summary": summary,
+        "mode": mode,
+        "seed": seed,
+        "wall_seconds": time.perf_counter() - start,
+      }
     with open(os.path.join(workdir, "metrics.jsonl")) as f:
-      rows += [_row(mode, json.loads(line)) for line in f]
+      rows += [_row(label, json.loads(line)) for line in f]
   table = _table(results, rows)
   host = host_info()
   print(format_host(host), flush=True)
@@ -92,11 +106,11 @@ def main(argv):
   print(_markdown(table))
 
 
-def _row(mode, r):
-  """One step of one mode, as the table and plot use it."""
+def _row(label, r):
+  """One step of one run (a mode, or mode_s<seed>), as the table and plot use it."""
   compile_s = r["time/rollout_compile"] + r.get("time/train_compile", 0.0)
   return {
-    "mode": mode,
+    "mode": label,
     "step": r["step"],
     # The RL step (rollout -> update): lazy compiles (more programs with SD; update
     # shapes that differ between the modes' rollouts) and held-out evaluation (plain
@@ -128,7 +142,9 @@ def _per_arm(r, what):
 
 
 def _table(results, rows):
-  """Per mode: mean step and rollout time over steps after the first (compiles), speedup."""
+  """Per run: mean step and rollout time over steps after the first (compiles), and
+  speedups against the baseline of its seed; with several seeds, per mode the mean of
+  its runs' figures and the range of their speedups."""
   table = {}
   for mode in results:
     mine = [r for r in rows if r["mode"] == mode]
@@ -150,15 +166,32 @@ def _table(results, rows):
       "final_eval_sampled": (rl.get("final_eval") or {}).get("sampled_accuracy"),
       "accept_length": [r["accept_length"] for r in mine if r["accept_length"] != ""],
     }
-  if "baseline" in table:
-    base = table["baseline"]
-    for t in table.values():
-      t["step_speedup"] = base["step_s"] / t["step_s"]
-      s = base["rollout_s"] / t["rollout_s"]
-      t["rollout_speedup"] = s
-      # Amdahl at the baseline's own rollout share r and at the paper's r = 0.85.
-      for name, r in (("implied_at_own_r", base["rollout_share"]), ("implied_at_r085", 0.85)):
-        t[name] = 1.0 / ((1 - r) + r / s)
+  for label, t in table.items():
+    info = results[label]
+    base_label = "baseline" if label == info.get("mode", label) else f"baseline_s{info['seed']}"
+    base = table.get(base_label)
+    if base is None:
+      continue
+    t["step_speedup"] = base["step_s"] / t["step_s"]
+    s = base["rollout_s"] / t["rollout_s"]
+    t["rollout_speedup"] = s
+    # Amdahl at the baseline's own rollout share r and at the paper's r = 0.85.
+    for name, r in (("implied_at_own_r", base["rollout_share"]), ("implied_at_r085", 0.85)):
+      t[name] = 1.0 / ((1 - r) + r / s)
+  modes = {info.get("mode", label) for label, info in results.items()}
+  if len(modes) < len(results):  # several seeds: one summary row per mode
+    for mode in sorted(modes, key=_order):
+      mine = [table[k] for k, info in results.items() if info.get("mode") == mode]
+      agg = {
+        k: float(np.mean([t[k] for t in mine]))
+        for k in mine[0]
+        if isinstance(mine[0][k], float) and all(isinstance(t.get(k), float) for t in mine)
+      }
+      agg["accept_length"] = mine[0]["accept_length"]
+      for k in ("step_speedup", "rollout_speedup"):
+        if k in agg:
+          agg[f"{k}_range"] = [min(t[k] for t in mine), max(t[k] for t in mine)]
+      table[f"{mode} (mean of {len(mine)} seeds)"] = agg
   return table
 
 
@@ -175,10 +208,15 @@ def _markdown(table):
       f"| {mode} | {t['step_s']:.2f} | {t['rollout_s']:.2f} | {t['rollout_share']:.2f} | "
       f"{t['tail_share']:.2f} | {t.get('step_speedup', float('nan')):.2f}x | "
       f"{t.get('rollout_speedup', float('nan')):.2f}x"
-      f" | {t.get('implied_at_r085', float('nan')):.2f}x | {t['final_eval']} / "
-      f"{t['final_eval_sampled']} | " + (f"{acc[0]:.2f} -> {acc[-1]:.2f} |" if acc else "- |")
+      f" | {t.get('implied_at_r085', float('nan')):.2f}x | {t.get('final_eval')} / "
+      f"{t.get('final_eval_sampled')} | " + (f"{acc[0]:.2f} -> {acc[-1]:.2f} |" if acc else "- |")
     )
   return "\n".join(lines)
+
+
+def _order(label):
+  """baseline, sd, tlt; then by seed."""
+  return (["baseline", "sd", "tlt"].index(label.split("_s")[0]), label)
 
 
 def _plot(rows, path):
@@ -187,7 +225,7 @@ def _plot(rows, path):
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
-  modes = sorted({r["mode"] for r in rows}, key=["baseline", "sd", "tlt"].index)
+  modes = sorted({r["mode"] for r in rows}, key=_order)
   fig, ax = plt.subplots(1, 6, figsize=(26, 3.8))
   for m in modes:
     mine = [r for r in rows if r["mode"] == m]
