@@ -13,6 +13,15 @@ predicted rollout and step time per mode, to set beside the measured ones.
     --accept_sd=chain4:3.4,chain8:4.6 --accept_tlt=chain4:3.9,chain8:5.9 \
     --update_ms_per_token=0.9
 
+Validated (--validate=DIR, an experiments/e2e_modes.py output folder): every measured
+step of every mode replayed on its own response lengths and accept lengths with this
+host's cost surface (the baseline calibrates the update and the rest of a step); the
+predicted and measured rollout and step times side by side, and whether they agree
+within 15%.
+
+  python experiments/simulate.py --surface=runs/cost_surface/cost_surface.json \
+    --validate=runs/regime
+
 Projected (--project): H100 cost models from published figures for bf16 Qwen2.5-7B (one
 GPU per rollout instance) and 32B (4-way tensor parallel), the paper's settings (GRPO,
 G = 8, 32k response cap, SD at <= 32 running rows, verification of 32 draft nodes, accept
@@ -37,12 +46,15 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from tlt_jax.sim import (  # noqa: E402
   ArmModel,
+  Calibration,
   EnginePolicy,
   RooflineCost,
   TableCost,
   arms_from_accept,
+  compare,
   replay_step,
   speedup_bound,
+  step_record,
 )
 
 _PROJECT = flags.DEFINE_bool("project", False, "H100 projection in the paper's settings")
@@ -70,6 +82,7 @@ _GROUP_ACCEPT = flags.DEFINE_float(
 )
 _SEED = flags.DEFINE_integer("seed", 0, "length and acceptance draws")
 _OUT = flags.DEFINE_string("out", "", "write the predictions here as JSON")
+_VALIDATE = flags.DEFINE_string("validate", "", "an e2e_modes.py output folder to predict")
 
 
 def _accept(items) -> dict[str, float]:
@@ -201,10 +214,79 @@ def project() -> dict:
   return results
 
 
+def _run_records(workdir: str) -> list:
+  """The StepRecords of one run folder, after its first step (compiles, warm-up)."""
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    metrics = [json.loads(line) for line in f]
+  with open(os.path.join(workdir, "rollout_lengths.jsonl")) as f:
+    lengths = {row["step"]: row for row in map(json.loads, f)}
+  records = [step_record(m, lengths[m["step"]]) for m in metrics]
+  return records[1:] if len(records) > 1 else records
+
+
+def validate(run_dir: str, cost) -> dict:
+  """Predicted vs measured per run of an e2e_modes.py folder (see the module docstring)."""
+  labels = sorted(
+    d for d in os.listdir(run_dir) if os.path.isfile(os.path.join(run_dir, d, "metrics.jsonl"))
+  )
+  configs, records = {}, {}
+  for label in labels:
+    with open(os.path.join(run_dir, label, "config.json")) as f:
+      configs[label] = json.load(f)
+    records[label] = _run_records(os.path.join(run_dir, label))
+  baselines = [k for k in labels if configs[k]["mode"] == "baseline"]
+  if not baselines:
+    raise app.UsageError(f"{run_dir}: no baseline run to calibrate the update with")
+  results = {}
+  print(
+    "\n| run | steps | rollout s measured / predicted | step s measured / predicted | "
+    "ratios | within 15% |"
+  )
+  print("|---|---|---|---|---|---|")
+  for label in labels:
+    cfg, mode = configs[label], configs[label]["mode"]
+    # The baseline of the same seed when there are several (mode_s<seed> folders).
+    suffix = label[len(mode) :]
+    base = f"baseline{suffix}" if f"baseline{suffix}" in records else baselines[0]
+    eng = cfg["engine"]
+    policy = EnginePolicy(
+      max_batch=eng["max_batch"],
+      min_batch_bucket=eng["min_batch_bucket"],
+      chunk_steps=eng["chunk_steps"],
+      compact=eng["compact"],
+      spec_threshold=eng["spec_threshold"],
+      spec_rounds=eng["spec_rounds"],
+      prompt_len=_PROMPT.value,
+    )
+    out = compare(
+      records[label],
+      cost,
+      policy,
+      Calibration.from_baseline(records[base]),
+      speculative=mode != "baseline",
+      draft_cost=_DRAFT_COST.value,
+      stochastic=_STOCHASTIC.value,
+      seed=_SEED.value,
+    )
+    results[label] = out
+    print(
+      f"| {label} | {out['steps']} | {out['measured_rollout_s']:.2f} / "
+      f"{out['predicted_rollout_s']:.2f} | {out['measured_step_s']:.2f} / "
+      f"{out['predicted_step_s']:.2f} | {out['rollout_ratio']:.2f} / {out['step_ratio']:.2f} | "
+      f"{'yes' if out['within_tolerance'] else 'NO'} |"
+    )
+  return results
+
+
 def main(argv):
   del argv
   if _PROJECT.value:
     results = project()
+  elif _VALIDATE.value:
+    if not _SURFACE.value:
+      raise app.UsageError("--validate needs --surface (experiments/cost_surface.py's JSON)")
+    with open(_SURFACE.value) as f:
+      results = validate(_VALIDATE.value, TableCost.from_dict(json.load(f)))
   else:
     if not _SURFACE.value:
       raise app.UsageError("--surface (experiments/cost_surface.py's JSON) or --project")

@@ -129,3 +129,58 @@ def test_step_modes_and_the_end_to_end_bound():
   with pytest.raises(ValueError, match="max_batch"):
     replay_rollout([1] * 5, _Cost(), policy)
   assert np.isfinite(base.step_s)
+
+
+def test_step_records_read_a_runs_metrics_and_lengths():
+  from tlt_jax.sim import step_record
+
+  metrics = {
+    "step": 3,
+    "time/step": 10.0,
+    "time/rollout": 6.0,
+    "time/rollout_compile": 1.0,
+    "time/train_compile": 0.5,
+    "time/eval": 2.0,
+    "time/update": 1.5,
+    "spec/arm/chain4/accept_length": 3.2,
+    "spec/arm/plain/chunks": 4,
+  }
+  rec = step_record(metrics, {"step": 3, "rollouts": [[5, 0, 7], [2]]})
+  assert rec.rollouts == ((5, 1, 7), (2,)) and rec.tokens == 15
+  assert rec.rollout_s == 5.0 and rec.step_s == 6.5 and rec.update_s == 1.5
+  assert rec.accept == {"chain4": 3.2}
+  with pytest.raises(ValueError, match="step"):
+    step_record(metrics, {"step": 4, "rollouts": [[1]]})
+
+
+def test_validation_predicts_a_run_made_by_its_own_model_and_flags_one_that_is_not():
+  """Steps whose measured times are what the cost model and engine policy imply compare
+  at ratio 1; a run 30% slower than the model is outside the 15% tolerance; the baseline
+  calibrates the update and the rest of a step for every mode."""
+  from tlt_jax.sim import Calibration, StepRecord, compare
+
+  policy = EnginePolicy(max_batch=4, chunk_steps=2, spec_threshold=4, spec_rounds=2)
+  cost = _Cost(per_row=True)
+  lengths = [(3, 9, 4, 12), (6, 2, 2, 8)]
+  plain = [replay_rollout(x, cost, dataclasses.replace(policy, spec_threshold=0)) for x in lengths]
+  base = [
+    StepRecord((x,), p.seconds, p.seconds + 0.01 * sum(x) + 2.0, 0.01 * sum(x), {})
+    for x, p in zip(lengths, plain)
+  ]
+  cal = Calibration.from_baseline(base)
+  assert cal.update_s_per_token == pytest.approx(0.01) and cal.other_s == pytest.approx(2.0)
+  got = compare(base, cost, policy, cal, speculative=False, stochastic=False)
+  assert got["rollout_ratio"] == pytest.approx(1.0) and got["step_ratio"] == pytest.approx(1.0)
+  assert got["within_tolerance"] and got["steps"] == 2
+  arms = arms_from_accept({"chain4": 3.0}, 0.0)
+  spec = [replay_rollout(x, cost, policy, arms) for x in lengths]
+  sd = [
+    StepRecord((x,), p.seconds, p.seconds + 0.01 * sum(x) + 2.0, 0.01 * sum(x), {"chain4": 3.0})
+    for x, p in zip(lengths, spec)
+  ]
+  got = compare(sd, cost, policy, cal, speculative=True, draft_cost=0.0, stochastic=False)
+  assert got["rollout_ratio"] == pytest.approx(1.0) and got["within_tolerance"]
+  assert got["predicted_rollout_s"] < np.mean([p.seconds for p in plain])
+  slow = [dataclasses.replace(r, rollout_s=1.3 * r.rollout_s, step_s=1.3 * r.step_s) for r in sd]
+  got = compare(slow, cost, policy, cal, speculative=True, draft_cost=0.0, stochastic=False)
+  assert got["rollout_ratio"] == pytest.approx(1 / 1.3) and not got["within_tolerance"]

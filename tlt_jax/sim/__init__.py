@@ -1,6 +1,7 @@
 """A trace-driven simulator of RL steps: the rollout engine's policy replayed on response
 lengths with a decode cost model (`costs`), predicting rollout and step time per mode
-(`replay`). experiments/simulate.py calibrates it on this host and projects it to others."""
+(`replay`), and checked against a measured run (`validate`). experiments/simulate.py
+calibrates it on this host and projects it to others."""
 
 from tlt_jax.sim.costs import (
   ArmModel,
@@ -18,18 +19,23 @@ from tlt_jax.sim.replay import (
   replay_step,
   speedup_bound,
 )
+from tlt_jax.sim.validate import Calibration, StepRecord, compare, step_record
 
 __all__ = [
   "ArmModel",
+  "Calibration",
   "DecodeCost",
   "EnginePolicy",
   "RolloutPrediction",
   "RooflineCost",
   "StepPrediction",
+  "StepRecord",
   "TableCost",
   "arms_from_accept",
   "chain_accept_length",
+  "compare",
   "replay_rollout",
   "replay_step",
   "speedup_bound",
+  "step_record",
 ]

@@ -1,0 +1,138 @@
+"""The simulator against a measured run: each RL step of each mode replayed on the step's
+own response lengths, and the predicted rollout and step times set beside the measured.
+
+Only the decode cost model (a host's `TableCost`) and the engine's policy are being tested:
+the run supplies what the simulator takes as inputs anyway (response lengths, each draft
+arm's accept length in that step), and the baseline run calibrates the non-rollout part of
+a step (update seconds per token and the rest) for every mode.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from tlt_jax.sim.costs import DecodeCost, arms_from_accept
+from tlt_jax.sim.replay import EnginePolicy, replay_rollout
+
+# A calibrated prediction should be within 15% of the measured time.
+TOLERANCE = 0.15
+# Draft arms the simulator models from an accept length (`costs.arms_from_accept`).
+_MODELLED = ("chain", "group", "hybrid")
+
+
+@dataclasses.dataclass(frozen=True)
+class StepRecord:
+  """What a run measured in one RL step.
+
+  Attributes:
+    rollouts: response lengths of each rollout of the step (refills are rollouts too).
+    rollout_s: rollout wall time without lazy compiles.
+    step_s: step wall time without compiles and held-out evaluation.
+    update_s: the policy update's time.
+    accept: the step's accept length per draft arm (empty: no speculative round).
+  """
+
+  rollouts: tuple[tuple[int, ...], ...]
+  rollout_s: float
+  step_s: float
+  update_s: float
+  accept: Mapping[str, float]
+
+  @property
+  def tokens(self) -> int:
+    return int(sum(sum(r) for r in self.rollouts))
+
+
+def step_record(metrics: Mapping[str, Any], lengths: Mapping[str, Any]) -> StepRecord:
+  """A StepRecord from one line of a run's metrics.jsonl and of its rollout_lengths.jsonl."""
+  if metrics["step"] != lengths["step"]:
+    raise ValueError(f"metrics step {metrics['step']} != lengths step {lengths['step']}")
+  rollout_compile = metrics.get("time/rollout_compile", 0.0)
+  compile_s = rollout_compile + metrics.get("time/train_compile", 0.0)
+  accept = {
+    k.split("/")[2]: float(v)
+    for k, v in metrics.items()
+    if k.startswith("spec/arm/") and k.endswith("/accept_length")
+  }
+  return StepRecord(
+    rollouts=tuple(tuple(max(1, int(n)) for n in r) for r in lengths["rollouts"]),
+    rollout_s=metrics["time/rollout"] - rollout_compile,
+    step_s=metrics["time/step"] - compile_s - metrics.get("time/eval", 0.0),
+    update_s=metrics["time/update"],
+    accept=accept,
+  )
+
+
+@dataclasses.dataclass(frozen=True)
+class Calibration:
+  """The non-rollout part of a step, from a baseline run: seconds of update per rollout
+  token, and the remaining seconds per step (rewards, old log-probs, host work)."""
+
+  update_s_per_token: float
+  other_s: float
+
+  @classmethod
+  def from_baseline(cls, records: Sequence[StepRecord]) -> Calibration:
+    tokens = sum(r.tokens for r in records)
+    update = sum(r.update_s for r in records)
+    other = float(np.mean([r.step_s - r.rollout_s - r.update_s for r in records]))
+    return cls(update / max(tokens, 1), max(other, 0.0))
+
+
+def compare(
+  records: Sequence[StepRecord],
+  cost: DecodeCost,
+  policy: EnginePolicy,
+  calibration: Calibration,
+  *,
+  speculative: bool,
+  draft_cost: float = 0.1,
+  stochastic: bool = True,
+  seed: int = 0,
+) -> dict[str, Any]:
+  """Mean measured and predicted rollout and step seconds over `records`, their ratios
+  (predicted / measured) and whether both are within TOLERANCE. With `speculative`, each
+  step's draft arms carry that step's accept lengths (the run's mean where an arm did not
+  run in that step); arms the simulator cannot model (trees) are left out."""
+  if not records:
+    raise ValueError("no steps to compare")
+  mean_accept: dict[str, list[float]] = {}
+  for r in records:
+    for arm, length in r.accept.items():
+      mean_accept.setdefault(arm, []).append(length)
+  fallback = {arm: float(np.mean(v)) for arm, v in mean_accept.items()}
+  if not speculative:
+    policy = dataclasses.replace(policy, spec_threshold=0)
+  predicted_rollout, predicted_step = [], []
+  for i, r in enumerate(records):
+    arms = ()
+    if speculative:
+      accept = {**fallback, **r.accept}
+      modelled = {k: v for k, v in accept.items() if k.rstrip("0123456789") in _MODELLED}
+      arms = arms_from_accept(modelled, draft_cost)
+    seconds = sum(
+      replay_rollout(
+        lengths, cost, policy, arms, stochastic=stochastic, seed=seed + 97 * i + j
+      ).seconds
+      for j, lengths in enumerate(r.rollouts)
+    )
+    predicted_rollout.append(seconds)
+    update = calibration.update_s_per_token * r.tokens
+    predicted_step.append(seconds + update + calibration.other_s)
+  out = {
+    "steps": len(records),
+    "measured_rollout_s": float(np.mean([r.rollout_s for r in records])),
+    "predicted_rollout_s": float(np.mean(predicted_rollout)),
+    "measured_step_s": float(np.mean([r.step_s for r in records])),
+    "predicted_step_s": float(np.mean(predicted_step)),
+  }
+  out["rollout_ratio"] = out["predicted_rollout_s"] / out["measured_rollout_s"]
+  out["step_ratio"] = out["predicted_step_s"] / out["measured_step_s"]
+  out["within_tolerance"] = all(
+    abs(out[k] - 1.0) <= TOLERANCE for k in ("rollout_ratio", "step_ratio")
+  )
+  return out
