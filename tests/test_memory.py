@@ -50,15 +50,40 @@ def test_plan_is_within_a_factor_of_two_of_the_compiled_update(chunk):
   assert 0.5 <= measured / plan.update_peak <= 2.0, (measured, plan)
 
 
-def test_remat_shrinks_the_compiled_update_and_the_plan_follows():
-  """Long rows: without remat every layer's attention probabilities are saved for the
-  backward pass; with it one layer's are. XLA's compiled update shrinks, and the plan's
-  remat estimate stays within a factor of two of it."""
+def _saved_for_backward(model: ModelConfig, rows: int, width: int, remat: bool) -> int:
+  """Bytes a gradient of the policy's forward keeps for its backward pass (the residuals
+  jax.vjp closes over, weights included), from shapes alone."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  from flax import nnx
+
+  from tlt_jax.models.transformer import init_model
+
+  graphdef, params = nnx.split(init_model(model))
+  tokens = jnp.zeros((rows, width), jnp.int32)
+  positions = jnp.broadcast_to(jnp.arange(width), (rows, width))
+
+  def loss(p):
+    hidden, _, _ = nnx.merge(graphdef, p)(tokens, positions, remat=remat)
+    return jnp.sum(hidden**2)
+
+  saved = jax.eval_shape(lambda p: jax.vjp(loss, p)[1], params)
+  return sum(int(np.prod(a.shape)) * a.dtype.itemsize for a in jax.tree.leaves(saved))
+
+
+def test_remat_keeps_only_layer_inputs_and_the_plan_follows():
+  """Long rows: without remat every layer's activations (attention probabilities among
+  them) are kept for the backward pass; with it only each layer's input. The plan's remat
+  estimate (layer inputs + one layer's activations live at a time) lies between the two.
+  XLA's CPU compiler does not turn this into a smaller compiled update (its buffer
+  assignment measured 1.21 vs 1.26 GB here, experiments/RESULTS.md), so the check is on
+  what the program keeps, not on the CPU compiler's temporaries."""
   rows, width = 8, 512
-  plain = compiled_update_bytes(SMALL, rows, width)
-  remat = compiled_update_bytes(SMALL, rows, width, remat=True)
-  assert remat < 0.7 * plain, (remat, plain)
+  plain = _saved_for_backward(SMALL, rows, width, remat=False)
+  remat = _saved_for_backward(SMALL, rows, width, remat=True)
+  assert remat < 0.1 * plain, (remat, plain)
   shapes = dict(micro_batch_rows=rows, row_len=width, rollout_rows=1, slots=1)
-  plan = plan_memory(SMALL, devices=1, remat=True, **shapes)
-  assert plan.activations < plan_memory(SMALL, devices=1, **shapes).activations
-  assert 0.5 <= remat / plan.update_peak <= 2.0, (remat, plan)
+  planned = plan_memory(SMALL, devices=1, remat=True, **shapes).activations
+  assert planned < plan_memory(SMALL, devices=1, **shapes).activations
+  assert remat < planned < plain, (remat, planned, plain)
