@@ -431,6 +431,7 @@ def test_llama_attention_bias_import(hf_checkpoints, tmp_path):
   ],
 )
 def test_unsupported_config(llama_ckpt, updates, message):
+  _as_transformers4(llama_ckpt)  # the cases above are edits of transformers 4's layout
   _edit_config(llama_ckpt, **updates)
   with pytest.raises(ValueError, match=message):
     load_hf_checkpoint(llama_ckpt)
@@ -439,12 +440,26 @@ def test_unsupported_config(llama_ckpt, updates, message):
 def _as_transformers5(path: Path) -> None:
   """Rewrites config.json the way transformers 5 writes it: every RoPE setting in one
   rope_parameters dict, no top-level rope_theta or rope_scaling."""
+  _as_transformers4(path)
   config_file = path / "config.json"
   hf = json.loads(config_file.read_text())
   rope = {"rope_theta": hf.pop("rope_theta"), "rope_type": "default"}
   rope.update(hf.pop("rope_scaling", None) or {})
   rope.pop("type", None)
   config_file.write_text(json.dumps({**hf, "rope_parameters": rope}))
+
+
+def _as_transformers4(path: Path) -> None:
+  """Rewrites config.json the way transformers 4 writes it (a top-level rope_theta, and
+  rope_scaling only for a scaled RoPE), whichever version saved it."""
+  config_file = path / "config.json"
+  hf = json.loads(config_file.read_text())
+  rope = dict(hf.pop("rope_parameters", None) or {})
+  if rope:
+    hf["rope_theta"] = rope.pop("rope_theta")
+    if rope.get("rope_type", "default") != "default":
+      hf["rope_scaling"] = rope
+  config_file.write_text(json.dumps(hf))
 
 
 @pytest.mark.parametrize(
