@@ -68,7 +68,11 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.rl.eval_examples = 32
   c.rl.eval_samples = 0
   c.rl.checkpoint_every = 5
-  c.rl.warmup_engine = True  # step times compare modes, not compiles
+  # Programs compile lazily, when a rollout first needs them: their seconds are taken out of
+  # the step times (e2e_modes.py) and of the bandit's rewards. Compiling every (batch bucket x
+  # cache bucket x arm) program up front took 11 minutes per speculative mode even for a
+  # 2-layer policy.
+  c.rl.warmup_engine = False
   c.rl_update.trainable = ""  # every parameter
   c.rl_update.learning_rate = 3e-6
   c.rl_update.warmup_steps = 2
