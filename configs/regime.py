@@ -15,7 +15,10 @@ the device busy. Why each setting (figures in experiments/RESULTS.md):
 - all-parameter GRPO at a small rate, so the policy moves and a frozen drafter can go
   stale (mode sd) while the online one follows it (mode tlt).
 The warm start (SFT on the search traces) and the drafter's warm start are built once
-into the workdir and reused. Compare the modes with
+into the workdir and reused. Not yet a working regime (experiments/RESULTS.md, stop 25): a
+100-step warm start (39 minutes on a 2-core host) solves nothing and runs its rows to the cap,
+since a search trace stops only when it finds the target; it needs hours more SFT or a task
+whose traces stop by format. Compare the modes with
   python experiments/e2e_modes.py --config=configs/regime.py --out=runs/regime
 """
 
