@@ -16,9 +16,9 @@ the device busy. Why each setting (figures in experiments/RESULTS.md):
   stale (mode sd) while the online one follows it (mode tlt).
 The warm start (SFT on the search traces) and the drafter's warm start are built once
 into the workdir and reused. Not yet a working regime (experiments/RESULTS.md, stop 25): a
-100-step warm start (39 minutes on a 2-core host) solves nothing and runs its rows to the cap,
-since a search trace stops only when it finds the target; it needs hours more SFT or a task
-whose traces stop by format. Compare the modes with
+short warm start solves nothing and runs its rows to the cap, since a search trace stops only
+when it finds the target; it needs far more SFT or a task whose traces stop by format.
+Compare the modes with
   python experiments/e2e_modes.py --config=configs/regime.py --out=runs/regime
 """
 
@@ -72,9 +72,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.rl.eval_samples = 0
   c.rl.checkpoint_every = 5
   # Programs compile lazily, when a rollout first needs them: their seconds are taken out of
-  # the step times (e2e_modes.py) and of the bandit's rewards. Compiling every (batch bucket x
-  # cache bucket x arm) program up front took 11 minutes per speculative mode even for a
-  # 2-layer policy.
+  # the step times (e2e_modes.py) and of the bandit's rewards, and most of the (batch bucket x
+  # cache bucket x arm) programs an eager warm-up would compile are never run.
   c.rl.warmup_engine = False
   c.rl_update.trainable = ""  # every parameter
   c.rl_update.learning_rate = 3e-6

@@ -2,9 +2,14 @@
 
 import dataclasses
 
+import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
+from flax import nnx
 
 from tlt_jax.models.config import ModelConfig
+from tlt_jax.models.transformer import init_model
 from tlt_jax.parallel.memory import GIB, compiled_update_bytes, format_plan, plan_memory, qwen25
 
 SMALL = ModelConfig(
@@ -53,13 +58,6 @@ def test_plan_is_within_a_factor_of_two_of_the_compiled_update(chunk):
 def _saved_for_backward(model: ModelConfig, rows: int, width: int, remat: bool) -> int:
   """Bytes a gradient of the policy's forward keeps for its backward pass (the residuals
   jax.vjp closes over, weights included), from shapes alone."""
-  import jax
-  import jax.numpy as jnp
-  import numpy as np
-  from flax import nnx
-
-  from tlt_jax.models.transformer import init_model
-
   graphdef, params = nnx.split(init_model(model))
   tokens = jnp.zeros((rows, width), jnp.int32)
   positions = jnp.broadcast_to(jnp.arange(width), (rows, width))
@@ -76,9 +74,9 @@ def test_remat_keeps_only_layer_inputs_and_the_plan_follows():
   """Long rows: without remat every layer's activations (attention probabilities among
   them) are kept for the backward pass; with it only each layer's input. The plan's remat
   estimate (layer inputs + one layer's activations live at a time) lies between the two.
-  XLA's CPU compiler does not turn this into a smaller compiled update (its buffer
-  assignment measured 1.21 vs 1.26 GB here, experiments/RESULTS.md), so the check is on
-  what the program keeps, not on the CPU compiler's temporaries."""
+  XLA's CPU compiler does not turn this into a smaller compiled update (experiments/
+  RESULTS.md, stop 25), so the check is on what the program keeps, not on the CPU
+  compiler's temporaries."""
   rows, width = 8, 512
   plain = _saved_for_backward(SMALL, rows, width, remat=False)
   remat = _saved_for_backward(SMALL, rows, width, remat=True)
