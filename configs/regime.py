@@ -4,21 +4,22 @@ TLT pays where a decode step costs about the same for 1 row as for the whole rol
 batch (the weights, not the arithmetic, bound the step) and a few long responses keep
 the device busy. Why each setting (figures in experiments/RESULTS.md):
 - policy: the 50M model of configs/sd_bench.py (16 layers x 512): 200 MB of float32
-  weights, ~6x the 32 MB L3 of this project's CPU hosts. Its decode step measured 15.6 ms
-  at batch 1, 26.1 at 8 and 69.6 at 16 rows: b* = 8.7 rows (experiments/cost_surface.py).
-- rollout: 2 prompts x 4 samples = 8 rows, at b*: the full batch and its tail cost about
-  the same per step, so the tail's steps are nearly all waste.
-- task: countdown with 3-4 numbers solved by a written-out depth-first search, whose
-  length is the search's: median ~100 characters (one token each), p90 ~800, max ~1200
-  (max / median >= 10), the shape of real reasoning traces (DAPO on 32B: median ~450-500,
-  max 9-23x the median).
+  weights, several times the last-level cache of most of this project's CPU hosts (32 MB;
+  one kind has 260 MB, so measure: experiments/cost_surface.py gives b* per host).
+- rollout: 2 prompts x 4 samples = 8 rows, near the b* measured on the hosts so far (4-9
+  rows): the full batch and its tail cost about the same per step, so the tail's steps
+  are nearly all waste.
+- task: chained addition/subtraction whose number of operations is log-normal (median 14,
+  up to 130): the worked solution writes one line per operation, so its length is set by
+  the question: median ~100 characters (one token each), p90 ~400, max ~1,040 (max /
+  median >= 10), the shape of real reasoning traces (DAPO on 32B: median ~450-500, max
+  9-23x the median). A trace ends when its question's operations run out, right or wrong,
+  so even a weak warm start has the tail (a countdown search trace ends only on success:
+  a short warm start never stopped, experiments/RESULTS.md, stop 25).
 - all-parameter GRPO at a small rate, so the policy moves and a frozen drafter can go
   stale (mode sd) while the online one follows it (mode tlt).
-The warm start (SFT on the search traces) and the drafter's warm start are built once
-into the workdir and reused. Not yet a working regime (experiments/RESULTS.md, stop 25): a
-short warm start solves nothing and runs its rows to the cap, since a search trace stops only
-when it finds the target; it needs far more SFT or a task whose traces stop by format.
-Compare the modes with
+The warm start (SFT on the worked solutions) and the drafter's warm start are built once
+into the workdir and reused. Compare the modes with
   python experiments/e2e_modes.py --config=configs/regime.py --out=runs/regime
 """
 
@@ -26,34 +27,41 @@ import ml_collections
 
 from configs import sd_bench
 
-# Search traces longer than this are redrawn; the rollout may run a little past it.
-MAX_TRACE_CHARS = 1200
+# Operations per question: log-normal around the median, capped (solutions ~8 characters each).
+MEDIAN_STEPS, MAX_STEPS = 14, 130
 
 
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
   if arg:
     raise ValueError(f"configs/regime.py takes no variant, got {arg!r}")
   c = sd_bench.get_config()
-  c.task.name = "countdown"
+  c.task.name = "arithmetic"
   c.task.params = ml_collections.ConfigDict(
-    {"number_counts": (3, 4, 4), "max_number": 12, "max_target": 100},
+    {
+      "style": "chain",
+      "median_steps": MEDIAN_STEPS,
+      "steps_sigma": 1.1,
+      "max_steps": MAX_STEPS,
+      "max_operand": 9,
+      "max_value": 99,
+    }
   )
-  c.task.params.max_trace_chars = MAX_TRACE_CHARS
   c.task.train_size = 20_000
   c.task.test_size = 200
 
-  # Packed rows of many short traces and a few long ones.
-  c.sft.steps = 200
+  # Packed rows of many short solutions and a few long ones (the longest question and
+  # solution, ~1,300 tokens, fit a row).
+  c.sft.steps = 60
   c.sft.batch_rows = 4
-  c.sft.row_len = 1280
-  c.sft.learning_rate = 1e-3
-  c.sft.warmup_steps = 20
+  c.sft.row_len = 1344
+  c.sft.learning_rate = 1.5e-3
+  c.sft.warmup_steps = 6
 
-  c.engine.max_prompt_len = 32
-  c.engine.max_new_tokens = MAX_TRACE_CHARS + 64  # the trace and its "#answer" line
+  c.engine.max_prompt_len = 288  # the longest question (~262 characters) and BOS
+  c.engine.max_new_tokens = 8 * MAX_STEPS + 64  # the longest solution and its "#answer"
   c.engine.max_batch = 8
   c.engine.min_cache_bucket = 128
-  c.engine.min_prompt_bucket = 32
+  c.engine.min_prompt_bucket = 64
   c.engine.spec_threshold = 8  # the whole rollout is at or below b*
 
   c.drafter.warmup_prompts = 128

@@ -29,6 +29,8 @@ _DEFAULT_FLAGS = (
   "--xla_cpu_experimental_ynn_fusion_type=dot,eltwise",
   "--xla_cpu_use_onednn=true",
   "--xla_cpu_multi_thread_eigen=false",
+  # The weights split over two host devices, one core each (tensor parallelism over cores).
+  "--xla_force_host_platform_device_count=2 --xla_cpu_multi_thread_eigen=false",
 )
 
 _FLAGS = flags.DEFINE_list("flags", list(_DEFAULT_FLAGS), "XLA_FLAGS settings to compare")
@@ -45,6 +47,15 @@ def _measure(rows: list[int], reps: int) -> dict[int, float]:
   key = jax.random.key(0)
   up = [jax.random.normal(jax.random.fold_in(key, i), (d, f)) * 0.02 for i in range(layers)]
   down = [jax.random.normal(jax.random.fold_in(key, 99 + i), (f, d)) * 0.02 for i in range(layers)]
+
+  if jax.device_count() > 1:
+    # Megatron-style split over the host devices: up projections by column, down by row
+    # (XLA adds the all-reduce after each block); rows are replicated.
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    mesh = Mesh(np.array(jax.devices()), ("tensor",))
+    up = [jax.device_put(w, NamedSharding(mesh, PartitionSpec(None, "tensor"))) for w in up]
+    down = [jax.device_put(w, NamedSharding(mesh, PartitionSpec("tensor", None))) for w in down]
 
   @jax.jit
   def forward(x, up, down):

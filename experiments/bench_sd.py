@@ -181,6 +181,9 @@ def main(argv):
   if not _RANDOM_DRAFTER.value:
     dparams = checkpoint.restore_params(os.path.join(workdir, _DRAFTER.value), dparams)
   base = configuration.engine_config(config, tokenizer)
+  # --config.parallel.devices / rollout_tensor: rows and weights over host devices (with
+  # XLA_FLAGS=--xla_force_host_platform_device_count, a device per core).
+  mesh = configuration.mesh(config)
   host = host_info((graphdef, params))
   print(format_host(host), flush=True)
 
@@ -209,7 +212,12 @@ def main(argv):
     for mode in modes:
       cfg = _engine_config(base, b, strategies, mode)
       engines[mode] = RolloutEngine(
-        graphdef, model_cfg, cfg, pool=pool, drafter_graphdef=None if mode == "plain" else dgraph
+        graphdef,
+        model_cfg,
+        cfg,
+        pool=pool,
+        drafter_graphdef=None if mode == "plain" else dgraph,
+        mesh=mesh,
       )
     for temp in temps:
       sampling = SamplingConfig(temperature=temp)

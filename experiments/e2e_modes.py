@@ -41,6 +41,9 @@ _MODES = flags.DEFINE_list("modes", ["baseline", "sd", "tlt"], "modes to run, in
 _SEEDS = flags.DEFINE_list(
   "seeds", [], "RL seeds (config.seed; default: the config's); each mode runs once per seed"
 )
+_PREPARE = flags.DEFINE_bool(
+  "prepare_only", False, "build the warm starts in <out>/shared and stop (no RL steps)"
+)
 _ANALYZE = flags.DEFINE_bool(
   "analyze_only", False, "rebuild the tables and plot from the runs already in --out"
 )
@@ -63,6 +66,9 @@ def main(argv):
   os.makedirs(out, exist_ok=True)
   config = _CONFIG.value.copy_and_resolve_references()
   shared = None if _ANALYZE.value else _prepare(config, out)
+  if _PREPARE.value:
+    print(f"warm starts ready in {shared}")
+    return
   results, rows = {}, []
   seeds = [int(s) for s in _SEEDS.value] or [int(config.seed)]
   runs = [(mode, seed) for seed in seeds for mode in _MODES.value]

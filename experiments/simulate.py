@@ -27,7 +27,8 @@ GPU per rollout instance) and 32B (4-way tensor parallel), the paper's settings 
 G = 8, 32k response cap, SD at <= 32 running rows, verification of 32 draft nodes, accept
 length 4.59 for a drafter aligned once and 6.53 trained during RL) and DAPO-like response
 lengths (median ~470, p90 ~1k: "RL in the Wild" traces); the table in the paper's layout,
-then with the group drafts of this project added as a further arm.
+then with the group drafts of this project added as a further arm; then a sensitivity
+table: the end-to-end speedup by the tail's weight (max / median) and rows per instance.
 
   python experiments/simulate.py --project
 """
@@ -81,6 +82,15 @@ _GROUP_ACCEPT = flags.DEFINE_float(
   "group_accept", 1.8, "group drafts' accept length (this project: 1.4-1.8, RESULTS.md)"
 )
 _SEED = flags.DEFINE_integer("seed", 0, "length and acceptance draws")
+_SENS_P90 = flags.DEFINE_list(
+  "sensitivity_p90",
+  ["1000", "1420", "1990"],
+  "--project's sensitivity: p90s of the log-normal (median 470); 1000 / 1420 / 1990 put the "
+  "longest of 128 rows near 5 / 10 / 20x the median",
+)
+_SENS_ROWS = flags.DEFINE_list(
+  "sensitivity_rows", ["32", "128", "512"], "--project's sensitivity: rows per instance"
+)
 _OUT = flags.DEFINE_string("out", "", "write the predictions here as JSON")
 _VALIDATE = flags.DEFINE_string("validate", "", "an e2e_modes.py output folder to predict")
 
@@ -176,42 +186,89 @@ _MODELS = {
 }
 
 
+def _h100_model(name: str):
+  """A published model's H100 cost model, its arms (frozen drafter, online drafter, group
+  drafts) and its update's seconds per token."""
+  params, layers, kv_heads, head_dim, gpus = _MODELS[name]
+  cost = RooflineCost(
+    params=params,
+    bytes_per_param=2,
+    kv_bytes_per_token=2 * layers * kv_heads * head_dim * 2,
+    peak_flops=gpus * _H100["peak_flops"],
+    bandwidth=gpus * _H100["bandwidth"],
+    bandwidth_efficiency=_H100["bandwidth_efficiency"],
+    overhead_s=_H100["overhead_s"],
+  )
+  # A tree of 32 verified nodes (the paper's arms: depth 8, top-k 4); the drafter is one
+  # decoder layer: about 1 / layers of a step, plus the LM head's share.
+  draft_cost = 1.0 / layers + 0.05
+  frozen = ArmModel("tree8x4x32", 32, 4.59, 8, draft_cost)
+  online = ArmModel("tree8x4x32", 32, 6.53, 8, draft_cost)
+  group = ArmModel("group16", 17, _GROUP_ACCEPT.value, 0)
+  # Update: 3 x 2 x params FLOPs a token (forward + backward) at 40% of the instance's
+  # peak; the paper's rollout share is ~0.85 of a step, so other time stays 0 here.
+  update_s = 6 * params / (0.4 * gpus * _H100["peak_flops"])
+  return cost, (frozen, online, group), update_s, gpus
+
+
+def _paper_policy(rows: int) -> EnginePolicy:
+  return EnginePolicy(max_batch=rows, chunk_steps=16, spec_threshold=32, prompt_len=256)
+
+
 def project() -> dict:
   """The paper's settings on H100 cost models; see the module docstring."""
   results = {}
-  for name, (params, layers, kv_heads, head_dim, gpus) in _MODELS.items():
-    cost = RooflineCost(
-      params=params,
-      bytes_per_param=2,
-      kv_bytes_per_token=2 * layers * kv_heads * head_dim * 2,
-      peak_flops=gpus * _H100["peak_flops"],
-      bandwidth=gpus * _H100["bandwidth"],
-      bandwidth_efficiency=_H100["bandwidth_efficiency"],
-      overhead_s=_H100["overhead_s"],
-    )
-    # A tree of 32 verified nodes (the paper's arms: depth 8, top-k 4); the drafter is one
-    # decoder layer: about 1 / layers of a step, plus the LM head's share.
-    draft_cost = 1.0 / layers + 0.05
-    frozen = ArmModel("tree8x4x32", 32, 4.59, 8, draft_cost)
-    online = ArmModel("tree8x4x32", 32, 6.53, 8, draft_cost)
-    group = ArmModel("group16", 17, _GROUP_ACCEPT.value, 0)
-    policy = EnginePolicy(max_batch=128, chunk_steps=16, spec_threshold=32, prompt_len=256)
-    traces = lognormal_lengths(470, 1000, 32768, 128, _STEPS.value, _SEED.value)
-    # Update: 3 x 2 x params FLOPs a token (forward + backward) at 40% of the instance's
-    # peak; the paper's rollout share is ~0.85 of a step, so other time stays 0 here.
-    update_s = 6 * params / (0.4 * gpus * _H100["peak_flops"])
+  traces = lognormal_lengths(470, 1000, 32768, 128, _STEPS.value, _SEED.value)
+  for name in _MODELS:
+    cost, (frozen, online, group), update_s, gpus = _h100_model(name)
     for label, arms in (
       ("paper", ([frozen], [online])),
       ("+group", ([frozen, group], [online, group])),
     ):
-      pred = predict(cost, policy, traces, arms[0], arms[1], update_s, 0.0, 0.0, True)
+      pred = predict(cost, _paper_policy(128), traces, arms[0], arms[1], update_s, 0.0, 0.0, True)
       results[f"{name} {label}"] = pred
       _print(f"{name}, {gpus} x H100, {label}", pred)
   print(
     "\nPaper (REFERENCE: 64 H100s vs veRL): Qwen2.5-7B 1.86x, Qwen2.5-32B 2.12x end to end;"
     " SD alone at batch 1 2.61x (7B)."
   )
+  results["sensitivity"] = sensitivity()
   return results
+
+
+def sensitivity() -> list[dict]:
+  """TLT's projected end-to-end speedup by the tail's weight and the rows per instance.
+
+  The projection's log-normal (median 470, p90 1k) puts the longest of 128 rows at ~5x the
+  median, while public DAPO traces reach 9-23x: a heavier tail keeps the tail's few rows
+  running longer, and more rows per instance make the full-batch phase cheaper per row.
+  """
+  rows_list = [int(r) for r in _SENS_ROWS.value]
+  p90s = [float(p) for p in _SENS_P90.value]
+  out = []
+  print("\nSensitivity: TLT end-to-end speedup (online drafter; +group drafts)")
+  header = " | ".join(f"{n} tlt | {n} +group" for n in _MODELS)
+  print(f"| p90 | rows | max / median | rollout share | {header} |")
+  print("|---|---|---|---|" + "---|" * (2 * len(_MODELS)))
+  for p90 in p90s:
+    for rows in rows_list:
+      traces = lognormal_lengths(470, p90, 32768, rows, _STEPS.value, _SEED.value)
+      ratio = float(np.mean([max(t) / np.median(t) for t in traces]))
+      cell = {"p90": p90, "rows": rows, "max_over_median": ratio}
+      shares = []
+      for name in _MODELS:
+        cost, (frozen, online, group), update_s, _ = _h100_model(name)
+        for label, arms in (("tlt", [online]), ("+group", [online, group])):
+          pred = predict(
+            cost, _paper_policy(rows), traces, [frozen], arms, update_s, 0.0, 0.0, True
+          )
+          cell[f"{name} {label}"] = pred["tlt"]["step_speedup"]
+          shares.append(pred["baseline"]["rollout_share"])
+      cell["rollout_share"] = float(np.mean(shares))
+      out.append(cell)
+      speeds = " | ".join(f"{cell[f'{n} tlt']:.2f}x | {cell[f'{n} +group']:.2f}x" for n in _MODELS)
+      print(f"| {p90:.0f} | {rows} | {ratio:.1f} | {cell['rollout_share']:.2f} | {speeds} |")
+  return out
 
 
 def _run_records(workdir: str) -> list:

@@ -297,13 +297,13 @@ def test_sd_bench_config_is_a_50m_policy():
 
 def test_regime_config_is_in_tlts_regime():
   """configs/regime.py keeps the properties its docstring claims: weights several times
-  the hosts' 32 MB L3, a rollout batch near the measured b* (8.7 rows), every parameter
-  trained, and reasoning-like lengths (median >= ~100 tokens, max >= 10x the median) from
-  its task's generator, within the engine's token budget."""
+  a 32 MB L3, a rollout batch near the measured b* (4-9 rows), every parameter trained, and
+  reasoning-like lengths (median >= ~100 tokens, max >= 10x the median) from its task's
+  generator, within the engine's token budget and the SFT row."""
   import numpy as np
 
   from configs import regime
-  from tlt_jax.data.tasks import generate_countdown
+  from tlt_jax.data.tasks import get_task
 
   config = regime.get_config()
   tok = CharTokenizer()
@@ -314,11 +314,16 @@ def test_regime_config_is_in_tlts_regime():
   assert update.trainable == "" and rl.steps >= 20
   engine = configuration.engine_config(config, tok)
   assert engine.max_batch >= rl.prompts_per_step * rl.group_size
-  examples = generate_countdown(0, 400, **config.task.params.to_dict())
+  task = get_task(config.task.name)
+  examples = task.generate(0, 2000, **config.task.params.to_dict())
   lengths = np.array([len(e["solution"]) for e in examples])
   assert np.median(lengths) >= 90 and lengths.max() >= 10 * np.median(lengths)
   assert lengths.max() < engine.max_new_tokens
-  assert max(len(e["question"]) for e in examples) + 1 <= engine.max_prompt_len
+  prompts = [len(e["question"]) for e in examples]
+  assert max(prompts) + 1 <= engine.max_prompt_len
+  assert max(p + n for p, n in zip(prompts, lengths)) + 2 <= config.sft.row_len
+  # Every solution stops by format: its last line is the answer.
+  assert all(e["solution"].endswith("#" + e["answer"]) for e in examples)
 
 
 def test_process_credit_takes_the_tasks_step_checker():
