@@ -2,12 +2,13 @@ r"""What does a forward over a few rows cost, relative to one row, under XLA fla
 
 Speculative verification pays when scoring k draft tokens costs about one decode step
 (memory-bound on GPUs). This measures that ratio for a stack of MLP blocks shaped like a
-50-100M policy's (16 x 512 -> 1536 -> 512, fp32, jit), once per XLA_FLAGS setting, each in its
-own process (XLA reads the flags once). Output: median ms per forward by row count, and each
-row count's cost in one-row forwards.
+50-100M policy's (16 x 512 -> 1536 -> 512, jit; weights in --dtype, float32 accumulation),
+once per XLA_FLAGS setting, each in its own process (XLA reads the flags once). Output:
+median ms per forward by row count, and each row count's cost in one-row forwards.
 
   python experiments/bench_few_rows.py
   python experiments/bench_few_rows.py --flags="--xla_cpu_use_xnnpack=true" --rows=1,5,16
+  python experiments/bench_few_rows.py --dtype=bfloat16 --flags=,--xla_cpu_use_onednn=true
 """
 
 from __future__ import annotations
@@ -36,17 +37,20 @@ _DEFAULT_FLAGS = (
 _FLAGS = flags.DEFINE_list("flags", list(_DEFAULT_FLAGS), "XLA_FLAGS settings to compare")
 _ROWS = flags.DEFINE_list("rows", ["1", "5", "16", "64"], "rows (tokens) per forward")
 _REPS = flags.DEFINE_integer("reps", 20, "timed forwards per row count")
+_DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "weights' dtype")
 _CHILD = flags.DEFINE_bool("child", False, "internal: measure under the inherited XLA_FLAGS")
 
 
-def _measure(rows: list[int], reps: int) -> dict[int, float]:
+def _measure(rows: list[int], reps: int, dtype: str) -> dict[int, float]:
   import jax
   import jax.numpy as jnp
 
   d, f, layers = 512, 1536, 16
   key = jax.random.key(0)
-  up = [jax.random.normal(jax.random.fold_in(key, i), (d, f)) * 0.02 for i in range(layers)]
-  down = [jax.random.normal(jax.random.fold_in(key, 99 + i), (f, d)) * 0.02 for i in range(layers)]
+  dt = jnp.dtype(dtype)
+  normal = lambda i, shape: (jax.random.normal(jax.random.fold_in(key, i), shape) * 0.02).astype(dt)
+  up = [normal(i, (d, f)) for i in range(layers)]
+  down = [normal(99 + i, (f, d)) for i in range(layers)]
 
   if jax.device_count() > 1:
     # Megatron-style split over the host devices: up projections by column, down by row
@@ -59,13 +63,15 @@ def _measure(rows: list[int], reps: int) -> dict[int, float]:
 
   @jax.jit
   def forward(x, up, down):
+    # Weights (and the dots' inputs) in --dtype, accumulation and the residual in float32.
+    dot = lambda u, w: jnp.dot(u.astype(dt), w, preferred_element_type=jnp.float32)
     for a, b in zip(up, down):
-      x = x + jax.nn.gelu(x @ a) @ b
+      x = x + dot(jax.nn.gelu(dot(x, a)), b)
     return x
 
   out = {}
   for m in rows:
-    x = jnp.ones((m, d))
+    x = jnp.ones((m, d), jnp.float32)
     forward(x, up, down).block_until_ready()  # compile
     times = []
     for _ in range(reps):
@@ -80,7 +86,7 @@ def main(argv):
   del argv
   rows = [int(r) for r in _ROWS.value]
   if _CHILD.value:
-    print(json.dumps(_measure(rows, _REPS.value)))
+    print(json.dumps(_measure(rows, _REPS.value, _DTYPE.value)))
     return
   from host import host_record  # the parent process: XLA_FLAGS as inherited
 
@@ -89,7 +95,7 @@ def main(argv):
   for setting in _FLAGS.value:
     env = dict(os.environ, XLA_FLAGS=setting)
     cmd = [sys.executable, __file__, "--child", f"--rows={','.join(map(str, rows))}"]
-    cmd.append(f"--reps={_REPS.value}")
+    cmd += [f"--reps={_REPS.value}", f"--dtype={_DTYPE.value}"]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if proc.returncode:
       print(f"{setting or '(default)':<52} failed: {proc.stderr.strip().splitlines()[-1:]}")

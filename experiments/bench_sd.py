@@ -39,6 +39,8 @@ The host (CPU, cores, bandwidth, 1 / 5 / 17-token forward of this policy) is
 measured first and written with the results.
 
   python experiments/bench_sd.py --workdir=runs/sd_policy --out=runs/bench_sd
+  python experiments/bench_sd.py --merge=runs/a/bench_sd.json,runs/b/bench_sd.json \
+    --out=runs/bench_sd_all   # sittings of one host, one table and plot
 """
 
 from __future__ import annotations
@@ -111,6 +113,12 @@ _HISTORY = flags.DEFINE_integer(
   "earlier rollouts of each prompt (other keys, plain decode) in the group-draft history of "
   "every timed run; 0: group drafts read only the rollout's own rows",
 )
+_MERGE = flags.DEFINE_list(
+  "merge",
+  [],
+  "bench_sd.json files of earlier sittings on one host (different batches): print their "
+  "tables and plot them together into --out, measuring nothing",
+)
 _RANDOM_DRAFTER = flags.DEFINE_bool(
   "random_drafter", False, "untrained drafter (smoke runs of the script only)"
 )
@@ -170,8 +178,34 @@ def _arm_times(results) -> tuple[dict[str, int], list[float], list[float], float
   return chosen, step_s, round_s, between
 
 
+def merge(paths: list[str], out: str) -> None:
+  """One table and plot from several runs' bench_sd.json on the same host and policy."""
+  reports = []
+  for path in paths:
+    with open(path) as f:
+      reports.append(json.load(f))
+  cpus = {(r["host"]["cpu"], r["host"]["cores"], r["policy_params"]) for r in reports}
+  if len(cpus) != 1:
+    raise app.UsageError(f"--merge: the runs differ in host or policy: {sorted(cpus)}")
+  rows = [row for r in reports for row in r["rows"]]
+  keys = [(row["batch"], row["temperature"], row["config"]) for row in rows]
+  if len(set(keys)) != len(keys):
+    raise app.UsageError("--merge: a (batch, temperature, configuration) is in two runs")
+  modes = list(dict.fromkeys(row["config"] for row in rows))
+  temps = sorted({row["temperature"] for row in rows})
+  adaptive = [m for m in modes if m.startswith("adaptive")]
+  for r in reports:
+    print(format_host(r["host"]))
+  os.makedirs(out, exist_ok=True)
+  _plot(rows, modes, temps, os.path.join(out, "bench_sd.png"))
+  _table(rows, modes, temps, adaptive)
+  _cost_table([p for r in reports for p in r["round_costs"]])
+
+
 def main(argv):
   del argv
+  if _MERGE.value:
+    return merge(_MERGE.value, _OUT.value)
   config, workdir = _CONFIG.value, _WORKDIR.value
   os.makedirs(_OUT.value, exist_ok=True)
   tokenizer = get_tokenizer(config.task.tokenizer)
@@ -423,9 +457,9 @@ def _plot(rows, modes, temps, path):
   fig, axes = plt.subplots(1, len(temps), figsize=(5.5 * len(temps), 3.8), squeeze=False)
   for ax, temp in zip(axes[0], temps):
     for mode in modes:
-      pts = [
+      pts = sorted(
         (r["batch"], r["speedup"]) for r in rows if r["config"] == mode and r["temperature"] == temp
-      ]
+      )
       ax.plot(*zip(*pts), marker="o", label=mode, linestyle="--" if mode == "plain" else "-")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("batch size")
@@ -445,7 +479,7 @@ def _table(rows, modes, temps, adaptive):
     )
     print("| batch | " + " | ".join(modes) + "".join(f" | {a} vs best" for a in adaptive) + " |")
     print("|---" * (len(modes) + len(adaptive) + 1) + "|")
-    for b in sorted({r["batch"] for r in rows}):
+    for b in sorted({r["batch"] for r in rows if r["temperature"] == temp}):
       cells = []
       for mode in modes:
         (r,) = [
