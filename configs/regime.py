@@ -14,12 +14,14 @@ the device busy. Why each setting (figures in experiments/RESULTS.md):
   the question: median ~100 characters (one token each), p90 ~400, max ~1,040 (max /
   median >= 10), the shape of real reasoning traces (DAPO on 32B: median ~450-500, max
   9-23x the median). A trace ends when its question's operations run out, right or wrong,
-  so even a weak warm start has the tail (a countdown search trace ends only on success:
-  a short warm start never stopped, experiments/RESULTS.md, stop 25).
+  where a countdown search trace ends only on success.
 - all-parameter GRPO at a small rate, so the policy moves and a frozen drafter can go
   stale (mode sd) while the online one follows it (mode tlt).
 The warm start (SFT on the worked solutions) and the drafter's warm start are built once
-into the workdir and reused. Compare the modes with
+into the workdir and reused. Not yet a working regime (experiments/RESULTS.md, stop 26): a
+60-step warm start from scratch does not yet follow the question's operands, so its rows
+still run to the cap; it needs far more SFT tokens or a start from a policy that already
+reads the questions. Compare the modes with
   python experiments/e2e_modes.py --config=configs/regime.py --out=runs/regime
 """
 
