@@ -248,7 +248,7 @@ def sensitivity() -> list[dict]:
   out = []
   print("\nSensitivity: TLT end-to-end speedup (online drafter; +group drafts)")
   header = " | ".join(f"{n} tlt | {n} +group" for n in _MODELS)
-  print(f"| p90 | rows | max / median | rollout share | {header} |")
+  print(f"| p90 | rows | max / median | rollout share (mean of models) | {header} |")
   print("|---|---|---|---|" + "---|" * (2 * len(_MODELS)))
   for p90 in p90s:
     for rows in rows_list:
