@@ -83,6 +83,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   # A fraction of warm-start targets that stop after the scratchpad without the final
   # "#answer" line (a format habit for RL to unlearn; the checker scores such a trace 0).
   c.sft.unanswered_fraction = 0.0
+  # A warm_start/ directory (same model shapes) that SFT starts from instead of random
+  # weights ("": from scratch).
+  c.sft.init_from = ""
 
   c.engine = ml_collections.ConfigDict()
   c.engine.max_prompt_len = 192

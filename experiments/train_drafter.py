@@ -53,6 +53,9 @@ _STRATEGY = flags.DEFINE_string("eval_strategy", "chain4", "strategy for the acc
 _LOGIT_WEIGHT = flags.DEFINE_float(
   "logit_weight", 0.1, "weight of the soft cross-entropy to the target's distribution"
 )
+_TEACHER_T = flags.DEFINE_float(
+  "teacher_temperature", 1.0, "temperature of that distribution (0: one-hot on its argmax)"
+)
 _OUT_NAME = flags.DEFINE_string("out_name", "drafter", "<workdir>/<out_name>: the drafter's params")
 
 
@@ -143,6 +146,7 @@ def main(argv):
     warmup_steps=max(1, steps // 20),
     decay_steps=steps,
     logit_weight=_LOGIT_WEIGHT.value,
+    teacher_temperature=_TEACHER_T.value,
     batch_rows=_ROWS.value,
     buffer_rows=len(data["length"]),
     buffer_bytes=2**34,
@@ -181,6 +185,7 @@ def main(argv):
     "rollout_seconds": rollout_s,
     "train_steps": _STEPS.value,
     "logit_weight": _LOGIT_WEIGHT.value,
+    "teacher_temperature": _TEACHER_T.value,
     "train_seconds": train_s,
     "final_train_metrics": history[-1],
     "strategy": _STRATEGY.value,

@@ -404,3 +404,36 @@ def test_shape_mismatch_errors_are_clear(s):
   )
   with pytest.raises(ValueError, match="drafter d_model 32 != target d_model 64"):
     jax.eval_shape(fwd, bp)
+
+
+def test_teacher_temperature_sets_the_logit_targets(s):
+  """teacher_temperature 1 is the policy's distribution, 0 its argmax one-hot, and other
+  values its tempered softmax: the logit loss is that cross-entropy, checked by hand."""
+  tokens = jax.random.randint(jax.random.key(8), (2, 16), 0, CFG.vocab_size)
+  target = nnx.merge(s.tg, s.tp)
+  hidden, _, _ = target(tokens, _positions(2, 16))
+  batch = make_training_batch(np.asarray(tokens), np.asarray(hidden), np.full(2, 3), np.full(2, 16))
+  batch = jax.tree.map(jnp.asarray, batch)
+  h, _ = drafter_forward(
+    s.dg,
+    s.dp,
+    s.tg,
+    s.tp,
+    batch["tokens"],
+    batch["features"],
+    batch["positions"],
+    segment_ids=batch["segment_ids"],
+  )
+  log_q = jax.nn.log_softmax(draft_logits(s.tg, s.tp, h), -1)
+  teacher = draft_logits(s.tg, s.tp, batch["targets"])
+  mask = np.asarray(batch["loss_mask"], bool)
+  for t in (1.0, 0.5, 0.0):
+    _, m = drafter_loss(s.dg, s.dp, s.tg, s.tp, batch, teacher_temperature=t)
+    if t == 0:
+      want = -np.take_along_axis(np.asarray(log_q), np.asarray(teacher.argmax(-1))[..., None], -1)[
+        ..., 0
+      ]
+    else:
+      p = np.asarray(jax.nn.softmax(teacher / t, -1))
+      want = -(p * np.asarray(log_q)).sum(-1)
+    np.testing.assert_allclose(float(m["logit_loss"]), want[mask].mean(), rtol=1e-5)

@@ -340,3 +340,32 @@ def test_process_credit_takes_the_tasks_step_checker():
 def test_unknown_variant():
   with pytest.raises(ValueError, match="unknown config variant"):
     default.get_config("huge")
+
+
+def test_sft_starts_from_init_from(tmp_path):
+  """config.sft.init_from: SFT continues from that warm start (with a vanishing rate the
+  result is that policy), and a missing directory is a config error before any data."""
+  import jax
+  import numpy as np
+
+  from tlt_jax import train
+
+  config = default.get_config("tiny")
+  tok = CharTokenizer()
+  train_split, _ = train._load_data(config, str(tmp_path))
+  donor = tmp_path / "donor"
+  _, _, donor_params, _ = train.build_policy(config, str(donor), tok, train_split, progress=False)
+  config.sft.learning_rate = 1e-30
+  _, _, fresh, info = train.build_policy(config, str(tmp_path / "a"), tok, train_split, False)
+  assert info["sft_init_from"] is None
+  config.sft.init_from = str(donor / "warm_start")
+  _, _, cont, info = train.build_policy(config, str(tmp_path / "b"), tok, train_split, False)
+  assert info["sft_init_from"] == config.sft.init_from
+  close = lambda a, b: jax.tree.map(lambda x, y: np.allclose(x, y, rtol=0, atol=1e-6), a, b)
+  same = lambda a, b: all(jax.tree.leaves(close(a, b)))
+  assert same(cont, donor_params)
+  assert not same(fresh, donor_params)  # a start from scratch is another policy
+  config.sft.init_from = str(tmp_path / "missing")
+  with pytest.raises(configuration.ConfigError, match="config.sft.init_from"):
+    train.train_and_evaluate(config, str(tmp_path / "c"), progress=False)
+  assert not os.path.exists(tmp_path / "c" / "tfds")

@@ -253,12 +253,13 @@ def sampling_config(config: ml_collections.ConfigDict) -> SamplingConfig:
 
 
 def sft_config(config: ml_collections.ConfigDict) -> SFTConfig:
-  # The answer fractions are the data recipe (train.build_policy), not the optimizer's.
+  # The answer fractions and the starting policy are the data recipe and the initial
+  # params (train.build_policy), not the optimizer's.
   return to_dataclass(
     SFTConfig,
     config.sft,
     "sft",
-    ignore=("direct_answer_fraction", "unanswered_fraction"),
+    ignore=("direct_answer_fraction", "unanswered_fraction", "init_from"),
     seed=int(config.seed),
   )
 

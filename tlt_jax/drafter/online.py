@@ -37,6 +37,8 @@ class DrafterTrainConfig:
       end); > 0: a cosine to a tenth of it at this many updates (an offline fit).
     logit_weight: weight of the soft cross-entropy to the target's next-token
       distribution beside the feature regression (EAGLE's 0.1; 1.0 distils harder).
+    teacher_temperature: temperature of that distribution (1: the policy's; 0: one-hot on
+      its argmax, for a drafter that serves greedy rollouts).
     weight_decay, grad_clip: AdamW weight decay, global-norm clip.
     batch_rows, row_len: a packed update batch is [batch_rows, row_len] pairs
       (row_len 0: the engine's cache slots).
@@ -54,6 +56,7 @@ class DrafterTrainConfig:
   warmup_steps: int = 10
   decay_steps: int = 0
   logit_weight: float = 0.1
+  teacher_temperature: float = 1.0
   weight_decay: float = 0.01
   grad_clip: float = 1.0
   batch_rows: int = 4
@@ -82,6 +85,10 @@ class DrafterTrainConfig:
       )
     if not self.logit_weight >= 0:
       raise ValueError(f"DrafterTrainConfig.logit_weight must be >= 0, got {self.logit_weight}")
+    if not self.teacher_temperature >= 0:
+      raise ValueError(
+        f"DrafterTrainConfig.teacher_temperature must be >= 0, got {self.teacher_temperature}"
+      )
     for name in ("warmup_steps", "row_len", "decay_steps"):
       v = getattr(self, name)
       if not isinstance(v, int) or v < 0:
@@ -136,7 +143,12 @@ class OnlineDrafter:
     )
     # Not donated: the rollout engine may still hold the previous version's arrays.
     self._update = make_drafter_update(
-      graphdef, target_graphdef, self.optimizer, logit_weight=config.logit_weight, donate=False
+      graphdef,
+      target_graphdef,
+      self.optimizer,
+      logit_weight=config.logit_weight,
+      teacher_temperature=config.teacher_temperature,
+      donate=False,
     )
     self.params = params
     self.opt_state = self.optimizer.init(params)

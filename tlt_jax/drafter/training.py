@@ -142,8 +142,13 @@ def drafter_loss(
   *,
   feature_weight: float = 1.0,
   logit_weight: float = 0.1,
+  teacher_temperature: float = 1.0,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """EAGLE loss on a packed batch from `make_training_batch`; returns (loss, metrics).
+
+  The logit term is the cross-entropy to the target's next-token distribution at
+  `teacher_temperature` (1: the policy's own; 0: one-hot on its argmax, the token a greedy
+  verification accepts, so near-ties no longer split the drafter's mass).
 
   The target's params enter behind `stop_gradient` (inside `drafter_forward` /
   `draft_logits`): differentiating w.r.t. them yields zeros.
@@ -167,7 +172,10 @@ def drafter_loss(
   # [R, L, V] logits in float32: fine at drafter batch sizes; chunk for big vocabularies.
   draft = draft_logits(target_graphdef, target_params, h)
   teacher = jax.lax.stop_gradient(draft_logits(target_graphdef, target_params, target))
-  p_teacher = jax.nn.softmax(teacher, axis=-1)
+  if teacher_temperature == 0:
+    p_teacher = jax.nn.one_hot(jnp.argmax(teacher, -1), teacher.shape[-1], dtype=teacher.dtype)
+  else:
+    p_teacher = jax.nn.softmax(teacher / teacher_temperature, axis=-1)
   ce = -(p_teacher * jax.nn.log_softmax(draft, axis=-1)).sum(-1)
   l_loss = masked_mean(ce)
   agree = (jnp.argmax(draft, -1) == jnp.argmax(teacher, -1)).astype(jnp.float32)
@@ -209,6 +217,7 @@ def make_drafter_update(
   *,
   feature_weight: float = 1.0,
   logit_weight: float = 0.1,
+  teacher_temperature: float = 1.0,
   donate: bool = True,
 ) -> Callable[..., tuple[nnx.State, Any, dict[str, jax.Array]]]:
   """A jitted `(drafter_params, opt_state, target_params, batch) -> (drafter_params,
@@ -226,6 +235,7 @@ def make_drafter_update(
         batch,
         feature_weight=feature_weight,
         logit_weight=logit_weight,
+        teacher_temperature=teacher_temperature,
       )
 
     (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(drafter_params)
