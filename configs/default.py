@@ -125,6 +125,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   # falling behind bound when a bucket ends), "frontier" (the least-advanced row) or "row"
   # (the mean active row's tokens/s).
   c.engine.bandit_reward = "octile"
+  # Pseudo-pulls each neighbouring batch bucket lends a bucket's arms at their relative
+  # speed there (0: every bucket learns alone).
+  c.engine.bandit_prior = 0.0
 
   # The EAGLE drafter (modes sd and tlt): warm start on the warm-start policy's rollouts,
   # then (tlt) online updates from each RL step's rollouts.

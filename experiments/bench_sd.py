@@ -51,6 +51,7 @@ import json
 import os
 import sys
 import time
+from typing import Any
 
 import numpy as np
 from absl import app, flags
@@ -89,7 +90,9 @@ _REWARDS = flags.DEFINE_list(
   "adaptive_rewards",
   ["octile"],
   "bandit rewards: adaptive, then adaptive_<reward> for more; <reward>+cut also rewards "
-  "chunks cut short by their rows finishing (EngineConfig.bandit_cut_short)",
+  "chunks cut short by their rows finishing (EngineConfig.bandit_cut_short); +prior lends "
+  "each batch bucket its neighbours' statistics (EngineConfig.bandit_prior=1; one bandit "
+  "per mode and temperature learns over all --batches, in their order, as in RL)",
 )
 _CONTROL = flags.DEFINE_string(
   "control", "", "a fixed arm run twice (mode 'control'): the noise floor of the comparison"
@@ -104,6 +107,12 @@ _CALLS = flags.DEFINE_integer(
 )
 _ROUNDS = flags.DEFINE_integer("spec_rounds", 8, "speculative rounds per device call")
 _DRAFTER = flags.DEFINE_string("drafter", "drafter", "<workdir>/<drafter>: the drafter's params")
+_DRAFTER_GREEDY = flags.DEFINE_string(
+  "drafter_greedy",
+  "",
+  "<workdir>/<name>: the drafter used at temperature 0 (e.g. one trained with "
+  "train_drafter.py --teacher_temperature=0); '': --drafter at every temperature",
+)
 _SAMPLES = flags.DEFINE_integer(
   "samples", 1, "G: rows per prompt (min(G, B)), as in GRPO; group drafts read the siblings"
 )
@@ -145,13 +154,18 @@ def _engine_config(base: EngineConfig, b: int, strategies, mode: str) -> EngineC
   if mode == "control":
     mode = _CONTROL.value
   if mode in _adaptive_modes():
+    reward, *options = _adaptive_modes()[mode].split("+")
+    unknown = set(options) - {"cut", "prior"}
+    if unknown:
+      raise app.UsageError(f"--adaptive_rewards: unknown option(s) {sorted(unknown)} in {mode}")
     return dataclasses.replace(
       cfg,
       spec_threshold=b,
       spec_strategies=tuple(strategies),
       spec_adaptive=True,
-      bandit_reward=_adaptive_modes()[mode].removesuffix("+cut"),
-      bandit_cut_short=_adaptive_modes()[mode].endswith("+cut"),
+      bandit_reward=reward,
+      bandit_cut_short="cut" in options,
+      bandit_prior=1.0 if "prior" in options else 0.0,
     )
   return dataclasses.replace(cfg, spec_threshold=b, spec_strategies=(mode,), spec_adaptive=False)
 
@@ -212,8 +226,12 @@ def main(argv):
   train_split, test_split = train._load_data(config, workdir)
   model_cfg, graphdef, params, _ = train.build_policy(config, workdir, tokenizer, train_split)
   dgraph, dparams = nnx.split(init_drafter(model_cfg, seed=0))
+  greedy_dparams = dparams
   if not _RANDOM_DRAFTER.value:
-    dparams = checkpoint.restore_params(os.path.join(workdir, _DRAFTER.value), dparams)
+    restore = lambda name: checkpoint.restore_params(os.path.join(workdir, name), dparams)
+    greedy_dparams = restore(_DRAFTER_GREEDY.value or _DRAFTER.value)
+    dparams = restore(_DRAFTER.value)
+  drafters = {"sampled": dparams, "greedy": greedy_dparams}
   base = configuration.engine_config(config, tokenizer)
   # --config.parallel.devices / rollout_tensor: rows and weights over host devices (with
   # XLA_FLAGS=--xla_force_host_platform_device_count, a device per core).
@@ -237,6 +255,9 @@ def main(argv):
   start = time.perf_counter()
   compiles = compile_s = 0.0
   pool = ExecutablePool()
+  # One bandit per adaptive mode and temperature over all batch sizes (its buckets), as in
+  # an RL run whose rollouts pass through every bucket; a prior (+prior) reads neighbours.
+  bandits: dict[tuple[str, float], Any] = {}
   for b in batches:
     # A fresh pool per batch size: the executables of a 50M model add up (LLVM ran out of
     # memory holding every batch size's programs at once on the 24 GB machine).
@@ -255,6 +276,19 @@ def main(argv):
       )
     for temp in temps:
       sampling = SamplingConfig(temperature=temp)
+      dparams = drafters["greedy" if temp == 0 else "sampled"]
+      for mode in adaptive:
+        engines[mode] = RolloutEngine(
+          graphdef,
+          model_cfg,
+          _engine_config(base, b, strategies, mode),
+          sampling,
+          pool=pool,
+          drafter_graphdef=dgraph,
+          bandit=bandits.get((mode, temp)),
+          mesh=mesh,
+        )
+        bandits[(mode, temp)] = engines[mode].bandit
       g = min(_SAMPLES.value, b)
       batch_prompts = prompts[: max(1, b // g)]
       # Group drafts read a fixed history in every run (none by default): runs of the same
@@ -269,6 +303,7 @@ def main(argv):
         sampling=sampling,
         g=g,
         seeded=seeded,
+        dparams=dparams,
       ):
         engine = engines[mode]
         if engine.history is not None:
@@ -390,6 +425,8 @@ def main(argv):
     "seconds": elapsed,
     "policy_params": model_cfg.num_params,
     "max_new_tokens": _MAX_NEW.value,
+    "drafter": _DRAFTER.value,
+    "drafter_greedy": _DRAFTER_GREEDY.value or _DRAFTER.value,
     "reps": _REPS.value,
   }
   with open(os.path.join(_OUT.value, "bench_sd.json"), "w") as f:

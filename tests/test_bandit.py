@@ -399,3 +399,76 @@ def test_update_rejects_bad_phases():
   for phase in (-1, 1.5, True, "0"):
     with pytest.raises(ValueError, match="phase"):
       bandit.update(1, "plain", 1.0, phase=phase)
+
+
+# Bucket 2 between buckets 1 and 4 of a cost model whose arms keep their order: the prior
+# from the neighbours is right about which arms are slow.
+NEIGHBOURS = {
+  1: {"plain": 40.0, "chain2": 60.0, "chain4": 75.0, "tree4x2x8": 66.0},
+  2: {"plain": 70.0, "chain2": 100.0, "chain4": 120.0, "tree4x2x8": 104.0},
+  4: {"plain": 110.0, "chain2": 150.0, "chain4": 170.0, "tree4x2x8": 140.0},
+}
+
+
+def _regret_in_new_bucket(prior_weight: float, seed: int, chunks: int = 12) -> float:
+  """Tokens/s lost in bucket 2's first `chunks` chunks after buckets 1 and 4 have learnt."""
+  bandit = StrategyBandit(ARMS, seed=seed, prior_weight=prior_weight, min_pulls=1)
+  rng = np.random.default_rng(seed)
+  for _ in range(40):
+    for bucket in (1, 4):
+      arm = bandit.select(bucket)
+      bandit.update(bucket, arm, _noisy(rng, NEIGHBOURS[bucket][arm]))
+  rates = NEIGHBOURS[2]
+  lost = 0.0
+  for _ in range(chunks):
+    arm = bandit.select(2)
+    lost += max(rates.values()) - rates[arm]
+    bandit.update(2, arm, _noisy(rng, rates[arm]))
+  return lost / chunks / max(rates.values())
+
+
+def test_prior_from_neighbouring_buckets_cuts_a_new_buckets_exploration():
+  alone = np.mean([_regret_in_new_bucket(0.0, s) for s in range(8)])
+  shared = np.mean([_regret_in_new_bucket(1.0, s) for s in range(8)])
+  # Alone, bucket 2 pulls every arm once and re-tries the slow ones; with the prior it starts
+  # on the neighbours' best arm.
+  assert shared < 0.5 * alone, (shared, alone)
+  bandit = StrategyBandit(ARMS, prior_weight=1.0, min_pulls=1)
+  bandit.update(1, "chain4", 75.0)
+  bandit.update(1, "plain", 40.0)
+  pseudo, relative, _ = bandit.prior(2)
+  np.testing.assert_allclose(pseudo, [1.0, 0.0, 0.97, 0.0])  # chain4's pull decayed once
+  np.testing.assert_allclose(relative[[0, 2]], [40 / 75, 1.0])
+  assert StrategyBandit(ARMS, min_pulls=1).prior(2)[0].sum() == 0  # off by default
+
+
+def test_a_buckets_own_data_outweighs_a_wrong_prior():
+  # The neighbours say chain2; bucket 2's own chunks say chain4 (20% faster). The prior's
+  # pseudo-pulls fade with the bucket's own chunks, so chain4 is tried and then kept.
+  bandit = StrategyBandit(ARMS, seed=0, prior_weight=1.0, min_pulls=1, **TUNED)
+  rng = np.random.default_rng(5)
+  wrong = {"plain": 50.0, "chain2": 100.0, "chain4": 60.0, "tree4x2x8": 55.0}
+  own = {"plain": 50.0, "chain2": 100.0, "chain4": 120.0, "tree4x2x8": 55.0}
+  for _ in range(40):
+    for bucket in (1, 4):
+      arm = bandit.select(bucket)
+      bandit.update(bucket, arm, _noisy(rng, wrong[arm]))
+  chosen = []
+  for _ in range(250):
+    arm = bandit.select(2)
+    chosen.append(arm)
+    bandit.update(2, arm, _noisy(rng, own[arm]))
+  assert bandit.best(2) == "chain4"
+  assert chosen[-50:].count("chain4") >= 35, chosen[-50:]
+
+
+def test_prior_weight_survives_the_state_round_trip():
+  bandit = StrategyBandit(ARMS, prior_weight=0.5, seed=1)
+  _drive(bandit, np.random.default_rng(0), 10)
+  restored = StrategyBandit.from_state_dict(json.loads(json.dumps(bandit.state_dict())))
+  assert restored.prior_weight == 0.5
+  assert [restored.select(2) for _ in range(3)] == [bandit.select(2) for _ in range(3)]
+  with pytest.raises(ValueError, match="prior_weight"):
+    StrategyBandit(ARMS, prior_weight=-1.0)
+  with pytest.raises(ValueError, match="needs discount < 1"):
+    StrategyBandit(ARMS, prior_weight=1.0, discount=1.0)

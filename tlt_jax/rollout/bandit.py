@@ -37,6 +37,16 @@ Why a bandit, and why one per batch bucket:
   barely vary separate after a few pulls and are then rarely retried; noisy ones keep being
   compared.
 
+* Neighbouring buckets inform each other (`prior_weight` > 0). A rollout's long tail passes
+  through every small bucket for only a few chunks each, so a bucket learning from scratch
+  pays its warm-up and its re-exploration of clearly slow arms in every one of them. The
+  arms' relative speeds change smoothly with the batch size, so the nearest bucket below
+  and above with data each lend every arm `prior_weight` pseudo-pulls (fewer while the arm
+  has less than a pull there) at their relative mean (the arm's speed over that bucket's
+  best). An arm so covered skips its warm-up, and the bonus of a slow arm no longer
+  explodes when its own pulls decay. The pseudo-pulls fade by `discount` per chunk of the
+  bucket's own, so its own data takes over (a prior needs discount < 1).
+
 Selection in a bucket: first every arm is pulled `min_pulls` times, round-robin in arm order;
 then the arm maximising
 
@@ -44,7 +54,9 @@ then the arm maximising
 
 is chosen, where mean_a is the phase-adjusted discounted mean, n_a the discounted count and
 spread (at least min_spread) the pooled relative standard deviation of the rewards around the
-fit (a Gaussian UCB with the bucket's noise).
+fit (a Gaussian UCB with the bucket's noise). With a prior, mean_a / M and n_a are the
+count-weighted blend of the bucket's own relative means and the neighbours' (pulls in the
+warm-up count the pseudo-pulls too).
 Exact ties are broken by a seeded numpy Generator, so a bandit is deterministic given its seed
 and its history; `state_dict` includes the generator's state so that a restored bandit
 continues exactly as the original would.
@@ -248,6 +260,8 @@ class StrategyBandit:
       stationary (plain UCB on normalised rewards).
     min_pulls: Pulls of every arm in a bucket before UCB takes over.
     min_spread: Floor of the relative spread (a few equal timings do not end exploration).
+    prior_weight: Pseudo-pulls each neighbouring bucket (nearest below and above with data)
+      lends every arm, at its relative speed there; 0: buckets learn alone.
     seed: Seed of the generator that breaks exact ties.
   """
 
@@ -259,6 +273,7 @@ class StrategyBandit:
     discount: float = 0.97,
     min_pulls: int = 2,
     min_spread: float = 0.02,
+    prior_weight: float = 0.0,
     seed: int = 0,
   ):
     if isinstance(arms, str):
@@ -280,7 +295,12 @@ class StrategyBandit:
       raise ValueError(f"min_pulls must be an int >= 1, got {min_pulls!r}")
     if not (_is_real(min_spread) and 0 <= min_spread < 1):
       raise ValueError(f"min_spread must be in [0, 1), got {min_spread!r}")
+    if not (_is_real(prior_weight) and math.isfinite(prior_weight) and prior_weight >= 0):
+      raise ValueError(f"prior_weight must be a finite number >= 0, got {prior_weight!r}")
+    if prior_weight > 0 and discount == 1:
+      raise ValueError("prior_weight > 0 needs discount < 1 (the prior fades with the discount)")
     self._arms = arms
+    self._prior_weight = float(prior_weight)
     self._index = {a: i for i, a in enumerate(arms)}
     self._exploration = float(exploration)
     self._discount = float(discount)
@@ -313,6 +333,10 @@ class StrategyBandit:
     return self._min_spread
 
   @property
+  def prior_weight(self) -> float:
+    return self._prior_weight
+
+  @property
   def buckets(self) -> list[int]:
     return sorted(self._buckets)
 
@@ -331,24 +355,68 @@ class StrategyBandit:
     except (KeyError, TypeError):
       raise ValueError(f"unknown arm {arm!r}; known arms: {list(self._arms)!r}") from None
 
+  def prior(self, bucket: int) -> tuple[np.ndarray, np.ndarray, float]:
+    """(pseudo-pulls, relative means, relative spread) per arm that the nearest buckets
+    below and above with data lend `bucket` (zeros, NaNs and 0 without a prior)."""
+    key = _bucket_key(bucket)
+    pseudo = np.zeros(len(self._arms))
+    weighted = np.zeros(len(self._arms))
+    spreads = []
+    if self._prior_weight > 0:
+      below = [k for k in self._buckets if k < key and (self._buckets[k].count > 0).any()]
+      above = [k for k in self._buckets if k > key and (self._buckets[k].count > 0).any()]
+      for k in ([max(below)] if below else []) + ([min(above)] if above else []):
+        stats = self._buckets[k]
+        count, means = stats.count.sum(axis=1), stats.means()
+        known = (count > 0) & np.isfinite(means)
+        scale = float(np.max(means[known]))
+        if scale <= 0:
+          continue
+        w = self._prior_weight * np.minimum(count, 1.0) * known
+        pseudo += w
+        weighted += w * np.where(known, means / scale, 0.0)
+        spreads.append(stats.relative_spread())
+    with np.errstate(invalid="ignore", divide="ignore"):
+      relative = np.where(pseudo > 0, weighted / pseudo, np.nan)
+    return pseudo, relative, float(np.mean(spreads)) if spreads else 0.0
+
   def select(self, bucket: int) -> str:
     """Returns the strategy to run for the next chunk of `bucket`."""
     stats = self._bucket(bucket)
-    # Warm-up, round-robin: the arm with the fewest pulls below min_pulls, first in order on ties.
-    fewest = int(np.argmin(stats.pulls))
-    if stats.pulls[fewest] < self._min_pulls:
+    pseudo, prior_means, prior_spread = self.prior(bucket)
+    # The prior fades as the bucket's own chunks accumulate (as old data does): a prior that
+    # is wrong about an arm the bucket never tries must not hold it back for ever.
+    pseudo = pseudo * self._discount ** float(stats.pulls.sum())
+    # Warm-up, round-robin: the arm with the fewest pulls below min_pulls, first in order on
+    # ties (a neighbour's pseudo-pulls count).
+    warm = stats.pulls + pseudo
+    fewest = int(np.argmin(warm))
+    if warm[fewest] < self._min_pulls:
       return self._arms[fewest]
-    means = stats.means()
-    arm_count = stats.count.sum(axis=1)
+    own_count = stats.count.sum(axis=1)
+    arm_count = own_count + pseudo
     known = arm_count > 0
     if not known.all():
       # Data decayed to nothing (or state edited by hand): such an arm's bonus is infinite.
       return self._arms[int(np.argmin(known))]
-    scale = float(np.max(means))
+    means = stats.means()
+    own = own_count > 0
+    scale = float(np.max(means[own])) if own.any() else 0.0
+    both = own & (pseudo > 0) & (np.nan_to_num(prior_means) > 0)
+    if both.any():
+      # The bucket's best speed as the prior sees it (an arm at 0.7 of the neighbours' best
+      # running 70 tokens/s says the best runs 100): the own means on the prior's scale,
+      # also while the bucket has data for its slow arms only.
+      w = own_count[both]
+      scale = float(np.sum(w * means[both] / prior_means[both]) / np.sum(w))
     # Normalise so that the bonus is relative to this bucket's throughput scale.
-    normalised = means / scale if scale > 0 else means
-    log_total = max(math.log(float(stats.count.sum())), 0.0)
-    spread = max(stats.relative_spread(), self._min_spread)
+    normalised = np.where(own, means / scale if scale > 0 else means, 0.0)
+    if pseudo.any():
+      blend = own_count * normalised + pseudo * np.nan_to_num(prior_means)
+      normalised = blend / arm_count
+    log_total = max(math.log(float(arm_count.sum())), 0.0)
+    own_spread = stats.relative_spread() if own.any() else prior_spread
+    spread = max(own_spread, self._min_spread)
     index = normalised + self._exploration * spread * np.sqrt(log_total / arm_count)
     top = np.flatnonzero(index >= index.max() - 1e-12 * max(1.0, abs(float(index.max()))))
     choice = int(top[0]) if top.size == 1 else int(self._rng.choice(top))
@@ -426,6 +494,7 @@ class StrategyBandit:
       "discount": self._discount,
       "min_pulls": self._min_pulls,
       "min_spread": self._min_spread,
+      "prior_weight": self._prior_weight,
       "seed": self._seed,
       "buckets": [self._buckets[b].to_state(b) for b in sorted(self._buckets)],
       # PCG64 state is a dict of str and (big) ints; JSON keeps big ints exact.
@@ -446,6 +515,7 @@ class StrategyBandit:
       discount=state["discount"],
       min_pulls=state["min_pulls"],
       min_spread=state.get("min_spread", 0.02),
+      prior_weight=state.get("prior_weight", 0.0),
       seed=state.get("seed", 0),
     )
     bandit.load_state_dict(state)
@@ -466,6 +536,7 @@ class StrategyBandit:
       discount=state["discount"],
       min_pulls=state["min_pulls"],
       min_spread=state.get("min_spread", 0.02),
+      prior_weight=state.get("prior_weight", 0.0),
       seed=state.get("seed", 0),
     )
     buckets: dict[int, _BucketStats] = {}
@@ -487,6 +558,7 @@ class StrategyBandit:
     self._discount = fresh._discount
     self._min_pulls = fresh._min_pulls
     self._min_spread = fresh._min_spread
+    self._prior_weight = fresh._prior_weight
     self._seed = fresh._seed
     self._rng = fresh._rng
     self._buckets = buckets
@@ -495,6 +567,6 @@ class StrategyBandit:
     return (
       f"StrategyBandit(arms={list(self._arms)!r}, exploration={self._exploration}, "
       f"discount={self._discount}, min_pulls={self._min_pulls}, min_spread={self._min_spread}, "
-      f"seed={self._seed}, "
+      f"prior_weight={self._prior_weight}, seed={self._seed}, "
       f"buckets={self.buckets})"
     )

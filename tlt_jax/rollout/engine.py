@@ -95,6 +95,10 @@ class EngineConfig:
       last chunk). Without it an arm that finishes a bucket in few chunks is rewarded on
       its early chunks alone, and the ragged ending that costs deep drafts never reaches
       the bandit.
+    bandit_prior: pseudo-pulls that each neighbouring batch bucket lends every arm of a
+      bucket at its relative speed there (`StrategyBandit.prior_weight`; 0: every bucket
+      learns alone). The tail's small buckets see a few chunks each: with a prior they
+      skip the warm-up of arms their neighbours found slow.
   """
 
   max_prompt_len: int = 64
@@ -122,6 +126,7 @@ class EngineConfig:
   bandit_phase_tokens: int = 16
   bandit_reward: str = "octile"
   bandit_cut_short: bool = False
+  bandit_prior: float = 0.0
 
   def __post_init__(self):
     for name in (
@@ -170,6 +175,9 @@ class EngineConfig:
         f"EngineConfig.bandit_reward must be one of {tuple(BANDIT_REWARDS)}, got "
         f"{self.bandit_reward!r}"
       )
+    prior = self.bandit_prior
+    if isinstance(prior, bool) or not isinstance(prior, int | float) or not 0 <= prior < 1e6:
+      raise ValueError(f"EngineConfig.bandit_prior must be a number >= 0, got {prior!r}")
 
   @property
   def slots(self) -> int:
@@ -350,7 +358,9 @@ class RolloutEngine:
       # left alone, and each bucket's warm-up costs one chunk per arm. (Three pulls per arm
       # made the RL runs of experiments/e2e_modes.py spend most of their speculative chunks
       # warming up.)
-      default = StrategyBandit(arms, exploration=2.0, discount=0.99, min_pulls=1)
+      default = StrategyBandit(
+        arms, exploration=2.0, discount=0.99, min_pulls=1, prior_weight=config.bandit_prior
+      )
       self.bandit = bandit if bandit is not None else default
       if tuple(self.bandit.arms) != arms:
         raise ValueError(f"bandit arms {tuple(self.bandit.arms)} != engine arms {arms}")
@@ -368,6 +378,7 @@ class RolloutEngine:
         discount=b.discount,
         min_pulls=b.min_pulls,
         min_spread=b.min_spread,
+        prior_weight=b.prior_weight,
       )
     return self._other_bandits[sampling]
 
