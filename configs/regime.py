@@ -9,19 +9,20 @@ the device busy. Why each setting (figures in experiments/RESULTS.md):
 - rollout: 2 prompts x 4 samples = 8 rows, near the b* measured on the hosts so far (4-9
   rows): the full batch and its tail cost about the same per step, so the tail's steps
   are nearly all waste.
-- task: chained addition/subtraction whose number of operations is log-normal (median 14,
-  up to 130): the worked solution writes one line per operation, so its length is set by
-  the question: median ~100 characters (one token each), p90 ~400, max ~1,040 (max /
-  median >= 10), the shape of real reasoning traces (DAPO on 32B: median ~450-500, max
-  9-23x the median). A trace ends when its question's operations run out, right or wrong,
-  where a countdown search trace ends only on success.
+- task: addition/subtraction whose number of operations is log-normal (median 15, up to
+  140), each operation labelled in the question (a, b, ..., Z, aa, ab, ...) and in the
+  worked solution, one line per operation, so its length is set by the question: median
+  ~104 characters (one token each), p90 ~420, max ~1,070 (max / median 10.3), the shape of
+  real reasoning traces (DAPO on 32B: median ~450-500, max 9-23x the median). A trace ends
+  when its question's operations run out, right or wrong. Labels make finding the next
+  operation a lookup (the default task's recipe); unlabelled chains (stop 26) need the
+  model to count its place, which a 60-step warm start did not learn.
 - all-parameter GRPO at a small rate, so the policy moves and a frozen drafter can go
   stale (mode sd) while the online one follows it (mode tlt).
 The warm start (SFT on the worked solutions) and the drafter's warm start are built once
-into the workdir and reused. Not yet a working regime (experiments/RESULTS.md, stop 26): a
-60-step warm start from scratch does not yet follow the question's operands, so its rows
-still run to the cap; it needs far more SFT tokens or a start from a policy that already
-reads the questions. Compare the modes with
+into the workdir and reused. SFT can start from the sd_bench policy, which already does the
+default task's labelled lookups (`--config.sft.init_from=runs/sd_policy/warm_start`, built by
+experiments/train_drafter.py). Compare the modes with
   python experiments/e2e_modes.py --config=configs/regime.py --out=runs/regime
 """
 
@@ -30,7 +31,7 @@ import ml_collections
 from configs import sd_bench
 
 # Operations per question: log-normal around the median, capped (solutions ~8 characters each).
-MEDIAN_STEPS, MAX_STEPS = 14, 130
+MEDIAN_STEPS, MAX_STEPS = 15, 140
 
 
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
@@ -40,7 +41,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.task.name = "arithmetic"
   c.task.params = ml_collections.ConfigDict(
     {
-      "style": "chain",
+      "style": "labelled",
       "median_steps": MEDIAN_STEPS,
       "steps_sigma": 1.1,
       "max_steps": MAX_STEPS,
@@ -52,14 +53,14 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.task.test_size = 200
 
   # Packed rows of many short solutions and a few long ones (the longest question and
-  # solution, ~1,300 tokens, fit a row).
+  # solution, ~1,720 tokens, fit a row).
   c.sft.steps = 60
-  c.sft.batch_rows = 4
-  c.sft.row_len = 1344
+  c.sft.batch_rows = 3
+  c.sft.row_len = 1792
   c.sft.learning_rate = 1.5e-3
   c.sft.warmup_steps = 6
 
-  c.engine.max_prompt_len = 288  # the longest question (~262 characters) and BOS
+  c.engine.max_prompt_len = 704  # the longest question (~650 characters) and BOS
   c.engine.max_new_tokens = 8 * MAX_STEPS + 64  # the longest solution and its "#answer"
   c.engine.max_batch = 8
   c.engine.min_cache_bucket = 128

@@ -265,3 +265,25 @@ def test_slipping_demonstrator(style):
   assert 0.08 < wrong / lines < 0.12
   with pytest.raises(ValueError, match="slip_rate"):
     tasks.generate_arithmetic(0, 1, slip_rate=1.5)
+
+
+def test_labelled_questions_go_past_52_operations_with_two_letter_labels():
+  (ex,) = [
+    e
+    for e in tasks.generate_arithmetic(
+      0, 400, median_steps=40, max_steps=130, max_operand=9, max_value=99, style="labelled"
+    )
+    if e["question"].count(",") > 60
+  ][:1]
+  labels = [re.match(r"[A-Za-z]+", op).group() for op in ex["question"].rstrip("=").split(",")[1:]]
+  assert labels[:3] == ["a", "b", "c"] and labels[51:54] == ["Z", "aa", "ab"]
+  assert len(set(labels)) == len(labels)
+  for op in ex["question"].rstrip("=").split(",")[1:]:
+    assert f";{op}=" in ex["solution"]
+  assert tasks.get_task("arithmetic").check(ex["solution"], ex["answer"]) == 1.0
+  # Process rewards read the two-letter lines too: every step of the worked solution is right.
+  steps = checkers.arithmetic_steps(ex["question"], ex["solution"])
+  assert len(steps) == len(labels) + 2  # the first number, each operation, the answer
+  assert all(r == 1.0 for _, r in steps)
+  with pytest.raises(ValueError, match="max_steps <= 2756"):
+    tasks.generate_arithmetic(0, 1, max_steps=2757, style="labelled")

@@ -379,9 +379,10 @@ def check_arithmetic(completion: str, answer: str) -> float:
   return float(int(predicted) == int(reference))
 
 
-_ARITH_QUESTION = re.compile(r"(\d{1,9})((?:,?[A-Za-z]?[+-]\d{1,9})*)=")
-_ARITH_OP = re.compile(r",?([A-Za-z]?)([+-])(\d{1,9})")
-_ARITH_LINE = re.compile(r"([A-Za-z]|\d{1,9})?([+-])(\d{1,9})=(\d{1,9});")
+# Labels: one letter, or two from the 53rd operation of a labelled question.
+_ARITH_QUESTION = re.compile(r"(\d{1,9})((?:,?[A-Za-z]{0,2}[+-]\d{1,9})*)=")
+_ARITH_OP = re.compile(r",?([A-Za-z]{0,2})([+-])(\d{1,9})")
+_ARITH_LINE = re.compile(r"([A-Za-z]{1,2}|\d{1,9})?([+-])(\d{1,9})=(\d{1,9});")
 
 
 def arithmetic_steps(question: str, completion: str) -> list[tuple[int, float]]:

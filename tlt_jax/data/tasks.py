@@ -58,6 +58,13 @@ def _lognormal_int(rng: random.Random, median: float, sigma: float, cap: int) ->
 
 
 _STEP_LABELS = string.ascii_lowercase + string.ascii_uppercase
+_MAX_LABELLED_STEPS = len(_STEP_LABELS) * (1 + len(_STEP_LABELS))
+
+
+def _step_label(i: int) -> str:
+  """The i-th operation's label: a..z, A..Z, then two letters (aa, ab, ..., ZZ)."""
+  n = len(_STEP_LABELS)
+  return _STEP_LABELS[i] if i < n else _STEP_LABELS[(i - n) // n] + _STEP_LABELS[(i - n) % n]
 
 
 def _arithmetic_example(
@@ -77,7 +84,7 @@ def _arithmetic_example(
   shown, offset = value, 0
   question = [str(value)]
   lines = [] if style == "chain" else [f"{value};"]
-  labels = _STEP_LABELS if style == "labelled" else [""] * steps
+  labels = [_step_label(i) if style == "labelled" else "" for i in range(steps)]
   for _ in range(steps):
     operand = rng.randint(1, max_operand)
     # Pick the sign at random unless that would leave [0, max_value].
@@ -123,7 +130,7 @@ def generate_arithmetic(
   Styles: "chain" writes `23+7=30;30+41=71;...;#66`; "running" writes the
   running value only, `23;+7=30;+41=71;...;#66`; "labelled" names the
   operations, question `23,a+7,b+41=` and solution `23;a+7=30;b+41=71;#71`
-  (at most 52 steps).
+  (labels a-z, A-Z, then two letters from the 53rd operation: aa, ab, ...).
 
   Args:
     seed: Seed of the example stream.
@@ -160,8 +167,8 @@ def generate_arithmetic(
     raise ValueError(
       f"Unknown arithmetic style {style!r}; expected 'chain', 'running' or 'labelled'."
     )
-  if style == "labelled" and max_steps > len(_STEP_LABELS):
-    raise ValueError(f"style 'labelled' supports max_steps <= {len(_STEP_LABELS)}")
+  if style == "labelled" and max_steps > _MAX_LABELLED_STEPS:
+    raise ValueError(f"style 'labelled' supports max_steps <= {_MAX_LABELLED_STEPS}")
   return [
     _arithmetic_example(
       _rng("arithmetic", seed, i),
