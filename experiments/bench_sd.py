@@ -105,6 +105,12 @@ _LEARN_MAX = flags.DEFINE_integer("learn_max_runs", 40, "cap on learning runs")
 _CALLS = flags.DEFINE_integer(
   "calls_per_rep", 0, "rollouts per timed repetition (0: max(1, 8 // batch))"
 )
+_PROMPT_SETS = flags.DEFINE_integer(
+  "prompt_sets",
+  0,
+  "different prompt sets a repetition's calls cycle through (0: one per call, so a batch-1 "
+  "figure is over 8 prompts' texts, not one greedy sequence's; 1: the same prompts in every call)",
+)
 _ROUNDS = flags.DEFINE_integer("spec_rounds", 8, "speculative rounds per device call")
 _DRAFTER = flags.DEFINE_string("drafter", "drafter", "<workdir>/<drafter>: the drafter's params")
 _DRAFTER_GREEDY = flags.DEFINE_string(
@@ -290,27 +296,32 @@ def main(argv):
         )
         bandits[(mode, temp)] = engines[mode].bandit
       g = min(_SAMPLES.value, b)
-      batch_prompts = prompts[: max(1, b // g)]
+      calls = _CALLS.value or max(1, 8 // b)
+      per_set = max(1, b // g)
+      num_sets = min(_PROMPT_SETS.value or calls, len(prompts) // per_set)
+      prompt_sets = [prompts[j * per_set : (j + 1) * per_set] for j in range(num_sets)]
+      batch_prompts = prompt_sets[0]
       # Group drafts read a fixed history in every run (none by default): runs of the same
       # prompts must not read each other (the same keys give the same text).
-      seeded = _seed_history(engines["plain"], params, batch_prompts, g, sampling)
+      seeded = [_seed_history(engines["plain"], params, ps, g, sampling) for ps in prompt_sets]
 
       def run(
         mode,
         key,
         engines=engines,
-        batch_prompts=batch_prompts,
+        prompt_sets=prompt_sets,
         sampling=sampling,
         g=g,
         seeded=seeded,
         dparams=dparams,
       ):
         engine = engines[mode]
+        which = key % len(prompt_sets)  # the call's prompts: keys count the calls
         if engine.history is not None:
-          engine.history.load_state_dict(seeded)
+          engine.history.load_state_dict(seeded[which])
         return engine.generate(
           params,
-          batch_prompts,
+          prompt_sets[which],
           g,
           key=key,
           sampling=sampling,
@@ -338,7 +349,6 @@ def main(argv):
         learning[(b, temp, mode)] = {"runs": i, "rewarded_chunks": learned}
       compiled = pool.compiles
       results = {m: [] for m in modes}
-      calls = _CALLS.value or max(1, 8 // b)
       tps = {m: [] for m in modes}
       for rep in range(_REPS.value):
         # Rotated order: each configuration takes different places in the sequence.
@@ -380,6 +390,7 @@ def main(argv):
           "between_calls_ms_per_round": ms([between_s, round_s[1]]),
           "tokens": int(results[mode][-1].num_generated.sum()),
           "calls_per_rep": calls,
+          "prompt_sets": num_sets,
           "samples": g,
           "history_rollouts": _HISTORY.value,
           "chunks_by_arm": chosen,
