@@ -270,7 +270,7 @@ def main(argv):
     compiles, compile_s = compiles + pool.compiles, compile_s + pool.compile_seconds
     pool = ExecutablePool()
     engines = {}
-    for mode in modes:
+    for mode in [m for m in modes if m not in adaptive]:  # adaptive: per temperature, below
       cfg = _engine_config(base, b, strategies, mode)
       engines[mode] = RolloutEngine(
         graphdef,

@@ -321,6 +321,14 @@ def test_bandit_state_restores_into_a_new_engine(models):
     RolloutEngine(
       tg, MODEL, cfg, GREEDY, drafter_graphdef=dg, bandit=StrategyBandit(("plain", "chain3"))
     )
+  # EngineConfig.bandit_prior reaches the engine's bandits, the per-sampling ones included.
+  prior = RolloutEngine(
+    tg, MODEL, dataclasses.replace(cfg, bandit_prior=0.5), GREEDY, drafter_graphdef=dg
+  )
+  assert engine.bandit.prior_weight == 0.0
+  assert prior.bandit.prior_weight == prior.bandit_for(SAMPLED).prior_weight == 0.5
+  with pytest.raises(ValueError, match="bandit_prior"):
+    dataclasses.replace(cfg, bandit_prior=-1.0)
 
 
 def test_each_sampling_configuration_learns_in_its_own_bandit(models, pool):

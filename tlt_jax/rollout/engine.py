@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -176,7 +177,7 @@ class EngineConfig:
         f"{self.bandit_reward!r}"
       )
     prior = self.bandit_prior
-    if isinstance(prior, bool) or not isinstance(prior, int | float) or not 0 <= prior < 1e6:
+    if isinstance(prior, bool) or not isinstance(prior, int | float) or not 0 <= prior < math.inf:
       raise ValueError(f"EngineConfig.bandit_prior must be a number >= 0, got {prior!r}")
 
   @property
