@@ -265,6 +265,30 @@ def check_trainer_fsdp():
       np.testing.assert_allclose(g[k], r[k], rtol=1e-4, atol=1e-6)
 
 
+def check_trainer_fsdp_tlt():
+  """TLT beside the FSDP x tensor update: speculative rollouts on the 8-device data mesh,
+  the online drafter trained in the idle windows there, the policy split 4 x 2 for its
+  update. Lossless: the samples and the policy's metrics are one device's without SD."""
+  import tempfile
+
+  with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
+    ref = _trainer(a, None).run(progress=False)
+    trainer = _trainer(
+      b, training_mesh(tensor=2), rollout_mesh=data_mesh(), shard_params=True, tlt=True
+    )
+    got = trainer.run(progress=False)
+  gate = trainer.params["layers"][0]["mlp"]["gate_proj"]["kernel"][...]
+  assert _shard_shape(gate) == (8, 32)
+  assert sum(g["drafter/updates"] for g in got) >= 1, got
+  assert all(g.get("spec/tokens", 0) > 0 for g in got), got  # speculative chunks ran
+  drafter = trainer.scheduler.drafter.params
+  assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(drafter))
+  for r, g in zip(ref, got, strict=True):
+    assert g["rollout_tokens"] == r["rollout_tokens"] and g["reward_mean"] == r["reward_mean"]
+    for k in ("loss/loss", "loss/grad_norm", "loss/approx_kl"):
+      np.testing.assert_allclose(g[k], r[k], rtol=1e-4, atol=1e-6)
+
+
 def check_drafter_on_freed_devices():
   """A 2-row long-tail bucket uses 2 devices; the 6 it frees train the drafter, and the
   update there equals one device's (replicas stay identical: one SPMD program)."""
@@ -373,16 +397,31 @@ def check_freed_meshes_prepared_before_rollout():
   assert "drafter/unprepared_free_sets" not in rec, rec
 
 
-def _trainer(workdir, mesh, rollout_mesh=None, shard_params=False):
+def _trainer(workdir, mesh, rollout_mesh=None, shard_params=False, tlt=False):
+  """GRPO on the tiny policy; `tlt`: chain3 speculative rollouts with an online drafter
+  that a slice scheduler trains in the idle windows (TLT mode)."""
   from rl_helpers import IdTokenizer, seven_reward, tiny_grpo
 
   from tlt_jax.rl.trainer import GRPOTrainer
+  from tlt_jax.scheduler import SchedulerConfig, SliceScheduler
 
-  tg, tp, _, _ = _models()
+  tg, tp, dg, dp = _models()
   sampling = SamplingConfig(temperature=1.0)
+  cfg = dataclasses.replace(ENGINE, stop_tokens=(0,))
+  if tlt:
+    cfg = dataclasses.replace(cfg, spec_threshold=16, spec_strategies=("chain3",))
   engine = RolloutEngine(
-    tg, MODEL, dataclasses.replace(ENGINE, stop_tokens=(0,)), sampling, mesh=rollout_mesh or mesh
+    tg, MODEL, cfg, sampling, mesh=rollout_mesh or mesh, drafter_graphdef=dg if tlt else None
   )
+  scheduler = None
+  if tlt:
+    train = DrafterTrainConfig(learning_rate=1e-2, warmup_steps=0, batch_rows=2, row_len=24)
+    scheduler = SliceScheduler(
+      OnlineDrafter(dg, dp, tg, train, slots=cfg.slots, feature_dim=32),
+      SchedulerConfig(),
+      placement=engine.placement,
+      batch_buckets=cfg.batch_buckets,
+    )
   examples = [{"question": " ".join(map(str, p)), "answer": ""} for p in PROMPTS]
   return GRPOTrainer(
     tg,
@@ -399,6 +438,7 @@ def _trainer(workdir, mesh, rollout_mesh=None, shard_params=False):
     workdir,
     mesh=mesh,
     shard_params=shard_params,
+    scheduler=scheduler,
   )
 
 

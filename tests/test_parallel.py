@@ -40,6 +40,7 @@ def _env(devices: int) -> dict[str, str]:
     "fsdp_update",
     "fsdp_forward_and_rollout",
     "trainer_fsdp",
+    "trainer_fsdp_tlt",
     "tensor_rollout",
     "trainer_tensor_rollout",
   ],
