@@ -128,6 +128,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   # Pseudo-pulls each neighbouring batch bucket lends a bucket's arms at their relative
   # speed there (0: every bucket learns alone).
   c.engine.bandit_prior = 0.0
+  # Chain arms scored from one acceptance curve that all their rounds feed (their speeds
+  # predicted on the same rounds, not compared across chunks of different text).
+  c.engine.bandit_shared_acceptance = False
 
   # The EAGLE drafter (modes sd and tlt): warm start on the warm-start policy's rollouts,
   # then (tlt) online updates from each RL step's rollouts.

@@ -92,7 +92,8 @@ _REWARDS = flags.DEFINE_list(
   "bandit rewards: adaptive, then adaptive_<reward> for more; <reward>+cut also rewards "
   "chunks cut short by their rows finishing (EngineConfig.bandit_cut_short); +prior lends "
   "each batch bucket its neighbours' statistics (EngineConfig.bandit_prior=1; one bandit "
-  "per mode and temperature learns over all --batches, in their order, as in RL)",
+  "per mode and temperature learns over all --batches, in their order, as in RL); +shared "
+  "scores chain arms from one acceptance curve (EngineConfig.bandit_shared_acceptance)",
 )
 _CONTROL = flags.DEFINE_string(
   "control", "", "a fixed arm run twice (mode 'control'): the noise floor of the comparison"
@@ -161,7 +162,7 @@ def _engine_config(base: EngineConfig, b: int, strategies, mode: str) -> EngineC
     mode = _CONTROL.value
   if mode in _adaptive_modes():
     reward, *options = _adaptive_modes()[mode].split("+")
-    unknown = set(options) - {"cut", "prior"}
+    unknown = set(options) - {"cut", "prior", "shared"}
     if unknown:
       raise app.UsageError(f"--adaptive_rewards: unknown option(s) {sorted(unknown)} in {mode}")
     return dataclasses.replace(
@@ -172,6 +173,7 @@ def _engine_config(base: EngineConfig, b: int, strategies, mode: str) -> EngineC
       bandit_reward=reward,
       bandit_cut_short="cut" in options,
       bandit_prior=1.0 if "prior" in options else 0.0,
+      bandit_shared_acceptance="shared" in options,
     )
   return dataclasses.replace(cfg, spec_threshold=b, spec_strategies=(mode,), spec_adaptive=False)
 

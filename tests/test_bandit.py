@@ -472,3 +472,103 @@ def test_prior_weight_survives_the_state_round_trip():
     StrategyBandit(ARMS, prior_weight=-1.0)
   with pytest.raises(ValueError, match="needs discount < 1"):
     StrategyBandit(ARMS, prior_weight=1.0, discount=1.0)
+
+
+# --------------------------------------------------------------- shared acceptance
+
+CHAINS = {"chain4": ("chain", 4), "chain8": ("chain", 8), "chain12": ("chain", 12)}
+# Round costs in plain decode steps (a host like the 2-core CPUs at batch 1: deep chains'
+# verify forwards and drafter steps add up) and the per-token acceptance of a chunk's text,
+# which varies from chunk to chunk far more than the arms' speeds differ.
+ROUND_COST = {"plain": 1.0, "chain4": 2.0, "chain8": 2.5, "chain12": 3.2}
+TEXT = (0.70, 0.97)
+
+
+def _expected_speed(arm: str) -> float:
+  """Tokens per step of `arm`, averaged over the text's acceptance (uniform in TEXT)."""
+  if arm == "plain":
+    return 1.0
+  depth = CHAINS[arm][1]
+  p = np.linspace(*TEXT, 2001)
+  tokens = 1.0 + sum(p**k for k in range(1, depth + 1))
+  return float(tokens.mean() / ROUND_COST[arm])
+
+
+def _simulate(bandit: StrategyBandit, shared: bool, chunks: int, seed: int) -> list[str]:
+  """`chunks` chunks of 8 rounds in bucket 1; returns the arms chosen."""
+  rng = np.random.default_rng(seed)
+  chosen = []
+  for _ in range(chunks):
+    arm = bandit.select(1)
+    chosen.append(arm)
+    timing = ROUND_COST[arm] * rng.lognormal(0.0, 0.03)
+    if arm == "plain":
+      bandit.update(1, arm, 1.0 / timing)
+      continue
+    depth, p = CHAINS[arm][1], rng.uniform(*TEXT)
+    accepted = np.minimum(rng.geometric(1.0 - p, size=8) - 1, depth)  # L ~ Geometric
+    if shared:
+      hist = np.bincount(accepted, minlength=depth + 1)
+      bandit.update(1, arm, 1.0 / timing, accepted=hist)
+    else:
+      bandit.update(1, arm, float((accepted + 1).mean()) / timing)
+  return chosen
+
+
+def test_acceptance_curve_is_kaplan_meier_over_censored_rounds():
+  """chain4 rounds accepting 0, 0, 1, 4 tokens: hazards 2/4, 1/2, 0, 0; a chain's predicted
+  tokens per round is 1 + E[min(L, d)], which for the arm that ran is its empirical mean."""
+  bandit = StrategyBandit(("plain", *CHAINS), discount=1.0, accept_families=CHAINS)
+  assert math.isnan(bandit.tokens_per_round("chain4"))
+  bandit.update(1, "chain4", 10.0, accepted=[2, 1, 0, 0, 1])
+  assert bandit.tokens_per_round("chain4") == pytest.approx(1 + (0 + 0 + 1 + 4) / 4)
+  assert bandit.tokens_per_round("chain8") == pytest.approx(1 + 0.5 + 0.25 * 7)  # hazard 0 on
+  # A chain12 round that accepts 6 tells what token 5 and 6 of every chain met.
+  bandit.update(1, "chain12", 5.0, accepted=[0] * 6 + [1] + [0] * 6)
+  s = np.cumprod(1 - np.array([2 / 5, 1 / 3, 0, 0, 0, 0, 1]))
+  assert bandit.tokens_per_round("chain8") == pytest.approx(1 + s.sum())  # hazard 1 on
+  # The mean is the pace times the tokens a round emits; plain keeps its measured speed.
+  bandit.update(1, "plain", 3.0)
+  means = {arm: v["mean"] for arm, v in bandit.summary()[1].items()}
+  assert means["plain"] == 3.0
+  assert means["chain4"] == pytest.approx(10.0 * bandit.tokens_per_round("chain4"))
+
+
+def test_shared_acceptance_picks_the_faster_chain_through_text_noise():
+  """Chunk speeds vary with the text (acceptance 0.70-0.97 per token from chunk to chunk)
+  more than chain8 and chain12 differ: compared chunk by chunk the bandit keeps pulling
+  both; predicted from one acceptance curve it settles on the faster arm."""
+  speeds = {arm: _expected_speed(arm) for arm in ROUND_COST}
+  best = max(speeds, key=speeds.get)
+  assert best == "chain8" and speeds["chain12"] > 0.85 * speeds["chain8"], speeds
+  arms = ("plain", *CHAINS)
+  share = {}
+  for shared in (True, False):
+    picks = []
+    for seed in range(4):
+      bandit = StrategyBandit(
+        arms, discount=0.99, min_pulls=1, accept_families=CHAINS if shared else None
+      )
+      picks += _simulate(bandit, shared, 150, seed)[50:]
+    share[shared] = picks.count(best) / len(picks)
+  assert share[True] >= 0.85, share
+  assert share[True] > share[False] + 0.1, share
+
+
+def test_shared_acceptance_update_checks_and_state():
+  bandit = StrategyBandit(("plain", *CHAINS), accept_families=CHAINS, seed=3)
+  with pytest.raises(ValueError, match="accepted"):
+    bandit.update(1, "chain4", 1.0)  # a family arm needs its acceptance
+  with pytest.raises(ValueError, match="accepted"):
+    bandit.update(1, "plain", 1.0, accepted=[1, 0])
+  with pytest.raises(ValueError, match="accepted must be 5"):
+    bandit.update(1, "chain4", 1.0, accepted=[1, 0, 0])
+  with pytest.raises(ValueError, match="accept_families"):
+    StrategyBandit(("plain", "chain4"), accept_families={"chain9": ("chain", 9)})
+  _simulate(bandit, True, 20, 0)
+  restored = StrategyBandit.from_state_dict(json.loads(json.dumps(bandit.state_dict())))
+  assert restored.summary() == bandit.summary()
+  assert restored.tokens_per_round("chain12") == bandit.tokens_per_round("chain12")
+  assert [restored.select(1) for _ in range(5)] == [bandit.select(1) for _ in range(5)]
+  with pytest.raises(ValueError, match="accept_families"):
+    StrategyBandit(("plain", *CHAINS), seed=3).load_state_dict(bandit.state_dict())

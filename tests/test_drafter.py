@@ -11,7 +11,7 @@ from flax import nnx
 
 from tlt_jax.decode import drafting
 from tlt_jax.decode.sampling import SamplingConfig
-from tlt_jax.decode.verify import verify_sampling
+from tlt_jax.decode.verify import verify_chain, verify_sampling
 from tlt_jax.drafter import (
   drafter_loss,
   drafter_optimizer,
@@ -437,3 +437,35 @@ def test_teacher_temperature_sets_the_logit_targets(s):
       p = np.asarray(jax.nn.softmax(teacher / t, -1))
       want = -(p * np.asarray(log_q)).sum(-1)
     np.testing.assert_allclose(float(m["logit_loss"]), want[mask].mean(), rtol=1e-5)
+
+
+def test_a_shallower_chain_accepts_the_prefix_of_a_deeper_ones_acceptance(s):
+  """What the bandit's shared acceptance curve rests on: from one state, a depth-d chain
+  (greedy or coupled) is the first d tokens of a deeper one, and the verifier accepts
+  min(a, d) of it where the deeper chain got a (whatever the target's logits are)."""
+  _, _, chain, _ = _jitted_drafting(s.dg, s.tg)
+  cache, dlen, root_tok, root_feat = _prefilled(s)
+  key = jax.random.key(5)
+  seq_ids, root_pos = jnp.arange(B, dtype=jnp.int32) + 3, jnp.asarray(LENGTHS - 1)
+  args = (s.dp, s.tg, s.tp, root_tok, root_feat, cache, dlen)
+  rng = np.random.default_rng(0)
+  for sampling in (GREEDY, FLAT):
+    coupling = drafting.Coupling(key, seq_ids, root_pos, sampling)
+    deep, _ = chain(*args, depth=6, coupling=coupling)
+    for depth in (1, 3, 5):
+      short, _ = chain(*args, depth=depth, coupling=coupling)
+      np.testing.assert_array_equal(short.tokens, deep.tokens[:, : depth + 1])
+    # Target logits that mostly agree with the deep draft, so acceptance varies by row.
+    logits = rng.normal(size=(B, 7, CFG.vocab_size)).astype(np.float32)
+    nxt = np.asarray(deep.tokens)[:, 1:]
+    boost = 30.0 * max(sampling.temperature, 1.0)  # beats the Gumbel noise when sampling
+    for b in range(B):
+      logits[b, np.arange(6), nxt[b]] += rng.choice([0.0, boost], size=6, p=[0.25, 0.75])
+    accepted = {}
+    for n in (2, 4, 6, 7):  # nodes: depth + 1
+      t, z = deep.tokens[:, :n], jnp.asarray(logits[:, :n])
+      vr = verify_chain(t, z, sampling, key, seq_ids, root_pos)
+      accepted[n - 1] = np.asarray(vr.num_accepted)
+    assert len(set(accepted[6].tolist())) > 1, accepted  # the check sees different acceptance
+    for depth in (1, 3, 5):
+      np.testing.assert_array_equal(accepted[depth], np.minimum(accepted[6], depth))

@@ -329,6 +329,37 @@ def test_bandit_state_restores_into_a_new_engine(models):
   assert prior.bandit.prior_weight == prior.bandit_for(SAMPLED).prior_weight == 0.5
   with pytest.raises(ValueError, match="bandit_prior"):
     dataclasses.replace(cfg, bandit_prior=-1.0)
+  with pytest.raises(ValueError, match="bandit_shared_acceptance"):
+    dataclasses.replace(cfg, bandit_shared_acceptance=1)
+
+
+def test_shared_acceptance_scores_chains_from_their_rounds(models, pool):
+  """EngineConfig.bandit_shared_acceptance: the drafter's chain arms (coupled and
+  "-argmax" apart; not trees) share acceptance curves fed by every chunk's histogram of
+  accepted tokens; the rollout stays token-identical to plain decoding."""
+  _, tp, _, dp = models
+  strategies = ("chain2", "chain3", "chain3-argmax", "tree3x2x6")
+  engine = _engine(
+    models,
+    pool,
+    SAMPLED,
+    spec_strategies=strategies,
+    spec_adaptive=True,
+    bandit_shared_acceptance=True,
+  )
+  want = {"chain2": ("chain", 2), "chain3": ("chain", 3), "chain3-argmax": ("chain-argmax", 3)}
+  assert engine.bandit.accept_families == want
+  assert engine.bandit_for(GREEDY).accept_families == want
+  plain = _engine(models, pool, SAMPLED, spec_threshold=0)
+  for key in (1, 2):
+    got = _run(engine, tp, dp, num_samples=4, key=key)
+    np.testing.assert_array_equal(got.tokens, _run(plain, tp, None, num_samples=4, key=key).tokens)
+    for e in got.timeline:
+      if e["phase"] == "spec":
+        hist = np.asarray(e["accepted_hist"])
+        assert hist.sum() == e["row_rounds"]
+        assert (np.arange(hist.size) * hist).sum() == e["accepted"]
+  assert np.isfinite(engine.bandit.tokens_per_round("chain3"))
 
 
 def test_each_sampling_configuration_learns_in_its_own_bandit(models, pool):

@@ -47,6 +47,21 @@ Why a bandit, and why one per batch bucket:
   explodes when its own pulls decay. The pseudo-pulls fade by `discount` per chunk of the
   bucket's own, so its own data takes over (a prior needs discount < 1).
 
+* Chains of one drafter can share what they accept (`accept_families`). A chain's draft of
+  depth d is the first d tokens of a deeper chain's from the same state (greedy drafts are
+  the drafter's argmax chain; coupled ones its Gumbel-max under the verifier's noise,
+  position by position), so a round that accepted a < d tokens says every chain would have
+  accepted min(a, d') there, and one that accepted all d says each shallower chain would
+  have accepted all of its own. For such arms the bandit does not compare chunk speeds,
+  which vary with the text far more than between close arms (at batch 1 each chunk is one
+  answer's stretch), but predicts them: the arm's pace (rounds per second, measured per
+  bucket and phase like any reward; nearly the same from chunk to chunk) times the tokens
+  a round emits, 1 + E[min(L, d)], where L is the number of draft tokens the target would
+  accept from an unbounded chain. L's distribution is one per family (`_AcceptCurve`:
+  discounted Kaplan-Meier counts over every bucket's rounds, since acceptance depends on
+  the drafter and the text, not on the batch): each chunk of any chain in the family
+  refines every chain's prediction, and all are compared on the same rounds.
+
 Selection in a bucket: first every arm is pulled `min_pulls` times, round-robin in arm order;
 then the arm maximising
 
@@ -76,7 +91,8 @@ PLAIN = "plain"  # the bandit arm that runs plain decode
 BANDIT_REWARDS = {"frontier": 0.0, "octile": 0.125, "row": None}
 
 _MAX_PHASE = 15  # answer_phase's last bin (> 500k tokens at 16)
-_STATE_VERSION = 3  # 2: sums of squared rewards (spread-scaled exploration); 3: per-phase cells
+_STATE_VERSION = 4  # 2: squared rewards (spread-scaled exploration); 3: per-phase cells;
+# 4: acceptance curves of chain families
 
 
 def answer_phase(generated: float, phase_tokens: int) -> int:
@@ -248,6 +264,45 @@ class _BucketStats:
     return stats
 
 
+class _AcceptCurve:
+  """Discounted Kaplan-Meier counts of how many draft tokens a chain family's rounds accept.
+
+  at_risk[k]: row-rounds in which draft token k + 1 was checked (the first k accepted and
+  the chain at least k + 1 deep); rejected[k]: those that rejected it. A chain of depth d
+  accepting a tokens adds to at_risk[0 .. min(a, d - 1)] and, when a < d, to rejected[a].
+  """
+
+  def __init__(self, at_risk=(), rejected=()):
+    self.at_risk = np.asarray(at_risk, dtype=np.float64)
+    self.rejected = np.asarray(rejected, dtype=np.float64)
+    if self.at_risk.shape != self.rejected.shape or self.at_risk.ndim != 1:
+      raise ValueError("acceptance curve: at_risk and rejected must be equal 1-D lists")
+
+  def observe(self, accepted: np.ndarray, depth: int, discount: float) -> None:
+    """`accepted[a]`: row-rounds of a depth-`depth` chain that accepted a draft tokens."""
+    hist = np.asarray(accepted, dtype=np.float64)
+    grow = depth - self.at_risk.size
+    if grow > 0:
+      self.at_risk = np.pad(self.at_risk, (0, grow))
+      self.rejected = np.pad(self.rejected, (0, grow))
+    self.at_risk *= discount
+    self.rejected *= discount
+    # Rounds that reached token k + 1: those that accepted k or more (k < depth).
+    self.at_risk[:depth] += np.cumsum(hist[::-1])[::-1][:depth]
+    self.rejected[:depth] += hist[:depth]
+
+  def tokens_per_round(self, depth: int) -> float:
+    """Predicted tokens a depth-`depth` round emits: 1 + E[min(L, depth)]. Depths past the
+    data extrapolate its deepest hazard (NaN without data)."""
+    seen = self.at_risk > 0  # a prefix: a round checking token k + 1 checked token k
+    if not seen.any():
+      return math.nan
+    known = self.rejected[seen] / self.at_risk[seen]
+    hazard = np.full(depth, known[-1])
+    hazard[: min(depth, known.size)] = known[:depth]
+    return 1.0 + float(np.cumprod(1.0 - hazard).sum())  # sum of P(L >= k), k = 1..depth
+
+
 class StrategyBandit:
   """Discounted-UCB bandit over draft strategies, with separate statistics per batch bucket.
 
@@ -262,6 +317,9 @@ class StrategyBandit:
     min_spread: Floor of the relative spread (a few equal timings do not end exploration).
     prior_weight: Pseudo-pulls each neighbouring bucket (nearest below and above with data)
       lends every arm, at its relative speed there; 0: buckets learn alone.
+    accept_families: arm -> (family, depth) for chain arms of one drafter whose drafts are
+      prefixes of each other (module docstring): their `update`s give the chunk's pace and
+      acceptance, and their means are predicted from the family's acceptance curve.
     seed: Seed of the generator that breaks exact ties.
   """
 
@@ -274,6 +332,7 @@ class StrategyBandit:
     min_pulls: int = 2,
     min_spread: float = 0.02,
     prior_weight: float = 0.0,
+    accept_families: Mapping[str, tuple[str, int]] | None = None,
     seed: int = 0,
   ):
     if isinstance(arms, str):
@@ -299,6 +358,15 @@ class StrategyBandit:
       raise ValueError(f"prior_weight must be a finite number >= 0, got {prior_weight!r}")
     if prior_weight > 0 and discount == 1:
       raise ValueError("prior_weight > 0 needs discount < 1 (the prior fades with the discount)")
+    families = dict(accept_families or {})
+    for arm, spec in families.items():
+      ok = isinstance(spec, tuple | list) and len(spec) == 2 and isinstance(spec[0], str)
+      if not (arm in arms and ok and isinstance(spec[1], int) and spec[1] >= 1):
+        raise ValueError(
+          f"accept_families: {arm!r} -> {spec!r} must map an arm to (family, depth >= 1)"
+        )
+    self._families = {a: (str(f), int(d)) for a, (f, d) in families.items()}
+    self._curves = {f: _AcceptCurve() for f, _ in self._families.values()}
     self._arms = arms
     self._prior_weight = float(prior_weight)
     self._index = {a: i for i, a in enumerate(arms)}
@@ -340,6 +408,24 @@ class StrategyBandit:
   def buckets(self) -> list[int]:
     return sorted(self._buckets)
 
+  @property
+  def accept_families(self) -> dict[str, tuple[str, int]]:
+    return dict(self._families)
+
+  def tokens_per_round(self, arm: str) -> float:
+    """An `accept_families` arm's predicted tokens per row-round (NaN without data)."""
+    family, depth = self._families[arm]
+    return self._curves[family].tokens_per_round(depth)
+
+  def _means(self, stats: _BucketStats) -> np.ndarray:
+    """Per-arm speed: the phase-adjusted mean reward, times the predicted tokens per round
+    for family arms (whose reward is their pace)."""
+    means = stats.means().copy()
+    for arm, (family, depth) in self._families.items():
+      i = self._index[arm]
+      means[i] *= self._curves[family].tokens_per_round(depth)
+    return means
+
   # ------------------------------------------------------------------ core
 
   def _bucket(self, bucket: int) -> _BucketStats:
@@ -367,7 +453,7 @@ class StrategyBandit:
       above = [k for k in self._buckets if k > key and (self._buckets[k].count > 0).any()]
       for k in ([max(below)] if below else []) + ([min(above)] if above else []):
         stats = self._buckets[k]
-        count, means = stats.count.sum(axis=1), stats.means()
+        count, means = stats.count.sum(axis=1), self._means(stats)
         known = (count > 0) & np.isfinite(means)
         scale = float(np.max(means[known]))
         if scale <= 0:
@@ -399,8 +485,8 @@ class StrategyBandit:
     if not known.all():
       # Data decayed to nothing (or state edited by hand): such an arm's bonus is infinite.
       return self._arms[int(np.argmin(known))]
-    means = stats.means()
-    own = own_count > 0
+    means = self._means(stats)
+    own = (own_count > 0) & np.isfinite(means)
     scale = float(np.max(means[own])) if own.any() else 0.0
     both = own & (pseudo > 0) & (np.nan_to_num(prior_means) > 0)
     if both.any():
@@ -422,14 +508,34 @@ class StrategyBandit:
     choice = int(top[0]) if top.size == 1 else int(self._rng.choice(top))
     return self._arms[choice]
 
-  def update(self, bucket: int, arm: str, reward: float, phase: int = 0) -> None:
+  def update(
+    self,
+    bucket: int,
+    arm: str,
+    reward: float,
+    phase: int = 0,
+    accepted: Sequence[float] | None = None,
+  ) -> None:
     """Records the measured speed of one chunk run with `arm`.
 
     `phase` (an int >= 0, see `answer_phase`) says where in the answers the chunk ran: arms
     are compared at equal phase (`_BucketStats.fit`), since every arm slows down along an
     answer and the arms' chunks do not fall at the same places.
+    For an `accept_families` arm, `reward` is the chunk's pace (rounds per second) and
+    `accepted[a]` (required) the row-rounds that accepted a draft tokens, a = 0..depth.
     """
     i = self._arm_index(arm)
+    if (accepted is not None) != (arm in self._families):
+      raise ValueError(
+        f"update({arm!r}): `accepted` is required for accept_families arms and only for them"
+      )
+    if accepted is not None:
+      hist = np.asarray(accepted, dtype=np.float64)
+      depth = self._families[arm][1]
+      if hist.ndim != 1 or hist.size != depth + 1 or not np.all(np.isfinite(hist) & (hist >= 0)):
+        raise ValueError(
+          f"update({arm!r}): accepted must be {depth + 1} finite counts >= 0, got {accepted!r}"
+        )
     if isinstance(phase, bool) or not isinstance(phase, int | np.integer) or phase < 0:
       raise ValueError(f"phase must be an int >= 0, got {phase!r}")
     try:
@@ -451,6 +557,9 @@ class StrategyBandit:
     stats.changed()
     stats.pulls[i] += 1
     stats.last[i] = value
+    if accepted is not None:
+      family, depth = self._families[arm]
+      self._curves[family].observe(hist, depth, self._discount)
 
   def warmed_up(self, bucket: int) -> bool:
     """True once every arm of `bucket` has had its `min_pulls` warm-up pulls."""
@@ -462,7 +571,8 @@ class StrategyBandit:
     stats = self._buckets.get(_bucket_key(bucket))
     if stats is None or not (stats.count > 0).any():
       return self._arms[0]
-    means = np.where(stats.count.sum(axis=1) > 0, stats.means(), -np.inf)
+    means = np.nan_to_num(self._means(stats), nan=-np.inf)
+    means = np.where(stats.count.sum(axis=1) > 0, means, -np.inf)
     return self._arms[int(np.argmax(means))]  # argmax takes the first arm on ties.
 
   def summary(self) -> dict[int, dict[str, dict[str, Any]]]:
@@ -471,7 +581,7 @@ class StrategyBandit:
     out: dict[int, dict[str, dict[str, Any]]] = {}
     for bucket in sorted(self._buckets):
       stats = self._buckets[bucket]
-      means = stats.means()
+      means = self._means(stats)
       out[bucket] = {
         arm: {
           "pulls": int(stats.pulls[i]),
@@ -495,6 +605,11 @@ class StrategyBandit:
       "min_pulls": self._min_pulls,
       "min_spread": self._min_spread,
       "prior_weight": self._prior_weight,
+      "accept_families": {a: list(v) for a, v in self._families.items()},
+      "accept_curves": {
+        f: {"at_risk": c.at_risk.tolist(), "rejected": c.rejected.tolist()}
+        for f, c in self._curves.items()
+      },
       "seed": self._seed,
       "buckets": [self._buckets[b].to_state(b) for b in sorted(self._buckets)],
       # PCG64 state is a dict of str and (big) ints; JSON keeps big ints exact.
@@ -516,6 +631,7 @@ class StrategyBandit:
       min_pulls=state["min_pulls"],
       min_spread=state.get("min_spread", 0.02),
       prior_weight=state.get("prior_weight", 0.0),
+      accept_families=_families_of(state),
       seed=state.get("seed", 0),
     )
     bandit.load_state_dict(state)
@@ -524,7 +640,7 @@ class StrategyBandit:
   def load_state_dict(self, state: Mapping[str, Any]) -> None:
     """Restores statistics, hyperparameters and generator state; the arms must match self's."""
     version = state.get("version")
-    if version not in (1, 2, _STATE_VERSION):
+    if version not in (1, 2, 3, _STATE_VERSION):
       raise ValueError(f"unsupported bandit state version {version!r}, expected {_STATE_VERSION}")
     arms = tuple(state["arms"])
     if arms != self._arms:
@@ -537,8 +653,17 @@ class StrategyBandit:
       min_pulls=state["min_pulls"],
       min_spread=state.get("min_spread", 0.02),
       prior_weight=state.get("prior_weight", 0.0),
+      accept_families=_families_of(state),
       seed=state.get("seed", 0),
     )
+    if fresh._families != self._families:
+      raise ValueError(
+        f"state has accept_families {fresh._families!r}, this bandit has {self._families!r}"
+      )
+    for family, curve in state.get("accept_curves", {}).items():
+      if family not in fresh._curves:
+        raise ValueError(f"state has an acceptance curve for unknown family {family!r}")
+      fresh._curves[family] = _AcceptCurve(curve["at_risk"], curve["rejected"])
     buckets: dict[int, _BucketStats] = {}
     for entry in state["buckets"]:
       bucket = _bucket_key(entry["bucket"])
@@ -559,6 +684,7 @@ class StrategyBandit:
     self._min_pulls = fresh._min_pulls
     self._min_spread = fresh._min_spread
     self._prior_weight = fresh._prior_weight
+    self._curves = fresh._curves
     self._seed = fresh._seed
     self._rng = fresh._rng
     self._buckets = buckets
@@ -567,6 +693,10 @@ class StrategyBandit:
     return (
       f"StrategyBandit(arms={list(self._arms)!r}, exploration={self._exploration}, "
       f"discount={self._discount}, min_pulls={self._min_pulls}, min_spread={self._min_spread}, "
-      f"prior_weight={self._prior_weight}, seed={self._seed}, "
+      f"prior_weight={self._prior_weight}, accept_families={self._families}, seed={self._seed}, "
       f"buckets={self.buckets})"
     )
+
+
+def _families_of(state: Mapping[str, Any]) -> dict[str, tuple[str, int]]:
+  return {a: (f, d) for a, (f, d) in state.get("accept_families", {}).items()}

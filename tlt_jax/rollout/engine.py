@@ -100,6 +100,11 @@ class EngineConfig:
       bucket at its relative speed there (`StrategyBandit.prior_weight`; 0: every bucket
       learns alone). The tail's small buckets see a few chunks each: with a prior they
       skip the warm-up of arms their neighbours found slow.
+    bandit_shared_acceptance: the drafter's chain arms (coupled ones, and "-argmax"
+      ones apart) are scored by their measured pace times the tokens a round accepts,
+      predicted from one acceptance curve that every chain's rounds feed
+      (`StrategyBandit.accept_families`): chunks of different text no longer decide
+      between chains of close speed.
   """
 
   max_prompt_len: int = 64
@@ -128,6 +133,7 @@ class EngineConfig:
   bandit_reward: str = "octile"
   bandit_cut_short: bool = False
   bandit_prior: float = 0.0
+  bandit_shared_acceptance: bool = False
 
   def __post_init__(self):
     for name in (
@@ -179,6 +185,9 @@ class EngineConfig:
     prior = self.bandit_prior
     if isinstance(prior, bool) or not isinstance(prior, int | float) or not 0 <= prior < math.inf:
       raise ValueError(f"EngineConfig.bandit_prior must be a number >= 0, got {prior!r}")
+    shared = self.bandit_shared_acceptance
+    if not isinstance(shared, bool):
+      raise ValueError(f"EngineConfig.bandit_shared_acceptance must be a bool, got {shared!r}")
 
   @property
   def slots(self) -> int:
@@ -359,8 +368,20 @@ class RolloutEngine:
       # left alone, and each bucket's warm-up costs one chunk per arm. (Three pulls per arm
       # made the RL runs of experiments/e2e_modes.py spend most of their speculative chunks
       # warming up.)
+      families = {}
+      if config.bandit_shared_acceptance:
+        families = {
+          s.name: ("chain" if s.coupled else "chain-argmax", s.depth)
+          for s in config.strategies
+          if s.kind == "chain"
+        }
       default = StrategyBandit(
-        arms, exploration=2.0, discount=0.99, min_pulls=1, prior_weight=config.bandit_prior
+        arms,
+        exploration=2.0,
+        discount=0.99,
+        min_pulls=1,
+        prior_weight=config.bandit_prior,
+        accept_families=families,
       )
       self.bandit = bandit if bandit is not None else default
       if tuple(self.bandit.arms) != arms:
@@ -380,6 +401,7 @@ class RolloutEngine:
         min_pulls=b.min_pulls,
         min_spread=b.min_spread,
         prior_weight=b.prior_weight,
+        accept_families=b.accept_families,
       )
     return self._other_bandits[sampling]
 

@@ -196,9 +196,16 @@ class RolloutRun:
       run_s = max(dt + charged_s - (compiled - rebuild_compile), 1e-6)
       if charged_s:
         entry["switch_s"] = charged_s
-      entry["reward"] = self._reward(entry, arm, tokens, run_s)
       entry["answer_phase"] = phase
-      self.bandit.update(self.state.batch, arm, entry["reward"], phase=phase)
+      if arm in self.bandit.accept_families:
+        # Its speed is predicted from the family's acceptance (bandit docstring): the
+        # chunk gives its pace and what its rounds accepted.
+        entry["reward"] = entry["rounds"] / run_s
+        hist = entry["accepted_hist"]
+        self.bandit.update(self.state.batch, arm, entry["reward"], phase=phase, accepted=hist)
+      else:
+        entry["reward"] = self._reward(entry, arm, tokens, run_s)
+        self.bandit.update(self.state.batch, arm, entry["reward"], phase=phase)
     self.timeline.append(
       {
         "t": t0 - self.start,
@@ -308,6 +315,7 @@ class RolloutRun:
       "rounds": int(stats.rounds),
       "row_rounds": int(stats.row_rounds.sum()),
       "accepted": int(stats.accepted.sum()),
+      "accepted_hist": [int(x) for x in stats.accepted_hist],
     }
     if strategy.uses_group:
       entry["corpus_s"] = corpus_s  # host time building the group corpus (in dt)

@@ -176,12 +176,14 @@ class SpecStats:
     accepted: [B] int32, draft tokens accepted per row (before stop/max_len truncation).
     emitted: [B] int32, tokens committed per row.
     row_rounds: [B] int32, rounds in which the row was active.
+    accepted_hist: [depth + 1] int32, row-rounds by draft tokens accepted (0..depth).
   """
 
   rounds: jax.Array
   accepted: jax.Array
   emitted: jax.Array
   row_rounds: jax.Array
+  accepted_hist: jax.Array
 
 
 def _read_window(buf: jax.Array, start: jax.Array, width: int, axis: int = 1) -> jax.Array:
@@ -453,6 +455,7 @@ def spec_decode_chunk(
       accepted=stats.accepted + act * vr.num_accepted,
       emitted=stats.emitted + count,
       row_rounds=stats.row_rounds + act,
+      accepted_hist=stats.accepted_hist.at[vr.num_accepted].add(act, mode="drop"),
     )
     if not strategy.uses_drafter:
       return new_st, dcache, dlen, stats
@@ -480,7 +483,10 @@ def spec_decode_chunk(
     return (stats.rounds < num_rounds) & ~jnp.all(st.done)
 
   zeros = jnp.zeros((state.batch,), jnp.int32)
-  stats = SpecStats(rounds=jnp.int32(0), accepted=zeros, emitted=zeros, row_rounds=zeros)
+  hist = jnp.zeros((strategy.depth + 1,), jnp.int32)
+  stats = SpecStats(
+    rounds=jnp.int32(0), accepted=zeros, emitted=zeros, row_rounds=zeros, accepted_hist=hist
+  )
   dlen0 = None if drafter_len is None else drafter_len.astype(jnp.int32)
   init = (state, drafter_cache, dlen0, stats)
   state, drafter_cache, drafter_len, stats = lax.while_loop(cond, round_, init)
