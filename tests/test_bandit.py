@@ -534,6 +534,25 @@ def test_acceptance_curve_is_kaplan_meier_over_censored_rounds():
   assert means["chain4"] == pytest.approx(10.0 * bandit.tokens_per_round("chain4"))
 
 
+def test_shared_acceptance_predicts_the_frontier_of_a_bucket():
+  """With the octile reward over 8-round chunks, a family arm's prediction in a bucket of
+  8 rows is the expected lowest of 8 rows (octile of 8), whose chunk tokens spread by the
+  per-round spread over sqrt(8); a bucket of 1 row keeps the mean."""
+  bandit = StrategyBandit(
+    ("plain", *CHAINS), discount=1.0, accept_families=CHAINS, frontier=(0.125, 8)
+  )
+  for bucket in (1, 8):
+    bandit.update(bucket, "chain4", 10.0, accepted=[2, 1, 0, 0, 1])  # min(L, 4): 0, 0, 1, 4
+  sd = math.sqrt((0 + 0 + 1 + 16) / 4 - 1.25**2)
+  assert bandit._curves["chain"].tokens_sd(4) == pytest.approx(sd)
+  lowest_of_8 = -1.4338  # Blom: Phi^-1((1 - 0.375) / 8.25)
+  tokens = {bucket: v["chain4"]["mean"] / 10.0 for bucket, v in bandit.summary().items()}
+  assert tokens[1] == pytest.approx(2.25)
+  assert tokens[8] == pytest.approx(2.25 + lowest_of_8 * sd / math.sqrt(8), rel=1e-3)
+  with pytest.raises(ValueError, match="frontier"):
+    StrategyBandit(("plain", "chain4"), frontier=(1.5, 8))
+
+
 def test_shared_acceptance_picks_the_faster_chain_through_text_noise():
   """Chunk speeds vary with the text (acceptance 0.70-0.97 per token from chunk to chunk)
   more than chain8 and chain12 differ: compared chunk by chunk the bandit keeps pulling
@@ -556,7 +575,7 @@ def test_shared_acceptance_picks_the_faster_chain_through_text_noise():
 
 
 def test_shared_acceptance_update_checks_and_state():
-  bandit = StrategyBandit(("plain", *CHAINS), accept_families=CHAINS, seed=3)
+  bandit = StrategyBandit(("plain", *CHAINS), accept_families=CHAINS, frontier=(0.125, 8), seed=3)
   with pytest.raises(ValueError, match="accepted"):
     bandit.update(1, "chain4", 1.0)  # a family arm needs its acceptance
   with pytest.raises(ValueError, match="accepted"):
@@ -569,6 +588,7 @@ def test_shared_acceptance_update_checks_and_state():
   restored = StrategyBandit.from_state_dict(json.loads(json.dumps(bandit.state_dict())))
   assert restored.summary() == bandit.summary()
   assert restored.tokens_per_round("chain12") == bandit.tokens_per_round("chain12")
+  assert restored.frontier == (0.125, 8)
   assert [restored.select(1) for _ in range(5)] == [bandit.select(1) for _ in range(5)]
   with pytest.raises(ValueError, match="accept_families"):
     StrategyBandit(("plain", *CHAINS), seed=3).load_state_dict(bandit.state_dict())

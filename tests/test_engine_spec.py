@@ -350,6 +350,7 @@ def test_shared_acceptance_scores_chains_from_their_rounds(models, pool):
   want = {"chain2": ("chain", 2), "chain3": ("chain", 3), "chain3-argmax": ("chain-argmax", 3)}
   assert engine.bandit.accept_families == want
   assert engine.bandit_for(GREEDY).accept_families == want
+  assert engine.bandit.frontier == engine.bandit_for(GREEDY).frontier == (0.125, ENGINE.spec_rounds)
   plain = _engine(models, pool, SAMPLED, spec_threshold=0)
   for key in (1, 2):
     got = _run(engine, tp, dp, num_samples=4, key=key)

@@ -82,6 +82,7 @@ from __future__ import annotations
 import math
 import operator
 from collections.abc import Mapping, Sequence
+from statistics import NormalDist
 from typing import Any
 
 import numpy as np
@@ -294,13 +295,26 @@ class _AcceptCurve:
   def tokens_per_round(self, depth: int) -> float:
     """Predicted tokens a depth-`depth` round emits: 1 + E[min(L, depth)]. Depths past the
     data extrapolate its deepest hazard (NaN without data)."""
-    seen = self.at_risk > 0  # a prefix: a round checking token k + 1 checked token k
-    if not seen.any():
+    if not (self.at_risk > 0).any():  # a prefix: a round checking token k + 1 checked k
       return math.nan
+    return 1.0 + float(self._survival(depth).sum())  # sum of P(L >= k), k = 1..depth
+
+  def tokens_sd(self, depth: int) -> float:
+    """Standard deviation of the tokens a depth-`depth` round emits (NaN without data):
+    E[min(L, d)^2] = sum over k of (2k - 1) P(L >= k)."""
+    if not (self.at_risk > 0).any():
+      return math.nan
+    survival = self._survival(depth)
+    second = float(((2 * np.arange(1, depth + 1) - 1) * survival).sum())
+    return math.sqrt(max(second - float(survival.sum()) ** 2, 0.0))
+
+  def _survival(self, depth: int) -> np.ndarray:
+    """P(L >= k) for k = 1..depth (past the data, its deepest hazard continues)."""
+    seen = self.at_risk > 0
     known = self.rejected[seen] / self.at_risk[seen]
     hazard = np.full(depth, known[-1])
     hazard[: min(depth, known.size)] = known[:depth]
-    return 1.0 + float(np.cumprod(1.0 - hazard).sum())  # sum of P(L >= k), k = 1..depth
+    return np.cumprod(1.0 - hazard)
 
 
 class StrategyBandit:
@@ -320,6 +334,10 @@ class StrategyBandit:
     accept_families: arm -> (family, depth) for chain arms of one drafter whose drafts are
       prefixes of each other (module docstring): their `update`s give the chunk's pace and
       acceptance, and their means are predicted from the family's acceptance curve.
+    frontier: (quantile, rounds per chunk) of the reward the other arms are measured by
+      (`frontier_advance`; quantile None: the mean row). A family arm's prediction is then
+      for that quantile of a bucket's rows over a chunk (normal approximation: rows spread
+      apart by the per-round spread over sqrt(rounds)), not for the mean row.
     seed: Seed of the generator that breaks exact ties.
   """
 
@@ -333,6 +351,7 @@ class StrategyBandit:
     min_spread: float = 0.02,
     prior_weight: float = 0.0,
     accept_families: Mapping[str, tuple[str, int]] | None = None,
+    frontier: tuple[float | None, int] | None = None,
     seed: int = 0,
   ):
     if isinstance(arms, str):
@@ -366,6 +385,13 @@ class StrategyBandit:
           f"accept_families: {arm!r} -> {spec!r} must map an arm to (family, depth >= 1)"
         )
     self._families = {a: (str(f), int(d)) for a, (f, d) in families.items()}
+    if frontier is not None:
+      q, rounds = frontier
+      q_ok = q is None or (_is_real(q) and 0 <= q < 1)
+      if not (q_ok and isinstance(rounds, int) and rounds >= 1):
+        raise ValueError(f"frontier must be (quantile in [0, 1) or None, rounds >= 1): {frontier}")
+      frontier = (None if q is None else float(q), int(rounds))
+    self._frontier = frontier
     self._curves = {f: _AcceptCurve() for f, _ in self._families.values()}
     self._arms = arms
     self._prior_weight = float(prior_weight)
@@ -412,18 +438,33 @@ class StrategyBandit:
   def accept_families(self) -> dict[str, tuple[str, int]]:
     return dict(self._families)
 
+  @property
+  def frontier(self) -> tuple[float | None, int] | None:
+    return self._frontier
+
   def tokens_per_round(self, arm: str) -> float:
     """An `accept_families` arm's predicted tokens per row-round (NaN without data)."""
     family, depth = self._families[arm]
     return self._curves[family].tokens_per_round(depth)
 
-  def _means(self, stats: _BucketStats) -> np.ndarray:
+  def _means(self, stats: _BucketStats, bucket: int) -> np.ndarray:
     """Per-arm speed: the phase-adjusted mean reward, times the predicted tokens per round
-    for family arms (whose reward is their pace)."""
+    for family arms (whose reward is their pace), at the frontier's quantile of the
+    bucket's rows when one is set."""
     means = stats.means().copy()
+    z = 0.0
+    if self._frontier is not None and self._frontier[0] is not None and bucket > 1:
+      # The expected k-th smallest of `bucket` standard normals (Blom's approximation),
+      # k as `frontier_advance` picks it.
+      k = int(self._frontier[0] * (bucket - 1))
+      z = NormalDist().inv_cdf((k + 1 - 0.375) / (bucket + 0.25))
     for arm, (family, depth) in self._families.items():
-      i = self._index[arm]
-      means[i] *= self._curves[family].tokens_per_round(depth)
+      curve = self._curves[family]
+      tokens = curve.tokens_per_round(depth)
+      if z:
+        spread = curve.tokens_sd(depth) / math.sqrt(self._frontier[1])
+        tokens = max(tokens + z * spread, 1.0)
+      means[self._index[arm]] *= tokens
     return means
 
   # ------------------------------------------------------------------ core
@@ -453,7 +494,7 @@ class StrategyBandit:
       above = [k for k in self._buckets if k > key and (self._buckets[k].count > 0).any()]
       for k in ([max(below)] if below else []) + ([min(above)] if above else []):
         stats = self._buckets[k]
-        count, means = stats.count.sum(axis=1), self._means(stats)
+        count, means = stats.count.sum(axis=1), self._means(stats, k)
         known = (count > 0) & np.isfinite(means)
         scale = float(np.max(means[known]))
         if scale <= 0:
@@ -485,7 +526,7 @@ class StrategyBandit:
     if not known.all():
       # Data decayed to nothing (or state edited by hand): such an arm's bonus is infinite.
       return self._arms[int(np.argmin(known))]
-    means = self._means(stats)
+    means = self._means(stats, _bucket_key(bucket))
     own = (own_count > 0) & np.isfinite(means)
     scale = float(np.max(means[own])) if own.any() else 0.0
     both = own & (pseudo > 0) & (np.nan_to_num(prior_means) > 0)
@@ -571,7 +612,7 @@ class StrategyBandit:
     stats = self._buckets.get(_bucket_key(bucket))
     if stats is None or not (stats.count > 0).any():
       return self._arms[0]
-    means = np.nan_to_num(self._means(stats), nan=-np.inf)
+    means = np.nan_to_num(self._means(stats, _bucket_key(bucket)), nan=-np.inf)
     means = np.where(stats.count.sum(axis=1) > 0, means, -np.inf)
     return self._arms[int(np.argmax(means))]  # argmax takes the first arm on ties.
 
@@ -581,7 +622,7 @@ class StrategyBandit:
     out: dict[int, dict[str, dict[str, Any]]] = {}
     for bucket in sorted(self._buckets):
       stats = self._buckets[bucket]
-      means = self._means(stats)
+      means = self._means(stats, bucket)
       out[bucket] = {
         arm: {
           "pulls": int(stats.pulls[i]),
@@ -606,6 +647,7 @@ class StrategyBandit:
       "min_spread": self._min_spread,
       "prior_weight": self._prior_weight,
       "accept_families": {a: list(v) for a, v in self._families.items()},
+      "frontier": None if self._frontier is None else list(self._frontier),
       "accept_curves": {
         f: {"at_risk": c.at_risk.tolist(), "rejected": c.rejected.tolist()}
         for f, c in self._curves.items()
@@ -632,6 +674,7 @@ class StrategyBandit:
       min_spread=state.get("min_spread", 0.02),
       prior_weight=state.get("prior_weight", 0.0),
       accept_families=_families_of(state),
+      frontier=_frontier_of(state),
       seed=state.get("seed", 0),
     )
     bandit.load_state_dict(state)
@@ -654,6 +697,7 @@ class StrategyBandit:
       min_spread=state.get("min_spread", 0.02),
       prior_weight=state.get("prior_weight", 0.0),
       accept_families=_families_of(state),
+      frontier=_frontier_of(state),
       seed=state.get("seed", 0),
     )
     if fresh._families != self._families:
@@ -685,6 +729,7 @@ class StrategyBandit:
     self._min_spread = fresh._min_spread
     self._prior_weight = fresh._prior_weight
     self._curves = fresh._curves
+    self._frontier = fresh._frontier
     self._seed = fresh._seed
     self._rng = fresh._rng
     self._buckets = buckets
@@ -700,3 +745,8 @@ class StrategyBandit:
 
 def _families_of(state: Mapping[str, Any]) -> dict[str, tuple[str, int]]:
   return {a: (f, d) for a, (f, d) in state.get("accept_families", {}).items()}
+
+
+def _frontier_of(state: Mapping[str, Any]) -> tuple[float | None, int] | None:
+  f = state.get("frontier")
+  return None if f is None else (f[0], f[1])

@@ -382,6 +382,7 @@ class RolloutEngine:
         min_pulls=1,
         prior_weight=config.bandit_prior,
         accept_families=families,
+        frontier=(BANDIT_REWARDS[config.bandit_reward], config.spec_rounds) if families else None,
       )
       self.bandit = bandit if bandit is not None else default
       if tuple(self.bandit.arms) != arms:
@@ -402,6 +403,7 @@ class RolloutEngine:
         min_spread=b.min_spread,
         prior_weight=b.prior_weight,
         accept_families=b.accept_families,
+        frontier=b.frontier,
       )
     return self._other_bandits[sampling]
 
