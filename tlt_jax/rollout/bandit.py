@@ -666,17 +666,7 @@ class StrategyBandit:
   @classmethod
   def from_state_dict(cls, state: Mapping[str, Any]) -> StrategyBandit:
     """Builds a bandit that continues exactly where the one that wrote `state` stopped."""
-    bandit = cls(
-      state["arms"],
-      exploration=state["exploration"],
-      discount=state["discount"],
-      min_pulls=state["min_pulls"],
-      min_spread=state.get("min_spread", 0.02),
-      prior_weight=state.get("prior_weight", 0.0),
-      accept_families=_families_of(state),
-      frontier=_frontier_of(state),
-      seed=state.get("seed", 0),
-    )
+    bandit = cls(state["arms"], **_settings_of(state))
     bandit.load_state_dict(state)
     return bandit
 
@@ -689,17 +679,7 @@ class StrategyBandit:
     if arms != self._arms:
       raise ValueError(f"state has arms {list(arms)!r}, this bandit has {list(self._arms)!r}")
     # Validate everything through the constructor before touching self.
-    fresh = type(self)(
-      arms,
-      exploration=state["exploration"],
-      discount=state["discount"],
-      min_pulls=state["min_pulls"],
-      min_spread=state.get("min_spread", 0.02),
-      prior_weight=state.get("prior_weight", 0.0),
-      accept_families=_families_of(state),
-      frontier=_frontier_of(state),
-      seed=state.get("seed", 0),
-    )
+    fresh = type(self)(arms, **_settings_of(state))
     if fresh._families != self._families:
       raise ValueError(
         f"state has accept_families {fresh._families!r}, this bandit has {self._families!r}"
@@ -743,10 +723,16 @@ class StrategyBandit:
     )
 
 
-def _families_of(state: Mapping[str, Any]) -> dict[str, tuple[str, int]]:
-  return {a: (f, d) for a, (f, d) in state.get("accept_families", {}).items()}
-
-
-def _frontier_of(state: Mapping[str, Any]) -> tuple[float | None, int] | None:
-  f = state.get("frontier")
-  return None if f is None else (f[0], f[1])
+def _settings_of(state: Mapping[str, Any]) -> dict[str, Any]:
+  """The constructor's keyword arguments a `state_dict` records (older versions' defaults)."""
+  frontier = state.get("frontier")
+  return {
+    "exploration": state["exploration"],
+    "discount": state["discount"],
+    "min_pulls": state["min_pulls"],
+    "min_spread": state.get("min_spread", 0.02),
+    "prior_weight": state.get("prior_weight", 0.0),
+    "accept_families": {a: (f, d) for a, (f, d) in state.get("accept_families", {}).items()},
+    "frontier": None if frontier is None else (frontier[0], frontier[1]),
+    "seed": state.get("seed", 0),
+  }

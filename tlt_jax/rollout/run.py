@@ -197,15 +197,10 @@ class RolloutRun:
       if charged_s:
         entry["switch_s"] = charged_s
       entry["answer_phase"] = phase
-      if arm in self.bandit.accept_families:
-        # Its speed is predicted from the family's acceptance (bandit docstring): the
-        # chunk gives its pace and what its rounds accepted.
-        entry["reward"] = entry["rounds"] / run_s
-        hist = entry["accepted_hist"]
-        self.bandit.update(self.state.batch, arm, entry["reward"], phase=phase, accepted=hist)
-      else:
-        entry["reward"] = self._reward(entry, arm, tokens, run_s)
-        self.bandit.update(self.state.batch, arm, entry["reward"], phase=phase)
+      entry["reward"] = self._reward(entry, arm, tokens, run_s)
+      # A shared-acceptance chain arm also reports what its rounds accepted (bandit docstring).
+      accepted = entry["accepted_hist"] if arm in self.bandit.accept_families else None
+      self.bandit.update(self.state.batch, arm, entry["reward"], phase=phase, accepted=accepted)
     self.timeline.append(
       {
         "t": t0 - self.start,
@@ -386,6 +381,10 @@ class RolloutRun:
     A drafter chunk after a plain (or group) one pays for rebuilding the drafter's cache,
     or leaving the drafter would look free and the bandit would alternate too often.
     """
+    if arm in self.bandit.accept_families:
+      # Its pace, rounds per second: the bandit predicts the tokens a round emits from the
+      # family's acceptance curve (and the bucket's frontier) itself.
+      return entry["rounds"] / run_s
     measured = f"{self.cfg.bandit_reward}_tokens"
     if measured in entry:  # frontier / octile, where some row ran through the chunk
       return entry[measured] / run_s
