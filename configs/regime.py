@@ -18,7 +18,9 @@ the device busy. Why each setting (figures in experiments/RESULTS.md):
   operation a lookup (the default task's recipe); unlabelled chains (stop 26) need the
   model to count its place, which a 60-step warm start did not learn.
 - all-parameter GRPO at a small rate, so the policy moves and a frozen drafter can go
-  stale (mode sd) while the online one follows it (mode tlt).
+  stale (mode sd) while the online one follows it (mode tlt). The warm start solves few
+  problems outright (3%), so every scratchpad line is also rewarded (process credit, each
+  line checked against the question): groups whose answers all fail still have a gradient.
 The warm start (SFT on the worked solutions) and the drafter's warm start are built once
 into the workdir and reused. SFT can start from the sd_bench policy, which already does the
 default task's labelled lookups (`--config.sft.init_from=runs/sd_policy/warm_start`, built by
@@ -88,8 +90,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   # the step times (e2e_modes.py) and of the bandit's rewards, and most of the (batch bucket x
   # cache bucket x arm) programs an eager warm-up would compile are never run.
   c.rl.warmup_engine = False
+  c.rl.process_credit = "step"
   c.rl_update.trainable = ""  # every parameter
-  c.rl_update.learning_rate = 3e-6
+  c.rl_update.learning_rate = 1e-5
   c.rl_update.warmup_steps = 2
   c.rl_update.micro_batch = 4
   c.reference = ml_collections.ConfigDict()  # nothing measured to compare with yet

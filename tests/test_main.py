@@ -111,28 +111,43 @@ def test_summary_prints_the_configs_measured_ranges():
 
 
 def test_tlt_mode_trains_the_drafter_online_and_exports_it(tmp_path):
-  """--config.mode=tlt: the drafter's warm start, speculative rollouts, online updates in
-  idle slices, and the standalone drafter artifact at the end."""
+  """--compare=baseline,tlt: one warm start, then both modes; in tlt the drafter's warm
+  start, speculative rollouts, online updates in idle slices and the standalone drafter
+  artifact at the end; rewards equal to the baseline's step for step (the same tokens)."""
   from tlt_jax.drafter.export import load_drafter
 
-  workdir = str(tmp_path / "tlt")
   # No closing rollout report (covered above): its warm-up compiles every SD program.
   out = _cli(
     "--config=configs/default.py:tiny",
-    f"--workdir={workdir}",
-    "--config.mode=tlt",
-    "--config.rollout.num_prompts=0",
+    f"--workdir={tmp_path}",
+    "--compare=baseline,tlt",
   )
   assert out.returncode == 0, out.stderr[-3000:]
+  workdir = str(tmp_path / "tlt")
   summary = _read_json(workdir, "summary.json")
-  assert summary["mode"] == "tlt" and summary["drafter_warm_start"]["steps"] == 3
-  assert summary["rl"]["drafter_updates"] > 0
+  assert summary["mode"] == "tlt" and summary["rl"]["drafter_updates"] > 0
+  assert _read_json(tmp_path, "baseline", "summary.json")["mode"] == "baseline"
+  assert os.path.isdir(tmp_path / "shared" / "drafter_warm_start")
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
     rows = [json.loads(line) for line in f]
   # The bandit may run the last step's chunks plain; some step ran speculative chunks.
   assert rows[-1]["drafter/version"] > 3 and any("spec/accept_length" in r for r in rows)
   _, _, _, info = load_drafter(os.path.join(workdir, "drafter"))
   assert info["mode"] == "tlt" and info["version"] == rows[-1]["drafter/version"]
+  # The printed comparison: both runs, tlt's speedup, and one reward per step and run, equal.
+  assert re.search(r"^baseline .* 1\.00x ", out.stdout, re.M), out.stdout
+  assert re.search(r"^tlt .*\d\.\d\dx ", out.stdout, re.M), out.stdout
+  steps = re.findall(r"^  step +(\d+): (\S+) \| (\S+)$", out.stdout, re.M)
+  assert [int(s) for s, _, _ in steps] == [r["step"] for r in rows]
+  assert all(a == b for _, a, b in steps) and len(steps) == 2
+  for r, (_, reward, _) in zip(rows, steps):
+    assert float(reward) == pytest.approx(r["reward_mean"], abs=1e-4)
+
+
+def test_compare_names_modes_it_knows():
+  out = _cli("--config=configs/default.py:tiny", "--workdir=/tmp/unused", "--compare=baseline,fast")
+  assert out.returncode == 2 and "Traceback" not in out.stderr
+  assert "error: --compare / --modes: each must be one of" in out.stderr
 
 
 def test_a_bad_config_value_is_one_line_naming_the_field(tmp_path):
@@ -312,6 +327,8 @@ def test_regime_config_is_in_tlts_regime():
   rl, _, update = configuration.rl_configs(config)
   assert 4 <= rl.prompts_per_step * rl.group_size <= 16
   assert update.trainable == "" and rl.steps >= 20
+  # Rows that all fail the outcome still learn from their lines (the warm start solves few).
+  assert rl.process_credit == "step" and get_task(config.task.name).steps is not None
   engine = configuration.engine_config(config, tok)
   assert engine.max_batch >= rl.prompts_per_step * rl.group_size
   task = get_task(config.task.name)

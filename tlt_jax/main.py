@@ -2,6 +2,9 @@
 
 A thin absl wrapper; the work is in `tlt_jax.train.train_and_evaluate`.
 Overrides: `--config.sampling.temperature=0.7`; a misspelt field fails.
+`--compare=baseline,tlt` runs those modes side by side from one warm start
+(`tlt_jax.compare`: <workdir>/shared, <workdir>/<mode>) and prints their step times
+beside their rewards.
 
 The terminal shows progress bars and the summary. Library logs (tfds, orbax, this
 project's INFO lines) go to a file in the workdir (`tlt_jax.*.log.INFO.*`); errors still
@@ -15,6 +18,7 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from tlt_jax import compare
 from tlt_jax.configuration import ConfigError
 from tlt_jax.reporting import format_summary
 from tlt_jax.train import train_and_evaluate
@@ -23,6 +27,9 @@ _CONFIG = config_flags.DEFINE_config_file(
   "config", None, "Path to a config file.", lock_config=True
 )
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics, plots.")
+_COMPARE = flags.DEFINE_list(
+  "compare", [], "modes to run side by side from one warm start, e.g. baseline,tlt"
+)
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -42,11 +49,19 @@ def main(argv):
   workdir = _WORKDIR.value
   os.makedirs(workdir, exist_ok=True)
   _logs_to_workdir(workdir)
+  config = _CONFIG.value
   try:
-    summary = train_and_evaluate(_CONFIG.value, workdir)
-  except ConfigError as e:
+    if _COMPARE.value:
+      results, rows = compare.run_modes(config, workdir, _COMPARE.value, [int(config.seed)])
+    else:
+      summary = train_and_evaluate(config, workdir)
+  except (ConfigError, compare.ModesError) as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(2)
+  if _COMPARE.value:
+    print(compare.side_by_side(compare.mode_table(results, rows), rows))
+    print(f"outputs in {workdir}/<mode>: metrics.jsonl, rl.png, summary.json")
+    return
   print(format_summary(summary))
   print(f"outputs in {workdir}: summary.json, timeline.json, rollout.png")
 

@@ -1,0 +1,229 @@
+"""Training modes side by side: baseline, sd and tlt on one warm start, their step times.
+
+The same config, prompts and seeds; only `config.mode` differs. The policy's and the
+drafter's warm starts are built once in <out>/shared and copied into each run's folder
+<out>/<mode> (<out>/<mode>_s<seed> with several seeds). Since speculative rollouts are
+token-identical to plain ones, the modes' rewards must match step for step; their step
+times are what differs.
+
+Used by `python -m tlt_jax.main --compare=baseline,tlt` (a short table) and by
+experiments/e2e_modes.py (the full table, JSON, CSV and plot).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from typing import Any
+
+import ml_collections
+import numpy as np
+
+from tlt_jax import train
+
+MODES = ("baseline", "sd", "tlt")
+
+
+class ModesError(ValueError):
+  """A mode list that names no mode or an unknown one (checked before anything runs)."""
+
+_WARM = ("warm_start", "drafter_warm_start")
+
+
+def prepare_shared(config: ml_collections.ConfigDict, out: str, progress: bool = True) -> str:
+  """Builds the SFT and drafter warm starts in <out>/shared once (reused when there)."""
+  shared = os.path.join(out, "shared")
+  config.task.data_dir = os.path.join(shared, "tfds")
+  if not all(os.path.isdir(os.path.join(shared, d)) for d in _WARM):
+    warm = config.copy_and_resolve_references()
+    warm.mode, warm.rl.steps, warm.rollout.num_prompts = "sd", 0, 0
+    train.train_and_evaluate(warm, shared, progress=progress)
+  return shared
+
+
+def run_label(mode: str, seed: int, num_seeds: int) -> str:
+  return mode if num_seeds == 1 else f"{mode}_s{seed}"
+
+
+def run_modes(
+  config: ml_collections.ConfigDict,
+  out: str,
+  modes: list[str],
+  seeds: list[int],
+  *,
+  analyze_only: bool = False,
+  progress: bool = True,
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+  """Runs every (seed, mode) in order (or reads the finished ones with `analyze_only`).
+
+  Returns ({label: {"summary", "mode", "seed", "wall_seconds"}}, one row per run and step
+  as `step_row` makes them).
+  """
+  unknown = [m for m in modes if m not in MODES]
+  if unknown or not modes:
+    raise ModesError(f"--compare / --modes: each must be one of {MODES}, got {modes}")
+  config = config.copy_and_resolve_references()
+  shared = None if analyze_only else prepare_shared(config, out, progress)
+  results, rows = {}, []
+  for seed in seeds:
+    for mode in modes:
+      label = run_label(mode, seed, len(seeds))
+      workdir = os.path.join(out, label)
+      if analyze_only:
+        if not os.path.isfile(os.path.join(workdir, "summary.json")):
+          print(f"{label}: no finished run in {workdir}, left out")
+          continue
+        with open(os.path.join(workdir, "summary.json")) as f:
+          results[label] = {"summary": json.load(f), "mode": mode, "seed": seed}
+      else:
+        if os.path.isdir(workdir):
+          shutil.rmtree(workdir)  # a fresh run: resuming would skip the steps we time
+        os.makedirs(workdir)
+        for piece in _WARM:
+          shutil.copytree(os.path.join(shared, piece), os.path.join(workdir, piece))
+        cfg = config.copy_and_resolve_references()
+        cfg.mode, cfg.seed = mode, seed
+        cfg.rollout.num_prompts = 0  # no closing rollout report: the RL steps are the measurement
+        start = time.perf_counter()
+        summary = train.train_and_evaluate(cfg, workdir, progress=progress)
+        results[label] = {
+          "summary": summary,
+          "mode": mode,
+          "seed": seed,
+          "wall_seconds": time.perf_counter() - start,
+        }
+      with open(os.path.join(workdir, "metrics.jsonl")) as f:
+        rows += [step_row(label, json.loads(line)) for line in f]
+  return results, rows
+
+
+def step_row(label: str, r: dict[str, Any]) -> dict[str, Any]:
+  """One step of one run, as the tables and plots use it."""
+  compile_s = r["time/rollout_compile"] + r.get("time/train_compile", 0.0)
+  return {
+    "mode": label,
+    "step": r["step"],
+    # The RL step (rollout -> update): lazy compiles (more programs with SD; update
+    # shapes that differ between the modes' rollouts) and held-out evaluation (plain
+    # decode in every mode) are not the modes' cost, so they are left out.
+    "step_s": r["time/step"] - compile_s - r.get("time/eval", 0.0),
+    "rollout_s": r["time/rollout"] - r["time/rollout_compile"],
+    "compile_s": compile_s,
+    "eval_s": r.get("time/eval", 0.0),
+    "tail_s": r.get("time/rollout_tail", ""),
+    "generate_s": r.get("time/rollout_generate", ""),
+    "reward": r["reward_mean"],
+    "eval": r.get("eval", {}).get("accuracy", ""),
+    "eval_sampled": r.get("eval", {}).get("sampled_accuracy", ""),
+    "accept_length": r.get("spec/accept_length", ""),
+    "drafter_version": r.get("drafter/version", ""),
+    "reclaimed_s": r.get("drafter/reclaimed_s", ""),
+    "charged_s": r.get("drafter/rollout_charged_s", ""),
+    # The arm mix ("arm:chunks" per arm) and each draft arm's accept length, e.g. group
+    # drafts reading more history as a small training set's prompts come back.
+    "arm_chunks": json.dumps(_per_arm(r, "chunks")),
+    "arm_accept": json.dumps(_per_arm(r, "accept_length")),
+  }
+
+
+def _per_arm(r, what):
+  return {
+    k.split("/")[2]: v for k, v in r.items() if k.startswith("spec/arm/") and k.endswith(what)
+  }
+
+
+def mode_table(results: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any]:
+  """Per run: mean step and rollout time over steps after the first (compiles), and
+  speedups against the baseline of its seed; with several seeds, per mode the mean of
+  its runs' figures and the range of their speedups."""
+  table = {}
+  for label in results:
+    mine = [r for r in rows if r["mode"] == label]
+    timed = mine[1:] if len(mine) > 1 else mine
+    step = float(np.mean([r["step_s"] for r in timed]))
+    rollout = float(np.mean([r["rollout_s"] for r in timed]))
+    rl = results[label]["summary"].get("rl", {})
+    gen = [r for r in timed if r["generate_s"] != ""]
+    tail = sum(r["tail_s"] for r in gen) / max(sum(r["generate_s"] for r in gen), 1e-9)
+    table[label] = {
+      # Share of generation time at batch <= max_batch / 4: SD (on only there) can at
+      # most cut the rollout by it, so the rollout speedup is capped at 1 / (1 - share).
+      "tail_share": tail,
+      "rollout_speedup_cap": 1.0 / max(1.0 - tail, 1e-9),
+      "step_s": step,
+      "rollout_s": rollout,
+      "rollout_share": rollout / step,
+      "reward_mean": float(np.mean([r["reward"] for r in mine])),
+      "final_eval": (rl.get("final_eval") or {}).get("accuracy"),
+      "final_eval_sampled": (rl.get("final_eval") or {}).get("sampled_accuracy"),
+      "accept_length": [r["accept_length"] for r in mine if r["accept_length"] != ""],
+    }
+  for label, t in table.items():
+    info = results[label]
+    base = table.get(run_label("baseline", info["seed"], 1 if label == info["mode"] else 2))
+    if base is None:
+      continue
+    t["step_speedup"] = base["step_s"] / t["step_s"]
+    s = base["rollout_s"] / t["rollout_s"]
+    t["rollout_speedup"] = s
+    # Amdahl at the baseline's own rollout share r and at the paper's r = 0.85.
+    for name, r in (("implied_at_own_r", base["rollout_share"]), ("implied_at_r085", 0.85)):
+      t[name] = 1.0 / ((1 - r) + r / s)
+  modes = {info["mode"] for info in results.values()}
+  if len(modes) < len(results):  # several seeds: one summary row per mode
+    for mode in sorted(modes, key=MODES.index):
+      mine = [table[k] for k, info in results.items() if info["mode"] == mode]
+      agg = {
+        k: float(np.mean([t[k] for t in mine]))
+        for k in mine[0]
+        if isinstance(mine[0][k], float) and all(isinstance(t.get(k), float) for t in mine)
+      }
+      agg["accept_length"] = mine[0]["accept_length"]
+      for k in ("step_speedup", "rollout_speedup"):
+        if k in agg:
+          agg[f"{k}_range"] = [min(t[k] for t in mine), max(t[k] for t in mine)]
+      table[f"{mode} (mean of {len(mine)} seeds)"] = agg
+  return table
+
+
+def markdown(table: dict[str, Any]) -> str:
+  """The table of `mode_table` in markdown."""
+  lines = [
+    "| mode | step s | rollout s | rollout share | tail share | step speedup | "
+    "rollout speedup s | implied at r=0.85 | final pass@1 greedy / sampled | "
+    "accept length first -> last |",
+    "|---|---|---|---|---|---|---|---|---|---|",
+  ]
+  for mode, t in table.items():
+    acc = t["accept_length"]
+    lines.append(
+      f"| {mode} | {t['step_s']:.2f} | {t['rollout_s']:.2f} | {t['rollout_share']:.2f} | "
+      f"{t['tail_share']:.2f} | {t.get('step_speedup', float('nan')):.2f}x | "
+      f"{t.get('rollout_speedup', float('nan')):.2f}x"
+      f" | {t.get('implied_at_r085', float('nan')):.2f}x | {t.get('final_eval')} / "
+      f"{t.get('final_eval_sampled')} | " + (f"{acc[0]:.2f} -> {acc[-1]:.2f} |" if acc else "- |")
+    )
+  return "\n".join(lines)
+
+
+def side_by_side(table: dict[str, Any], rows: list[dict[str, Any]]) -> str:
+  """What `tlt_jax.main --compare` prints: each run's mean step time and speedup, and the
+  training reward of every step per run in columns (equal rows: the same tokens)."""
+  labels = [k for k in table if k in {r["mode"] for r in rows}]
+  out = ["run        step s   rollout s   step speedup   mean reward"]
+  for label in labels:
+    t = table[label]
+    speed = f"{t['step_speedup']:.2f}x" if "step_speedup" in t else "-"
+    out.append(
+      f"{label:<10} {t['step_s']:>6.2f}   {t['rollout_s']:>9.2f}   {speed:>12}   "
+      f"{t['reward_mean']:>11.3f}"
+    )
+  steps = sorted({r["step"] for r in rows})
+  reward = {(r["mode"], r["step"]): r["reward"] for r in rows}
+  out.append("\nreward by RL step: " + " | ".join(labels))
+  for step in steps:
+    cells = [reward.get((label, step)) for label in labels]
+    out.append(f"  step {step:>3}: " + " | ".join("-" if c is None else f"{c:.4f}" for c in cells))
+  return "\n".join(out)
