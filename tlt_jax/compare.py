@@ -29,6 +29,7 @@ MODES = ("baseline", "sd", "tlt")
 class ModesError(ValueError):
   """A mode list that names no mode or an unknown one (checked before anything runs)."""
 
+
 _WARM = ("warm_start", "drafter_warm_start")
 
 
