@@ -19,7 +19,7 @@ the device busy. Why each setting (figures in experiments/RESULTS.md):
   model to count its place, which a 60-step warm start did not learn.
 - all-parameter GRPO at a small rate, so the policy moves and a frozen drafter can go
   stale (mode sd) while the online one follows it (mode tlt). The warm start solves few
-  problems outright (3%), so every scratchpad line is also rewarded (process credit, each
+  problems outright (0-3% held out), so every scratchpad line is also rewarded (process credit, each
   line checked against the question): groups whose answers all fail still have a gradient.
 The warm start (SFT on the worked solutions) and the drafter's warm start are built once
 into the workdir and reused. SFT can start from the sd_bench policy, which already does the

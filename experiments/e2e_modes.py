@@ -52,9 +52,8 @@ def main(argv):
   os.makedirs(out, exist_ok=True)
   config = _CONFIG.value
   if _PREPARE.value:
-    print(
-      f"warm starts ready in {compare.prepare_shared(config.copy_and_resolve_references(), out)}"
-    )
+    shared = compare.prepare_shared(config.copy_and_resolve_references(), out)
+    print(f"warm starts ready in {shared}")
     return
   seeds = [int(s) for s in _SEEDS.value] or [int(config.seed)]
   results, rows = compare.run_modes(

@@ -144,10 +144,12 @@ def test_tlt_mode_trains_the_drafter_online_and_exports_it(tmp_path):
     assert float(reward) == pytest.approx(r["reward_mean"], abs=1e-4)
 
 
-def test_compare_names_modes_it_knows():
-  out = _cli("--config=configs/default.py:tiny", "--workdir=/tmp/unused", "--compare=baseline,fast")
+def test_compare_names_modes_it_knows(tmp_path):
+  workdir = tmp_path / "wd"
+  out = _cli("--config=configs/default.py:tiny", f"--workdir={workdir}", "--compare=baseline,fast")
   assert out.returncode == 2 and "Traceback" not in out.stderr
   assert "error: --compare / --modes: each must be one of" in out.stderr
+  assert not workdir.exists()  # refused before anything was made
 
 
 def test_a_bad_config_value_is_one_line_naming_the_field(tmp_path):

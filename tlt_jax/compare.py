@@ -24,13 +24,16 @@ import numpy as np
 from tlt_jax import train
 
 MODES = ("baseline", "sd", "tlt")
+_WARM = ("warm_start", "drafter_warm_start")
 
 
 class ModesError(ValueError):
   """A mode list that names no mode or an unknown one (checked before anything runs)."""
 
 
-_WARM = ("warm_start", "drafter_warm_start")
+def check_modes(modes: list[str]) -> None:
+  if not modes or any(m not in MODES for m in modes):
+    raise ModesError(f"--compare / --modes: each must be one of {MODES}, got {modes}")
 
 
 def prepare_shared(config: ml_collections.ConfigDict, out: str, progress: bool = True) -> str:
@@ -42,10 +45,6 @@ def prepare_shared(config: ml_collections.ConfigDict, out: str, progress: bool =
     warm.mode, warm.rl.steps, warm.rollout.num_prompts = "sd", 0, 0
     train.train_and_evaluate(warm, shared, progress=progress)
   return shared
-
-
-def run_label(mode: str, seed: int, num_seeds: int) -> str:
-  return mode if num_seeds == 1 else f"{mode}_s{seed}"
 
 
 def run_modes(
@@ -62,15 +61,13 @@ def run_modes(
   Returns ({label: {"summary", "mode", "seed", "wall_seconds"}}, one row per run and step
   as `step_row` makes them).
   """
-  unknown = [m for m in modes if m not in MODES]
-  if unknown or not modes:
-    raise ModesError(f"--compare / --modes: each must be one of {MODES}, got {modes}")
+  check_modes(modes)
   config = config.copy_and_resolve_references()
   shared = None if analyze_only else prepare_shared(config, out, progress)
   results, rows = {}, []
   for seed in seeds:
     for mode in modes:
-      label = run_label(mode, seed, len(seeds))
+      label = mode if len(seeds) == 1 else f"{mode}_s{seed}"
       workdir = os.path.join(out, label)
       if analyze_only:
         if not os.path.isfile(os.path.join(workdir, "summary.json")):
@@ -163,7 +160,8 @@ def mode_table(results: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str,
     }
   for label, t in table.items():
     info = results[label]
-    base = table.get(run_label("baseline", info["seed"], 1 if label == info["mode"] else 2))
+    # The baseline of the same seed: the label with its mode replaced ("tlt_s1" -> "baseline_s1").
+    base = table.get("baseline" + label[len(info["mode"]) :])
     if base is None:
       continue
     t["step_speedup"] = base["step_s"] / t["step_s"]

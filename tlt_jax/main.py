@@ -47,6 +47,12 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   workdir = _WORKDIR.value
+  if _COMPARE.value:
+    try:
+      compare.check_modes(_COMPARE.value)
+    except compare.ModesError as e:
+      print(f"error: {e}", file=sys.stderr)
+      sys.exit(2)
   os.makedirs(workdir, exist_ok=True)
   _logs_to_workdir(workdir)
   config = _CONFIG.value
@@ -55,7 +61,7 @@ def main(argv):
       results, rows = compare.run_modes(config, workdir, _COMPARE.value, [int(config.seed)])
     else:
       summary = train_and_evaluate(config, workdir)
-  except (ConfigError, compare.ModesError) as e:
+  except ConfigError as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(2)
   if _COMPARE.value:
