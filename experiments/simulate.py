@@ -14,12 +14,13 @@ predicted rollout and step time per mode, to set beside the measured ones.
     --update_ms_per_token=0.9
 
 Validated (--validate=DIR, an experiments/e2e_modes.py output folder): every measured
-step of every mode replayed on its own response lengths and accept lengths with this
-host's cost surface (the baseline calibrates the update and the rest of a step); the
-predicted and measured rollout and step times side by side, and whether they agree
-within 15%.
+step of every mode replayed on its own response lengths, prompt lengths and accept lengths
+with this host's engine costs (experiments/engine_costs.py: the engine's own calls by batch
+bucket and cache view) or cost surface (the baseline calibrates the update and the rest of
+a step); the predicted and measured rollout and step times side by side, and whether they
+agree within 15%.
 
-  python experiments/simulate.py --surface=runs/cost_surface/cost_surface.json \
+  python experiments/simulate.py --engine_costs=runs/engine_costs/engine_costs.json \
     --validate=runs/regime
 
 Projected (--project): H100 cost models from published figures for bf16 Qwen2.5-7B (one
@@ -48,6 +49,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from tlt_jax.sim import (  # noqa: E402
   ArmModel,
   Calibration,
+  EngineCost,
   EnginePolicy,
   RooflineCost,
   TableCost,
@@ -93,6 +95,12 @@ _SENS_ROWS = flags.DEFINE_list(
 )
 _OUT = flags.DEFINE_string("out", "", "write the predictions here as JSON")
 _VALIDATE = flags.DEFINE_string("validate", "", "an e2e_modes.py output folder to predict")
+_ENGINE_COSTS = flags.DEFINE_string(
+  "engine_costs",
+  "",
+  "engine_costs.json of this host (experiments/engine_costs.py): the engine's own calls by "
+  "batch bucket and cache view, with prefill, rebuilds and host time; replaces --surface",
+)
 
 
 def _accept(items) -> dict[str, float]:
@@ -271,12 +279,43 @@ def sensitivity() -> list[dict]:
   return out
 
 
-def _run_records(workdir: str) -> list:
+def rebuilt_prompt_lengths(config: dict, rows: list[dict]) -> list[dict]:
+  """Runs from before rollout_lengths.jsonl recorded prompt lengths: each rollout's prompt
+  lengths rebuilt from the trainer's data order (`rl.trainer.GRPOTrainer`: a permutation
+  of the training split keyed by the seed, `prompts_per_step` examples per rollout,
+  refills included, each prompt encoded with a BOS, G rows per prompt)."""
+  import ml_collections
+
+  from tlt_jax import configuration
+  from tlt_jax.train import _load_data
+
+  cfg = ml_collections.ConfigDict(config)
+  tokenizer = configuration.tokenizer(cfg)
+  fmt = configuration.prompt_format(cfg, tokenizer)
+  train, _ = _load_data(cfg, cfg.task.data_dir)
+  order = np.random.default_rng(int(cfg.seed)).permutation(len(train))
+  p, g = int(cfg.rl.prompts_per_step), int(cfg.rl.group_size)
+  cursor, out = 0, []
+  for row in sorted(rows, key=lambda r: r["step"]):
+    prompts = []
+    for _ in row["rollouts"]:
+      examples = [train[int(order[(cursor + i) % len(order)])] for i in range(p)]
+      cursor += p
+      lens = [len(tokenizer.encode(fmt(ex), add_bos=True)) for ex in examples]
+      prompts.append([n for n in lens for _ in range(g)])
+    out.append({**row, "prompts": prompts})
+  return out
+
+
+def _run_records(workdir: str, config: dict, rebuild_prompts: bool) -> list:
   """The StepRecords of one run folder, after its first step (compiles, warm-up)."""
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
     metrics = [json.loads(line) for line in f]
   with open(os.path.join(workdir, "rollout_lengths.jsonl")) as f:
-    lengths = {row["step"]: row for row in map(json.loads, f)}
+    rows = [json.loads(line) for line in f]
+  if rebuild_prompts and any("prompts" not in r for r in rows):
+    rows = rebuilt_prompt_lengths(config, rows)
+  lengths = {row["step"]: row for row in rows}
   records = [step_record(m, lengths[m["step"]]) for m in metrics]
   return records[1:] if len(records) > 1 else records
 
@@ -290,7 +329,9 @@ def validate(run_dir: str, cost) -> dict:
   for label in labels:
     with open(os.path.join(run_dir, label, "config.json")) as f:
       configs[label] = json.load(f)
-    records[label] = _run_records(os.path.join(run_dir, label))
+    records[label] = _run_records(
+      os.path.join(run_dir, label), configs[label], isinstance(cost, EngineCost)
+    )
   baselines = [k for k in labels if configs[k]["mode"] == "baseline"]
   if not baselines:
     raise app.UsageError(f"{run_dir}: no baseline run to calibrate the update with")
@@ -306,32 +347,41 @@ def validate(run_dir: str, cost) -> dict:
     suffix = label[len(mode) :]
     base = f"baseline{suffix}" if f"baseline{suffix}" in records else baselines[0]
     eng = cfg["engine"]
-    policy = EnginePolicy(
-      max_batch=eng["max_batch"],
-      min_batch_bucket=eng["min_batch_bucket"],
-      chunk_steps=eng["chunk_steps"],
-      compact=eng["compact"],
-      spec_threshold=eng["spec_threshold"],
-      spec_rounds=eng["spec_rounds"],
-      prompt_len=_PROMPT.value,
-    )
-    out = compare(
-      records[label],
-      cost,
-      policy,
-      Calibration.from_baseline(records[base]),
-      speculative=mode != "baseline",
-      draft_cost=_DRAFT_COST.value,
-      stochastic=_STOCHASTIC.value,
-      seed=_SEED.value,
-    )
-    results[label] = out
-    print(
-      f"| {label} | {out['steps']} | {out['measured_rollout_s']:.2f} / "
-      f"{out['predicted_rollout_s']:.2f} | {out['measured_step_s']:.2f} / "
-      f"{out['predicted_step_s']:.2f} | {out['rollout_ratio']:.2f} / {out['step_ratio']:.2f} | "
-      f"{'yes' if out['within_tolerance'] else 'NO'} |"
-    )
+    if isinstance(cost, EngineCost):  # the engine's views, buckets and the rows' prompts
+      policy = EnginePolicy.from_engine(eng, samples=cfg["rl"]["group_size"])
+    else:
+      policy = EnginePolicy(
+        max_batch=eng["max_batch"],
+        min_batch_bucket=eng["min_batch_bucket"],
+        chunk_steps=eng["chunk_steps"],
+        compact=eng["compact"],
+        spec_threshold=eng["spec_threshold"],
+        spec_rounds=eng["spec_rounds"],
+        prompt_len=_PROMPT.value,
+      )
+    calibration = Calibration.from_baseline(records[base])
+    # Speculative runs twice: with the converged bandit's arms (the engine's policy, what a
+    # projection uses) and with the arm mix the run's bandit chose (its exploration too).
+    variants = [(label, False)] + ([(f"{label}, its arm mix", True)] if mode != "baseline" else [])
+    for name, measured_arms in variants:
+      out = compare(
+        records[label],
+        cost,
+        policy,
+        calibration,
+        speculative=mode != "baseline",
+        draft_cost=_DRAFT_COST.value,
+        measured_arms=measured_arms,
+        stochastic=_STOCHASTIC.value,
+        seed=_SEED.value,
+      )
+      results[name] = out
+      print(
+        f"| {name} | {out['steps']} | {out['measured_rollout_s']:.2f} / "
+        f"{out['predicted_rollout_s']:.2f} | {out['measured_step_s']:.2f} / "
+        f"{out['predicted_step_s']:.2f} | {out['rollout_ratio']:.2f} / {out['step_ratio']:.2f} | "
+        f"{'yes' if out['within_tolerance'] else 'NO'} |"
+      )
   return results
 
 
@@ -340,10 +390,18 @@ def main(argv):
   if _PROJECT.value:
     results = project()
   elif _VALIDATE.value:
-    if not _SURFACE.value:
-      raise app.UsageError("--validate needs --surface (experiments/cost_surface.py's JSON)")
-    with open(_SURFACE.value) as f:
-      results = validate(_VALIDATE.value, TableCost.from_dict(json.load(f)))
+    if _ENGINE_COSTS.value:
+      with open(_ENGINE_COSTS.value) as f:
+        cost = EngineCost.from_dict(json.load(f))
+    elif _SURFACE.value:
+      with open(_SURFACE.value) as f:
+        cost = TableCost.from_dict(json.load(f))
+    else:
+      raise app.UsageError(
+        "--validate needs --engine_costs (experiments/engine_costs.py) or --surface "
+        "(experiments/cost_surface.py)"
+      )
+    results = validate(_VALIDATE.value, cost)
   else:
     if not _SURFACE.value:
       raise app.UsageError("--surface (experiments/cost_surface.py's JSON) or --project")

@@ -117,6 +117,10 @@ def test_runs_and_resumes_exactly(tmp_path):
     lengths = [json.loads(line) for line in f]
   assert [r["step"] for r in lengths] == [0, 1, 2, 3]
   assert [sum(map(sum, r["rollouts"])) for r in lengths] == [r["rollout_tokens"] for r in full]
+  # And each row's prompt length (the cache views the simulator charges depend on them).
+  for r in lengths:
+    assert [len(p) for p in r["prompts"]] == [len(x) for x in r["rollouts"]]
+    assert all(n >= 2 for p in r["prompts"] for n in p)  # BOS and some question
 
 
 def _events(logdir):

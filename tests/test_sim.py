@@ -10,6 +10,7 @@ import pytest
 
 from tlt_jax.sim import (
   ArmModel,
+  EngineCost,
   EnginePolicy,
   RooflineCost,
   TableCost,
@@ -185,3 +186,119 @@ def test_validation_predicts_a_run_made_by_its_own_model_and_flags_one_that_is_n
   slow = [dataclasses.replace(r, rollout_s=1.3 * r.rollout_s, step_s=1.3 * r.step_s) for r in sd]
   got = compare(slow, cost, policy, cal, speculative=True, draft_cost=0.0, stochastic=False)
   assert got["rollout_ratio"] == pytest.approx(1 / 1.3) and not got["within_tolerance"]
+
+
+def _engine_cost(**host) -> EngineCost:
+  """Plain steps of 1 / 2 / 4 s at cache views 4 / 8 / 16 (batch 1), chain4 rounds of 1.5 s,
+  a prefill of 0.5 s a prompt bucket, a drafter-cache rebuild of 0.25 s."""
+  cells = {
+    "plain": ((1, 4, 1.0), (1, 8, 2.0), (1, 16, 4.0)),
+    "chain4": ((1, 4, 1.5), (1, 16, 1.5)),
+    "prefill": ((1, 2, 0.5), (2, 2, 1.0)),
+    "drafter_prefill": ((1, 16, 0.25),),
+  }
+  return EngineCost(cells, **host)
+
+
+def test_engine_cost_reads_the_engines_timelines():
+  """Per-step and per-round medians by (batch, view), compiles left out, and the host time
+  between calls, at a compaction and after the last call, from a hand-written timeline."""
+  timeline = [
+    {"t": 0.0, "dt": 0.5, "phase": "prefill", "batch": 8, "prompts": 2, "view": 64},
+    {
+      "t": 0.6,
+      "dt": 9.0,
+      "phase": "decode",
+      "batch": 8,
+      "view": 128,
+      "steps": 16,
+      "compile_s": 8.0,
+    },
+    {"t": 9.7, "dt": 0.32, "phase": "decode", "batch": 8, "view": 128, "steps": 16},
+    {"t": 10.1, "dt": 0.16, "phase": "decode", "batch": 8, "view": 128, "steps": 8},
+    # Compaction to 4 rows (0.3 s of host time), a drafter-cache rebuild, a chain4 chunk.
+    {"t": 10.56, "dt": 0.05, "phase": "drafter_prefill", "batch": 4, "view": 256},
+    {
+      "t": 10.61,
+      "dt": 0.4,
+      "phase": "spec",
+      "strategy": "chain4",
+      "batch": 4,
+      "view": 256,
+      "rounds": 8,
+    },
+    {"t": 11.11, "dt": 0.01, "phase": "drafter_hook", "batch": 4, "view": 0},
+    {
+      "t": 11.13,
+      "dt": 0.2,
+      "phase": "spec",
+      "strategy": "chain4",
+      "batch": 4,
+      "view": 256,
+      "rounds": 4,
+    },
+  ]
+  # A second rollout, compiled already: its end is timed (wall - last call's end).
+  second = [dict(e, t=e["t"], compile_s=0.0) for e in timeline[2:4]]
+  cost = EngineCost.from_timelines([(timeline, 11.5), (second, 10.35)])
+  assert cost.cells["plain"] == ((8, 128, pytest.approx(0.02)),)
+  assert cost.cells["chain4"] == ((4, 256, pytest.approx(0.05)),)
+  assert cost.cells["prefill"] == ((2, 64, 0.5),)
+  assert cost.cells["drafter_prefill"] == ((4, 256, 0.05),)
+  # Gaps 0.08 (between the decode chunks, twice) and 0.13 (hook included): median 0.08; the
+  # compaction 0.3; the first rollout compiled, so only the second's end counts.
+  assert cost.gap_s == pytest.approx(0.08) and cost.compact_s == pytest.approx(0.3)
+  assert cost.finish_s == pytest.approx(0.09)
+  assert EngineCost.from_dict(cost.to_dict()) == cost
+  # Between cells: linear in log2 of the view and of the batch.
+  grid = EngineCost({"plain": ((1, 128, 1.0), (1, 512, 3.0), (4, 128, 2.0), (4, 512, 4.0))})
+  assert grid.seconds(1, 1, 256) == pytest.approx(2.0)
+  assert grid.seconds(2, 1, 256) == pytest.approx(2.5)
+  with pytest.raises(ValueError, match="rounds"):
+    grid.seconds(1, 5, 256)
+  with pytest.raises(ValueError, match="chain8"):
+    grid.round_seconds("chain8", 1, 256)
+  with pytest.raises(ValueError, match="plain"):
+    EngineCost({"chain4": ((1, 4, 1.0),)})
+
+
+def test_engine_cost_replay_charges_views_prefill_rebuilds_and_host_time():
+  """A row of 10 tokens after a 2-token prompt, batch 1, chunks of 2 steps: the prefill
+  emits token 1; the last bucket runs plain decode to the end of each cache view: 2 steps
+  at view 4 (lengths 3 -> 5), 4 at view 8 (-> 9), the last 3 at view 16."""
+  policy = EnginePolicy(
+    max_batch=2, chunk_steps=2, views=(4, 8, 16), prompt_buckets=(2, 4), samples=2, slots=16
+  )
+  cost = _engine_cost(gap_s=0.1, compact_s=0.2, finish_s=0.3)
+  pred = replay_rollout([10], cost, policy, prompt_lens=[2])
+  assert pred.seconds == pytest.approx(0.5 + 3 * 0.1 + 2 * 1 + 4 * 2 + 3 * 4 + 0.3)
+  # Two rows of one prompt, batch 2 (not the last bucket): chunks of 2 steps, then a
+  # compaction when the short row is done.
+  pred = replay_rollout([3, 7], cost, policy, prompt_lens=[2, 2])
+  # Prefill (1 prompt); batch 2: 2 steps at view 4, each 2 x the batch-1 step (past the
+  # largest measured batch, cost grows in proportion), lengths 3 -> 5: the short row ends;
+  # compaction; batch 1 runs to the end of view 8 (4 steps: the row's last 4 tokens).
+  assert pred.seconds == pytest.approx(0.5 + 0.1 + 2 * 2 + 0.2 + 4 * 2 + 0.3)
+  # Speculative chunks of chain4 rebuild the drafter's cache once: at 3 accepted tokens a
+  # round (deterministic), 9 tokens after the prefill take 3 rounds at 1.5 s.
+  spec = dataclasses.replace(policy, spec_threshold=2, spec_rounds=8)
+  arm = arms_from_accept({"chain4": 3.0}, 0.0)
+  pred = replay_rollout([10], cost, spec, arm, prompt_lens=[2])
+  assert pred.chunks_by_arm == {"chain4": 1}
+  assert pred.seconds == pytest.approx(0.5 + 0.1 + 0.25 + 3 * 1.5 + 0.3)
+
+
+def test_a_measured_arm_mix_replaces_the_converged_bandit():
+  """Given a run's chunks per arm, the replay runs each eligible chunk on the arm furthest
+  below its share so far: with a 3:1 mix of chain4 and plain the plain chunks are the 3rd
+  and the 7th, where the converged bandit runs chain4 in all of them."""
+  arm = arms_from_accept({"chain4": 2.0}, 0.0)
+  policy = EnginePolicy(max_batch=1, chunk_steps=4, spec_threshold=1, spec_rounds=2)
+  best = replay_rollout([32], _Cost(), policy, arm)
+  assert best.chunks_by_arm == {"chain4": 8}
+  mixed = replay_rollout([28], _Cost(), policy, arm, arm_mix={"chain4": 3, "plain": 1})
+  # 7 chunks of 4 tokens each (2 rounds of 2, or 4 steps): 5 of chain4, 2 plain.
+  assert mixed.chunks_by_arm == {"chain4": 5, "plain": 2}
+  assert mixed.seconds == 5 * 2 + 2 * 4
+  with pytest.raises(ValueError, match="none of the arms"):
+    replay_rollout([8], _Cost(), policy, arm, arm_mix={"tree5x4x16": 2})

@@ -50,8 +50,11 @@ class MetricsLog:
     self.tb = SummaryWriter(tensorboard_dir, purge_step=purge_step)
 
   def write(self, row: dict[str, Any]) -> None:
-    """Writes `row`; its "rollout_lengths" entry goes to the lengths file only."""
+    """Writes `row`; its "rollout_lengths" and "rollout_prompt_lengths" entries go to the
+    lengths file only (as "rollouts" and "prompts": per rollout, one length per row)."""
     lengths = {"step": row["step"], "rollouts": row.pop("rollout_lengths")}
+    if "rollout_prompt_lengths" in row:
+      lengths["prompts"] = row.pop("rollout_prompt_lengths")
     with open(self.lengths_path, "a") as f:
       f.write(json.dumps(lengths) + "\n")
     with open(self.metrics_path, "a") as f:

@@ -351,7 +351,15 @@ class GRPOTrainer:
     compiled = self.engine.pool.compile_seconds
     train_compiled = self.programs.compile_seconds
     rollouts, waits, got = [], [], None
+    times["old_logp"] = 0.0
     while len(rollouts) <= (cfg.max_refills if cfg.dynamic_sampling else 0):
+      if waits:
+        # A refill waits for the previous rollout's old log-probs: dispatched, not awaited,
+        # they would run on the device during the refill and be timed as its rollout.
+        t = time.perf_counter()
+        done = waits[-1]()
+        waits[-1] = lambda done=done: done
+        times["old_logp"] += time.perf_counter() - t
       scored, wait, scores = self._rollout(self._next_examples(p), rewards, len(rollouts), times)
       rollouts.append(scored)
       waits.append(wait)
@@ -361,7 +369,7 @@ class GRPOTrainer:
     t = time.perf_counter()
     for scored, wait in zip(rollouts, waits):
       scored.old_logp = wait()
-    times["old_logp"] = time.perf_counter() - t
+    times["old_logp"] += time.perf_counter() - t
     chosen = chosen_groups(rollouts, g, p, cfg.dynamic_sampling)
     results = [r.result for r in rollouts]
     width = packed_width(results, self.engine.config.slots)
@@ -396,6 +404,7 @@ class GRPOTrainer:
       # Each rollout's response lengths (refills are rollouts of their own): the trace the
       # step simulator replays (tlt_jax.sim); MetricsLog moves it to rollout_lengths.jsonl.
       "rollout_lengths": [r.num_generated.tolist() for r in results],
+      "rollout_prompt_lengths": [r.prompt_len.tolist() for r in results],  # the rows' prompts
       **{f"loss/{k}": v for k, v in m.items()},
       **{f"time/{k}": v for k, v in times.items()},
       # Programs the rollouts compiled lazily (inside time/rollout): compare modes without it.

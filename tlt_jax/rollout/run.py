@@ -70,6 +70,7 @@ class RolloutRun:
     for i, p in enumerate(prompts):
       prompts_np[i, : len(p)] = np.asarray(p, np.int32)
     seq_ids = seq_id_offset + np.arange(self.n_rows, dtype=np.int32)
+    compile_s = engine.pool.compile_seconds
     self.state = engine._run_prefill(
       params,
       prompts_np,
@@ -86,17 +87,20 @@ class RolloutRun:
       (self.state.length, self.state.done, self.state.prompt_len)
     )
     self.max_len = np.asarray(self.state.max_len)
-    self.timeline: list[dict[str, Any]] = [
-      {
-        "t": 0.0,
-        "dt": time.perf_counter() - self.start,
-        "phase": "prefill",
-        "active": int((~self.done).sum()),
-        "batch": self.state.batch,
-        "view": int(lens.max()),
-        "tokens": self.n_rows,
-      }
-    ]
+    prefill = {
+      "t": 0.0,
+      "dt": time.perf_counter() - self.start,
+      "phase": "prefill",
+      "active": int((~self.done).sum()),
+      "batch": self.state.batch,
+      # The program's shape: prompts (batch bucket) x prompt tokens (prompt bucket).
+      "prompts": round_up(len(prompts), self.cfg.batch_buckets),
+      "view": round_up(int(lens.max()), self.cfg.prompt_buckets),
+      "tokens": self.n_rows,
+    }
+    if engine.pool.compile_seconds > compile_s:
+      prefill["compile_s"] = engine.pool.compile_seconds - compile_s
+    self.timeline: list[dict[str, Any]] = [prefill]
     self.outputs: dict[int, dict[str, np.ndarray]] = {}
     # Group drafts: the corpus of the current layout (built on the first group chunk
     # after a change; the siblings' progress is read on the device).

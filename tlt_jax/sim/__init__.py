@@ -6,6 +6,7 @@ calibrates it on this host and projects it to others."""
 from tlt_jax.sim.costs import (
   ArmModel,
   DecodeCost,
+  EngineCost,
   RooflineCost,
   TableCost,
   arms_from_accept,
@@ -25,6 +26,7 @@ __all__ = [
   "ArmModel",
   "Calibration",
   "DecodeCost",
+  "EngineCost",
   "EnginePolicy",
   "RolloutPrediction",
   "RooflineCost",

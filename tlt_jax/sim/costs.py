@@ -12,6 +12,11 @@ depth + 1: verifying a chain draft) at a mean cache length of `context` tokens. 
   at a sustained fraction of peak) and its memory traffic (the weights once, each row's KV
   cache), plus a fixed launch overhead.
 
+* `EngineCost`: the rollout engine's own device calls, timed in its rollout timelines on a
+  host (experiments/engine_costs.py): a plain decode step and a speculative round of each
+  arm by batch bucket and cache view, a prompt prefill, a drafter-cache rebuild, and the
+  host time between and after device calls. The replay charges what the engine runs.
+
 `ArmModel` describes a speculative-decoding strategy to the simulator: the nodes the target
 verifies per row, the tokens a round emits per row on average (its accept length, taken
 from this project's measured drafter curves), and the drafter's cost per round as a fraction
@@ -22,14 +27,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
-from typing import Protocol
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
 __all__ = [
   "ArmModel",
   "DecodeCost",
+  "EngineCost",
   "RooflineCost",
   "TableCost",
   "arms_from_accept",
@@ -142,6 +148,144 @@ class RooflineCost:
     return self.overhead_s + max(compute_s, memory_s)
 
 
+# Timeline phases of device calls whose seconds EngineCost tables, by (batch, length) cell:
+# a decode step (per step), a speculative round (per round, keyed by the arm), a prefill
+# (prompts bucket, prompt bucket) and a drafter-cache rebuild (rows bucket, width).
+_PLAIN, _PREFILL, _REBUILD = "plain", "prefill", "drafter_prefill"
+
+
+def _grid_seconds(cells: Sequence[tuple[int, int, float]], batch: int, length: float) -> float:
+  """Seconds at (batch, length) from (batch, length, seconds) cells: linear in log2(length)
+  within each measured batch, then in log2(batch) across them (`_interp_log2`)."""
+  by_batch: dict[int, list[tuple[int, float]]] = {}
+  for b, n, sec in cells:
+    by_batch.setdefault(int(b), []).append((int(n), float(sec)))
+  batches = sorted(by_batch)
+  at_length = []
+  for b in batches:
+    pts = sorted(by_batch[b])
+    xs = np.array([p[0] for p in pts], dtype=float)
+    ys = np.array([p[1] for p in pts], dtype=float)
+    at_length.append(_interp_log2(max(length, 1.0), xs, ys))
+  return _interp_log2(batch, np.asarray(batches, dtype=float), np.asarray(at_length))
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineCost:
+  """Seconds of the rollout engine's own device calls on one host (see the module doc).
+
+  The engine attends over a whole cache view (a bucket of the cache) and pads a batch to
+  its bucket, so its steps cost by (batch bucket, view), not by the rows' mean context.
+
+  Attributes:
+    cells: per kind, (batch, length, seconds) medians: "plain" (one decode step; length =
+      view), one entry per draft arm (one round), "prefill" (batch = prompts bucket,
+      length = prompt bucket) and "drafter_prefill" (rows bucket, width).
+    gap_s: host time between two device calls in one batch bucket (arm choice, reading
+      lengths back).
+    compact_s: host time of a move to a smaller bucket (harvesting finished rows, the
+      gather program).
+    finish_s: host time after the last call (harvesting the rest, assembling the result).
+  """
+
+  cells: Mapping[str, tuple[tuple[int, int, float], ...]]
+  gap_s: float = 0.0
+  compact_s: float = 0.0
+  finish_s: float = 0.0
+
+  def __post_init__(self):
+    if _PLAIN not in self.cells or not self.cells[_PLAIN]:
+      raise ValueError("EngineCost needs measured plain decode steps")
+    for kind, cells in self.cells.items():
+      for cell in cells:
+        if len(cell) != 3 or cell[0] < 1 or cell[1] < 1 or not cell[2] > 0:
+          raise ValueError(f"EngineCost cell {cell} of {kind!r}: need (batch, length, s > 0)")
+    if min(self.gap_s, self.compact_s, self.finish_s) < 0:
+      raise ValueError("EngineCost host times must be >= 0")
+
+  def seconds(self, batch: int, tokens: int, context: float) -> float:
+    """A decode step (`tokens` = 1) at cache view `context`; rounds: `round_seconds`."""
+    if tokens != 1:
+      raise ValueError(f"EngineCost times whole rounds per arm, not {tokens}-token forwards")
+    return _grid_seconds(self.cells[_PLAIN], batch, context)
+
+  def round_seconds(self, arm: str, batch: int, view: float) -> float:
+    """One speculative round of `arm` (draft, verify, commit) at cache view `view`."""
+    if arm not in self.cells:
+      measured = sorted(set(self.cells) - {_PLAIN, _PREFILL, _REBUILD})
+      raise ValueError(f"arm {arm!r} was not measured (measured: {measured})")
+    return _grid_seconds(self.cells[arm], batch, view)
+
+  def prefill_seconds(self, prompts: int, prompt_len: int) -> float:
+    return _grid_seconds(self.cells.get(_PREFILL) or ((1, 1, 1e-9),), prompts, prompt_len)
+
+  def rebuild_seconds(self, batch: int, width: int) -> float:
+    return _grid_seconds(self.cells.get(_REBUILD) or ((1, 1, 1e-9),), batch, width)
+
+  def to_dict(self) -> dict:
+    return {
+      "cells": {k: [list(c) for c in v] for k, v in self.cells.items()},
+      "gap_s": self.gap_s,
+      "compact_s": self.compact_s,
+      "finish_s": self.finish_s,
+    }
+
+  @classmethod
+  def from_dict(cls, d: Mapping) -> EngineCost:
+    cells = {k: tuple((int(b), int(n), float(s)) for b, n, s in v) for k, v in d["cells"].items()}
+    return cls(cells, float(d["gap_s"]), float(d["compact_s"]), float(d["finish_s"]))
+
+  @classmethod
+  def from_timelines(
+    cls, rollouts: Iterable[tuple[Sequence[Mapping[str, Any]], float | None]]
+  ) -> EngineCost:
+    """The medians of rollouts' timelines (`RolloutResult.timeline`, `.wall_seconds`;
+    None: the rollout's end is not timed).
+
+    Calls that compiled a program are left out (their seconds are one-time); so is the
+    host time around them. A decode chunk counts per step, a speculative one per round.
+    """
+    samples: dict[str, dict[tuple[int, int], list[float]]] = {}
+    gaps, compacts, finishes = [], [], []
+
+    def add(kind, batch, length, seconds):
+      samples.setdefault(kind, {}).setdefault((int(batch), int(length)), []).append(seconds)
+
+    for timeline, wall in rollouts:
+      entries = sorted(timeline, key=lambda e: e["t"])
+      clean = True  # no compile in this rollout's calls so far
+      for e in entries:
+        compiled = e.get("compile_s", 0.0) or e.get("rebuild_compile_s", 0.0)
+        clean = clean and not compiled
+        if compiled:
+          continue
+        if e["phase"] == "decode" and e.get("steps"):
+          add(_PLAIN, e["batch"], e["view"], e["dt"] / e["steps"])
+        elif e["phase"] == "spec" and e.get("rounds"):
+          add(e["strategy"], e["batch"], e["view"], e["dt"] / e["rounds"])
+        elif e["phase"] == "prefill":
+          add(_PREFILL, e["prompts"], e["view"], e["dt"])
+        elif e["phase"] == _REBUILD:
+          add(_REBUILD, e["batch"], e["view"], e["dt"])
+      device = [e for e in entries if e["phase"] != "drafter_hook"]
+      for before, after in zip(device, device[1:]):
+        # A rebuild runs right before its chunk: the host time is the gap before the rebuild.
+        if before.get("compile_s") or after.get("compile_s") or before["phase"] == _REBUILD:
+          continue
+        gap = after["t"] - (before["t"] + before["dt"])
+        (compacts if after["batch"] < before["batch"] else gaps).append(gap)
+      if clean and wall is not None:
+        finishes.append(wall - (entries[-1]["t"] + entries[-1]["dt"]))
+    if _PLAIN not in samples:
+      raise ValueError("no decode chunk without a compile in these timelines")
+    cells = {
+      kind: tuple((b, n, float(np.median(v))) for (b, n), v in sorted(by_cell.items()))
+      for kind, by_cell in samples.items()
+    }
+    med = lambda xs: max(float(np.median(xs)), 0.0) if xs else 0.0
+    return cls(cells, med(gaps), med(compacts), med(finishes))
+
+
 def chain_accept_length(per_token: float, depth: int) -> float:
   """Tokens a chain draft of `depth` emits per round when each draft token is accepted with
   probability `per_token` independently (the bonus/correction token included):
@@ -182,7 +326,10 @@ class ArmModel:
       raise ValueError(f"arm {self.name}: draft_steps and draft_cost must be >= 0")
 
   def round_seconds(self, cost: DecodeCost, batch: int, context: float) -> float:
-    """Draft, then verify every row's `nodes` tokens in one target forward."""
+    """Draft, then verify every row's `nodes` tokens in one target forward (an
+    `EngineCost` times the engine's whole round of this arm)."""
+    if isinstance(cost, EngineCost):
+      return cost.round_seconds(self.name, batch, context)
     step = cost.seconds(batch, 1, context)
     return self.draft_steps * self.draft_cost * step + cost.seconds(batch, self.nodes, context)
 

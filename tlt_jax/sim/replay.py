@@ -4,10 +4,14 @@ rollout, RL step and end-to-end speedup per mode, without running a model.
 The replay follows `rollout.engine.RolloutEngine.generate`: rows start in the smallest batch
 bucket that holds them (powers of two from `min_batch_bucket` to `max_batch`); between
 chunks the unfinished rows move to a smaller bucket when they fit (`compact`); a chunk is
-`chunk_steps` plain decode steps, or `spec_rounds` speculative rounds when the bucket is at
-or below `spec_threshold`, with the arm a converged bandit picks (the one of highest
-predicted speed in that bucket, plain decode included). Every step or round is charged at
-the bucket's batch (padding rows cost like real ones) and the active rows' mean context.
+`chunk_steps` plain decode steps (in the last bucket: to the end of its cache view), or
+`spec_rounds` speculative rounds when the bucket is at or below `spec_threshold`, with the
+arm a converged bandit picks (the one of highest predicted speed in that bucket, plain
+decode included). Every step or round is charged at the bucket's batch (padding rows cost
+like real ones) and at the chunk's cache view (the engine's bucket covering the rows'
+furthest reach; without views, the active rows' mean context). With an `EngineCost` (the
+engine's own calls, measured) it also charges the prefill, drafter-cache rebuilds and the
+host time between calls.
 
 Rows progress by their arm's mean accept length per round (`stochastic=False`), or by draws
 of a chain's i.i.d. per-token acceptance (`stochastic=True`: the rows spread apart as they
@@ -23,12 +27,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
+from tlt_jax.rollout.engine import EngineConfig
 from tlt_jax.rollout.state import power_of_two_buckets, round_up
-from tlt_jax.sim.costs import ArmModel, DecodeCost
+from tlt_jax.sim.costs import ArmModel, DecodeCost, EngineCost
 
 __all__ = [
   "EnginePolicy",
@@ -44,7 +50,18 @@ PLAIN = "plain"
 
 @dataclasses.dataclass(frozen=True)
 class EnginePolicy:
-  """The engine settings the replay follows (names as in `rollout.engine.EngineConfig`)."""
+  """The engine settings the replay follows (names as in `rollout.engine.EngineConfig`).
+
+  Attributes beyond the engine's own names:
+    prompt_len: prompt tokens of every row when a replay is not given the rows' own.
+    views: the engine's cache-view buckets (`EngineConfig.view_buckets`): a chunk is
+      charged at the view covering its rows' furthest reach, as the engine runs it; ()
+      charges the active rows' mean context instead (an engine that reads only the cache
+      it holds, e.g. paged attention on a GPU).
+    prompt_buckets: the engine's prompt buckets (the prefill's shape; () = exact).
+    samples: rows per prompt (G); the prefill runs once per prompt.
+    slots: the engine's `slots` (a drafter-cache rebuild is at most this wide).
+  """
 
   max_batch: int
   min_batch_bucket: int = 1
@@ -53,10 +70,34 @@ class EnginePolicy:
   spec_threshold: int = 0
   spec_rounds: int = 8
   prompt_len: int = 0
+  views: tuple[int, ...] = ()
+  prompt_buckets: tuple[int, ...] = ()
+  samples: int = 1
+  slots: int = 0
 
   @property
   def batch_buckets(self) -> tuple[int, ...]:
     return power_of_two_buckets(min(self.min_batch_bucket, self.max_batch), self.max_batch)
+
+  @classmethod
+  def from_engine(cls, engine: Mapping[str, Any], samples: int = 1) -> EnginePolicy:
+    """The policy of an engine config (a run's config.json "engine" entry), with its
+    cache views and prompt buckets."""
+    names = {f.name for f in dataclasses.fields(EngineConfig)}
+    kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in engine.items() if k in names}
+    cfg = EngineConfig(**kwargs)
+    return cls(
+      max_batch=cfg.max_batch,
+      min_batch_bucket=cfg.min_batch_bucket,
+      chunk_steps=cfg.chunk_steps,
+      compact=cfg.compact,
+      spec_threshold=cfg.spec_threshold,
+      spec_rounds=cfg.spec_rounds,
+      views=cfg.view_buckets,
+      prompt_buckets=cfg.prompt_buckets,
+      samples=samples,
+      slots=cfg.slots,
+    )
 
 
 @dataclasses.dataclass
@@ -71,11 +112,13 @@ class RolloutPrediction:
     return self.tokens / self.seconds if self.seconds else 0.0
 
 
-def _best_arm(arms, cost, batch, context) -> tuple[str, ArmModel | None]:
-  """The arm of highest predicted tokens/s per row in this bucket (plain decode included)."""
-  best, best_speed = (PLAIN, None), 1.0 / cost.seconds(batch, 1, context)
+def _best_arm(arms, cost, batch, context, view=None) -> tuple[str, ArmModel | None]:
+  """The arm of highest predicted tokens/s per row in this bucket (plain decode included);
+  `view(arm)`: the cache view each would run at (None: plain's), else `context` for all."""
+  at = (lambda arm: context) if view is None else view
+  best, best_speed = (PLAIN, None), 1.0 / cost.seconds(batch, 1, at(None))
   for arm in arms:
-    speed = arm.accept_length / arm.round_seconds(cost, batch, context)
+    speed = arm.accept_length / arm.round_seconds(cost, batch, at(arm))
     if speed > best_speed:
       best, best_speed = (arm.name, arm), speed
   return best
@@ -95,41 +138,106 @@ def _per_token_acceptance(arm: ArmModel) -> float:
   return (lo + hi) / 2
 
 
+def _view(policy: EnginePolicy, reach: float) -> int:
+  """The cache view the engine compiles a chunk for: the bucket covering `reach` slots."""
+  return round_up(int(min(reach, policy.views[-1])), policy.views)
+
+
 def replay_rollout(
   lengths: Sequence[int],
   cost: DecodeCost,
   policy: EnginePolicy,
   arms: Sequence[ArmModel] = (),
   *,
+  prompt_lens: Sequence[int] | None = None,
+  arm_mix: Mapping[str, float] | None = None,
   stochastic: bool = False,
   seed: int = 0,
 ) -> RolloutPrediction:
-  """The predicted rollout of rows generating `lengths` tokens each (see the module doc)."""
+  """The predicted rollout of rows generating `lengths` tokens each after prompts of
+  `prompt_lens` tokens (default: `policy.prompt_len`); see the module doc. With an
+  `EngineCost` the replay also charges what the engine does around its decode calls: the
+  prefill, drafter-cache rebuilds (a drafter arm's first chunk, and its first after a plain
+  one), host time between calls, moves to smaller buckets and the final harvest, and lets
+  the prefill emit each row's first token, as the engine does. `arm_mix` (chunks per arm,
+  "plain" included, e.g. a run's measured counts) replaces the converged bandit: each
+  speculative-eligible chunk runs the arm furthest below its share so far."""
   remaining = np.asarray(lengths, dtype=float)
   if remaining.ndim != 1 or not remaining.size or np.any(remaining < 1):
     raise ValueError("lengths must be a non-empty list of positive token counts")
   if remaining.size > policy.max_batch:
     raise ValueError(f"{remaining.size} rows exceed max_batch={policy.max_batch}")
+  prompts = np.full(remaining.shape, float(policy.prompt_len))
+  if prompt_lens is not None:
+    prompts = np.asarray(prompt_lens, dtype=float)
+    if prompts.shape != remaining.shape:
+      raise ValueError(f"{prompts.size} prompt lengths for {remaining.size} rows")
+  engine = isinstance(cost, EngineCost)
   rng = np.random.default_rng(seed)
   accept_p = {a.name: _per_token_acceptance(a) for a in arms}
   generated = np.zeros_like(remaining)
   batch = round_up(remaining.size, policy.batch_buckets)
   seconds, chunks, by_bucket = 0.0, {}, {}
+  if engine:
+    n_prompts = round_up(-(-remaining.size // policy.samples), policy.batch_buckets)
+    longest = int(prompts.max())
+    if policy.prompt_buckets:
+      longest = round_up(longest, policy.prompt_buckets)
+    seconds += cost.prefill_seconds(n_prompts, longest)
+    # The prefill samples every row's first token.
+    remaining -= 1.0
+    generated += 1.0
+  drafter_cache = False  # the drafter's cache is in step with the rows
+  by_name = {a.name: a for a in arms}
+  mix = {k: float(v) for k, v in (arm_mix or {}).items() if k == PLAIN or k in by_name}
+  if arm_mix is not None and (not mix or sum(mix.values()) <= 0):
+    raise ValueError(f"arm_mix {dict(arm_mix)} names none of the arms {sorted(by_name)} or plain")
+  total = sum(mix.values())
+  mixed: dict[str, int] = {}  # eligible chunks run per arm, under arm_mix
   while np.any(remaining > 0):
     active = remaining > 0
     if policy.compact:
-      batch = min(batch, round_up(int(active.sum()), policy.batch_buckets))
-    context = policy.prompt_len + float(generated[active].mean())
+      smaller = min(batch, round_up(int(active.sum()), policy.batch_buckets))
+      if engine:
+        seconds += cost.compact_s if smaller < batch else cost.gap_s
+      batch = smaller
+    elif engine:
+      seconds += cost.gap_s
+    context = float((prompts + generated)[active].mean())
+    reach = float((prompts + generated)[active].max())  # the engine's longest row length
+
+    def chunk_view(arm, reach=reach):
+      """The view the engine compiles the chunk for (a plain one: arm None)."""
+      if arm is None:
+        return _view(policy, reach + policy.chunk_steps - 1)
+      return _view(policy, reach + (policy.spec_rounds - 1) * arm.nodes - 1 + arm.nodes)
+
     name, arm = (PLAIN, None)
     if arms and batch <= policy.spec_threshold:
-      name, arm = _best_arm(arms, cost, batch, context)
+      if mix:
+        done = sum(mixed.values()) + 1
+        name = max(mix, key=lambda k: mix[k] / total - mixed.get(k, 0) / done)
+        mixed[name] = mixed.get(name, 0) + 1
+        arm = by_name.get(name)
+      else:
+        views = chunk_view if policy.views else None
+        name, arm = _best_arm(arms, cost, batch, context, views)
     chunks[name] = chunks.get(name, 0) + 1
     start = seconds
-    for _ in range(policy.chunk_steps if arm is None else policy.spec_rounds):
+    steps = policy.chunk_steps if arm is None else policy.spec_rounds
+    view = chunk_view(arm) if policy.views else 0
+    if policy.views and arm is None and batch == policy.batch_buckets[0]:
+      # The last bucket runs plain decode to the end of its view in one call.
+      steps = max(steps, int(view - reach) + 1)
+    if engine and arm is not None and arm.draft_steps and not drafter_cache:
+      width = min(view, policy.slots) if policy.slots else view
+      seconds += cost.rebuild_seconds(batch, width)
+    drafter_cache = arm is not None and arm.draft_steps > 0
+    for _ in range(steps):
       active = remaining > 0
       if not active.any():
         break
-      context = policy.prompt_len + float(generated[active].mean())
+      context = view or float((prompts + generated)[active].mean())
       if arm is None:
         seconds += cost.seconds(batch, 1, context)
         gain = np.ones(active.sum())
@@ -145,6 +253,8 @@ def replay_rollout(
       remaining[active] -= step
       generated[active] += step
     by_bucket[batch] = by_bucket.get(batch, 0.0) + seconds - start
+  if engine:
+    seconds += cost.finish_s
   return RolloutPrediction(seconds, int(np.sum(lengths)), chunks, by_bucket)
 
 
@@ -173,6 +283,8 @@ def replay_step(
   other_s: float = 0.0,
   drafter_s: float = 0.0,
   drafter_idle_fraction: float = 1.0,
+  prompt_lens: Sequence[int] | None = None,
+  arm_mix: Mapping[str, float] | None = None,
   stochastic: bool = False,
   seed: int = 0,
 ) -> StepPrediction:
@@ -184,7 +296,16 @@ def replay_step(
     raise ValueError(f"mode must be baseline, sd or tlt, got {mode!r}")
   if mode == "baseline":
     policy, arms = dataclasses.replace(policy, spec_threshold=0), ()
-  rollout = replay_rollout(lengths, cost, policy, arms, stochastic=stochastic, seed=seed)
+  rollout = replay_rollout(
+    lengths,
+    cost,
+    policy,
+    arms,
+    prompt_lens=prompt_lens,
+    arm_mix=arm_mix,
+    stochastic=stochastic,
+    seed=seed,
+  )
   update = update_s_per_token * float(np.sum(lengths))
   extra = 0.0
   if mode == "tlt":

@@ -34,6 +34,11 @@ class StepRecord:
     step_s: step wall time without compiles and held-out evaluation.
     update_s: the policy update's time without its lazy compiles.
     accept: the step's accept length per draft arm (empty: no speculative round).
+    prompts: prompt lengths of each rollout's rows (empty: not recorded, runs before
+      2026-11-26).
+    drafter_s: rollout seconds the online drafter's scheduler took at chunk boundaries
+      (its updates, host work and push-forced cache rebuilds; mode tlt).
+    chunks: the step's chunks per arm as its bandit chose them ("plain" included).
   """
 
   rollouts: tuple[tuple[int, ...], ...]
@@ -41,6 +46,9 @@ class StepRecord:
   step_s: float
   update_s: float
   accept: Mapping[str, float]
+  prompts: tuple[tuple[int, ...], ...] = ()
+  drafter_s: float = 0.0
+  chunks: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
   @property
   def tokens(self) -> int:
@@ -66,6 +74,13 @@ def step_record(metrics: Mapping[str, Any], lengths: Mapping[str, Any]) -> StepR
     # the update (else the calibrated rest of a step goes negative).
     update_s=max(metrics["time/update"] - metrics.get("time/train_compile", 0.0), 0.0),
     accept=accept,
+    prompts=tuple(tuple(int(n) for n in r) for r in lengths.get("prompts", ())),
+    drafter_s=float(metrics.get("drafter/rollout_charged_s", 0.0)),
+    chunks={
+      k.split("/")[2]: int(v)
+      for k, v in metrics.items()
+      if k.startswith("spec/arm/") and k.endswith("/chunks")
+    },
   )
 
 
@@ -93,13 +108,17 @@ def compare(
   *,
   speculative: bool,
   draft_cost: float = 0.1,
+  measured_arms: bool = False,
   stochastic: bool = True,
   seed: int = 0,
 ) -> dict[str, Any]:
   """Mean measured and predicted rollout and step seconds over `records`, their ratios
   (predicted / measured) and whether both are within TOLERANCE. With `speculative`, each
   step's draft arms carry that step's accept lengths (the run's mean where an arm did not
-  run in that step); arms the simulator cannot model (trees) are left out."""
+  run in that step); arms the simulator cannot model (trees) are left out. The rows'
+  prompt lengths and the drafter scheduler's measured seconds in the rollout are inputs
+  too (the scheduler is not what is being tested). `measured_arms`: each step runs the
+  arm mix its bandit chose (exploration included) instead of the converged bandit's."""
   if not records:
     raise ValueError("no steps to compare")
   mean_accept: dict[str, list[float]] = {}
@@ -116,11 +135,19 @@ def compare(
       accept = {**fallback, **r.accept}
       modelled = {k: v for k, v in accept.items() if k.rstrip("0123456789") in _MODELLED}
       arms = arms_from_accept(modelled, draft_cost)
-    seconds = sum(
+    prompts = r.prompts or (None,) * len(r.rollouts)
+    seconds = r.drafter_s + sum(
       replay_rollout(
-        lengths, cost, policy, arms, stochastic=stochastic, seed=seed + 97 * i + j
+        lengths,
+        cost,
+        policy,
+        arms,
+        prompt_lens=plens,
+        arm_mix=(r.chunks or None) if measured_arms and arms else None,
+        stochastic=stochastic,
+        seed=seed + 97 * i + j,
       ).seconds
-      for j, lengths in enumerate(r.rollouts)
+      for j, (lengths, plens) in enumerate(zip(r.rollouts, prompts, strict=True))
     )
     predicted_rollout.append(seconds)
     update = calibration.update_s_per_token * r.tokens
