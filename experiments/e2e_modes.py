@@ -44,6 +44,11 @@ _PREPARE = flags.DEFINE_bool(
 _ANALYZE = flags.DEFINE_bool(
   "analyze_only", False, "rebuild the tables and plot from the finished runs in --out"
 )
+_KEEP = flags.DEFINE_bool(
+  "keep_finished",
+  False,
+  "keep the finished runs in --out (read, not rerun) and run the others: add a seed",
+)
 
 
 def main(argv):
@@ -57,7 +62,7 @@ def main(argv):
     return
   seeds = [int(s) for s in _SEEDS.value] or [int(config.seed)]
   results, rows = compare.run_modes(
-    config, out, list(_MODES.value), seeds, analyze_only=_ANALYZE.value
+    config, out, list(_MODES.value), seeds, analyze_only=_ANALYZE.value, keep_finished=_KEEP.value
   )
   table = compare.mode_table(results, rows)
   host = host_info()

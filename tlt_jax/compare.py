@@ -54,9 +54,11 @@ def run_modes(
   seeds: list[int],
   *,
   analyze_only: bool = False,
+  keep_finished: bool = False,
   progress: bool = True,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-  """Runs every (seed, mode) in order (or reads the finished ones with `analyze_only`).
+  """Runs every (seed, mode) in order (or reads the finished ones with `analyze_only`;
+  `keep_finished` reads those and runs the rest, e.g. a seed added to an experiment).
 
   Returns ({label: {"summary", "mode", "seed", "wall_seconds"}}, one row per run and step
   as `step_row` makes them).
@@ -69,8 +71,9 @@ def run_modes(
     for mode in modes:
       label = mode if len(seeds) == 1 else f"{mode}_s{seed}"
       workdir = os.path.join(out, label)
-      if analyze_only:
-        if not os.path.isfile(os.path.join(workdir, "summary.json")):
+      finished = os.path.isfile(os.path.join(workdir, "summary.json"))
+      if analyze_only or (keep_finished and finished):
+        if not finished:
           print(f"{label}: no finished run in {workdir}, left out")
           continue
         with open(os.path.join(workdir, "summary.json")) as f:
