@@ -3,13 +3,15 @@ r"""What TLT does to an RL step, predicted by replaying the rollout engine's pol
 
 Two uses:
 
-Calibrated on this host: the cost grid of experiments/cost_surface.py, response lengths from
-a run's rollout_lengths.jsonl (every rollout of every step) or a log-normal fit, the accept lengths
-this project measured (bench_sd, e2e_modes), the update's seconds per token; prints the
-predicted rollout and step time per mode, to set beside the measured ones.
+Calibrated on this host: the engine's own costs (experiments/engine_costs.py, whose engine
+config sets the buckets; or the forward grid of experiments/cost_surface.py with the
+--engine_* flags), response lengths (and prompt lengths) from a run's rollout_lengths.jsonl
+(every rollout of every step) or a log-normal fit, the accept lengths this project measured
+(bench_sd, e2e_modes), the update's seconds per token; prints the predicted rollout and step
+time per mode, to set beside the measured ones.
 
-  python experiments/simulate.py --surface=runs/cost_surface/cost_surface.json \
-    --lengths=runs/e2e/baseline/rollout_lengths.jsonl --engine_max_batch=128 --spec_threshold=32 \
+  python experiments/simulate.py --engine_costs=runs/engine_costs/engine_costs.json \
+    --lengths=runs/e2e/baseline/rollout_lengths.jsonl \
     --accept_sd=chain4:3.4,chain8:4.6 --accept_tlt=chain4:3.9,chain8:5.9 \
     --update_ms_per_token=0.9
 
@@ -36,6 +38,7 @@ table: the end-to-end speedup by the tail's weight (max / median) and rows per i
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -120,19 +123,25 @@ def lognormal_lengths(median, p90, cap, rows, steps, seed) -> list[list[int]]:
   return np.clip(np.rint(draws), 1, cap).astype(int).tolist()
 
 
-def run_lengths(path: str) -> list[list[int]]:
-  """Every rollout of a run (refills included), in order."""
-  out = []
+def run_lengths(path: str) -> tuple[list[list[int]], list[list[int]] | None]:
+  """Every rollout of a run (refills included), in order, and its rows' prompt lengths
+  (None: the run predates their record)."""
+  out, prompts = [], []
   with open(path) as f:
     for line in f:
-      out += json.loads(line)["rollouts"]
+      row = json.loads(line)
+      out += row["rollouts"]
+      prompts += row.get("prompts", [None] * len(row["rollouts"]))
   if not out:
     raise ValueError(f"{path}: no rollouts")
-  return out
+  return out, (None if any(p is None for p in prompts) else prompts)
 
 
-def predict(cost, policy, traces, arms_sd, arms_tlt, update_s, other_s, drafter_s, stochastic):
-  """Mean rollout / step seconds per mode over the traces, and the end-to-end ratios."""
+def predict(
+  cost, policy, traces, arms_sd, arms_tlt, update_s, other_s, drafter_s, stochastic, prompts=None
+):
+  """Mean rollout / step seconds per mode over the traces (with their rows' prompt lengths,
+  when known), and the end-to-end ratios."""
   modes = {"baseline": (), "sd": arms_sd, "tlt": arms_tlt}
   out = {}
   for mode, arms in modes.items():
@@ -146,6 +155,7 @@ def predict(cost, policy, traces, arms_sd, arms_tlt, update_s, other_s, drafter_
         update_s_per_token=update_s,
         other_s=other_s,
         drafter_s=drafter_s,
+        prompt_lens=prompts[i] if prompts else None,
         stochastic=stochastic,
         seed=i,
       )
@@ -403,23 +413,35 @@ def main(argv):
       )
     results = validate(_VALIDATE.value, cost)
   else:
-    if not _SURFACE.value:
-      raise app.UsageError("--surface (experiments/cost_surface.py's JSON) or --project")
-    with open(_SURFACE.value) as f:
-      cost = TableCost.from_dict(json.load(f))
+    prompts = None
     if _LENGTHS.value:
-      traces = run_lengths(_LENGTHS.value)
+      traces, prompts = run_lengths(_LENGTHS.value)
     else:
       median, p90, cap, rows = (float(x) for x in _LOGNORMAL.value)
       traces = lognormal_lengths(median, p90, int(cap), int(rows), _STEPS.value, _SEED.value)
-    policy = EnginePolicy(
-      max_batch=_MAX_BATCH.value,
-      min_batch_bucket=_MIN_BUCKET.value,
-      chunk_steps=_CHUNK.value,
-      spec_threshold=_THRESHOLD.value,
-      spec_rounds=_ROUNDS.value,
-      prompt_len=_PROMPT.value,
-    )
+    if _ENGINE_COSTS.value:
+      # The engine the costs were measured with sets the buckets, views and threshold.
+      with open(_ENGINE_COSTS.value) as f:
+        measured = json.load(f)
+      cost = EngineCost.from_dict(measured)
+      engine = measured["config"]["engine"]
+      policy = EnginePolicy.from_engine(engine, samples=measured["config"]["group_size"])
+      policy = dataclasses.replace(policy, prompt_len=_PROMPT.value)
+      source = _ENGINE_COSTS.value
+    elif _SURFACE.value:
+      with open(_SURFACE.value) as f:
+        cost = TableCost.from_dict(json.load(f))
+      policy = EnginePolicy(
+        max_batch=_MAX_BATCH.value,
+        min_batch_bucket=_MIN_BUCKET.value,
+        chunk_steps=_CHUNK.value,
+        spec_threshold=_THRESHOLD.value,
+        spec_rounds=_ROUNDS.value,
+        prompt_len=_PROMPT.value,
+      )
+      source = _SURFACE.value
+    else:
+      raise app.UsageError("--engine_costs, --surface (this host's costs) or --project")
     arms_sd = arms_from_accept(_accept(_ACCEPT_SD.value), _DRAFT_COST.value)
     arms_tlt = arms_from_accept(_accept(_ACCEPT_TLT.value), _DRAFT_COST.value)
     results = predict(
@@ -432,8 +454,9 @@ def main(argv):
       _OTHER.value,
       _DRAFTER_S.value,
       _STOCHASTIC.value,
+      prompts,
     )
-    _print(f"this host ({_SURFACE.value}), {len(traces)} rollouts", results)
+    _print(f"this host ({source}), {len(traces)} rollouts", results)
   if _OUT.value:
     os.makedirs(os.path.dirname(_OUT.value) or ".", exist_ok=True)
     with open(_OUT.value, "w") as f:
