@@ -357,18 +357,10 @@ def validate(run_dir: str, cost) -> dict:
     suffix = label[len(mode) :]
     base = f"baseline{suffix}" if f"baseline{suffix}" in records else baselines[0]
     eng = cfg["engine"]
-    if isinstance(cost, EngineCost):  # the engine's views, buckets and the rows' prompts
-      policy = EnginePolicy.from_engine(eng, samples=cfg["rl"]["group_size"])
-    else:
-      policy = EnginePolicy(
-        max_batch=eng["max_batch"],
-        min_batch_bucket=eng["min_batch_bucket"],
-        chunk_steps=eng["chunk_steps"],
-        compact=eng["compact"],
-        spec_threshold=eng["spec_threshold"],
-        spec_rounds=eng["spec_rounds"],
-        prompt_len=_PROMPT.value,
-      )
+    policy = EnginePolicy.from_engine(eng, samples=cfg["rl"]["group_size"])
+    if not isinstance(cost, EngineCost):
+      # Standalone forwards by mean context: no views, one prompt length for every row.
+      policy = dataclasses.replace(policy, views=(), prompt_len=_PROMPT.value)
     calibration = Calibration.from_baseline(records[base])
     # Speculative runs twice: with the converged bandit's arms (the engine's policy, what a
     # projection uses) and with the arm mix the run's bandit chose (its exploration too).
