@@ -77,10 +77,6 @@ def _random_prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int
   return rng.integers(3, vocab, size=(n, length)).tolist()
 
 
-def _engine(graphdef, model_cfg, cfg, sampling, drafter_graphdef=None) -> RolloutEngine:
-  return RolloutEngine(graphdef, model_cfg, cfg, sampling, drafter_graphdef=drafter_graphdef)
-
-
 def main(argv):
   del argv
   config = _CONFIG.value
@@ -119,7 +115,7 @@ def main(argv):
     run_cfg.view_buckets, longest_prompt
   )
   plain_cfg = dataclasses.replace(probe, spec_threshold=0)
-  engines = {"plain": _engine(graphdef, model_cfg, plain_cfg, sampling)}
+  engines = {"plain": RolloutEngine(graphdef, model_cfg, plain_cfg, sampling)}
   for arm in arms:
     # The arm first (a non-adaptive engine runs its first strategy) and the config's
     # others after it, so the cache length (deepest draft) is the run's.
@@ -127,7 +123,9 @@ def main(argv):
     cfg = dataclasses.replace(
       probe, spec_threshold=rows, spec_strategies=order, spec_adaptive=False
     )
-    engines[arm] = _engine(graphdef, model_cfg, cfg, sampling, drafter_graphdef)
+    engines[arm] = RolloutEngine(
+      graphdef, model_cfg, cfg, sampling, drafter_graphdef=drafter_graphdef
+    )
 
   timelines = []
   t_start = time.perf_counter()
@@ -154,7 +152,9 @@ def main(argv):
         )
 
   # The prefill at the run's own prompt buckets, by prompts per rollout.
-  plain_run = _engine(graphdef, model_cfg, dataclasses.replace(run_cfg, spec_threshold=0), sampling)
+  plain_run = RolloutEngine(
+    graphdef, model_cfg, dataclasses.replace(run_cfg, spec_threshold=0), sampling
+  )
   prompt_counts = sorted({round_up(n, run_cfg.batch_buckets) for n in (1, rows // g)})
   for rep in range(_REPS.value):
     for n in prompt_counts:

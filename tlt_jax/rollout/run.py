@@ -30,7 +30,7 @@ from tlt_jax.models.drafter import check_drafter_matches
 from tlt_jax.models.precision import compute_params
 from tlt_jax.rollout.bandit import BANDIT_REWARDS, PLAIN, answer_phase, frontier_advance
 from tlt_jax.rollout.history import reference_line
-from tlt_jax.rollout.state import round_up
+from tlt_jax.rollout.state import plain_reach, round_up, spec_reach
 
 if TYPE_CHECKING:
   from tlt_jax.rollout.engine import RolloutEngine, RolloutResult
@@ -257,7 +257,7 @@ class RolloutRun:
     self.dstate = None  # plain decode does not advance the drafter's cache
     self.push_forced = False  # the switch back rebuilds it anyway
     # Every active row may grow by chunk_steps; the cache view must cover it.
-    need = int(np.minimum(self.length + cfg.chunk_steps - 1, self.max_len)[active].max())
+    need = int(plain_reach(self.length, self.max_len, cfg.chunk_steps)[active].max())
     view = round_up(need, cfg.view_buckets)
     steps = cfg.chunk_steps
     if self._last_bucket() and not learn:
@@ -278,10 +278,8 @@ class RolloutRun:
     cfg, eng = self.cfg, self.engine
     strategy = eng.strategies[arm]
     rounds = cfg.spec_rounds
-    # A row starting a round at length L writes draft nodes at slots [L - 1, L - 1 + N);
-    # rows reaching max_len stop.
-    last = np.minimum(self.length + (rounds - 1) * strategy.max_emit, self.max_len - 1)
-    view = round_up(int((last - 1 + strategy.nodes)[active].max()), cfg.view_buckets)
+    reach = spec_reach(self.length, self.max_len, rounds, strategy.max_emit, strategy.nodes)
+    view = round_up(int(reach[active].max()), cfg.view_buckets)
     charged_s = rebuild_compile = 0.0
     t0 = time.perf_counter()
     if strategy.uses_drafter and self.dstate is None:

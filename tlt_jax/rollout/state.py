@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 import flax.struct
 import jax
+import numpy as np
 
 from tlt_jax.models.transformer import KVCache
 
@@ -52,6 +53,18 @@ class RolloutState:
   @property
   def slots(self) -> int:
     return self.tokens.shape[1]
+
+
+def plain_reach(length, max_len, steps: int):
+  """The last cache slot a plain chunk of `steps` steps may write for rows at `length`
+  (capped by their `max_len`): the chunk's cache view must cover it."""
+  return np.minimum(length + steps - 1, max_len)
+
+
+def spec_reach(length, max_len, rounds: int, max_emit: int, nodes: int):
+  """The same for `rounds` speculative rounds: a row starting a round at length L writes
+  its draft's `nodes` at slots [L - 1, L - 1 + nodes), and stops at `max_len`."""
+  return np.minimum(length + (rounds - 1) * max_emit, max_len - 1) - 1 + nodes
 
 
 def round_up(n: int, buckets: Sequence[int]) -> int:

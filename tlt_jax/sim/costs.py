@@ -217,10 +217,14 @@ class EngineCost:
     return _grid_seconds(self.cells[arm], batch, view)
 
   def prefill_seconds(self, prompts: int, prompt_len: int) -> float:
-    return _grid_seconds(self.cells.get(_PREFILL) or ((1, 1, 1e-9),), prompts, prompt_len)
+    """A prompt prefill (0 where none was measured)."""
+    cells = self.cells.get(_PREFILL)
+    return _grid_seconds(cells, prompts, prompt_len) if cells else 0.0
 
   def rebuild_seconds(self, batch: int, width: int) -> float:
-    return _grid_seconds(self.cells.get(_REBUILD) or ((1, 1, 1e-9),), batch, width)
+    """A drafter-cache rebuild (0 where none was measured)."""
+    cells = self.cells.get(_REBUILD)
+    return _grid_seconds(cells, batch, width) if cells else 0.0
 
   def to_dict(self) -> dict:
     return {

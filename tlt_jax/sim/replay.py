@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from tlt_jax.rollout.engine import EngineConfig
-from tlt_jax.rollout.state import power_of_two_buckets, round_up
+from tlt_jax.rollout.state import plain_reach, power_of_two_buckets, round_up, spec_reach
 from tlt_jax.sim.costs import ArmModel, DecodeCost, EngineCost
 
 __all__ = [
@@ -207,10 +207,12 @@ def replay_rollout(
     reach = float((prompts + generated)[active].max())  # the engine's longest row length
 
     def chunk_view(arm, reach=reach):
-      """The view the engine compiles the chunk for (a plain one: arm None)."""
+      """The view the engine compiles the chunk for (a plain one: arm None); a chain
+      emits at most its nodes a round."""
       if arm is None:
-        return _view(policy, reach + policy.chunk_steps - 1)
-      return _view(policy, reach + (policy.spec_rounds - 1) * arm.nodes - 1 + arm.nodes)
+        return _view(policy, plain_reach(reach, math.inf, policy.chunk_steps))
+      rounds = policy.spec_rounds
+      return _view(policy, spec_reach(reach, math.inf, rounds, arm.nodes, arm.nodes))
 
     name, arm = (PLAIN, None)
     if arms and batch <= policy.spec_threshold:
