@@ -400,6 +400,14 @@ def main(argv):
           "by_chunk": _by_chunk(results[mode]),
         }
         batch_rows.append(row)
+      # Token identity at scale: every call of a repetition used the same keys in every mode.
+      for row in batch_rows:
+        pairs = list(zip(results[row["config"]], results["plain"]))
+        row["rows_compared"] = sum(len(a.length) for a, _ in pairs)
+        row["rows_differing_from_plain"] = sum(
+          int(np.sum(np.any(a.tokens != p.tokens, axis=1) | (a.length != p.length)))
+          for a, p in pairs
+        )
       fixed = [r for r in batch_rows if r["config"] in strategies]
       best = max(fixed, key=lambda r: r["speedup"])
       for row in batch_rows:
@@ -557,6 +565,13 @@ def _table(rows, modes, temps, adaptive):
     print(
       f"crossover (smallest batch where no fixed strategy beats plain): {crossover(rows, temp)}"
     )
+    ts = [r for r in rows if r["temperature"] == temp and "rows_compared" in r]
+    ts = [r for r in ts if r["config"] != "plain"]
+    if ts:
+      print(
+        f"token identity: {sum(r['rows_differing_from_plain'] for r in ts)} of "
+        f"{sum(r['rows_compared'] for r in ts)} speculative rows differ from plain decoding"
+      )
 
 
 def _cost_table(profiles):

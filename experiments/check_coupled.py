@@ -52,10 +52,10 @@ SETTINGS = {
 def main(argv):
   del argv
   config, workdir = _CONFIG.value, _WORKDIR.value
-  print(host_record(), flush=True)
   policy = load_policy(config, workdir)
   tok, test_split = policy["tokenizer"], policy["test_split"]
   model_cfg, graphdef, params = policy["model_config"], policy["graphdef"], policy["params"]
+  print(host_record((graphdef, params)), flush=True)  # the checked policy's forward costs
   rows = _PROMPTS.value * _SAMPLES.value
   base = dataclasses.replace(configuration.engine_config(config, tok), max_batch=rows)
   pool = ExecutablePool()

@@ -114,17 +114,20 @@ def forward_costs(
 
 
 def host_info(
-  policy: tuple[nnx.GraphDef, nnx.State] | None = None, bandwidth_bytes: int = 1 << 28
+  policy: tuple[nnx.GraphDef, nnx.State] | None = None, bandwidth_bytes: int | None = None
 ) -> dict[str, Any]:
   """The host as a JSON-able dict; forward costs of `policy` (default `reference_policy`)."""
   graphdef, params = policy if policy is not None else reference_policy()
   ms = forward_costs(graphdef, params)
   devices = jax.devices()
+  if bandwidth_bytes is None:  # a 256 MB read takes ~50 us on an HBM GPU: launch-dominated
+    bandwidth_bytes = 1 << (28 if devices[0].platform == "cpu" else 32)
   return {
     "date": f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC",
     "cpu": cpu_model(),
     "cores": os.cpu_count(),
-    "devices": f"{len(devices)} x {devices[0].platform}",
+    "devices": f"{len(devices)} x {devices[0].platform}"
+    + ("" if devices[0].platform == "cpu" else f" ({devices[0].device_kind})"),
     "jax": jax.__version__,
     "read_bandwidth_gbs": round(read_bandwidth(bandwidth_bytes) / 1e9, 1),
     "policy_params": int(sum(x.size for x in jax.tree.leaves(params))),
