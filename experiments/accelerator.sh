@@ -11,7 +11,8 @@
 #
 # Everything printed goes to <out>/accelerator.log (less absl's INFO lines); the benchmarks'
 # JSON and plots land beside it. Budgets: T_TESTS, T_COUPLED, T_COST, T_SD_TRAIN, T_BENCH;
-# TEST_ARGS, COUPLED_ARGS, COST_ARGS, SD_TRAIN_ARGS and BENCH_ARGS add flags.
+# TEST_ARGS, COUPLED_ARGS, COST_ARGS, SD_TRAIN_ARGS and BENCH_ARGS add flags; SKIP names
+# stages to leave out (e.g. SKIP="sd_train bench_sd" where 15 minutes is all there is).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-runs/accelerator}
@@ -28,6 +29,10 @@ export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-$OUT/xla_cache}
 stage() {  # stage NAME BUDGET COMMAND...: run it, keep its log, say how it ended
   local name=$1 budget=$2 start=$SECONDS rc
   shift 2
+  if [[ " ${SKIP:-} " == *" $name "* ]]; then
+    echo "== $name: skipped" | tee -a "$LOG"
+    return
+  fi
   echo "== $name: budget ${budget}s: $*" | tee -a "$LOG"
   timeout --signal=INT --kill-after=15 "$budget" "$@" 2>&1 | grep --line-buffered -v '^[IW][0-9]' >>"$LOG"
   rc=${PIPESTATUS[0]}
