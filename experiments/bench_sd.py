@@ -60,6 +60,7 @@ from ml_collections import config_flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from experiments.common import rows_differing  # noqa: E402
 from experiments.host import format_host, host_info  # noqa: E402
 from tlt_jax import checkpoint, configuration, train  # noqa: E402
 from tlt_jax.data import get_tokenizer  # noqa: E402
@@ -404,10 +405,7 @@ def main(argv):
       for row in batch_rows:
         pairs = list(zip(results[row["config"]], results["plain"]))
         row["rows_compared"] = sum(len(a.length) for a, _ in pairs)
-        row["rows_differing_from_plain"] = sum(
-          int(np.sum(np.any(a.tokens != p.tokens, axis=1) | (a.length != p.length)))
-          for a, p in pairs
-        )
+        row["rows_differing_from_plain"] = sum(int(rows_differing(a, p).sum()) for a, p in pairs)
       fixed = [r for r in batch_rows if r["config"] in strategies]
       best = max(fixed, key=lambda r: r["speedup"])
       for row in batch_rows:
@@ -565,8 +563,8 @@ def _table(rows, modes, temps, adaptive):
     print(
       f"crossover (smallest batch where no fixed strategy beats plain): {crossover(rows, temp)}"
     )
-    ts = [r for r in rows if r["temperature"] == temp and "rows_compared" in r]
-    ts = [r for r in ts if r["config"] != "plain"]
+    ts = [r for r in rows if r["temperature"] == temp and r["config"] != "plain"]
+    ts = [r for r in ts if "rows_compared" in r]  # earlier runs' JSON (--merge) lacks it
     if ts:
       print(
         f"token identity: {sum(r['rows_differing_from_plain'] for r in ts)} of "

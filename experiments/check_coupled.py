@@ -26,7 +26,7 @@ from ml_collections import config_flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from experiments.common import load_policy  # noqa: E402
+from experiments.common import load_policy, rows_differing  # noqa: E402
 from experiments.host import host_record  # noqa: E402
 from tlt_jax import configuration, train  # noqa: E402
 from tlt_jax.data.tasks import format_prompt  # noqa: E402
@@ -79,7 +79,7 @@ def main(argv):
         a = plain.generate(params, prompts, _SAMPLES.value, **kw)
         b = spec.generate(params, prompts, _SAMPLES.value, drafter_params=drafter.params, **kw)
         generated = int(a.num_generated.sum())
-        differ = np.any(a.tokens != b.tokens, axis=1) | (a.length != b.length)
+        differ = rows_differing(a, b)
         # Tokens up to a row's first difference agree; count the rest of the row as differing.
         first = [int(np.argmax(a.tokens[n] != b.tokens[n])) for n in np.nonzero(differ)[0]]
         lost = sum(int(a.length[n]) - f for n, f in zip(np.nonzero(differ)[0], first))

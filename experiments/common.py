@@ -1,10 +1,12 @@
-"""What the experiment scripts share: the warm-started policy of a workdir."""
+"""What the experiment scripts share: the warm-started policy of a workdir; row comparison."""
 
 from __future__ import annotations
 
 import os
 import sys
 from typing import Any
+
+import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -27,3 +29,9 @@ def load_policy(config, workdir: str) -> dict[str, Any]:
     "params": params,
     "info": info,
   }
+
+
+def rows_differing(a, b) -> np.ndarray:
+  """Per row, whether two rollouts of the same prompts and keys differ in tokens or length
+  (coupled sampling makes speculative and plain rows equal)."""
+  return np.any(a.tokens != b.tokens, axis=1) | (a.length != b.length)
