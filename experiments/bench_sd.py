@@ -122,7 +122,10 @@ _DRAFTER_GREEDY = flags.DEFINE_string(
   "train_drafter.py --teacher_temperature=0); '': --drafter at every temperature",
 )
 _SAMPLES = flags.DEFINE_integer(
-  "samples", 1, "G: rows per prompt (min(G, B)), as in GRPO; group drafts read the siblings"
+  "samples",
+  1,
+  "G: rows per prompt (min(G, B)), as in GRPO; group drafts read the live siblings and, at "
+  "B < G and temperature > 0, the G - B that finished (in the history)",
 )
 _HISTORY = flags.DEFINE_integer(
   "history_rollouts",
@@ -156,6 +159,8 @@ def _engine_config(base: EngineConfig, b: int, strategies, mode: str) -> EngineC
     compact=False,
     min_cache_bucket=256,
     spec_rounds=_ROUNDS.value,
+    # Room for the seeded history: earlier rollouts and the finished siblings.
+    group_history=max(base.group_history, _HISTORY.value + 1),
   )
   if mode == "plain":
     return dataclasses.replace(cfg, spec_threshold=0)
@@ -395,6 +400,7 @@ def main(argv):
           "calls_per_rep": calls,
           "prompt_sets": num_sets,
           "samples": g,
+          "finished_siblings": _SAMPLES.value - g if temp > 0 else 0,
           "history_rollouts": _HISTORY.value,
           "chunks_by_arm": chosen,
           "corpus_ms_per_chunk": _corpus_ms(results[mode]),
@@ -464,12 +470,21 @@ def main(argv):
 
 def _seed_history(engine, params, prompts, g, sampling) -> dict:
   """State of a group-draft history holding `--history_rollouts` earlier rollouts of each
-  prompt (plain decode, keys no timed run uses)."""
-  history = PromptHistory(max(_HISTORY.value, 1), context=engine.config.group_ngram)
+  prompt (plain decode, keys no timed run uses) and, where the batch holds fewer rows of a
+  prompt than --samples (g < G), the G - g siblings that already finished: a rollout's
+  tail, where the last rows of a group run alone and their siblings' text is all written.
+  Not at temperature 0, where every sample of a prompt is the same text."""
+  finished = _SAMPLES.value - g if sampling.temperature > 0 else 0
+  rollouts = max(_HISTORY.value + (finished > 0), 1)
+  history = PromptHistory(rollouts, context=engine.config.group_ngram)
   for i in range(_HISTORY.value):
     r = engine.generate(params, prompts, g, key=50_000 + i, sampling=sampling)
     for p, prompt in enumerate(prompts):
       history.add(prompt, [r.completion(n) for n in range(p * g, (p + 1) * g)])
+  if finished > 0:
+    r = engine.generate(params, prompts, finished, key=60_000, sampling=sampling)
+    for p, prompt in enumerate(prompts):
+      history.add(prompt, [r.completion(n) for n in range(p * finished, (p + 1) * finished)])
   return history.state_dict()
 
 

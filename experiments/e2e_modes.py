@@ -77,6 +77,15 @@ def main(argv):
     w.writerows(rows)
   _plot(rows, os.path.join(out, "e2e_modes.png"))
   print(compare.markdown(table))
+  # The arm mix and each draft arm's accept length per pass over the training set: with a
+  # small set (configs/group_epochs.py) group drafts read more of each prompt's history.
+  steps_per_epoch = max(1, -(-int(config.task.train_size) // int(config.rl.prompts_per_step)))
+  epochs = compare.arms_by_epoch(rows, steps_per_epoch)
+  if any(e["chunks"] for e in epochs):
+    print(f"\narms by epoch ({steps_per_epoch} RL steps each): chunks (accept length)")
+    print(compare.arms_markdown(epochs))
+    with open(os.path.join(out, "arms_by_epoch.json"), "w") as f:
+      json.dump(epochs, f, indent=1)
 
 
 def _order(label):

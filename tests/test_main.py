@@ -312,6 +312,32 @@ def test_sd_bench_config_is_a_50m_policy():
   configuration.engine_config(config, tok)
 
 
+def test_sd_bench_countdown_variant_fits_its_rows():
+  """The countdown variant is the same 50M policy; a prompt and its capped search trace fit
+  one SFT row and the engine's budget (no target is cut), and unknown variants fail."""
+  from configs import group_epochs, sd_bench
+  from tlt_jax.data.tasks import get_task
+
+  config = sd_bench.get_config("countdown")
+  tok = CharTokenizer()
+  assert 50e6 <= configuration.model_config(config, tok).num_params <= 100e6
+  examples = get_task("countdown").generate(0, 500, **config.task.params.to_dict())
+  longest = max(len(e["question"]) + len(e["solution"]) for e in examples)
+  assert longest + 2 <= config.sft.row_len
+  with pytest.raises(ValueError, match="unknown variant"):
+    sd_bench.get_config("countdwon")
+  # The multi-epoch config: prompts recur (8 problems, 2 per step, 16 steps = 4 epochs), the
+  # whole rollout is speculative, and group and hybrid drafts are arms of its bandit.
+  epochs = group_epochs.get_config()
+  epochs.mode = "tlt"  # the speculative settings apply in modes sd and tlt
+  rl, _, _ = configuration.rl_configs(epochs)
+  assert rl.steps * rl.prompts_per_step >= 4 * epochs.task.train_size
+  engine = configuration.engine_config(epochs, tok)
+  assert engine.spec_threshold >= rl.prompts_per_step * rl.group_size <= engine.max_batch
+  assert {"group8", "hybrid8"} <= set(engine.spec_strategies) and engine.group_history >= 1
+  assert max(len(e["solution"]) for e in examples) + 1 <= engine.max_new_tokens
+
+
 def test_regime_config_is_in_tlts_regime():
   """configs/regime.py keeps the properties its docstring claims: weights several times
   a 32 MB L3, a rollout batch near the measured b* (4-9 rows), every parameter trained, and

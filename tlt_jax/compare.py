@@ -190,6 +190,42 @@ def mode_table(results: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str,
   return table
 
 
+def arms_by_epoch(rows: list[dict[str, Any]], steps_per_epoch: int) -> list[dict[str, Any]]:
+  """Per run and epoch (`steps_per_epoch` RL steps: the training set once): chunks per arm
+  and each draft arm's accept length (weighted by its chunks). With a small training set
+  the prompts come back every epoch, and group drafts read their earlier rollouts."""
+  if steps_per_epoch < 1:
+    raise ValueError(f"steps_per_epoch must be >= 1, got {steps_per_epoch}")
+  out = {}
+  for r in rows:
+    key = (r["mode"], r["step"] // steps_per_epoch)
+    chunks, accept = json.loads(r["arm_chunks"]), json.loads(r["arm_accept"])
+    e = out.setdefault(key, {"mode": key[0], "epoch": key[1], "chunks": {}, "_acc": {}})
+    for arm, n in chunks.items():
+      e["chunks"][arm] = e["chunks"].get(arm, 0) + n
+      if arm in accept:
+        a = e["_acc"].setdefault(arm, [0.0, 0])
+        a[0] += accept[arm] * n
+        a[1] += n
+  for e in out.values():
+    e["accept_length"] = {arm: s / n for arm, (s, n) in e.pop("_acc").items() if n}
+  return list(out.values())
+
+
+def arms_markdown(epochs: list[dict[str, Any]]) -> str:
+  """`arms_by_epoch` as a markdown table: a row per run and epoch, "chunks (accept)" per arm."""
+  arms = sorted({a for e in epochs for a in e["chunks"]})
+  lines = ["| run | epoch | " + " | ".join(arms) + " |", "|---|---|" + "---|" * len(arms)]
+  for e in epochs:
+    cells = []
+    for arm in arms:
+      n = e["chunks"].get(arm, 0)
+      acc = e["accept_length"].get(arm)
+      cells.append(f"{n}" + (f" ({acc:.2f})" if acc is not None else ""))
+    lines.append(f"| {e['mode']} | {e['epoch']} | " + " | ".join(cells) + " |")
+  return "\n".join(lines)
+
+
 def markdown(table: dict[str, Any]) -> str:
   """The table of `mode_table` in markdown."""
   lines = [

@@ -14,6 +14,16 @@ loop). The text a row matches against (its `GroupCorpus`):
   * a per-prompt reference the host keeps: that prompt's earlier rollouts and the siblings
     that already finished and left the batch (`tlt_jax.rollout.history`).
 
+Suffix structures from libraries, evaluated (2026-11) and not used, for that reason: both
+answer on the host, once per query. arctic-inference 0.3.0 (SuffixDecoding's C++ suffix
+tree, `SuffixDecodingCache.speculate(request, context)`) is a vLLM plugin published as a
+source package whose build imports torch >= 2.10 and compiles nanobind extensions; one
+query per row per round would cut every multi-round device call into single rounds.
+pydivsufsort 0.0.20 builds a static suffix array of one text (rebuilt on every change; the
+sibling rows grow every round). The device-side match needs neither: the corpus is at
+most a few thousand tokens per row, so a vectorised comparison over it is a small share of
+a round (the SD benchmark's round-cost table), and it reads the siblings' newest tokens.
+
 Rule (that of a suffix tree queried with the row's context, as in SuffixDecoding, Oliaro et
 al. 2024): the longest suffix of the row's text (up to `ngram` tokens) that occurs in the
 corpus with a known continuation fixes the candidate positions (the `candidates` most recent
