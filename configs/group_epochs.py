@@ -9,7 +9,8 @@ runs speculative decoding on the whole rollout (16 rows, near this project's CPU
 b*) and the bandit picks among plain, the EAGLE chains, group and hybrid drafts.
 `experiments/e2e_modes.py` records per RL step the arm mix and each arm's accept length.
 Warm starts: the countdown policy and drafter of experiments/train_drafter.py, copied
-into <out>/shared/warm_start and <out>/shared/drafter_warm_start.
+into <out>/shared/warm_start and <out>/shared/drafter_warm_start (without them e2e_modes
+trains both first: 120 SFT steps and the config's drafter warm start).
 
   python experiments/train_drafter.py --config=configs/sd_bench.py:countdown \
     --workdir=runs/sd_countdown --steps=900 --logit_weight=1.0 --out_name=drafter_kd900
@@ -28,7 +29,6 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c = sd_bench.get_config("countdown")
   c.task.train_size = 8
   c.task.test_size = 32
-  c.sft.steps = 0  # the warm start comes ready (see above)
 
   c.engine.max_prompt_len = 32
   c.engine.max_new_tokens = 320  # the longest trace (300 characters) and its answer

@@ -131,7 +131,8 @@ _HISTORY = flags.DEFINE_integer(
   "history_rollouts",
   0,
   "earlier rollouts of each prompt (other keys, plain decode) in the group-draft history of "
-  "every timed run; 0: group drafts read only the rollout's own rows",
+  "every timed run at temperature > 0 (at 0 they are the answer itself); 0: group drafts read "
+  "only the rollout's own rows",
 )
 _MERGE = flags.DEFINE_list(
   "merge",
@@ -401,7 +402,7 @@ def main(argv):
           "prompt_sets": num_sets,
           "samples": g,
           "finished_siblings": _SAMPLES.value - g if temp > 0 else 0,
-          "history_rollouts": _HISTORY.value,
+          "history_rollouts": _HISTORY.value if temp > 0 else 0,
           "chunks_by_arm": chosen,
           "corpus_ms_per_chunk": _corpus_ms(results[mode]),
           "by_chunk": _by_chunk(results[mode]),
@@ -473,18 +474,23 @@ def _seed_history(engine, params, prompts, g, sampling) -> dict:
   prompt (plain decode, keys no timed run uses) and, where the batch holds fewer rows of a
   prompt than --samples (g < G), the G - g siblings that already finished: a rollout's
   tail, where the last rows of a group run alone and their siblings' text is all written.
-  Not at temperature 0, where every sample of a prompt is the same text."""
-  finished = _SAMPLES.value - g if sampling.temperature > 0 else 0
-  rollouts = max(_HISTORY.value + (finished > 0), 1)
-  history = PromptHistory(rollouts, context=engine.config.group_ngram)
-  for i in range(_HISTORY.value):
+  Neither at temperature 0: every sample of a prompt is the same text there, so the history
+  would hold the very answer being drafted (RL samples at temperature > 0)."""
+  sampled = sampling.temperature > 0
+  finished = _SAMPLES.value - g if sampled else 0
+  earlier = _HISTORY.value if sampled else 0
+  history = PromptHistory(max(earlier + (finished > 0), 1), context=engine.config.group_ngram)
+  for i in range(earlier):
     r = engine.generate(params, prompts, g, key=50_000 + i, sampling=sampling)
     for p, prompt in enumerate(prompts):
       history.add(prompt, [r.completion(n) for n in range(p * g, (p + 1) * g)])
-  if finished > 0:
-    r = engine.generate(params, prompts, finished, key=60_000, sampling=sampling)
+  if finished > 0:  # one sample per prompt a call: the engine holds only the batch's rows
+    rs = [
+      engine.generate(params, prompts, 1, key=60_000 + j, sampling=sampling)
+      for j in range(finished)
+    ]
     for p, prompt in enumerate(prompts):
-      history.add(prompt, [r.completion(n) for n in range(p * finished, (p + 1) * finished)])
+      history.add(prompt, [r.completion(p) for r in rs])
   return history.state_dict()
 
 

@@ -331,6 +331,7 @@ def test_sd_bench_countdown_variant_fits_its_rows():
   epochs = group_epochs.get_config()
   epochs.mode = "tlt"  # the speculative settings apply in modes sd and tlt
   rl, _, _ = configuration.rl_configs(epochs)
+  configuration.sft_config(epochs)
   assert rl.steps * rl.prompts_per_step >= 4 * epochs.task.train_size
   engine = configuration.engine_config(epochs, tok)
   assert engine.spec_threshold >= rl.prompts_per_step * rl.group_size <= engine.max_batch
