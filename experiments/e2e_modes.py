@@ -80,8 +80,8 @@ def main(argv):
   # The arm mix and each draft arm's accept length per pass over the training set: with a
   # small set (configs/group_epochs.py) group drafts read more of each prompt's history.
   steps_per_epoch = max(1, -(-int(config.task.train_size) // int(config.rl.prompts_per_step)))
-  epochs = compare.arms_by_epoch(rows, steps_per_epoch)
-  if any(e["chunks"] for e in epochs):
+  epochs = [e for e in compare.arms_by_epoch(rows, steps_per_epoch) if e["chunks"]]
+  if epochs:  # runs that drafted (the baseline records no arms)
     print(f"\narms by epoch ({steps_per_epoch} RL steps each): chunks (accept length)")
     print(compare.arms_markdown(epochs))
     with open(os.path.join(out, "arms_by_epoch.json"), "w") as f:
