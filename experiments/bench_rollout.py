@@ -33,7 +33,8 @@ from tlt_jax.data import CharTokenizer, make_split  # noqa: E402
 from tlt_jax.decode.sampling import SamplingConfig  # noqa: E402
 from tlt_jax.models.config import ModelConfig  # noqa: E402
 from tlt_jax.models.transformer import init_model  # noqa: E402
-from tlt_jax.rollout.engine import EngineConfig, RolloutEngine  # noqa: E402
+from tlt_jax.rollout.config import EngineConfig  # noqa: E402
+from tlt_jax.rollout.engine import RolloutEngine  # noqa: E402
 
 GREEDY = SamplingConfig(temperature=0.0)
 PROMPT_LEN = 16

@@ -60,14 +60,15 @@ from ml_collections import config_flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from experiments.common import rows_differing  # noqa: E402
+from experiments.common import call_phases_ms, rows_differing  # noqa: E402
 from experiments.host import format_host, host_info  # noqa: E402
 from tlt_jax import checkpoint, configuration, train  # noqa: E402
 from tlt_jax.data import get_tokenizer  # noqa: E402
 from tlt_jax.data.tasks import format_prompt, format_target  # noqa: E402
 from tlt_jax.decode.sampling import SamplingConfig  # noqa: E402
 from tlt_jax.models.drafter import init_drafter  # noqa: E402
-from tlt_jax.rollout.engine import EngineConfig, RolloutEngine  # noqa: E402
+from tlt_jax.rollout.config import EngineConfig  # noqa: E402
+from tlt_jax.rollout.engine import RolloutEngine  # noqa: E402
 from tlt_jax.rollout.history import PromptHistory  # noqa: E402
 from tlt_jax.rollout.pool import ExecutablePool  # noqa: E402
 from tlt_jax.rollout.profile import round_costs  # noqa: E402
@@ -205,6 +206,30 @@ def _arm_times(results) -> tuple[dict[str, int], list[float], list[float], float
         acc[0] += e["dt"]
         acc[1] += e["steps"] if e["phase"] == "decode" else e["rounds"]
   return chosen, step_s, round_s, between
+
+
+def _call_table(rows) -> None:
+  """Per call: the prompt's prefill (paid alike by every mode), the generation (decode,
+  speculative chunks and drafter-cache builds) and host time; generation-only speedup.
+  A short answer's fixed prefill caps the whole call's speedup below the generation's."""
+  print("\nwhere a rollout call's time goes, ms per call (means over the timed calls)")
+  print("| batch | T | config | prefill | generation | outside | call | generation speedup |")
+  print("|---|---|---|---|---|---|---|---|")
+  gen = lambda c: sum(v for k, v in c.items() if k not in ("prefill", "outside"))
+  for r in rows:
+    if r["config"] == "control":
+      continue
+    (plain,) = [
+      x
+      for x in rows
+      if (x["batch"], x["temperature"], x["config"]) == (r["batch"], r["temperature"], "plain")
+    ]
+    c = r["ms_per_call"]
+    print(
+      f"| {r['batch']} | {r['temperature']:g} | {r['config']} | {c.get('prefill', 0):.0f} | "
+      f"{gen(c):.0f} | {c.get('outside', 0):.1f} | {sum(c.values()):.0f} | "
+      f"{gen(plain['ms_per_call']) / gen(c):.2f}x |"
+    )
 
 
 def merge(paths: list[str], out: str) -> None:
@@ -406,6 +431,7 @@ def main(argv):
           "chunks_by_arm": chosen,
           "corpus_ms_per_chunk": _corpus_ms(results[mode]),
           "by_chunk": _by_chunk(results[mode]),
+          "ms_per_call": call_phases_ms(results[mode]),
         }
         batch_rows.append(row)
       # Token identity at scale: every call of a repetition used the same keys in every mode.
@@ -466,6 +492,7 @@ def main(argv):
   _plot(rows, modes, temps, os.path.join(_OUT.value, "bench_sd.png"))
   print("\n" + format_host(host))
   _table(rows, modes, temps, adaptive)
+  _call_table(rows)
   _cost_table(profiles)
 
 

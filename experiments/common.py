@@ -1,4 +1,5 @@
-"""What the experiment scripts share: the warm-started policy of a workdir; row comparison."""
+"""What the experiment scripts share: the warm-started policy of a workdir; row comparison;
+where a rollout call's time goes."""
 
 from __future__ import annotations
 
@@ -35,3 +36,18 @@ def rows_differing(a, b) -> np.ndarray:
   """Per row, whether two rollouts of the same prompts and keys differ in tokens or length
   (coupled sampling makes speculative and plain rows equal)."""
   return np.any(a.tokens != b.tokens, axis=1) | (a.length != b.length)
+
+
+def call_phases_ms(results) -> dict[str, float]:
+  """Mean ms per rollout call (`RolloutResult`s) by timeline phase (prefill,
+  drafter_prefill, decode, spec, ...) and "outside": host time outside every timed phase.
+  Modes that make the same tokens with the same keys compare phase by phase."""
+  if not results:
+    raise ValueError("call_phases_ms needs at least one rollout result")
+  total: dict[str, float] = {}
+  for r in results:
+    for e in r.timeline:
+      total[e["phase"]] = total.get(e["phase"], 0.0) + e["dt"]
+    outside = r.wall_seconds - sum(e["dt"] for e in r.timeline)
+    total["outside"] = total.get("outside", 0.0) + outside
+  return {k: round(1e3 * v / len(results), 3) for k, v in total.items()}

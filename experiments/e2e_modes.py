@@ -79,10 +79,11 @@ def main(argv):
   print(compare.markdown(table))
   # The arm mix and each draft arm's accept length per pass over the training set: with a
   # small set (configs/group_epochs.py) group drafts read more of each prompt's history.
+  # The trainer records each step's pass; runs from before it count train_size steps.
   steps_per_epoch = max(1, -(-int(config.task.train_size) // int(config.rl.prompts_per_step)))
   epochs = [e for e in compare.arms_by_epoch(rows, steps_per_epoch) if e["chunks"]]
   if epochs:  # runs that drafted (the baseline records no arms)
-    print(f"\narms by epoch ({steps_per_epoch} RL steps each): chunks (accept length)")
+    print("\narms by pass over the training set: chunks (accept length)")
     print(compare.arms_markdown(epochs))
     with open(os.path.join(out, "arms_by_epoch.json"), "w") as f:
       json.dump(epochs, f, indent=1)

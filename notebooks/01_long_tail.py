@@ -22,7 +22,8 @@ from tlt_jax.data import CharTokenizer, make_split
 from tlt_jax.decode.sampling import SamplingConfig
 from tlt_jax.models.config import ModelConfig
 from tlt_jax.models.transformer import init_model
-from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
+from tlt_jax.rollout.config import EngineConfig
+from tlt_jax.rollout.engine import RolloutEngine
 
 # %% [markdown]
 # Response lengths of the task: the longest answers are 10x the median or more.

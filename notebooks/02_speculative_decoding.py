@@ -28,7 +28,8 @@ from tlt_jax.drafter import DrafterTrainConfig, OnlineDrafter
 from tlt_jax.models.config import ModelConfig
 from tlt_jax.models.drafter import init_drafter
 from tlt_jax.models.transformer import init_model
-from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
+from tlt_jax.rollout.config import EngineConfig
+from tlt_jax.rollout.engine import RolloutEngine
 
 cfg = ModelConfig(
   vocab_size=32, num_layers=2, d_model=32, num_heads=2, num_kv_heads=1, head_dim=16, mlp_dim=64

@@ -30,7 +30,8 @@ from tlt_jax.parallel.sharding import (
   training_mesh,
 )
 from tlt_jax.rl import PolicyLossConfig, UpdateConfig, make_optimizer, make_policy_update
-from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
+from tlt_jax.rollout.config import EngineConfig
+from tlt_jax.rollout.engine import RolloutEngine
 
 MODEL = dataclasses.replace(TINY_UNTIED, num_layers=1)
 ENGINE = EngineConfig(

@@ -36,3 +36,19 @@ def test_arms_by_epoch_sums_chunks_and_weights_accept_by_chunks():
   assert "| tlt | 0 | 1 (4.00) | 4 (2.25) | 2 |" in table
   with pytest.raises(ValueError, match="steps_per_epoch"):
     compare.arms_by_epoch(rows, 0)
+
+
+def test_arms_by_epoch_reads_the_trainers_epoch_and_weights_accept_by_row_rounds():
+  # A local data file of any size: the trainer records each step's pass over it.
+  rows = [
+    {**_row("tlt", 0, {"group8": 1}, {"group8": 1.5}), "data_epoch": 0},
+    {**_row("tlt", 1, {"group8": 1}, {"group8": 3.0}), "data_epoch": 0},
+    {**_row("tlt", 2, {"group8": 2}, {"group8": 2.0}), "data_epoch": 1},
+  ]
+  rows[0]["arm_row_rounds"] = json.dumps({"group8": 30})  # a chunk of 30 row-rounds
+  rows[1]["arm_row_rounds"] = json.dumps({"group8": 10})
+  got = {e["epoch"]: e for e in compare.arms_by_epoch(rows, steps_per_epoch=100)}
+  assert set(got) == {0, 1}
+  assert got[0]["chunks"] == {"group8": 2}
+  assert got[0]["accept_length"]["group8"] == pytest.approx((1.5 * 30 + 3.0 * 10) / 40)
+  assert got[1]["accept_length"] == {"group8": 2.0}  # no row-rounds recorded: by chunks

@@ -15,7 +15,8 @@ from tlt_jax.models.precision import cast_floating, compute_model
 from tlt_jax.models.transformer import init_model
 from tlt_jax.rl import PolicyLossConfig, UpdateConfig, make_optimizer, make_policy_update
 from tlt_jax.rl.update import token_logprobs
-from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
+from tlt_jax.rollout.config import EngineConfig
+from tlt_jax.rollout.engine import RolloutEngine
 
 FP32 = TINY_UNTIED
 MIXED = dataclasses.replace(FP32, dtype="bfloat16")  # param_dtype stays float32

@@ -17,7 +17,8 @@ from tlt_jax.models.transformer import init_model
 from tlt_jax.rl import PolicyLossConfig, UpdateConfig
 from tlt_jax.rl.rewards import RewardPool
 from tlt_jax.rl.trainer import GRPOConfig, GRPOTrainer
-from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
+from tlt_jax.rollout.config import EngineConfig
+from tlt_jax.rollout.engine import RolloutEngine
 from tlt_jax.rollout.pool import ExecutablePool
 
 TOK = CharTokenizer()

@@ -24,7 +24,8 @@ from tlt_jax.rl import (
   token_logprobs,
 )
 from tlt_jax.rl.update import OUT_OF_SET_LOGP
-from tlt_jax.rollout.engine import EngineConfig, RolloutEngine
+from tlt_jax.rollout.config import EngineConfig
+from tlt_jax.rollout.engine import RolloutEngine
 from tlt_jax.utils.trees import path_name
 
 MODEL = ModelConfig(

@@ -126,6 +126,8 @@ def step_row(label: str, r: dict[str, Any]) -> dict[str, Any]:
     # drafts reading more history as a small training set's prompts come back.
     "arm_chunks": json.dumps(_per_arm(r, "chunks")),
     "arm_accept": json.dumps(_per_arm(r, "accept_length")),
+    "arm_row_rounds": json.dumps(_per_arm(r, "row_rounds")),
+    "data_epoch": r.get("data/epoch", ""),
   }
 
 
@@ -191,22 +193,27 @@ def mode_table(results: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str,
 
 
 def arms_by_epoch(rows: list[dict[str, Any]], steps_per_epoch: int) -> list[dict[str, Any]]:
-  """Per run and epoch (`steps_per_epoch` RL steps: the training set once): chunks per arm
-  and each draft arm's accept length (weighted by its chunks). With a small training set
-  the prompts come back every epoch, and group drafts read their earlier rollouts."""
+  """Per run and epoch (pass over the training set): chunks per arm and each draft arm's
+  accept length over all its row-rounds. With a small training set the prompts come back
+  every epoch, and group drafts read their earlier rollouts. A step's epoch is the one the
+  trainer recorded (`data_epoch`); rows without it (older runs) count `steps_per_epoch` RL
+  steps an epoch and weight accept lengths by chunks."""
   if steps_per_epoch < 1:
     raise ValueError(f"steps_per_epoch must be >= 1, got {steps_per_epoch}")
   out = {}
   for r in rows:
-    key = (r["mode"], r["step"] // steps_per_epoch)
+    epoch = r.get("data_epoch", "")
+    key = (r["mode"], int(epoch) if epoch != "" else r["step"] // steps_per_epoch)
     chunks, accept = json.loads(r["arm_chunks"]), json.loads(r["arm_accept"])
+    row_rounds = json.loads(r.get("arm_row_rounds") or "{}")
     e = out.setdefault(key, {"mode": key[0], "epoch": key[1], "chunks": {}, "_acc": {}})
     for arm, n in chunks.items():
       e["chunks"][arm] = e["chunks"].get(arm, 0) + n
       if arm in accept:
+        weight = row_rounds.get(arm, n)
         a = e["_acc"].setdefault(arm, [0.0, 0])
-        a[0] += accept[arm] * n
-        a[1] += n
+        a[0] += accept[arm] * weight
+        a[1] += weight
   for e in out.values():
     e["accept_length"] = {arm: s / n for arm, (s, n) in e.pop("_acc").items() if n}
   return list(out.values())

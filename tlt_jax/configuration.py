@@ -41,7 +41,7 @@ from tlt_jax.parallel.sharding import training_mesh
 from tlt_jax.rl.loss import PolicyLossConfig
 from tlt_jax.rl.trainer import GRPOConfig
 from tlt_jax.rl.update import UpdateConfig
-from tlt_jax.rollout.engine import EngineConfig
+from tlt_jax.rollout.config import EngineConfig
 from tlt_jax.scheduler import SchedulerConfig
 from tlt_jax.warmstart.sft import SFTConfig
 

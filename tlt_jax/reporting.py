@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from tlt_jax.rollout.engine import RolloutResult
+from tlt_jax.rollout.result import RolloutResult
 
 
 def length_stats(lengths: np.ndarray) -> dict[str, float]:

@@ -13,7 +13,8 @@ from tensorboardX import SummaryWriter
 def spec_metrics(results: Sequence[Any]) -> dict[str, float]:
   """Speculative-decoding figures of a step's rollouts (nothing when SD never ran): the
   accept length over all speculative rounds, their tokens and seconds, and the arm mix
-  (chunks per arm, plain decode included) with each draft arm's accept length."""
+  (chunks per arm, plain decode included) with each draft arm's accept length and the
+  row-rounds it is over."""
   chunks = [s for s in (r.spec_summary() for r in results) if s["row_rounds"]]
   if not chunks:
     return {}
@@ -36,6 +37,7 @@ def spec_metrics(results: Sequence[Any]) -> dict[str, float]:
     out[f"spec/arm/{arm}/chunks"] = n
     if row_rounds:
       out[f"spec/arm/{arm}/accept_length"] = tokens / row_rounds
+      out[f"spec/arm/{arm}/row_rounds"] = row_rounds
   return out
 
 

@@ -351,6 +351,7 @@ class GRPOTrainer:
     compiled = self.engine.pool.compile_seconds
     train_compiled = self.programs.compile_seconds
     rollouts, waits, got = [], [], None
+    data_epoch = self.cursor // len(self.order)  # which pass over the training set
     times["old_logp"] = 0.0
     while len(rollouts) <= (cfg.max_refills if cfg.dynamic_sampling else 0):
       if waits:
@@ -394,6 +395,7 @@ class GRPOTrainer:
       "length_mean": float(first.result.num_generated.mean()),
       "length_max": int(first.result.num_generated.max()),
       "groups_used": len(chosen),
+      "data/epoch": data_epoch,
       "refills": len(rollouts) - 1,
       "reward_errors": got.errors,
       "reward_timeouts": got.timeouts,

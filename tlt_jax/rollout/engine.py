@@ -25,9 +25,7 @@ otherwise they compile on first use, and the bandit ignores chunks that compiled
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import math
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -39,7 +37,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from tlt_jax.decode import drafting
-from tlt_jax.decode.group_drafts import GroupCorpus, GroupMatch
+from tlt_jax.decode.group_drafts import GroupCorpus
 from tlt_jax.decode.sampling import SamplingConfig
 from tlt_jax.models.config import ModelConfig
 from tlt_jax.models.drafter import check_drafter_matches
@@ -48,268 +46,13 @@ from tlt_jax.models.transformer import KVCache
 from tlt_jax.parallel.meshes import BatchPlacement
 from tlt_jax.rollout import programs
 from tlt_jax.rollout.bandit import BANDIT_REWARDS, PLAIN, StrategyBandit
+from tlt_jax.rollout.config import EngineConfig
 from tlt_jax.rollout.history import PromptHistory
 from tlt_jax.rollout.pool import ExecutablePool
+from tlt_jax.rollout.result import RolloutResult
 from tlt_jax.rollout.run import RolloutRun
 from tlt_jax.rollout.speculative import SpecStrategy, spec_decode_chunk
-from tlt_jax.rollout.state import RolloutState, power_of_two_buckets, round_up
-
-
-@dataclasses.dataclass(frozen=True)
-class EngineConfig:
-  """Static shape budget and policy of a rollout engine.
-
-  Attributes:
-    max_prompt_len: longest prompt accepted.
-    max_new_tokens: longest generation accepted (per-sequence limits may be lower).
-    max_batch: most rows (prompts x samples) in one rollout.
-    chunk_steps: decode steps per device call; the host decides between calls.
-    min_batch_bucket / min_cache_bucket / min_prompt_bucket: smallest buckets;
-      buckets double from there up to the maximum.
-    compact: move the unfinished rows into smaller batch buckets as rows finish.
-    cache_buckets: attend only to the smallest cache bucket that fits.
-    capture_hidden: keep every position's last-layer hidden state.
-    stop_tokens: token ids that end a sequence (the stop token is kept).
-    spec_threshold: speculative decoding is considered for batch buckets at or
-      below this many rows (0: never). Needs capture_hidden.
-    spec_strategies: draft strategies by name ("chain4", "tree5x4x16", see
-      `SpecStrategy.parse`).
-    spec_adaptive: a bandit per batch bucket picks among plain decode and the
-      strategies by measured tokens/s; False always uses the first strategy.
-    spec_rounds: draft-verify rounds per speculative device call.
-    group_ngram / group_candidates / group_min_match / group_agree: group drafts' match
-      settings (`decode.group_drafts.GroupMatch`).
-    group_siblings: sibling rows (same prompt, the row itself included) a row's group
-      drafts read from the batch.
-    group_reference_len: tokens of each row's reference line (its prompt's earlier
-      rollouts and finished siblings, newest kept).
-    group_history: rollouts per prompt the engine remembers for group drafts (0: none).
-    bandit_phase_tokens: the bandit compares arms at equal phase of the answers, in bins
-      doubling from this many generated tokens (`bandit.answer_phase`; 0: one phase).
-    bandit_reward: what a chunk's speed is measured by. "frontier": tokens per second by
-      which the least-advanced row moved (`bandit.frontier_advance`; the rows of a bucket
-      run to the same budget and the bucket ends with its slowest row); "octile": the same
-      for the rows' lower octile (steadier than the minimum of many rows); "row": tokens per
-      second of the mean active row (throughput; deep drafts look better by it than they
-      finish, since their rows spread apart).
-    bandit_cut_short: also reward chunks cut short by their rows finishing (a bucket's
-      last chunk). Without it an arm that finishes a bucket in few chunks is rewarded on
-      its early chunks alone, and the ragged ending that costs deep drafts never reaches
-      the bandit.
-    bandit_prior: pseudo-pulls that each neighbouring batch bucket lends every arm of a
-      bucket at its relative speed there (`StrategyBandit.prior_weight`; 0: every bucket
-      learns alone). The tail's small buckets see a few chunks each: with a prior they
-      skip the warm-up of arms their neighbours found slow.
-    bandit_shared_acceptance: the drafter's chain arms (coupled ones, and "-argmax"
-      ones apart) are scored by their measured pace times the tokens a round accepts,
-      predicted from one acceptance curve that every chain's rounds feed
-      (`StrategyBandit.accept_families`): chunks of different text no longer decide
-      between chains of close speed.
-  """
-
-  max_prompt_len: int = 64
-  max_new_tokens: int = 256
-  max_batch: int = 128
-  chunk_steps: int = 16
-  min_batch_bucket: int = 1
-  min_cache_bucket: int = 64
-  min_prompt_bucket: int = 16
-  compact: bool = True
-  cache_buckets: bool = True
-  capture_hidden: bool = True
-  stop_tokens: tuple[int, ...] = ()
-  spec_threshold: int = 0
-  spec_strategies: tuple[str, ...] = ("chain4",)
-  spec_adaptive: bool = True
-  spec_rounds: int = 8
-  group_ngram: int = 8
-  group_candidates: int = 16
-  group_min_match: int = 3
-  group_agree: int = 1
-  group_siblings: int = 8
-  group_reference_len: int = 2048
-  group_history: int = 4
-  bandit_phase_tokens: int = 16
-  bandit_reward: str = "octile"
-  bandit_cut_short: bool = False
-  bandit_prior: float = 0.0
-  bandit_shared_acceptance: bool = False
-
-  def __post_init__(self):
-    for name in (
-      "max_prompt_len",
-      "max_new_tokens",
-      "max_batch",
-      "chunk_steps",
-      "min_batch_bucket",
-      "min_cache_bucket",
-      "min_prompt_bucket",
-      "spec_rounds",
-      "group_siblings",
-      "group_reference_len",
-    ):
-      v = getattr(self, name)
-      if not isinstance(v, int) or v <= 0:
-        raise ValueError(f"EngineConfig.{name} must be a positive int, got {v!r}")
-    if not all(isinstance(t, int) and t >= 0 for t in self.stop_tokens):
-      raise ValueError(f"stop_tokens must be non-negative ints, got {self.stop_tokens!r}")
-    t = self.spec_threshold
-    if not isinstance(t, int) or not 0 <= t <= self.max_batch:
-      raise ValueError(
-        f"EngineConfig.spec_threshold must be an int in [0, max_batch={self.max_batch}] "
-        f"(0 turns speculative decoding off), got {t!r}"
-      )
-    names = self.spec_strategies
-    if isinstance(names, str) or not isinstance(names, tuple | list) or not names:
-      raise ValueError(
-        f"EngineConfig.spec_strategies must be a non-empty tuple of names, got {names!r}"
-      )
-    object.__setattr__(self, "spec_strategies", tuple(names))
-    parsed = [SpecStrategy.parse(n) for n in names]  # raises on unknown names
-    if len({p.name for p in parsed}) != len(parsed):
-      raise ValueError(f"EngineConfig.spec_strategies has duplicates: {names!r}")
-    if t and not self.capture_hidden:
-      raise ValueError("speculative decoding (spec_threshold > 0) needs capture_hidden=True")
-    _ = self.group_match  # validates the match settings
-    h = self.group_history
-    if isinstance(h, bool) or not isinstance(h, int) or h < 0:
-      raise ValueError(f"EngineConfig.group_history must be an int >= 0, got {h!r}")
-    p = self.bandit_phase_tokens
-    if isinstance(p, bool) or not isinstance(p, int) or p < 0:
-      raise ValueError(f"EngineConfig.bandit_phase_tokens must be an int >= 0, got {p!r}")
-    if self.bandit_reward not in BANDIT_REWARDS:
-      raise ValueError(
-        f"EngineConfig.bandit_reward must be one of {tuple(BANDIT_REWARDS)}, got "
-        f"{self.bandit_reward!r}"
-      )
-    prior = self.bandit_prior
-    if isinstance(prior, bool) or not isinstance(prior, int | float) or not 0 <= prior < math.inf:
-      raise ValueError(f"EngineConfig.bandit_prior must be a number >= 0, got {prior!r}")
-    shared = self.bandit_shared_acceptance
-    if not isinstance(shared, bool):
-      raise ValueError(f"EngineConfig.bandit_shared_acceptance must be a bool, got {shared!r}")
-
-  @property
-  def slots(self) -> int:
-    """Cache / buffer length: room for the longest prompt plus generation."""
-    return self.max_prompt_len + self.max_new_tokens
-
-  @property
-  def strategies(self) -> tuple[SpecStrategy, ...]:
-    return tuple(SpecStrategy.parse(n) for n in self.spec_strategies)
-
-  @property
-  def group_match(self) -> GroupMatch:
-    return GroupMatch(
-      self.group_ngram, self.group_candidates, self.group_min_match, self.group_agree
-    )
-
-  @property
-  def uses_group(self) -> bool:
-    """Some strategy drafts from the group's text."""
-    return bool(self.spec_threshold) and any(s.uses_group for s in self.strategies)
-
-  @property
-  def needs_drafter(self) -> bool:
-    """Some strategy runs the EAGLE drafter."""
-    return bool(self.spec_threshold) and any(s.uses_drafter for s in self.strategies)
-
-  @property
-  def cache_slots(self) -> int:
-    """KV cache length: `slots`, plus room for a full draft past the last token
-    when speculative decoding is on (see `rollout.speculative`)."""
-    if not self.spec_threshold:
-      return self.slots
-    return self.slots + max(s.nodes for s in self.strategies) - 1
-
-  @property
-  def drafter_margin(self) -> int:
-    return max(s.drafter_slots for s in self.strategies)
-
-  @property
-  def drafter_slots(self) -> int:
-    """Drafter cache length: every committed pair plus the deepest draft."""
-    return self.slots + self.drafter_margin
-
-  @property
-  def batch_buckets(self) -> tuple[int, ...]:
-    return power_of_two_buckets(min(self.min_batch_bucket, self.max_batch), self.max_batch)
-
-  @property
-  def view_buckets(self) -> tuple[int, ...]:
-    if not self.cache_buckets:
-      return (self.cache_slots,)
-    top = self.cache_slots
-    return power_of_two_buckets(min(self.min_cache_bucket, top), top)
-
-  @property
-  def prompt_buckets(self) -> tuple[int, ...]:
-    return power_of_two_buckets(
-      min(self.min_prompt_bucket, self.max_prompt_len), self.max_prompt_len
-    )
-
-
-@dataclasses.dataclass
-class RolloutResult:
-  """Host-side outputs of one rollout, one row per sequence in request order.
-
-  tokens[n, :length[n]] is prompt + completion; completion = tokens[n,
-  prompt_len[n]:length[n]]. logprobs[n, t] is the policy log-prob of token t
-  (generated positions only). hidden[n, t] is the hidden state after token t
-  (all positions but the last).
-  """
-
-  tokens: np.ndarray  # [N, S] int32
-  logprobs: np.ndarray  # [N, S] float32
-  hidden: np.ndarray | None  # [N, S, D]
-  length: np.ndarray  # [N]
-  prompt_len: np.ndarray  # [N]
-  prompt_index: np.ndarray  # [N] which prompt each row samples
-  timeline: list[dict[str, Any]]
-  wall_seconds: float
-
-  @property
-  def num_generated(self) -> np.ndarray:
-    return self.length - self.prompt_len
-
-  def completion(self, n: int) -> np.ndarray:
-    return self.tokens[n, self.prompt_len[n] : self.length[n]]
-
-  def completion_logprobs(self, n: int) -> np.ndarray:
-    return self.logprobs[n, self.prompt_len[n] : self.length[n]]
-
-  @property
-  def tokens_per_second(self) -> float:
-    return float(self.num_generated.sum()) / max(self.wall_seconds, 1e-9)
-
-  def generation_seconds(self, max_batch: int | None = None) -> float:
-    """Seconds of decode chunks (plain, speculative and drafter-cache rebuilds) run at
-    batch buckets <= `max_batch` (all when None), lazy compiles left out. The long
-    tail's share, generation_seconds(small) / generation_seconds(), bounds what
-    speculative decoding can save: SD runs only at small batches."""
-    phases = ("decode", "spec", "drafter_prefill")
-    return sum(
-      e["dt"] - e.get("compile_s", 0.0)
-      for e in self.timeline
-      if e["phase"] in phases and (max_batch is None or e["batch"] <= max_batch)
-    )
-
-  def spec_summary(self) -> dict[str, float]:
-    """Speculative chunks of this rollout: rounds, and per active row-round the
-    tokens committed (`accept_length`, the bonus/correction token included) and
-    draft tokens accepted (`accepted_drafts`)."""
-    spec = [e for e in self.timeline if e["phase"] == "spec"]
-    row_rounds = sum(e["row_rounds"] for e in spec)
-    per = lambda k: sum(e[k] for e in spec) / row_rounds if row_rounds else 0.0
-    return {
-      "chunks": len(spec),
-      "rounds": sum(e["rounds"] for e in spec),
-      "row_rounds": row_rounds,
-      "tokens": sum(e["tokens"] for e in spec),
-      "seconds": sum(e["dt"] for e in spec),
-      "accept_length": per("tokens"),
-      "accepted_drafts": per("accepted"),
-    }
+from tlt_jax.rollout.state import RolloutState, round_up
 
 
 class RolloutEngine:

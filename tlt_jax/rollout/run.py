@@ -33,7 +33,8 @@ from tlt_jax.rollout.history import reference_line
 from tlt_jax.rollout.state import plain_reach, round_up, spec_reach
 
 if TYPE_CHECKING:
-  from tlt_jax.rollout.engine import RolloutEngine, RolloutResult
+  from tlt_jax.rollout.engine import RolloutEngine
+  from tlt_jax.rollout.result import RolloutResult
 
 
 def completion(harvested: dict[str, np.ndarray]) -> np.ndarray:

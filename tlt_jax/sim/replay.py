@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from tlt_jax.rollout.engine import EngineConfig
+from tlt_jax.rollout.config import EngineConfig
 from tlt_jax.rollout.state import plain_reach, power_of_two_buckets, round_up, spec_reach
 from tlt_jax.sim.costs import ArmModel, DecodeCost, EngineCost
 
@@ -50,7 +50,7 @@ PLAIN = "plain"
 
 @dataclasses.dataclass(frozen=True)
 class EnginePolicy:
-  """The engine settings the replay follows (names as in `rollout.engine.EngineConfig`).
+  """The engine settings the replay follows (names as in `rollout.config.EngineConfig`).
 
   Attributes beyond the engine's own names:
     prompt_len: prompt tokens of every row when a replay is not given the rows' own.

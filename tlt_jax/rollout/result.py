@@ -1,0 +1,71 @@
+"""What a rollout returns: tokens, log-probs, hidden states and the chunk timeline."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+
+@dataclasses.dataclass
+class RolloutResult:
+  """Host-side outputs of one rollout, one row per sequence in request order.
+
+  tokens[n, :length[n]] is prompt + completion; completion = tokens[n,
+  prompt_len[n]:length[n]]. logprobs[n, t] is the policy log-prob of token t
+  (generated positions only). hidden[n, t] is the hidden state after token t
+  (all positions but the last).
+  """
+
+  tokens: np.ndarray  # [N, S] int32
+  logprobs: np.ndarray  # [N, S] float32
+  hidden: np.ndarray | None  # [N, S, D]
+  length: np.ndarray  # [N]
+  prompt_len: np.ndarray  # [N]
+  prompt_index: np.ndarray  # [N] which prompt each row samples
+  timeline: list[dict[str, Any]]
+  wall_seconds: float
+
+  @property
+  def num_generated(self) -> np.ndarray:
+    return self.length - self.prompt_len
+
+  def completion(self, n: int) -> np.ndarray:
+    return self.tokens[n, self.prompt_len[n] : self.length[n]]
+
+  def completion_logprobs(self, n: int) -> np.ndarray:
+    return self.logprobs[n, self.prompt_len[n] : self.length[n]]
+
+  @property
+  def tokens_per_second(self) -> float:
+    return float(self.num_generated.sum()) / max(self.wall_seconds, 1e-9)
+
+  def generation_seconds(self, max_batch: int | None = None) -> float:
+    """Seconds of decode chunks (plain, speculative and drafter-cache rebuilds) run at
+    batch buckets <= `max_batch` (all when None), lazy compiles left out. The long
+    tail's share, generation_seconds(small) / generation_seconds(), bounds what
+    speculative decoding can save: SD runs only at small batches."""
+    phases = ("decode", "spec", "drafter_prefill")
+    return sum(
+      e["dt"] - e.get("compile_s", 0.0)
+      for e in self.timeline
+      if e["phase"] in phases and (max_batch is None or e["batch"] <= max_batch)
+    )
+
+  def spec_summary(self) -> dict[str, float]:
+    """Speculative chunks of this rollout: rounds, and per active row-round the
+    tokens committed (`accept_length`, the bonus/correction token included) and
+    draft tokens accepted (`accepted_drafts`)."""
+    spec = [e for e in self.timeline if e["phase"] == "spec"]
+    row_rounds = sum(e["row_rounds"] for e in spec)
+    per = lambda k: sum(e[k] for e in spec) / row_rounds if row_rounds else 0.0
+    return {
+      "chunks": len(spec),
+      "rounds": sum(e["rounds"] for e in spec),
+      "row_rounds": row_rounds,
+      "tokens": sum(e["tokens"] for e in spec),
+      "seconds": sum(e["dt"] for e in spec),
+      "accept_length": per("tokens"),
+      "accepted_drafts": per("accepted"),
+    }
