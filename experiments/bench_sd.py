@@ -362,14 +362,14 @@ def main(argv):
           drafter_params=None if mode == "plain" else dparams,
         )
 
+      warm = dict(num_prompts=[len(batch_prompts)], num_samples=g)
+      with pool.compiling_ahead():  # every mode's programs side by side (accelerators)
+        for mode in modes:
+          dp = None if mode == "plain" else dparams
+          engines[mode].warmup(params, sampling, drafter_params=dp, **warm)
       for mode in modes:  # compile every program B can use, then let the bandit learn
-        engines[mode].warmup(
-          params,
-          sampling,
-          num_prompts=[len(batch_prompts)],
-          num_samples=g,
-          drafter_params=None if mode == "plain" else dparams,
-        )
+        dp = None if mode == "plain" else dparams
+        engines[mode].warmup(params, sampling, drafter_params=dp, **warm)
         if mode not in adaptive:
           run(mode, 1000)
           continue

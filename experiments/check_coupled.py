@@ -67,11 +67,23 @@ def main(argv):
   prompts = [tok.encode(format_prompt(ex), add_bos=True) for ex in test_split]
   prompts = [p for p in prompts if len(p) <= base.max_prompt_len][: _PROMPTS.value]
   total = {"tokens": 0, "rows": 0, "rows_differing": 0, "tokens_differing": 0}
+  specs = {}
   for strategy in _STRATEGIES.value:
     cfg = dataclasses.replace(
       base, spec_threshold=rows, spec_strategies=(strategy,), spec_adaptive=False
     )
-    spec = RolloutEngine(graphdef, model_cfg, cfg, pool=pool, drafter_graphdef=drafter.graphdef)
+    specs[strategy] = RolloutEngine(
+      graphdef, model_cfg, cfg, pool=pool, drafter_graphdef=drafter.graphdef
+    )
+  t = time.perf_counter()
+  with pool.compiling_ahead():  # every setting's programs, side by side (on accelerators)
+    for sampling in SETTINGS.values():
+      warm = dict(num_prompts=[len(prompts)], num_samples=_SAMPLES.value)
+      plain.warmup(params, sampling, **warm)
+      for spec in specs.values():
+        spec.warmup(params, sampling, drafter_params=drafter.params, **warm)
+  print(f"warm-up: {pool.compiles} programs in {time.perf_counter() - t:.0f} s", flush=True)
+  for strategy, spec in specs.items():
     for name, sampling in SETTINGS.items():
       for key in range(_KEYS.value):
         t = time.perf_counter()

@@ -40,6 +40,7 @@ from tlt_jax.decode.sampling import SamplingConfig  # noqa: E402
 from tlt_jax.drafter.online import DrafterTrainConfig, OnlineDrafter  # noqa: E402
 from tlt_jax.models.drafter import init_drafter  # noqa: E402
 from tlt_jax.rollout.engine import RolloutEngine  # noqa: E402
+from tlt_jax.rollout.pool import ExecutablePool  # noqa: E402
 from tlt_jax.warmstart.drafter import collect_rollouts, fit_drafter  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/sd_bench.py", "policy config")
@@ -135,6 +136,10 @@ def main(argv):
     with np.load(cached) as f:
       data = dict(f)
   else:
+    with engine.pool.compiling_ahead():  # both temperatures' programs, side by side
+      for t in (0.0, 1.0):
+        batch = [min(len(prompts), engine_cfg.max_batch)]
+        engine.warmup(params, SamplingConfig(temperature=t), num_prompts=batch)
     data = rollout_arrays(engine, params, prompts)
     np.savez(cached, **data)
   rollout_s = time.perf_counter() - t0
@@ -163,19 +168,26 @@ def main(argv):
   dparams = drafter.params
   checkpoint.save_params(os.path.join(workdir, _OUT_NAME.value), dparams)
 
+  held_out = encode_prompts(tokenizer, list(test_split)[: _EVAL.value])
+  eval_pool = ExecutablePool()
+
   def spec_engine(strategy):
     cfg = dataclasses.replace(
       engine_cfg,
-      spec_threshold=engine_cfg.max_batch,
+      max_batch=len(held_out),
+      spec_threshold=len(held_out),
       spec_strategies=(strategy,),
       spec_adaptive=False,
     )
-    return RolloutEngine(graphdef, model_cfg, cfg, drafter_graphdef=dgraph)
+    return RolloutEngine(graphdef, model_cfg, cfg, pool=eval_pool, drafter_graphdef=dgraph)
 
-  held_out = encode_prompts(tokenizer, list(test_split)[: _EVAL.value])
   # Coupled drafts at both temperatures; argmax drafts at temperature 1 for comparison
   # (greedy drafts are the same either way).
   evals = [(_STRATEGY.value, 0.0), (_STRATEGY.value, 1.0), (f"{_STRATEGY.value}-argmax", 1.0)]
+  with eval_pool.compiling_ahead():
+    for name, t in evals:
+      sampling = SamplingConfig(temperature=t)
+      spec_engine(name).warmup(params, sampling, [len(held_out)], drafter_params=dparams)
   report = {
     "host": host_info((graphdef, params)),
     "policy_params": model_cfg.num_params,

@@ -844,3 +844,20 @@ def test_cut_short_chunks_are_rewarded_only_when_asked(models, pool):
   assert default_short and cut_short
   assert not any("reward" in e for e in default_short)
   assert any("reward" in e for e in cut_short)
+
+
+def test_warmup_compiling_ahead_builds_the_same_programs(models):
+  """A warm-up whose compiles overlap on worker threads pools the same programs as one
+  that compiles them in turn, so no rollout compiles afterwards and the tokens agree."""
+  _, tp, _, dp = models
+  pools = {workers: ExecutablePool() for workers in (1, 2)}
+  results = {}
+  for workers, pool in pools.items():
+    engine = _engine(models, pool, SAMPLED, spec_strategies=("chain3",))
+    engine.warmup(tp, num_samples=2, drafter_params=dp, compile_workers=workers)
+    compiled = pool.compiles
+    results[workers] = _run(engine, tp, dp)
+    assert pool.compiles == compiled  # the warm-up left nothing to compile
+  assert pools[2].compiles == pools[1].compiles
+  assert {r["key"] for r in pools[2].summary()} == {r["key"] for r in pools[1].summary()}
+  np.testing.assert_array_equal(results[2].tokens, results[1].tokens)

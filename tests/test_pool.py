@@ -40,3 +40,35 @@ def test_attention_form_switch_recompiles(monkeypatch):
   # Switching back hands back the first program, uncompiled.
   monkeypatch.setattr(transformer, "_ATTENTION_FORM", "dots")
   assert pool.get(("attend",), transformer.attend, args) is exe and pool.compiles == 2
+
+
+def test_compiling_ahead_overlaps_compiles_and_pools_them():
+  # Inside: a miss answers at once with a stand-in (zeros of the outputs' shapes, keys
+  # too) that a later lowering can take; on leaving, every program is compiled and pooled.
+  def step(x, key):
+    return x * 2 + 1, jax.random.split(key)[0]
+
+  def double(x):
+    return x * 2
+
+  pool = ExecutablePool()
+  x, key = jnp.arange(6.0).reshape(2, 3), jax.random.key(1)
+  with pool.compiling_ahead(workers=2):
+    stand_in = pool.get(("step",), step, (x, key))
+    y, k2 = stand_in(x, key)
+    assert pool.compiles == 0 and len(pool) == 0  # nothing pooled yet
+    assert y.shape == (2, 3) and not y.any() and k2.dtype == key.dtype
+    assert pool.get(("step",), step, (x, key)) is stand_in  # one compile per key
+    pool.get(("double",), double, (y,))  # fed by the stand-in's outputs
+  assert pool.compiles == 2 and len(pool) == 2 and pool.compile_seconds > 0
+  exe = pool.get(("step",), step, (x, key))
+  out, _ = exe(x, key)
+  np.testing.assert_array_equal(np.asarray(out), np.asarray(x) * 2 + 1)
+  assert pool.compiles == 2  # handed back, not compiled again
+  np.testing.assert_array_equal(np.asarray(pool.get(("double",), double, (x,))(x)), x * 2)
+
+  # One worker: an ordinary pool (misses compile in `get`).
+  with pool.compiling_ahead(workers=1):
+    exe3 = pool.get(("triple",), lambda v: v * 3, (x,))
+    assert pool.compiles == 3
+    np.testing.assert_array_equal(np.asarray(exe3(x)), np.asarray(x) * 3)

@@ -37,6 +37,7 @@ from tlt_jax.models.transformer import (
   cache_mask,
   full_mask,
   rope_tables,
+  run_init_on_host,
 )
 from tlt_jax.utils.trees import path_name
 
@@ -104,7 +105,8 @@ def init_drafter(target_config: ModelConfig, seed: int = 0) -> Drafter:
   """A randomly initialised drafter for `target_config` (the target's config)."""
   abstract = nnx.eval_shape(lambda: Drafter(target_config, rngs=nnx.Rngs(0)))
   graphdef, _ = nnx.split(abstract)
-  return nnx.merge(graphdef, _init_program(target_config)(jax.random.key(seed)))
+  state = run_init_on_host(_init_program(target_config), jax.random.key(seed))
+  return nnx.merge(graphdef, state)
 
 
 def init_drafter_cache(config: ModelConfig, batch: int, slots: int) -> KVCache:

@@ -13,6 +13,13 @@ evaluation set otherwise dies with "LLVM ERROR: Unable to allocate section memor
 Mappings are counted from /proc/self/maps around each compile (Linux; elsewhere
 only the count cap applies).
 
+Warm-ups compile many programs (a speculative engine's: every strategy x cache bucket);
+on an accelerator each takes seconds to tens of seconds of single-threaded XLA work (an
+H200 took 15-45 s per program of the 50M policy). `compiling_ahead` overlaps them: inside
+it a miss is lowered on the calling thread, compiled on a worker thread, and answered at
+once by a stand-in whose call returns zeros shaped like the program's outputs, so a
+warm-up walks on to the programs those outputs feed; leaving it waits for every compile.
+
 Every key also holds what the program reads from module globals at trace time:
 `transformer._ATTENTION_FORM` (experiments switch it between compiles), so a
 program traced under another form is never handed back. Each compile traces a
@@ -22,13 +29,17 @@ wrappers, and would otherwise hand back the jaxpr traced under the old form.
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import dataclasses
 import functools
+import os
 import time
 from collections.abc import Callable, Hashable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 
 from tlt_jax.models import transformer
 
@@ -83,6 +94,35 @@ def _placement(leaves: list[Any]) -> tuple[Any, ...]:
   return tuple(sorted(placed, key=repr))
 
 
+def _timed_compile(lowered: Any, lower_seconds: float) -> tuple[Any, float]:
+  """Compiles on a worker thread; seconds = lowering + this compile (not the overlap)."""
+  start = time.perf_counter()
+  return lowered.compile(), lower_seconds + time.perf_counter() - start
+
+
+def default_compile_workers() -> int:
+  """Compile threads for a warm-up: one on CPU (XLA's CPU compiles already share the
+  cores with the test workers, and each holds hundreds of JIT mappings), up to 8 on an
+  accelerator, where the compiles are host work that the device waits on. The environment
+  variable TLT_COMPILE_WORKERS overrides both."""
+  if os.environ.get("TLT_COMPILE_WORKERS"):
+    return max(1, int(os.environ["TLT_COMPILE_WORKERS"]))
+  if jax.default_backend() == "cpu":
+    return 1
+  return max(1, min(8, os.cpu_count() or 1))
+
+
+class _Compiling:
+  """Stand-in for a program whose compile runs on a worker (`compiling_ahead`)."""
+
+  def __init__(self, out_info: Any):
+    self.out_info = out_info
+
+  def __call__(self, *args: Any) -> Any:
+    del args  # nothing runs: the outputs only carry shapes to the next lowering
+    return jax.tree.map(lambda o: jnp.zeros(o.shape, o.dtype), self.out_info)  # keys too
+
+
 class ExecutablePool:
   """Compiled programs keyed by a hashable static key."""
 
@@ -95,6 +135,9 @@ class ExecutablePool:
     self._compiles = 0
     self._compile_seconds = 0.0
     self.evictions = 0
+    # While compiling ahead: key -> (stand-in, future of (executable, seconds)).
+    self._ahead: dict[Hashable, tuple[_Compiling, concurrent.futures.Future]] | None = None
+    self._executor: concurrent.futures.ThreadPoolExecutor | None = None
 
   def get(
     self,
@@ -115,33 +158,73 @@ class ExecutablePool:
     leaves, treedef = jax.tree.flatten(args)
     key = (key, _placement(leaves), treedef, _trace_globals())
     entry = self._entries.get(key)
+    if entry is None and self._ahead is not None:
+      if key not in self._ahead:
+        start = time.perf_counter()
+        lowered = jax.jit(_fresh(fn), donate_argnums=donate_argnums).lower(*args)
+        lower_s = time.perf_counter() - start
+        future = self._executor.submit(_timed_compile, lowered, lower_s)
+        self._ahead[key] = (_Compiling(lowered.out_info), future)
+      return self._ahead[key][0]
     if entry is None:
       start = time.perf_counter()
       before = _mappings()
       compiled = jax.jit(_fresh(fn), donate_argnums=donate_argnums).lower(*args).compile()
       after = _mappings()
-      seconds = time.perf_counter() - start
-      temp = arg = None
-      try:
-        mem = compiled.memory_analysis()
-        temp = int(mem.temp_size_in_bytes)
-        arg = int(mem.argument_size_in_bytes)
-      except Exception:  # noqa: BLE001 - memory stats are best effort per backend.
-        pass
       maps = max(after - before, 0) if before is not None and after is not None else 0
-      entry = CompiledEntry(compiled, seconds, temp, arg, mappings=maps)
-      self._compiles += 1
-      self._compile_seconds += seconds
-      while self._entries and (
-        len(self._entries) >= self.max_executables or self.mappings + maps > self.max_mappings
-      ):
-        del self._entries[next(iter(self._entries))]  # least recently used
-        self.evictions += 1
-      self._entries[key] = entry
+      entry = self._add(key, compiled, time.perf_counter() - start, maps)
     else:
       self._entries[key] = self._entries.pop(key)  # most recently used last
     entry.calls += 1
     return entry.executable
+
+  def _add(self, key: Hashable, compiled: Any, seconds: float, maps: int) -> CompiledEntry:
+    temp = arg = None
+    try:
+      mem = compiled.memory_analysis()
+      temp = int(mem.temp_size_in_bytes)
+      arg = int(mem.argument_size_in_bytes)
+    except Exception:  # noqa: BLE001 - memory stats are best effort per backend.
+      pass
+    entry = CompiledEntry(compiled, seconds, temp, arg, mappings=maps)
+    self._compiles += 1
+    self._compile_seconds += seconds
+    while self._entries and (
+      len(self._entries) >= self.max_executables or self.mappings + maps > self.max_mappings
+    ):
+      del self._entries[next(iter(self._entries))]  # least recently used
+      self.evictions += 1
+    self._entries[key] = entry
+    return entry
+
+  @contextlib.contextmanager
+  def compiling_ahead(self, workers: int | None = None):
+    """Within: misses compile on `workers` threads (default: `default_compile_workers`)
+    and `get` returns stand-ins that run nothing; on leaving, every compile is waited for
+    and pooled. With one worker this is a no-op (misses compile in `get`, as outside).
+
+    For single-device programs: a stand-in's zeros sit on the default device, so a
+    program they feed would be lowered for that placement, not its own.
+    """
+    workers = default_compile_workers() if workers is None else workers
+    if workers <= 1 or self._ahead is not None:
+      yield self
+      return
+    self._ahead = {}
+    self._executor = concurrent.futures.ThreadPoolExecutor(workers, "compile")
+    before = _mappings()
+    try:
+      yield self
+    finally:
+      ahead, self._ahead = self._ahead, None
+      executor, self._executor = self._executor, None
+      results = [(key, future.result()) for key, (_, future) in ahead.items()]
+      executor.shutdown()
+      after = _mappings()
+      # Compiles overlapped: their mappings are known only together (shared evenly).
+      maps = max(after - before, 0) // max(len(results), 1) if before and after else 0
+      for key, (compiled, seconds) in results:
+        self._add(key, compiled, seconds, maps)
 
   def __contains__(self, key: Hashable) -> bool:
     """Whether a program for `key` (as given to `get`), traced under the current
