@@ -131,6 +131,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   # Chain arms scored from one acceptance curve that all their rounds feed (their speeds
   # predicted on the same rounds, not compared across chunks of different text).
   c.engine.bandit_shared_acceptance = False
+  # Float32 products of the rollout at "highest": on GPUs the default (TF32) rounds a decode
+  # step and a verification apart, and speculative rows stop being plain's token for token.
+  c.engine.matmul_precision = "highest"
 
   # The EAGLE drafter (modes sd and tlt): warm start on the warm-start policy's rollouts,
   # then (tlt) online updates from each RL step's rollouts.

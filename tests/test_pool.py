@@ -72,3 +72,16 @@ def test_compiling_ahead_overlaps_compiles_and_pools_them():
     exe3 = pool.get(("triple",), lambda v: v * 3, (x,))
     assert pool.compiles == 3
     np.testing.assert_array_equal(np.asarray(exe3(x)), np.asarray(x) * 3)
+
+
+def test_programs_are_keyed_by_argument_dtypes():
+  # As jax.jit does: the same key over bfloat16 and float32 arguments is two programs (an
+  # executable refuses arguments of other types than it was compiled for).
+  pool = ExecutablePool()
+  f32 = jnp.arange(4.0)
+  bf16 = f32.astype(jnp.bfloat16)
+  a = pool.get(("double",), lambda v: v * 2, (f32,))
+  b = pool.get(("double",), lambda v: v * 2, (bf16,))
+  assert a is not b and pool.compiles == 2
+  assert b(bf16).dtype == jnp.bfloat16 and a(f32).dtype == jnp.float32
+  assert pool.get(("double",), lambda v: v * 2, (f32 + 1,)) is a  # same types: reused

@@ -220,3 +220,40 @@ def test_bf16_sampled_rollouts_agree_up_to_rounding_ties():
   for n in range(a.tokens.shape[0]):
     gen = slice(int(a.prompt_len[n]), int(a.length[n]))
     np.testing.assert_allclose(logp[n, gen], a.logprobs[n, gen], atol=0.2)
+
+
+def test_bf16_warmup_compiles_what_generate_runs():
+  """`warmup` hands the programs the weights in the compute dtype, as `generate` does: a
+  bfloat16 engine's rollout after its warm-up compiles nothing (a warm-up over the float32
+  masters once left programs whose argument types `generate` then failed)."""
+  tg, tp = _params(MIXED, seed=3)
+  dg, dp = nnx.split(init_drafter(MIXED, seed=4))
+  engine = RolloutEngine(tg, MIXED, ENGINE, SamplingConfig(temperature=1.0), drafter_graphdef=dg)
+  engine.warmup(tp, num_prompts=[len(PROMPTS)], num_samples=2, drafter_params=dp)
+  compiled = engine.pool.compiles
+  engine.generate(tp, PROMPTS, 2, key=5, drafter_params=dp)
+  assert engine.pool.compiles == compiled
+
+
+@pytest.mark.parametrize("precision", ["highest", None])
+def test_rollout_programs_trace_under_the_engines_matmul_precision(precision):
+  """EngineConfig.matmul_precision is part of every program that multiplies matrices: the
+  dots of a traced program carry it (on GPUs "highest" keeps float32 products out of TF32,
+  which rounds a one-token step and a k-token verification apart), and engines of different
+  precisions never share a program."""
+  tg, _ = _params(MIXED, seed=3)
+  cfg = dataclasses.replace(ENGINE, spec_threshold=0, matmul_precision=precision)
+  engine = RolloutEngine(tg, MIXED, cfg)
+  x = jnp.ones((4, 8), jnp.float32)
+  text = jax.jit(engine._at_precision(lambda a: a @ a.T)).lower(x).as_text()
+  assert ("HIGHEST" in text) == (precision == "highest")
+  other = RolloutEngine(tg, MIXED, dataclasses.replace(cfg, matmul_precision="default"))
+  other.pool = engine.pool
+  _, tp = _params(MIXED, seed=3)
+  engine.warmup(tp, num_prompts=[2])
+  compiled = engine.pool.compiles
+  products = [r for r in engine.pool.summary() if r["key"].startswith(("('prefill'", "('decode'"))]
+  other.warmup(tp, num_prompts=[2])  # the same shapes at another precision: its own programs
+  assert products and engine.pool.compiles == compiled + len(products)  # row moves shared
+  with pytest.raises(ValueError, match="matmul_precision"):
+    dataclasses.replace(ENGINE, matmul_precision="fast")

@@ -151,6 +151,19 @@ class RolloutEngine:
     return self._other_bandits[sampling]
 
   # ---------------------------------------------------------------- programs
+  def _at_precision(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`fn` traced under the config's matmul precision (a static part of its program)."""
+    precision = self.config.matmul_precision
+    if precision is None:
+      return fn
+
+    @functools.wraps(fn)
+    def traced(*args):
+      with jax.default_matmul_precision(precision):
+        return fn(*args)
+
+    return traced
+
   # Pool keys hold every static input of a program, so engines with different
   # configs can share one pool (and its compiled programs) safely.
   def _rows(self, tree: Any) -> Any:
@@ -188,7 +201,8 @@ class RolloutEngine:
     cfg = self.config
     fn = functools.partial(fn, cache_slots=cfg.cache_slots)
     key = ("prefill", p, tp, b, cfg.slots, cfg.cache_slots, static, self.model_config)
-    return self.pool.get(key, fn, args)
+    key += (cfg.matmul_precision,)
+    return self.pool.get(key, self._at_precision(fn), args)
 
   def _decode_exe(self, sampling, view_len, args):
     static = self._static(sampling)
@@ -202,8 +216,9 @@ class RolloutEngine:
       self.config.cache_slots,
       static,
       self.model_config,
+      self.config.matmul_precision,
     )
-    return self.pool.get(key, fn, args, donate_argnums=(1,))
+    return self.pool.get(key, self._at_precision(fn), args, donate_argnums=(1,))
 
   def _spec_exe(self, sampling, strategy: SpecStrategy, view_len: int, args):
     cfg = self.config
@@ -244,8 +259,9 @@ class RolloutEngine:
       (cfg.group_match, cfg.group_siblings, cfg.group_reference_len)
       if strategy.uses_group
       else None,
+      cfg.matmul_precision,
     )
-    return self.pool.get(key, fn, args, donate_argnums=(2, 3))
+    return self.pool.get(key, self._at_precision(fn), args, donate_argnums=(2, 3))
 
   def _corpus(self, siblings: np.ndarray, reference: np.ndarray) -> GroupCorpus:
     """Device corpus of a chunk: siblings [B, W] and per-row reference lines [B, R]."""
@@ -285,8 +301,9 @@ class RolloutEngine:
       cfg.drafter_slots,
       self.drafter_graphdef,
       *self._shapes(),
+      cfg.matmul_precision,
     )
-    return self.pool.get(key, fn, args)
+    return self.pool.get(key, self._at_precision(fn), args)
 
   def _drafter_take_exe(self, args):
     take = lambda tree, rows: jax.tree.map(lambda x: jnp.take(x, rows, axis=0), tree)
@@ -364,6 +381,10 @@ class RolloutEngine:
     8 on an accelerator); single-device engines only, a mesh engine compiles in turn.
     """
     start = time.perf_counter()
+    # The weights as `generate` hands them to the programs: in the compute dtype.
+    params = compute_params(params, self.model_config)
+    if drafter_params is not None:
+      drafter_params = compute_params(drafter_params, self.model_config)
     walk = functools.partial(
       self._warmup_walk, params, sampling or self.sampling, num_prompts, num_samples
     )

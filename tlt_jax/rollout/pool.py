@@ -156,7 +156,10 @@ class ExecutablePool:
     # argument tree (a list where a tuple was compiled is refused by the executable),
     # and the trace-time globals (the attention form).
     leaves, treedef = jax.tree.flatten(args)
-    key = (key, _placement(leaves), treedef, _trace_globals())
+    # Shapes and dtypes too, as jax.jit keys them: a program compiled for bfloat16 weights
+    # is not handed float32 ones (the executable would refuse them).
+    avals = tuple((getattr(x, "shape", None), getattr(x, "dtype", type(x))) for x in leaves)
+    key = (key, _placement(leaves), treedef, _trace_globals(), avals)
     entry = self._entries.get(key)
     if entry is None and self._ahead is not None:
       if key not in self._ahead:
