@@ -78,10 +78,11 @@ stage coupled_f32_platform "${T_COUPLED:-240}" nice $PY $COUPLED \
   ${COUPLED_ARGS:-} &
 stage coupled_bf16 "${T_COUPLED:-240}" nice $PY $COUPLED --workdir="$OUT/coupled_bf16" \
   --config.model.dtype=bfloat16 ${COUPLED_ARGS:-} &
-# The 50M policy's warm start and its drafter, for the benchmark.
+# The 50M policy's warm start and its drafter, for the benchmark (which measures acceptance
+# itself: the held-out check's programs would delay it).
 stage sd_train "${T_SD_TRAIN:-300}" $PY experiments/train_drafter.py --config=configs/sd_bench.py \
   --workdir="$OUT/sd_policy" --steps=900 --logit_weight=1.0 --out_name=drafter_kd900 \
-  ${SD_TRAIN_ARGS:-} &
+  --eval_prompts=0 ${SD_TRAIN_ARGS:-} &
 wait
 
 # 2. Timed stages, alone. Speculative decoding on the 50M policy: whatever batch sizes finish

@@ -49,7 +49,9 @@ _PROMPTS = flags.DEFINE_integer("rollout_prompts", 256, "training prompts to rol
 _STEPS = flags.DEFINE_integer("steps", 300, "drafter optimiser steps")
 _ROWS = flags.DEFINE_integer("batch_rows", 8, "packed rows per drafter step")
 _LR = flags.DEFINE_float("lr", 3e-3, "peak drafter learning rate")
-_EVAL = flags.DEFINE_integer("eval_prompts", 16, "held-out prompts for acceptance")
+_EVAL = flags.DEFINE_integer(
+  "eval_prompts", 16, "held-out prompts for acceptance (0: no acceptance check)"
+)
 _STRATEGY = flags.DEFINE_string("eval_strategy", "chain4", "strategy for the acceptance check")
 _LOGIT_WEIGHT = flags.DEFINE_float(
   "logit_weight", 0.1, "weight of the soft cross-entropy to the target's distribution"
@@ -184,6 +186,7 @@ def main(argv):
   # Coupled drafts at both temperatures; argmax drafts at temperature 1 for comparison
   # (greedy drafts are the same either way).
   evals = [(_STRATEGY.value, 0.0), (_STRATEGY.value, 1.0), (f"{_STRATEGY.value}-argmax", 1.0)]
+  evals = evals if held_out else []
   with eval_pool.compiling_ahead():
     for name, t in evals:
       sampling = SamplingConfig(temperature=t)
