@@ -89,7 +89,7 @@ wait
 #    within the budget are in bench_sd.log (one JSON row per configuration as it ends).
 LEFT=$(( ${DEADLINE:-$((SECONDS + 600))} - SECONDS - 10 ))
 stage bench_sd "${T_BENCH:-$LEFT}" $PY experiments/bench_sd.py --workdir="$OUT/sd_policy" \
-  --drafter=drafter_kd900 --out="$OUT/bench_sd" --batches=1,16 --strategies=chain4,chain8 \
+  --drafter=drafter_kd900 --out="$OUT/bench_sd" --batches=1,4,16,64 --strategies=chain4,chain8 \
   --profile_batches= ${BENCH_ARGS:-}
 # The decode cost surface (ms per step by batch and tokens per row): where is b* here?
 stage cost_surface "${T_COST:-200}" $PY experiments/cost_surface.py --out="$OUT/cost_surface" \

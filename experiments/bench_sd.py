@@ -362,7 +362,8 @@ def main(argv):
           drafter_params=None if mode == "plain" else dparams,
         )
 
-      warm = dict(num_prompts=[len(batch_prompts)], num_samples=g)
+      lens = [len(q) for ps in prompt_sets for q in ps]
+      warm = dict(num_prompts=[len(batch_prompts)], num_samples=g, prompt_lens=lens)
       with pool.compiling_ahead():  # every mode's programs side by side (accelerators)
         for mode in modes:
           dp = None if mode == "plain" else dparams

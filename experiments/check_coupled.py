@@ -78,7 +78,11 @@ def main(argv):
   t = time.perf_counter()
   with pool.compiling_ahead():  # every setting's programs, side by side (on accelerators)
     for sampling in SETTINGS.values():
-      warm = dict(num_prompts=[len(prompts)], num_samples=_SAMPLES.value)
+      warm = dict(
+        num_prompts=[len(prompts)],
+        num_samples=_SAMPLES.value,
+        prompt_lens=[len(p) for p in prompts],
+      )
       plain.warmup(params, sampling, **warm)
       for spec in specs.values():
         spec.warmup(params, sampling, drafter_params=drafter.params, **warm)

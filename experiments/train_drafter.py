@@ -141,7 +141,8 @@ def main(argv):
     with engine.pool.compiling_ahead():  # both temperatures' programs, side by side
       for t in (0.0, 1.0):
         batch = [min(len(prompts), engine_cfg.max_batch)]
-        engine.warmup(params, SamplingConfig(temperature=t), num_prompts=batch)
+        lens = [len(p) for p in prompts]
+        engine.warmup(params, SamplingConfig(temperature=t), num_prompts=batch, prompt_lens=lens)
     data = rollout_arrays(engine, params, prompts)
     np.savez(cached, **data)
   rollout_s = time.perf_counter() - t0
@@ -190,7 +191,13 @@ def main(argv):
   with eval_pool.compiling_ahead():
     for name, t in evals:
       sampling = SamplingConfig(temperature=t)
-      spec_engine(name).warmup(params, sampling, [len(held_out)], drafter_params=dparams)
+      spec_engine(name).warmup(
+        params,
+        sampling,
+        [len(held_out)],
+        drafter_params=dparams,
+        prompt_lens=[len(p) for p in held_out],
+      )
   report = {
     "host": host_info((graphdef, params)),
     "policy_params": model_cfg.num_params,

@@ -861,3 +861,22 @@ def test_warmup_compiling_ahead_builds_the_same_programs(models):
   assert pools[2].compiles == pools[1].compiles
   assert {r["key"] for r in pools[2].summary()} == {r["key"] for r in pools[1].summary()}
   np.testing.assert_array_equal(results[2].tokens, results[1].tokens)
+
+
+def test_warmup_for_known_prompt_lengths_compiles_only_what_they_need(models):
+  """Given the prompt lengths, a warm-up skips the other prompt buckets and the cache views
+  shorter than the shortest prompt (no chunk can choose them): fewer programs, and still
+  none left for the rollout to compile."""
+  _, tp, _, dp = models
+  prompts, lens = [PROMPTS[1], PROMPTS[3]], [5, 8]
+  changes = dict(min_cache_bucket=4, min_prompt_bucket=2, spec_strategies=("chain3",))
+  full, lean = ExecutablePool(), ExecutablePool()
+  for pool, known in ((full, None), (lean, lens)):
+    engine = _engine(models, pool, SAMPLED, **changes)
+    engine.warmup(tp, num_prompts=[2], num_samples=2, drafter_params=dp, prompt_lens=known)
+  compiled = lean.compiles
+  assert compiled < full.compiles
+  out = engine.generate(tp, prompts, 2, key=7, max_new_tokens=[12, 30], drafter_params=dp)
+  assert "spec" in _phases(out) and lean.compiles == compiled
+  with pytest.raises(ValueError, match="prompt_lens"):
+    engine.warmup(tp, prompt_lens=[ENGINE.max_prompt_len + 1])

@@ -370,6 +370,7 @@ class RolloutEngine:
     num_samples: int = 1,
     drafter_params: nnx.State | None = None,
     compile_workers: int | None = None,
+    prompt_lens: Sequence[int] | None = None,
   ) -> float:
     """Compiles every program a rollout can need and runs each once; returns seconds spent.
 
@@ -379,14 +380,33 @@ class RolloutEngine:
     (batch bucket <= threshold) x cache bucket x strategy. `compile_workers`: threads that
     compile them side by side (`ExecutablePool.compiling_ahead`; default one on CPU, up to
     8 on an accelerator); single-device engines only, a mesh engine compiles in turn.
+    `prompt_lens`: the prompt lengths the rollouts will see, when known (a benchmark's, a
+    fixed-format task's): only their prompt buckets are prepared, and no cache view shorter
+    than the shortest prompt (a chunk's view covers every active row, so none is chosen).
     """
     start = time.perf_counter()
     # The weights as `generate` hands them to the programs: in the compute dtype.
     params = compute_params(params, self.model_config)
     if drafter_params is not None:
       drafter_params = compute_params(drafter_params, self.model_config)
+    cfg = self.config
+    prompt_buckets, views = cfg.prompt_buckets, cfg.view_buckets
+    if prompt_lens is not None:
+      if not len(prompt_lens) or not all(1 <= n <= cfg.max_prompt_len for n in prompt_lens):
+        raise ValueError(
+          f"prompt_lens must be non-empty, each in [1, max_prompt_len={cfg.max_prompt_len}], "
+          f"got {list(prompt_lens)!r}"
+        )
+      prompt_buckets = sorted({round_up(n, cfg.prompt_buckets) for n in prompt_lens})
+      views = tuple(v for v in views if v >= min(prompt_lens))
     walk = functools.partial(
-      self._warmup_walk, params, sampling or self.sampling, num_prompts, num_samples
+      self._warmup_walk,
+      params,
+      sampling or self.sampling,
+      num_prompts,
+      num_samples,
+      prompt_buckets,
+      views,
     )
     if self.placement is None:
       with self.pool.compiling_ahead(compile_workers):
@@ -394,12 +414,14 @@ class RolloutEngine:
     walk(drafter_params)  # every program once (first runs carry one-time costs)
     return time.perf_counter() - start
 
-  def _warmup_walk(self, params, sampling, num_prompts, num_samples, drafter_params) -> None:
+  def _warmup_walk(
+    self, params, sampling, num_prompts, num_samples, prompt_buckets, views, drafter_params
+  ) -> None:
     cfg = self.config
     key = jax.random.key(0)
     counts = num_prompts or sorted({max(1, b // num_samples) for b in cfg.batch_buckets})
     for p in counts:
-      for tp in cfg.prompt_buckets:
+      for tp in prompt_buckets:
         self._run_prefill(
           params,
           np.ones((p, tp), np.int32),
@@ -412,7 +434,7 @@ class RolloutEngine:
         )
     for b in cfg.batch_buckets:
       state = self._rows(self._dummy_state(b))
-      for view in cfg.view_buckets:
+      for view in views:
         args = (self._weights(params, b), state, self._rep(key, b), np.int32(0))
         state, _ = self._decode_exe(sampling, view, args)(*args)
       for b2 in cfg.batch_buckets:
@@ -423,21 +445,21 @@ class RolloutEngine:
       spec = drafter_params is not None or not cfg.needs_drafter
       if spec and cfg.spec_threshold and b <= cfg.spec_threshold:
         self._warmup_spec(
-          self._weights(params, b), self._weights(drafter_params, b), sampling, state
+          self._weights(params, b), self._weights(drafter_params, b), sampling, state, views
         )
     if self.placement is not None:
       self.placement.clear()
 
-  def _warmup_spec(self, params, drafter_params, sampling, state: RolloutState) -> None:
+  def _warmup_spec(self, params, drafter_params, sampling, state: RolloutState, views) -> None:
     cfg, key = self.config, self._rep(jax.random.key(0), state.batch)
     dstate = None
     if cfg.needs_drafter:
-      for width in sorted({min(v, cfg.slots) for v in cfg.view_buckets}):
+      for width in sorted({min(v, cfg.slots) for v in views}):
         args = (params, drafter_params, state)
         dstate = self._rows(self._drafter_prefill_exe(width, args)(*args))
     corpus = self._empty_corpus(state.batch) if cfg.uses_group else None
     for strategy in cfg.strategies:
-      for view in cfg.view_buckets:
+      for view in views:
         if view >= strategy.nodes:
           # Run each once (zero rounds): first executions carry one-time costs
           # that would otherwise land in the bandit's first measurements.
