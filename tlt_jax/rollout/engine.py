@@ -408,10 +408,14 @@ class RolloutEngine:
       prompt_buckets,
       views,
     )
-    if self.placement is None:
-      with self.pool.compiling_ahead(compile_workers):
-        walk(drafter_params)  # stand-ins: compiles only
-    walk(drafter_params)  # every program once (first runs carry one-time costs)
+    # Every program compiled and run once (first runs carry one-time costs). Compiles that
+    # overlap answer with stand-ins that run nothing: then a second walk runs the programs
+    # (unless a caller's `compiling_ahead` still defers them: its own walks run them).
+    with self.pool.compiling_ahead(compile_workers if self.placement is None else 1):
+      deferred = self.pool.deferring
+      walk(drafter_params)
+    if deferred and not self.pool.deferring:
+      walk(drafter_params)
     return time.perf_counter() - start
 
   def _warmup_walk(

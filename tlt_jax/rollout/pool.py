@@ -229,6 +229,11 @@ class ExecutablePool:
       for key, (compiled, seconds) in results:
         self._add(key, compiled, seconds, maps)
 
+  @property
+  def deferring(self) -> bool:
+    """Inside `compiling_ahead` with workers: misses answer with stand-ins."""
+    return self._ahead is not None
+
   def __contains__(self, key: Hashable) -> bool:
     """Whether a program for `key` (as given to `get`), traced under the current
     globals, is held (for any placement and argument tree)."""
