@@ -16,8 +16,9 @@
 #   bash experiments/accelerator.sh runs/accelerator
 #
 # Budgets: T_TESTS, T_COUPLED, T_SD_TRAIN, T_BENCH, T_COST, or DEADLINE (seconds for the
-# whole script: the benchmark then gets what is left); TEST_ARGS, COUPLED_ARGS, SD_TRAIN_ARGS,
-# BENCH_ARGS and COST_ARGS add flags; SKIP names stages to leave out.
+# whole script: the benchmark then gets what is left); TESTS picks the tests (paths or node
+# ids); TEST_ARGS, COUPLED_ARGS, SD_TRAIN_ARGS, BENCH_ARGS and COST_ARGS add flags (a flag
+# given again wins); SKIP names stages to leave out.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-runs/accelerator}
@@ -65,8 +66,8 @@ say "XLA_FLAGS=${XLA_FLAGS:-}"
 # defaults to CPU), float32 products at "highest" as their tolerances assume (the rollout's
 # are by default; at TF32 the trainer's chunked and full log-probs differ by up to 5e-3).
 JAX_PLATFORMS="" JAX_DEFAULT_MATMUL_PRECISION=highest stage tests "${T_TESTS:-240}" nice $PY -m pytest -q -p no:cacheprovider \
-  -n "${TEST_WORKERS:-4}" tests/test_verify.py tests/test_precision.py tests/test_engine_spec.py \
-  tests/test_pool.py ${TEST_ARGS:-} &
+  -n "${TEST_WORKERS:-4}" ${TESTS:-tests/test_verify.py tests/test_precision.py \
+  tests/test_engine_spec.py tests/test_pool.py} ${TEST_ARGS:-} &
 # Token identity at scale: coupled sampling on the default job's warm start (trained here,
 # one per check so they can run at once): float32 products at "highest" (the engine's
 # default), at the platform's default (TF32 on recent NVIDIA GPUs), then bfloat16 compute.

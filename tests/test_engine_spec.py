@@ -582,9 +582,14 @@ def test_long_tail_charges_are_what_the_engine_measured(models, pool):
   long-tail, speculative throughout): the seconds the scheduler charged equal the drafter's
   overhead as the engine's timeline measured it independently (every on_chunk call, each
   push-forced drafter-cache rebuild), and stay within 0.3 x the rollout's wall time plus
-  one update and one rebuild (a lagging estimate overruns by at most that)."""
+  one update and one rebuild (a lagging estimate overruns by at most that).
+
+  The premise, two updates fitting the budget, holds on the CPU at 0.3; an accelerator runs
+  this tiny rollout in milliseconds, so it gets 0.9 there and a skip naming the measured
+  costs if even that fits fewer than two (on an H200, 0.3 fitted none)."""
   tg, tp, _, dp = models
-  sched = _online(models, rollout_budget=0.3, long_tail_batch=16)
+  budget = 0.3 if jax.default_backend() == "cpu" else 0.9
+  sched = _online(models, rollout_budget=budget, long_tail_batch=16)
   # Argmax drafts: on this random, flat-at-temperature-1 target coupled drafts are accepted
   # so often that the rollout ends in too few chunks for two long-tail updates.
   engine = _engine(models, pool, SAMPLED, spec_strategies=("chain3-argmax",))
@@ -600,13 +605,19 @@ def test_long_tail_charges_are_what_the_engine_measured(models, pool):
   np.testing.assert_array_equal(out.tokens, ref.tokens)
   overhead, one_update, one_rebuild = _drafter_overhead(out.timeline)
   forced = [e for e in out.timeline if e.get("forced_by_push")]
+  if rec["drafter/long_tail_updates"] < 2 and jax.default_backend() != "cpu":
+    pytest.skip(
+      f"{rec['drafter/long_tail_updates']} long-tail updates: one costs "
+      f"{1e3 * sched.update_seconds:.1f} ms (+ {1e3 * sched.rebuild_seconds:.1f} ms rebuild), "
+      f"the rollout {1e3 * out.wall_seconds:.1f} ms at budget {budget}"
+    )
   assert rec["drafter/long_tail_updates"] >= 2 and rec["drafter/pushes"] >= 2 and forced
   charged = rec["drafter/rollout_charged_s"]
   assert charged == pytest.approx(overhead, rel=0.02, abs=1e-3)
   rebuilt = sum(e["dt"] - e.get("rebuild_compile_s", 0.0) for e in forced)
   assert rec["drafter/rollout_charged_rebuild_s"] == pytest.approx(rebuilt)
   assert rec["drafter/rollout_charged_update_s"] > rec["drafter/rollout_charged_host_s"] > 0
-  assert charged <= 0.3 * out.wall_seconds + one_update + one_rebuild
+  assert charged <= budget * out.wall_seconds + one_update + one_rebuild
   assert rec["drafter/rollout_overrun_s"] <= one_update + one_rebuild
 
 
