@@ -466,9 +466,8 @@ def run_init_on_host(program: Callable[..., Any], *args: Any) -> Any:
   accelerator, and puts its result on that device.
 
   XLA's GPU compile of an initialiser (one random-number fusion per parameter, unrolled
-  over layers) took over a minute for the 50M policy on an H200; the CPU compiles and runs
-  it in seconds. Without a CPU backend (JAX_PLATFORMS names the accelerator alone) it runs
-  where it is.
+  over layers) can take minutes; the CPU compiles and runs it in seconds. Without a CPU
+  backend (JAX_PLATFORMS names the accelerator alone) it runs where it is.
   """
   device = jax.devices()[0]
   if device.platform == "cpu":
@@ -481,8 +480,8 @@ def run_init_on_host(program: Callable[..., Any], *args: Any) -> Any:
     out = program(*args)
   # Through host memory, so the arrays land on the default device uncommitted, as a program
   # run there would leave them: committed parameters beside uncommitted optimizer state give
-  # a jitted step other argument shardings on its second call than on its first, and a
-  # second compile (21 s for the 50M policy's SFT step on an H200).
+  # a jitted step other argument shardings on its second call than on its first, and so a
+  # second compile.
   return jax.device_put(jax.device_get(out))
 
 

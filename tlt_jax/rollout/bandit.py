@@ -25,8 +25,8 @@ Why a bandit, and why one per batch bucket:
 * Arms must be compared at equal phase of the answers. Every arm slows down along an answer
   (acceptance falls, the cache grows), and the arms' chunks fall at different places: a deep
   chain emits a short rollout's tokens in one or two chunks, so its rewards come mostly from
-  answers' starts, where everything is fast (measured: batch 32, temperature 1, chain8's first
-  chunk ran faster than chain4's while over a rollout it was 0.95 of chain4). Each chunk's
+  answers' starts, where everything is fast (a deep chain's first chunk can outrun a
+  shallower one's while the shallower wins over the rollout). Each chunk's
   reward is therefore filed under a phase bin (`answer_phase`: log2 bins of the tokens
   generated per active row), and an arm's mean is its speed at the bucket's average phase, from
   a fit of reward ~ arm speed x phase factor (`_BucketStats.fit`).

@@ -14,8 +14,8 @@ Mappings are counted from /proc/self/maps around each compile (Linux; elsewhere
 only the count cap applies).
 
 Warm-ups compile many programs (a speculative engine's: every strategy x cache bucket);
-on an accelerator each takes seconds to tens of seconds of single-threaded XLA work (an
-H200 took 15-45 s per program of the 50M policy). `compiling_ahead` overlaps them: inside
+on an accelerator each takes seconds to tens of seconds of single-threaded XLA work
+(experiments/RESULTS.md). `compiling_ahead` overlaps them: inside
 it a miss is lowered on the calling thread, compiled on a worker thread, and answered at
 once by a stand-in whose call returns zeros shaped like the program's outputs, so a
 warm-up walks on to the programs those outputs feed; leaving it waits for every compile.
