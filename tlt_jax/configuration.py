@@ -7,7 +7,7 @@ defined next to the code it configures and re-exported here:
   job section          dataclass            defined in
   config.model         ModelConfig          tlt_jax/models/config.py
   config.sampling      SamplingConfig       tlt_jax/decode/sampling.py
-  config.engine        EngineConfig         tlt_jax/rollout/engine.py
+  config.engine        EngineConfig         tlt_jax/rollout/config.py
   config.sft           SFTConfig            tlt_jax/warmstart/sft.py
   config.drafter       DrafterTrainConfig   tlt_jax/drafter/online.py
   config.scheduler     SchedulerConfig      tlt_jax/scheduler/slices.py
