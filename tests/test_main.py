@@ -270,14 +270,21 @@ def test_sigkill_mid_run_resumes_exactly(tmp_path, uninterrupted_baseline, mode)
 @pytest.mark.parametrize(
   "override,message",
   [
-    ("--config.sampling.tempratur=1.0", "tempratur"),
-    ("--config.rollout.num_samples=abc", "num_samples"),
+    (
+      "--config.sampling.tempratur=1.0",
+      "error: --config.sampling.tempratur: the config has no field 'tempratur' "
+      '(did you mean "temperature"?)',
+    ),
+    ("--config.samplng.top_p=0.5", "error: --config.samplng.top_p: the config has no field"),
+    ("--config.rollout.num_samples=abc", "error: flag --config.rollout.num_samples=abc:"),
+    ("--worklog=x", "error: Unknown command line flag 'worklog'"),
   ],
 )
-def test_cli_rejects_typos_and_bad_types(tmp_path, override, message):
-  out = _cli("--config=configs/default.py:tiny", f"--workdir={tmp_path}", override)
-  assert out.returncode != 0
-  assert message in out.stderr
+def test_cli_rejects_typos_and_bad_types_in_one_line(tmp_path, override, message):
+  out = _cli("--config=configs/default.py:tiny", f"--workdir={tmp_path / 'wd'}", override)
+  assert out.returncode == 2
+  assert out.stderr.strip() == out.stderr.strip().splitlines()[-1] and message in out.stderr
+  assert not (tmp_path / "wd").exists()  # refused before anything was made
 
 
 @pytest.mark.parametrize(

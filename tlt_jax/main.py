@@ -9,10 +9,12 @@ beside their rewards.
 The terminal shows progress bars and the summary. Library logs (tfds, orbax, this
 project's INFO lines) go to a file in the workdir (`tlt_jax.*.log.INFO.*`); errors still
 reach the terminal, and `--alsologtostderr` shows everything there as well. A config
-field with a bad value is reported in one line naming the field, with exit status 2.
+field misspelt or given a bad value is reported in one line naming the field, with exit
+status 2.
 """
 
 import os
+import re
 import sys
 
 from absl import app, flags, logging
@@ -31,6 +33,34 @@ _COMPARE = flags.DEFINE_list(
   "compare", [], "modes to run side by side from one warm start, e.g. baseline,tlt"
 )
 flags.mark_flags_as_required(["config", "workdir"])
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+  """absl's flag parsing, with every failure reported in one line and exit status 2: a
+  misspelt `--config.` field (ml_collections raises a KeyError or AttributeError that
+  names the missing key, often with a suggestion), a value of the wrong type, an unknown
+  or missing flag."""
+  try:
+    return flags.FLAGS(argv)
+  except flags.Error as e:
+    print(f"error: {e}", file=sys.stderr)
+  except (AttributeError, KeyError) as e:
+    text = str(e).replace("\\", "")
+    missing = re.search(r"'(\w+)'", text)
+    hint = re.search(r'Did you mean "(\w+)"', text)
+    key = missing.group(1) if missing else "?"
+    where = [
+      a.split("=")[0]
+      for a in argv
+      if a.startswith("--config.") and key in a.split("=")[0].split(".")
+    ]
+    flag = where[0] if where else "--config"
+    print(
+      f"error: {flag}: the config has no field {key!r}"
+      + (f' (did you mean "{hint.group(1)}"?)' if hint else ""),
+      file=sys.stderr,
+    )
+  sys.exit(2)
 
 
 def _logs_to_workdir(workdir: str) -> None:
@@ -73,4 +103,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=_parse_flags)
