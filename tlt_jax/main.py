@@ -39,7 +39,7 @@ def _parse_flags(argv: list[str]) -> list[str]:
   """absl's flag parsing, with every failure reported in one line and exit status 2: a
   misspelt `--config.` field (ml_collections raises a KeyError or AttributeError that
   names the missing key, often with a suggestion), a value of the wrong type, an unknown
-  or missing flag."""
+  or missing flag. Any other error (a bug in a config file, say) keeps its traceback."""
   try:
     return flags.FLAGS(argv)
   except flags.Error as e:
@@ -47,16 +47,13 @@ def _parse_flags(argv: list[str]) -> list[str]:
   except (AttributeError, KeyError) as e:
     text = str(e).replace("\\", "")
     missing = re.search(r"'(\w+)'", text)
+    overrides = [a.split("=")[0] for a in argv if a.startswith("--config.")]
+    where = [f for f in overrides if missing and missing.group(1) in f.split(".")]
+    if not where:
+      raise
     hint = re.search(r'Did you mean "(\w+)"', text)
-    key = missing.group(1) if missing else "?"
-    where = [
-      a.split("=")[0]
-      for a in argv
-      if a.startswith("--config.") and key in a.split("=")[0].split(".")
-    ]
-    flag = where[0] if where else "--config"
     print(
-      f"error: {flag}: the config has no field {key!r}"
+      f"error: {where[0]}: the config has no field {missing.group(1)!r}"
       + (f' (did you mean "{hint.group(1)}"?)' if hint else ""),
       file=sys.stderr,
     )
