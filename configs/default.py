@@ -129,8 +129,10 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   # speed there (0: every bucket learns alone).
   c.engine.bandit_prior = 0.0
   # Chain arms scored from one acceptance curve that all their rounds feed (their speeds
-  # predicted on the same rounds, not compared across chunks of different text).
-  c.engine.bandit_shared_acceptance = False
+  # predicted on the same rounds, not compared across chunks of different text: at small
+  # batches a chunk is one answer's stretch, and its text moves acceptance more than the
+  # chains' depths do).
+  c.engine.bandit_shared_acceptance = True
   # Float32 products of the rollout at "highest": on GPUs the default (TF32) rounds a decode
   # step and a verification apart, and speculative rows stop being plain's token for token.
   c.engine.matmul_precision = "highest"

@@ -94,8 +94,9 @@ _REWARDS = flags.DEFINE_list(
   "bandit rewards: adaptive, then adaptive_<reward> for more; <reward>+cut also rewards "
   "chunks cut short by their rows finishing (EngineConfig.bandit_cut_short); +prior lends "
   "each batch bucket its neighbours' statistics (EngineConfig.bandit_prior=1; one bandit "
-  "per mode and temperature learns over all --batches, in their order, as in RL); +shared "
-  "scores chain arms from one acceptance curve (EngineConfig.bandit_shared_acceptance)",
+  "per mode and temperature learns over all --batches, in their order, as in RL); +shared / "
+  "+separate score chain arms from one acceptance curve / by their own chunks' rewards "
+  "(EngineConfig.bandit_shared_acceptance; neither: the config's setting)",
 )
 _CONTROL = flags.DEFINE_string(
   "control", "", "a fixed arm run twice (mode 'control'): the noise floor of the comparison"
@@ -170,7 +171,7 @@ def _engine_config(base: EngineConfig, b: int, strategies, mode: str) -> EngineC
     mode = _CONTROL.value
   if mode in _adaptive_modes():
     reward, *options = _adaptive_modes()[mode].split("+")
-    unknown = set(options) - {"cut", "prior", "shared"}
+    unknown = set(options) - {"cut", "prior", "shared", "separate"}
     if unknown:
       raise app.UsageError(f"--adaptive_rewards: unknown option(s) {sorted(unknown)} in {mode}")
     return dataclasses.replace(
@@ -181,7 +182,10 @@ def _engine_config(base: EngineConfig, b: int, strategies, mode: str) -> EngineC
       bandit_reward=reward,
       bandit_cut_short="cut" in options,
       bandit_prior=1.0 if "prior" in options else 0.0,
-      bandit_shared_acceptance="shared" in options,
+      bandit_shared_acceptance=(
+        True if "shared" in options else False if "separate" in options
+        else base.bandit_shared_acceptance
+      ),
     )
   return dataclasses.replace(cfg, spec_threshold=b, spec_strategies=(mode,), spec_adaptive=False)
 
@@ -447,6 +451,7 @@ def main(argv):
           vs_best = tps[row["config"]] / tps[best["config"]]
           row["learning"] = learning[(b, temp, row["config"])]
           row["bandit_reward"] = _adaptive_modes()[row["config"]]
+          row["bandit_shared_acceptance"] = engines[row["config"]].config.bandit_shared_acceptance
           row["best_fixed"] = best["config"]
           row["vs_best_fixed"] = {k: round(v, 3) for k, v in _spread(vs_best).items()}
         if row["config"] == "control":  # the same programs as its twin: the noise floor

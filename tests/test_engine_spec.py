@@ -307,7 +307,9 @@ def test_bandit_state_restores_into_a_new_engine(models):
   from tlt_jax.rollout.bandit import StrategyBandit
 
   tg, _, dg, _ = models
-  cfg = dataclasses.replace(ENGINE, spec_adaptive=True)
+  # Chunk rewards fed by hand: chain arms scored by their own rewards (the shared acceptance
+  # curve's state is checked in tests/test_bandit.py).
+  cfg = dataclasses.replace(ENGINE, spec_adaptive=True, bandit_shared_acceptance=False)
   engine = RolloutEngine(tg, MODEL, cfg, GREEDY, drafter_graphdef=dg)
   for reward in (10.0, 30.0, 20.0, 25.0, 5.0, 40.0):
     engine.bandit.update(4, engine.bandit.select(4), reward)
@@ -707,8 +709,14 @@ def test_frontier_reward_is_the_least_advanced_rows_speed(pool):
   drafter.fc.kernel[...] = kernel.at[d:].add(noise)
   dg, dp = nnx.split(drafter)
   models = (tg, tp, dg, dp)
-  engine = _engine(
-    models, pool, model_config=cfg, spec_adaptive=True, spec_rounds=4, bandit_reward="frontier"
+  engine = _engine(  # chunk rewards (not a chain's pace): bandit_shared_acceptance off
+    models,
+    pool,
+    model_config=cfg,
+    spec_adaptive=True,
+    spec_rounds=4,
+    bandit_reward="frontier",
+    bandit_shared_acceptance=False,
   )
   for bucket in (2, 4, 8, 16):  # settle the bandit on chain3
     for arm, reward in (("plain", 1.0), ("chain3", 1000.0), ("tree3x2x6", 1.0)):
@@ -733,7 +741,10 @@ def test_settled_plain_runs_the_last_bucket_to_the_end(models, pool):
   """Once the bandit's best arm for the last bucket is plain decode (warm-up done), that
   bucket runs to the end in one call like the plain engine, without feeding the bandit."""
   _, tp, _, dp = models
-  engine = _engine(models, pool, spec_adaptive=True, spec_threshold=8)
+  # Rewards fed by hand, chains' included: bandit_shared_acceptance off.
+  engine = _engine(
+    models, pool, spec_adaptive=True, spec_threshold=8, bandit_shared_acceptance=False
+  )
   for bucket in (2, 4, 8):
     for arm, reward in (("plain", 1000.0), ("chain3", 1.0), ("tree3x2x6", 1.0)):
       engine.bandit.update(bucket, arm, reward)

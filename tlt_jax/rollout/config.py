@@ -61,7 +61,8 @@ class EngineConfig:
       ones apart) are scored by their measured pace times the tokens a round accepts,
       predicted from one acceptance curve that every chain's rounds feed
       (`StrategyBandit.accept_families`): chunks of different text no longer decide
-      between chains of close speed.
+      between chains of close speed. On by default; other arms (plain, group, hybrid,
+      trees) are scored by their chunks' rewards either way.
     matmul_precision: the precision the rollout programs' float32 matrix products run at
       (`jax.default_matmul_precision`; None: the platform's default). "highest" keeps
       speculative and plain decoding token-identical on GPUs, whose default (TF32) rounds
@@ -98,7 +99,7 @@ class EngineConfig:
   bandit_reward: str = "octile"
   bandit_cut_short: bool = False
   bandit_prior: float = 0.0
-  bandit_shared_acceptance: bool = False
+  bandit_shared_acceptance: bool = True
   matmul_precision: str | None = "highest"
 
   def __post_init__(self):
