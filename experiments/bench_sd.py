@@ -174,6 +174,9 @@ def _engine_config(base: EngineConfig, b: int, strategies, mode: str) -> EngineC
     unknown = set(options) - {"cut", "prior", "shared", "separate"}
     if unknown:
       raise app.UsageError(f"--adaptive_rewards: unknown option(s) {sorted(unknown)} in {mode}")
+    shared = base.bandit_shared_acceptance
+    if "shared" in options or "separate" in options:
+      shared = "shared" in options
     return dataclasses.replace(
       cfg,
       spec_threshold=b,
@@ -182,10 +185,7 @@ def _engine_config(base: EngineConfig, b: int, strategies, mode: str) -> EngineC
       bandit_reward=reward,
       bandit_cut_short="cut" in options,
       bandit_prior=1.0 if "prior" in options else 0.0,
-      bandit_shared_acceptance=(
-        True if "shared" in options else False if "separate" in options
-        else base.bandit_shared_acceptance
-      ),
+      bandit_shared_acceptance=shared,
     )
   return dataclasses.replace(cfg, spec_threshold=b, spec_strategies=(mode,), spec_adaptive=False)
 
