@@ -174,6 +174,8 @@ def _engine_config(base: EngineConfig, b: int, strategies, mode: str) -> EngineC
     unknown = set(options) - {"cut", "prior", "shared", "separate"}
     if unknown:
       raise app.UsageError(f"--adaptive_rewards: unknown option(s) {sorted(unknown)} in {mode}")
+    if {"shared", "separate"} <= set(options):
+      raise app.UsageError(f"--adaptive_rewards: +shared and +separate together in {mode}")
     shared = base.bandit_shared_acceptance
     if "shared" in options or "separate" in options:
       shared = "shared" in options
