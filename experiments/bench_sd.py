@@ -96,7 +96,9 @@ _REWARDS = flags.DEFINE_list(
   "each batch bucket its neighbours' statistics (EngineConfig.bandit_prior=1; one bandit "
   "per mode and temperature learns over all --batches, in their order, as in RL); +shared / "
   "+separate score chain arms from one acceptance curve / by their own chunks' rewards "
-  "(EngineConfig.bandit_shared_acceptance; neither: the config's setting)",
+  "(EngineConfig.bandit_shared_acceptance; neither: the config's setting); +own / +chunks "
+  "score the other speculative arms by their own acceptance curves / chunk rewards "
+  "(EngineConfig.bandit_arm_acceptance)",
 )
 _CONTROL = flags.DEFINE_string(
   "control", "", "a fixed arm run twice (mode 'control'): the noise floor of the comparison"
@@ -171,14 +173,18 @@ def _engine_config(base: EngineConfig, b: int, strategies, mode: str) -> EngineC
     mode = _CONTROL.value
   if mode in _adaptive_modes():
     reward, *options = _adaptive_modes()[mode].split("+")
-    unknown = set(options) - {"cut", "prior", "shared", "separate"}
+    unknown = set(options) - {"cut", "prior", "shared", "separate", "own", "chunks"}
     if unknown:
       raise app.UsageError(f"--adaptive_rewards: unknown option(s) {sorted(unknown)} in {mode}")
     if {"shared", "separate"} <= set(options):
       raise app.UsageError(f"--adaptive_rewards: +shared and +separate together in {mode}")
-    shared = base.bandit_shared_acceptance
+    if {"own", "chunks"} <= set(options):
+      raise app.UsageError(f"--adaptive_rewards: +own and +chunks together in {mode}")
+    shared, own = base.bandit_shared_acceptance, base.bandit_arm_acceptance
     if "shared" in options or "separate" in options:
       shared = "shared" in options
+    if "own" in options or "chunks" in options:
+      own = "own" in options
     return dataclasses.replace(
       cfg,
       spec_threshold=b,
@@ -188,6 +194,7 @@ def _engine_config(base: EngineConfig, b: int, strategies, mode: str) -> EngineC
       bandit_cut_short="cut" in options,
       bandit_prior=1.0 if "prior" in options else 0.0,
       bandit_shared_acceptance=shared,
+      bandit_arm_acceptance=own,
     )
   return dataclasses.replace(cfg, spec_threshold=b, spec_strategies=(mode,), spec_adaptive=False)
 
@@ -453,7 +460,9 @@ def main(argv):
           vs_best = tps[row["config"]] / tps[best["config"]]
           row["learning"] = learning[(b, temp, row["config"])]
           row["bandit_reward"] = _adaptive_modes()[row["config"]]
-          row["bandit_shared_acceptance"] = engines[row["config"]].config.bandit_shared_acceptance
+          cfg = engines[row["config"]].config
+          row["bandit_shared_acceptance"] = cfg.bandit_shared_acceptance
+          row["bandit_arm_acceptance"] = cfg.bandit_arm_acceptance
           row["best_fixed"] = best["config"]
           row["vs_best_fixed"] = {k: round(v, 3) for k, v in _spread(vs_best).items()}
         if row["config"] == "control":  # the same programs as its twin: the noise floor

@@ -49,8 +49,14 @@ SETTINGS = {
 }
 
 
+_SETTINGS = flags.DEFINE_list("settings", list(SETTINGS), f"sampling settings, of {list(SETTINGS)}")
+
+
 def main(argv):
   del argv
+  unknown = sorted(set(_SETTINGS.value) - set(SETTINGS))
+  if unknown:
+    raise app.UsageError(f"--settings: unknown {unknown}; known: {list(SETTINGS)}")
   config, workdir = _CONFIG.value, _WORKDIR.value
   policy = load_policy(config, workdir)
   tok, test_split = policy["tokenizer"], policy["test_split"]
@@ -75,9 +81,12 @@ def main(argv):
     specs[strategy] = RolloutEngine(
       graphdef, model_cfg, cfg, pool=pool, drafter_graphdef=drafter.graphdef
     )
-  t = time.perf_counter()
-  with pool.compiling_ahead():  # every setting's programs, side by side (on accelerators)
-    for sampling in SETTINGS.values():
+  # One setting at a time, warm-up then check, so a run stopped at its time budget (a
+  # borrowed accelerator) still reports the settings it finished.
+  for name in _SETTINGS.value:
+    sampling = SETTINGS[name]
+    t = time.perf_counter()
+    with pool.compiling_ahead():  # this setting's programs, side by side (on accelerators)
       warm = dict(
         num_prompts=[len(prompts)],
         num_samples=_SAMPLES.value,
@@ -86,9 +95,11 @@ def main(argv):
       plain.warmup(params, sampling, **warm)
       for spec in specs.values():
         spec.warmup(params, sampling, drafter_params=drafter.params, **warm)
-  print(f"warm-up: {pool.compiles} programs in {time.perf_counter() - t:.0f} s", flush=True)
-  for strategy, spec in specs.items():
-    for name, sampling in SETTINGS.items():
+    print(
+      f"{name}: warm-up, {pool.compiles} programs so far ({time.perf_counter() - t:.0f} s)",
+      flush=True,
+    )
+    for strategy, spec in specs.items():
       for key in range(_KEYS.value):
         t = time.perf_counter()
         kw = dict(key=key, sampling=sampling, seq_id_offset=1000 * key)

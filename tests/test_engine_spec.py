@@ -334,12 +334,15 @@ def test_bandit_state_restores_into_a_new_engine(models):
     dataclasses.replace(cfg, bandit_prior=-1.0)
   with pytest.raises(ValueError, match="bandit_shared_acceptance"):
     dataclasses.replace(cfg, bandit_shared_acceptance=1)
+  with pytest.raises(ValueError, match="bandit_arm_acceptance"):
+    dataclasses.replace(cfg, bandit_arm_acceptance="yes")
 
 
 def test_shared_acceptance_scores_chains_from_their_rounds(models, pool):
   """EngineConfig.bandit_shared_acceptance: the drafter's chain arms (coupled and
   "-argmax" apart; not trees) share acceptance curves fed by every chunk's histogram of
-  accepted tokens; the rollout stays token-identical to plain decoding."""
+  accepted tokens; with bandit_arm_acceptance a tree has a curve of its own; the rollout
+  stays token-identical to plain decoding."""
   _, tp, _, dp = models
   strategies = ("chain2", "chain3", "chain3-argmax", "tree3x2x6")
   engine = _engine(
@@ -351,6 +354,18 @@ def test_shared_acceptance_scores_chains_from_their_rounds(models, pool):
     bandit_shared_acceptance=True,
   )
   want = {"chain2": ("chain", 2), "chain3": ("chain", 3), "chain3-argmax": ("chain-argmax", 3)}
+  assert engine.bandit.accept_families == want
+  # EngineConfig.bandit_arm_acceptance: the tree too, a family of one (used below).
+  engine = _engine(
+    models,
+    pool,
+    SAMPLED,
+    spec_strategies=strategies,
+    spec_adaptive=True,
+    bandit_shared_acceptance=True,
+    bandit_arm_acceptance=True,
+  )
+  want["tree3x2x6"] = ("tree3x2x6", 3)
   assert engine.bandit.accept_families == want
   assert engine.bandit_for(GREEDY).accept_families == want
   assert engine.bandit.frontier == engine.bandit_for(GREEDY).frontier == (0.125, ENGINE.spec_rounds)
@@ -364,6 +379,7 @@ def test_shared_acceptance_scores_chains_from_their_rounds(models, pool):
         assert hist.sum() == e["row_rounds"]
         assert (np.arange(hist.size) * hist).sum() == e["accepted"]
   assert np.isfinite(engine.bandit.tokens_per_round("chain3"))
+  assert np.isfinite(engine.bandit.tokens_per_round("tree3x2x6"))  # pulled in the warm-up
 
 
 def test_each_sampling_configuration_learns_in_its_own_bandit(models, pool):

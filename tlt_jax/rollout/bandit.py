@@ -60,7 +60,10 @@ Why a bandit, and why one per batch bucket:
   accept from an unbounded chain. L's distribution is one per family (`_AcceptCurve`:
   discounted Kaplan-Meier counts over every bucket's rounds, since acceptance depends on
   the drafter and the text, not on the batch): each chunk of any chain in the family
-  refines every chain's prediction, and all are compared on the same rounds.
+  refines every chain's prediction, and all are compared on the same rounds. Any other
+  speculative arm (a tree, group drafts) can be a family of one: scored by its pace times
+  its own rounds' curve, pooled over the buckets, rather than by chunk rewards whose text
+  noise also widens the bucket's spread and so everyone's exploration.
 
 Selection in a bucket: first every arm is pulled `min_pulls` times, round-robin in arm order;
 then the arm maximising

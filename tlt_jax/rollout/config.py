@@ -61,8 +61,14 @@ class EngineConfig:
       ones apart) are scored by their measured pace times the tokens a round accepts,
       predicted from one acceptance curve that every chain's rounds feed
       (`StrategyBandit.accept_families`): chunks of different text no longer decide
-      between chains of close speed. On by default; other arms (plain, group, hybrid,
-      trees) are scored by their chunks' rewards either way.
+      between chains of close speed. On by default; plain decoding is scored by its
+      chunks' rewards either way, the other arms as `bandit_arm_acceptance` says.
+    bandit_arm_acceptance: every other speculative arm (trees, group, hybrid; chains too
+      when `bandit_shared_acceptance` is off) is scored likewise by its pace times the
+      tokens a round accepts, from an acceptance curve of its own rounds (a family of one,
+      pooled over the batch buckets), instead of by its chunks' token rates, which vary
+      with the stretch of text each chunk ran on (and, pooled into one bucket's spread,
+      keep the bucket exploring).
     matmul_precision: the precision the rollout programs' float32 matrix products run at
       (`jax.default_matmul_precision`; None: the platform's default). "highest" keeps
       speculative and plain decoding token-identical on GPUs, whose default (TF32) rounds
@@ -100,6 +106,7 @@ class EngineConfig:
   bandit_cut_short: bool = False
   bandit_prior: float = 0.0
   bandit_shared_acceptance: bool = True
+  bandit_arm_acceptance: bool = False
   matmul_precision: str | None = "highest"
 
   def __post_init__(self):
@@ -157,9 +164,10 @@ class EngineConfig:
       raise ValueError(
         f"EngineConfig.matmul_precision must be one of {precisions}, got {self.matmul_precision!r}"
       )
-    shared = self.bandit_shared_acceptance
-    if not isinstance(shared, bool):
-      raise ValueError(f"EngineConfig.bandit_shared_acceptance must be a bool, got {shared!r}")
+    for name in ("bandit_shared_acceptance", "bandit_arm_acceptance"):
+      value = getattr(self, name)
+      if not isinstance(value, bool):
+        raise ValueError(f"EngineConfig.{name} must be a bool, got {value!r}")
 
   @property
   def slots(self) -> int:

@@ -118,6 +118,9 @@ class RolloutEngine:
           for s in config.strategies
           if s.kind == "chain"
         }
+      if config.bandit_arm_acceptance:  # the rest: a family of one each (names are unique)
+        for s in config.strategies:
+          families.setdefault(s.name, (s.name, s.depth))
       default = StrategyBandit(
         arms,
         exploration=2.0,
