@@ -345,26 +345,14 @@ def test_shared_acceptance_scores_chains_from_their_rounds(models, pool):
   stays token-identical to plain decoding."""
   _, tp, _, dp = models
   strategies = ("chain2", "chain3", "chain3-argmax", "tree3x2x6")
-  engine = _engine(
-    models,
-    pool,
-    SAMPLED,
-    spec_strategies=strategies,
-    spec_adaptive=True,
-    bandit_shared_acceptance=True,
+  adaptive = lambda **kw: _engine(
+    models, pool, SAMPLED, spec_strategies=strategies, spec_adaptive=True, **kw
   )
+  engine = adaptive(bandit_shared_acceptance=True)
   want = {"chain2": ("chain", 2), "chain3": ("chain", 3), "chain3-argmax": ("chain-argmax", 3)}
   assert engine.bandit.accept_families == want
   # EngineConfig.bandit_arm_acceptance: the tree too, a family of one (used below).
-  engine = _engine(
-    models,
-    pool,
-    SAMPLED,
-    spec_strategies=strategies,
-    spec_adaptive=True,
-    bandit_shared_acceptance=True,
-    bandit_arm_acceptance=True,
-  )
+  engine = adaptive(bandit_shared_acceptance=True, bandit_arm_acceptance=True)
   want["tree3x2x6"] = ("tree3x2x6", 3)
   assert engine.bandit.accept_families == want
   assert engine.bandit_for(GREEDY).accept_families == want
