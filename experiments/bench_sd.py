@@ -460,9 +460,21 @@ def main(argv):
           vs_best = tps[row["config"]] / tps[best["config"]]
           row["learning"] = learning[(b, temp, row["config"])]
           row["bandit_reward"] = _adaptive_modes()[row["config"]]
-          cfg = engines[row["config"]].config
+          cfg, bandit = engines[row["config"]].config, engines[row["config"]].bandit
           row["bandit_shared_acceptance"] = cfg.bandit_shared_acceptance
           row["bandit_arm_acceptance"] = cfg.bandit_arm_acceptance
+          # What the bandit believed after the timed runs, per bucket it used at this batch
+          # size (its means include the acceptance curves' predictions), to read its picks.
+          row["bandit_view"] = {
+            str(bucket): {
+              arm: (v["pulls"], v["mean"] and round(v["mean"], 3)) for arm, v in arms.items()
+            }
+            for bucket, arms in bandit.summary().items()
+            if bucket <= b
+          }
+          row["tokens_per_round"] = {
+            arm: round(bandit.tokens_per_round(arm), 3) for arm in bandit.accept_families
+          }
           row["best_fixed"] = best["config"]
           row["vs_best_fixed"] = {k: round(v, 3) for k, v in _spread(vs_best).items()}
         if row["config"] == "control":  # the same programs as its twin: the noise floor
