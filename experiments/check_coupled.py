@@ -112,6 +112,15 @@ def main(argv):
         lost = sum(int(a.length[n]) - f for n, f in zip(np.nonzero(differ)[0], first))
         s = b.spec_summary()
         logp = np.abs(a.logprobs - b.logprobs)[~differ].max()
+        # At a row's first difference each decoder's log-prob of its own token: a near tie
+        # (the two close) is rounding between a 1-token step and a k-token verify, not a bug.
+        for n, f in zip(np.nonzero(differ)[0], first):
+          print(
+            f"  row {n}: first difference at token {f - int(a.prompt_len[n])} of its answer: "
+            f"plain chose {int(a.tokens[n, f])} (log-prob {a.logprobs[n, f]:.4f}), "
+            f"speculative {int(b.tokens[n, f])} (log-prob {b.logprobs[n, f]:.4f})",
+            flush=True,
+          )
         print(
           f"{strategy:11s} {name:10s} key {key}: {generated} tokens, {rows} rows, "
           f"{int(differ.sum())} rows differ ({lost} tokens from the first difference on); "
