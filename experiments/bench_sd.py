@@ -389,12 +389,18 @@ def main(argv):
           continue
         # The bandit learns over at least --learn_runs rollouts and --learn_chunks rewarded
         # chunks: a batch-64 rollout gives it 2-3 chunks, a batch-1 rollout ten.
-        learned, i = 0, 0
+        learned, i, first = 0, 0, []
         while i < _LEARN.value or (learned < _LEARN_CHUNKS.value and i < _LEARN_MAX.value):
           r = run(mode, 1000 + i)
-          learned += sum("reward" in e for e in r.timeline)
+          rewarded = [e for e in r.timeline if "reward" in e]
+          learned += len(rewarded)
+          # The bandit's first measurements: one slow early pull can keep an arm out for good.
+          first += [
+            [e.get("strategy", "plain"), e["answer_phase"], round(e["reward"], 2), round(e["dt"], 4)]
+            for e in rewarded
+          ][: max(0, 12 - len(first))]
           i += 1
-        learning[(b, temp, mode)] = {"runs": i, "rewarded_chunks": learned}
+        learning[(b, temp, mode)] = {"runs": i, "rewarded_chunks": learned, "first": first}
       compiled = pool.compiles
       results = {m: [] for m in modes}
       tps = {m: [] for m in modes}

@@ -889,6 +889,35 @@ def test_warmup_compiling_ahead_builds_the_same_programs(models):
   np.testing.assert_array_equal(results[2].tokens, results[1].tokens)
 
 
+def test_warmup_runs_every_chunk_program_through_its_loop(models, pool):
+  """The warm-up runs each decode and speculative program for one real step or round (the
+  loop's body, not only its entry): on XLA:CPU a body's first execution carries a one-time
+  cost that would otherwise land in the bandit's first measurement of each arm."""
+  _, tp, _, dp = models
+  engine = _engine(models, pool)
+  ran = {"decode": [], "spec": []}
+
+  def spy(name, make):
+    def wrapped(*args, **kwargs):
+      exe = make(*args, **kwargs)
+
+      def call(*inputs):
+        out = exe(*inputs)
+        ran[name].append(int(out[1] if name == "decode" else out[3].rounds))
+        return out
+
+      return call
+
+    return wrapped
+
+  engine._decode_exe = spy("decode", engine._decode_exe)
+  engine._spec_exe = spy("spec", engine._spec_exe)
+  engine.warmup(tp, num_samples=2, drafter_params=dp)
+  views, buckets = len(ENGINE.view_buckets), len(ENGINE.batch_buckets)
+  assert ran["decode"] == [1] * views * buckets
+  assert len(ran["spec"]) >= 2 * buckets and set(ran["spec"]) == {1}
+
+
 def test_warmup_for_known_prompt_lengths_compiles_only_what_they_need(models):
   """Given the prompt lengths, a warm-up skips the other prompt buckets and the cache views
   shorter than the shortest prompt (no chunk can choose them): fewer programs, and still

@@ -442,7 +442,8 @@ class RolloutEngine:
     for b in cfg.batch_buckets:
       state = self._rows(self._dummy_state(b))
       for view in views:
-        args = (self._weights(params, b), state, self._rep(key, b), np.int32(0))
+        # One real step: see `_live`.
+        args = (self._weights(params, b), self._live(state), self._rep(key, b), np.int32(1))
         state, _ = self._decode_exe(sampling, view, args)(*args)
       for b2 in cfg.batch_buckets:
         if b2 < b:
@@ -468,13 +469,14 @@ class RolloutEngine:
     for strategy in cfg.strategies:
       for view in views:
         if view >= strategy.nodes:
-          # Run each once (zero rounds): first executions carry one-time costs
-          # that would otherwise land in the bandit's first measurements.
+          # Run each once, one real round where the draft fits the view (see `_live`).
+          rounds = int(view > strategy.nodes)
+          live = self._live(state) if rounds else state
           if strategy.uses_drafter:
-            args = (params, drafter_params, state, *dstate)
+            args = (params, drafter_params, live, *dstate)
           else:
-            args = (params, None, state, None, None)
-          args += (corpus if strategy.uses_group else None, key, np.int32(0))
+            args = (params, None, live, None, None)
+          args += (corpus if strategy.uses_group else None, key, np.int32(rounds))
           state, dcache, dlen, _ = self._spec_exe(sampling, strategy, view, args)(*args)
           if strategy.uses_drafter:
             dstate = (dcache, dlen)  # a tuple, as in generate: the pytree types must match
@@ -487,6 +489,23 @@ class RolloutEngine:
   def _exploits_plain(bandit: StrategyBandit, bucket: int) -> bool:
     """The bandit's pick for `bucket` is plain decode as exploitation, not exploration."""
     return bandit.warmed_up(bucket) and bandit.best(bucket) == PLAIN
+
+  def _live(self, state: RolloutState) -> RolloutState:
+    """The warm-up's rows made active, one token from their end (length 1 of 2).
+
+    A program's first run must execute its decode loop's body: on XLA:CPU the first
+    execution of a loop body that never ran cost ~150 ms (the 50M policy at batch 1, each
+    chunk program and cache view), so a warm-up of zero steps left that cost to the first
+    real chunk of every arm, where it became the bandit's first measurement of that arm
+    (2x slow) and kept the arm out of its choices."""
+    b = state.batch  # distinct buffers: the state is donated
+    live = state.replace(
+      length=jnp.ones((b,), jnp.int32),
+      prompt_len=jnp.ones((b,), jnp.int32),
+      max_len=jnp.full((b,), 2, jnp.int32),
+      done=jnp.zeros((b,), bool),
+    )
+    return self._rows(live)
 
   def _dummy_state(self, b: int) -> RolloutState:
     cfg, m = self.config, self.model_config
