@@ -45,7 +45,11 @@ def _time(module, seed: int) -> tuple[float, float]:
   arms = ("plain", *(f"chain{d}" for d in depths))
   families = {f"chain{d}": ("chain", d) for d in depths}
   b = module.StrategyBandit(
-    arms, exploration=2.0, discount=0.99, min_pulls=1, accept_families=families,
+    arms,
+    exploration=2.0,
+    discount=0.99,
+    min_pulls=1,
+    accept_families=families,
     frontier=(0.125, 8),
   )
   rng = np.random.default_rng(seed)
@@ -57,8 +61,7 @@ def _time(module, seed: int) -> tuple[float, float]:
       depth = families[arm][1]
       hist = np.bincount(np.minimum(rng.geometric(0.15, 8) - 1, depth), minlength=depth + 1)
     t = time.perf_counter()
-    b.update(bucket, arm, float(rng.uniform(50, 60)), phase=int(rng.integers(0, 4)),
-             accepted=hist)
+    b.update(bucket, arm, float(rng.uniform(50, 60)), phase=int(rng.integers(0, 4)), accepted=hist)
     return time.perf_counter() - t
 
   buckets = [int(x) for x in _BUCKETS.value]

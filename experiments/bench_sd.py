@@ -396,7 +396,12 @@ def main(argv):
           learned += len(rewarded)
           # The bandit's first measurements: one slow early pull can keep an arm out for good.
           first += [
-            [e.get("strategy", "plain"), e["answer_phase"], round(e["reward"], 2), round(e["dt"], 4)]
+            [
+              e.get("strategy", "plain"),
+              e["answer_phase"],
+              round(e["reward"], 2),
+              round(e["dt"], 4),
+            ]
             for e in rewarded
           ][: max(0, 12 - len(first))]
           i += 1
