@@ -644,3 +644,21 @@ def test_shared_acceptance_update_checks_and_state():
   assert [restored.select(1) for _ in range(5)] == [bandit.select(1) for _ in range(5)]
   with pytest.raises(ValueError, match="accept_families"):
     StrategyBandit(("plain", *CHAINS), seed=3).load_state_dict(bandit.state_dict())
+
+
+def test_acceptance_without_a_reward_refines_the_curve_only():
+  """`observe_acceptance` (a chunk cut short): the family's curve moves, no bucket's
+  statistics do; it refuses arms outside the families and malformed histograms."""
+  families = {"chain2": ("chain", 2), "chain4": ("chain", 4)}
+  b = StrategyBandit(["plain", "chain2", "chain4"], accept_families=families)
+  b.update(1, "chain4", 10.0, accepted=[2, 2, 2, 2, 2])
+  before = {arm: b.tokens_per_round(arm) for arm in families}
+  pulls = b.summary()[1]["chain4"]["pulls"]
+  b.observe_acceptance("chain4", [0, 0, 0, 0, 20])  # rounds that accepted everything
+  for arm in families:  # one curve for the family: chain2 learns from chain4's rounds
+    assert b.tokens_per_round(arm) > before[arm]
+  assert b.summary()[1]["chain4"]["pulls"] == pulls and b.buckets == [1]
+  with pytest.raises(ValueError, match="accept_families"):
+    b.observe_acceptance("plain", [1])
+  with pytest.raises(ValueError, match="5 finite counts"):
+    b.observe_acceptance("chain4", [1, 2])

@@ -370,6 +370,21 @@ def test_shared_acceptance_scores_chains_from_their_rounds(models, pool):
   assert np.isfinite(engine.bandit.tokens_per_round("tree3x2x6"))  # pulled in the warm-up
 
 
+def test_chunks_cut_short_feed_the_acceptance_curve(models, pool):
+  """A chunk whose rows finish inside it earns no reward (its pace is not comparable), but
+  its rounds go into the arm's acceptance curve: a deep chain that ends answers inside one
+  chunk is not judged on its slower-accepting chunks alone."""
+  _, tp, _, dp = models
+  engine = _engine(models, pool, SAMPLED, spec_strategies=("chain2", "chain3"), spec_adaptive=True)
+  fed, observe = [], engine.bandit.observe_acceptance
+  engine.bandit.observe_acceptance = lambda arm, hist: (fed.append((arm, hist)), observe(arm, hist))
+  got = _run(engine, tp, dp, num_samples=4, key=3)
+  spec = [e for e in got.timeline if e["phase"] == "spec" and e["row_rounds"]]
+  short = [(e["strategy"], e["accepted_hist"]) for e in spec if "reward" not in e]
+  assert short and fed == short
+  assert any("reward" in e for e in spec)  # the full chunks are rewarded as before
+
+
 def test_each_sampling_configuration_learns_in_its_own_bandit(models, pool):
   """The best draft differs by temperature: a greedy call on an engine whose own sampling
   is temperature 1 learns in a separate bandit and leaves the checkpointed one alone."""

@@ -60,7 +60,10 @@ Why a bandit, and why one per batch bucket:
   accept from an unbounded chain. L's distribution is one per family (`_AcceptCurve`:
   discounted Kaplan-Meier counts over every bucket's rounds, since acceptance depends on
   the drafter and the text, not on the batch): each chunk of any chain in the family
-  refines every chain's prediction, and all are compared on the same rounds. Any other
+  refines every chain's prediction, and all are compared on the same rounds. Chunks cut
+  short by their rows finishing feed the curve too (`observe_acceptance`), though not the
+  pace: a deep chain finishes the well-accepted answers inside one chunk, so its full
+  chunks alone would be its slower-accepting ones. Any other
   speculative arm (a tree, group drafts) can be a family of one: scored by its pace times
   its own rounds' curve, pooled over the buckets, rather than by chunk rewards whose text
   noise also widens the bucket's spread and so everyone's exploration.
@@ -577,12 +580,7 @@ class StrategyBandit:
         f"update({arm!r}): `accepted` is required for accept_families arms and only for them"
       )
     if accepted is not None:
-      hist = np.asarray(accepted, dtype=np.float64)
-      depth = self._families[arm][1]
-      if hist.ndim != 1 or hist.size != depth + 1 or not np.all(np.isfinite(hist) & (hist >= 0)):
-        raise ValueError(
-          f"update({arm!r}): accepted must be {depth + 1} finite counts >= 0, got {accepted!r}"
-        )
+      hist = self._histogram(arm, accepted)
     if isinstance(phase, bool) or not isinstance(phase, int | np.integer) or phase < 0:
       raise ValueError(f"phase must be an int >= 0, got {phase!r}")
     try:
@@ -607,6 +605,25 @@ class StrategyBandit:
     if accepted is not None:
       family, depth = self._families[arm]
       self._curves[family].observe(hist, depth, self._discount)
+
+  def observe_acceptance(self, arm: str, accepted: Sequence[float]) -> None:
+    """Feeds an `accept_families` arm's rounds into its family's acceptance curve without
+    a reward: a chunk cut short by its rows finishing has no comparable pace, but its
+    rounds belong in the curve. Left out, a deep chain that ends answers inside one chunk
+    would be judged on the chunks that did not, its slower-accepting ones."""
+    if arm not in self._families:
+      raise ValueError(f"observe_acceptance({arm!r}): not an accept_families arm")
+    family, depth = self._families[arm]
+    self._curves[family].observe(self._histogram(arm, accepted), depth, self._discount)
+
+  def _histogram(self, arm: str, accepted: Sequence[float]) -> np.ndarray:
+    hist = np.asarray(accepted, dtype=np.float64)
+    depth = self._families[arm][1]
+    if hist.ndim != 1 or hist.size != depth + 1 or not np.all(np.isfinite(hist) & (hist >= 0)):
+      raise ValueError(
+        f"{arm!r}: accepted must be {depth + 1} finite counts >= 0, got {accepted!r}"
+      )
+    return hist
 
   def warmed_up(self, bucket: int) -> bool:
     """True once every arm of `bucket` has had its `min_pulls` warm-up pulls."""

@@ -206,6 +206,9 @@ class RolloutRun:
       # A shared-acceptance chain arm also reports what its rounds accepted (bandit docstring).
       accepted = entry["accepted_hist"] if arm in self.bandit.accept_families else None
       self.bandit.update(self.state.batch, arm, entry["reward"], phase=phase, accepted=accepted)
+    elif learn and arm in self.bandit.accept_families and entry["row_rounds"]:
+      # Cut short (its rows finished): no reward, but its rounds refine the curve.
+      self.bandit.observe_acceptance(arm, entry["accepted_hist"])
     self.timeline.append(
       {
         "t": t0 - self.start,
