@@ -2,9 +2,10 @@
 
 The adaptive engine calls both between device calls, so on an accelerator (a chunk of 8
 rounds of the 50M policy takes ~20 ms on an H200) their cost shows in the rollout. The
-bandit is built with the engine's settings (plain and chain arms sharing an acceptance
-curve, the octile frontier), fed synthetic chunks in several buckets and phases, then
-timed over many select / update pairs, interleaved in repetitions.
+bandit is the one the engine builds for a chain pool (`rollout.engine.bandit_settings`:
+plain and chain arms sharing an acceptance curve, the octile frontier), fed synthetic
+chunks in several buckets and phases, then timed over many select / update pairs,
+interleaved in repetitions.
 
   python experiments/bench_bandit.py --chains=4,8,12 --buckets=1,2,4,8,16 --pairs=300
   python experiments/bench_bandit.py --compare=/tmp/old_bandit.py   # another version, same run
@@ -23,6 +24,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from experiments.host import host_record  # noqa: E402
 from tlt_jax.rollout import bandit as bandit_module  # noqa: E402
+from tlt_jax.rollout.config import EngineConfig  # noqa: E402
+from tlt_jax.rollout.engine import bandit_settings  # noqa: E402
 
 _CHAINS = flags.DEFINE_list("chains", ["4", "8", "12"], "chain depths (arms: plain + these)")
 _BUCKETS = flags.DEFINE_list("buckets", ["1", "2", "4", "8", "16"], "batch buckets fed")
@@ -42,16 +45,10 @@ def _load(path: str):
 def _time(module, seed: int) -> tuple[float, float]:
   """Median ms of select and of update on a bandit fed like the engine's."""
   depths = [int(d) for d in _CHAINS.value]
-  arms = ("plain", *(f"chain{d}" for d in depths))
-  families = {f"chain{d}": ("chain", d) for d in depths}
-  b = module.StrategyBandit(
-    arms,
-    exploration=2.0,
-    discount=0.99,
-    min_pulls=1,
-    accept_families=families,
-    frontier=(0.125, 8),
-  )
+  config = EngineConfig(spec_threshold=64, spec_strategies=tuple(f"chain{d}" for d in depths))
+  arms, settings = bandit_settings(config)
+  families = settings["accept_families"]
+  b = module.StrategyBandit(arms, **settings)
   rng = np.random.default_rng(seed)
 
   def feed(bucket: int):

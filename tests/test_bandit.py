@@ -662,3 +662,31 @@ def test_acceptance_without_a_reward_refines_the_curve_only():
     b.observe_acceptance("plain", [1])
   with pytest.raises(ValueError, match="5 finite counts"):
     b.observe_acceptance("chain4", [1, 2])
+
+
+def test_bandit_settings_are_the_engines_for_each_pool():
+  from tlt_jax.rollout.config import EngineConfig
+  from tlt_jax.rollout.engine import bandit_settings
+
+  pool = ("chain4", "chain8", "tree5x4x16")
+  arms, settings = bandit_settings(EngineConfig(spec_threshold=8, spec_strategies=pool))
+  assert arms == ("plain", *pool)
+  # Chains share one acceptance curve; a tree has none unless every arm gets its own.
+  assert settings["accept_families"] == {"chain4": ("chain", 4), "chain8": ("chain", 8)}
+  assert settings["frontier"] == (0.125, 8)
+  StrategyBandit(arms, **settings)  # the keywords are the constructor's
+  _, own = bandit_settings(
+    EngineConfig(
+      spec_threshold=8,
+      spec_strategies=pool,
+      bandit_shared_acceptance=False,
+      bandit_arm_acceptance=True,
+      bandit_reward="frontier",
+      spec_rounds=4,
+    )
+  )
+  assert own["accept_families"]["chain4"] == ("chain4", 4)
+  assert own["accept_families"]["tree5x4x16"][0] == "tree5x4x16"
+  assert own["frontier"] == (0.0, 4)
+  _, none = bandit_settings(EngineConfig(spec_threshold=8, spec_strategies=("tree5x4x16",)))
+  assert none["accept_families"] == {} and none["frontier"] is None

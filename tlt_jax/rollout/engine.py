@@ -55,6 +55,40 @@ from tlt_jax.rollout.speculative import SpecStrategy, spec_decode_chunk
 from tlt_jax.rollout.state import RolloutState, round_up
 
 
+def bandit_settings(config: EngineConfig) -> tuple[tuple[str, ...], dict[str, Any]]:
+  """The adaptive engine's bandit for `config`: its arms and `StrategyBandit` keywords.
+
+  One place for the settings, so that experiments/bench_bandit.py times the bandit the
+  engine builds.
+  """
+  # A ~100-chunk memory: long enough to settle on a steady best arm, short enough to
+  # follow a drafter that improves over RL steps. One pull per arm first, then UCB with a
+  # bonus in units of the measured spread of chunk rewards: a noisy first timing is
+  # re-tried, arms that are clearly apart are left alone, and each bucket's warm-up costs
+  # one chunk per arm. (Three pulls per arm made the RL runs of experiments/e2e_modes.py
+  # spend most of their speculative chunks warming up.)
+  families = {}
+  if config.bandit_shared_acceptance:
+    families = {
+      s.name: ("chain" if s.coupled else "chain-argmax", s.depth)
+      for s in config.strategies
+      if s.kind == "chain"
+    }
+  if config.bandit_arm_acceptance:  # the rest: a family of one each (names are unique)
+    for s in config.strategies:
+      families.setdefault(s.name, (s.name, s.depth))
+  frontier = (BANDIT_REWARDS[config.bandit_reward], config.spec_rounds) if families else None
+  settings = dict(
+    exploration=2.0,
+    discount=0.99,
+    min_pulls=1,
+    prior_weight=config.bandit_prior,
+    accept_families=families,
+    frontier=frontier,
+  )
+  return (PLAIN, *(s.name for s in config.strategies)), settings
+
+
 class RolloutEngine:
   """Generates G samples per prompt with compaction and cache buckets.
 
@@ -103,34 +137,8 @@ class RolloutEngine:
     self.strategies = {s.name: s for s in config.strategies}
     self.bandit = None
     if config.spec_threshold and config.spec_adaptive:
-      arms = (PLAIN, *self.strategies)
-      # A ~100-chunk memory: long enough to settle on a steady best arm, short
-      # enough to follow a drafter that improves over RL steps.
-      # One pull per arm first, then UCB with a bonus in units of the measured spread of
-      # chunk rewards: a noisy first timing is re-tried, arms that are clearly apart are
-      # left alone, and each bucket's warm-up costs one chunk per arm. (Three pulls per arm
-      # made the RL runs of experiments/e2e_modes.py spend most of their speculative chunks
-      # warming up.)
-      families = {}
-      if config.bandit_shared_acceptance:
-        families = {
-          s.name: ("chain" if s.coupled else "chain-argmax", s.depth)
-          for s in config.strategies
-          if s.kind == "chain"
-        }
-      if config.bandit_arm_acceptance:  # the rest: a family of one each (names are unique)
-        for s in config.strategies:
-          families.setdefault(s.name, (s.name, s.depth))
-      default = StrategyBandit(
-        arms,
-        exploration=2.0,
-        discount=0.99,
-        min_pulls=1,
-        prior_weight=config.bandit_prior,
-        accept_families=families,
-        frontier=(BANDIT_REWARDS[config.bandit_reward], config.spec_rounds) if families else None,
-      )
-      self.bandit = bandit if bandit is not None else default
+      arms, settings = bandit_settings(config)
+      self.bandit = bandit if bandit is not None else StrategyBandit(arms, **settings)
       if tuple(self.bandit.arms) != arms:
         raise ValueError(f"bandit arms {tuple(self.bandit.arms)} != engine arms {arms}")
     self._other_bandits: dict[SamplingConfig, StrategyBandit] = {}
