@@ -128,6 +128,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   # Pseudo-pulls each neighbouring batch bucket lends a bucket's arms at their relative
   # speed there (0: every bucket learns alone).
   c.engine.bandit_prior = 0.0
+  # The UCB bonus's weight, in spreads of the chunk rewards (lower: fewer chunks on close
+  # seconds, a slower response to a change).
+  c.engine.bandit_exploration = 2.0
   # Chain arms scored from one acceptance curve that all their rounds feed (their speeds
   # predicted on the same rounds, not compared across chunks of different text: at small
   # batches a chunk is one answer's stretch, and its text moves acceptance more than the

@@ -2,7 +2,7 @@
 
 The adaptive engine calls both between device calls, so on an accelerator (a chunk of 8
 rounds of the 50M policy takes ~20 ms on an H200) their cost shows in the rollout. The
-bandit is the one the engine builds for a chain pool (`rollout.engine.bandit_settings`:
+bandit is the one the engine builds for a chain pool (`rollout.config.bandit_settings`:
 plain and chain arms sharing an acceptance curve, the octile frontier), fed synthetic
 chunks in several buckets and phases, then timed over many select / update pairs,
 interleaved in repetitions.
@@ -24,8 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from experiments.host import host_record  # noqa: E402
 from tlt_jax.rollout import bandit as bandit_module  # noqa: E402
-from tlt_jax.rollout.config import EngineConfig  # noqa: E402
-from tlt_jax.rollout.engine import bandit_settings  # noqa: E402
+from tlt_jax.rollout.config import EngineConfig, bandit_settings  # noqa: E402
 
 _CHAINS = flags.DEFINE_list("chains", ["4", "8", "12"], "chain depths (arms: plain + these)")
 _BUCKETS = flags.DEFINE_list("buckets", ["1", "2", "4", "8", "16"], "batch buckets fed")

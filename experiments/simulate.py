@@ -58,6 +58,8 @@ from tlt_jax.sim import (  # noqa: E402
   TableCost,
   arms_from_accept,
   compare,
+  engine_bandit,
+  modelled,
   replay_step,
   speedup_bound,
   step_record,
@@ -87,6 +89,11 @@ _GROUP_ACCEPT = flags.DEFINE_float(
   "group_accept", 1.8, "group drafts' accept length (this project: 1.4-1.8, RESULTS.md)"
 )
 _SEED = flags.DEFINE_integer("seed", 0, "length and acceptance draws")
+_REWARD_NOISE = flags.DEFINE_float(
+  "reward_noise",
+  0.1,
+  "--validate's replayed bandit: relative spread (log-normal) of the chunk times it is told",
+)
 _SENS_P90 = flags.DEFINE_list(
   "sensitivity_p90",
   ["1000", "1420", "1990"],
@@ -345,7 +352,7 @@ def validate(run_dir: str, cost) -> dict:
   baselines = [k for k in labels if configs[k]["mode"] == "baseline"]
   if not baselines:
     raise app.UsageError(f"{run_dir}: no baseline run to calibrate the update with")
-  results = {}
+  results, arm_lines = {}, []
   print(
     "\n| run | steps | rollout s measured / predicted | step s measured / predicted | "
     "ratios | within 15% |"
@@ -362,10 +369,20 @@ def validate(run_dir: str, cost) -> dict:
       # Standalone forwards by mean context: no views, one prompt length for every row.
       policy = dataclasses.replace(policy, views=(), prompt_len=_PROMPT.value)
     calibration = Calibration.from_baseline(records[base])
-    # Speculative runs twice: with the converged bandit's arms (the engine's policy, what a
-    # projection uses) and with the arm mix the run's bandit chose (its exploration too).
-    variants = [(label, False)] + ([(f"{label}, its arm mix", True)] if mode != "baseline" else [])
-    for name, measured_arms in variants:
+    # Speculative runs three times: with the converged bandit's arms (what a projection
+    # uses), with the engine's bandit replayed (learning from the replayed chunks, its
+    # exploration included) and with the arm mix the run's bandit chose.
+    variants = [(label, False, False)]
+    if mode != "baseline":
+      variants += [
+        (f"{label}, bandit replayed", False, True),
+        (f"{label}, its arm mix", True, False),
+      ]
+    known = sorted({a for r in records[label] for a in modelled(tuple(r.accept))})
+    for name, measured_arms, replay_bandit in variants:
+      bandit = None
+      if replay_bandit and known and eng.get("spec_adaptive", True):
+        bandit = engine_bandit(eng, known, seed=int(cfg.get("seed", 0)))
       out = compare(
         records[label],
         cost,
@@ -374,6 +391,8 @@ def validate(run_dir: str, cost) -> dict:
         speculative=mode != "baseline",
         draft_cost=_DRAFT_COST.value,
         measured_arms=measured_arms,
+        bandit=bandit,
+        reward_noise=_REWARD_NOISE.value,
         stochastic=_STOCHASTIC.value,
         seed=_SEED.value,
       )
@@ -384,7 +403,20 @@ def validate(run_dir: str, cost) -> dict:
         f"{out['predicted_step_s']:.2f} | {out['rollout_ratio']:.2f} / {out['step_ratio']:.2f} | "
         f"{'yes' if out['within_tolerance'] else 'NO'} |"
       )
+      if bandit is not None:
+        measured = {}
+        for r in records[label]:
+          for arm, n in r.chunks.items():
+            measured[arm] = measured.get(arm, 0) + n
+        arm_lines.append(f"| {name} | {_counts(out['chunks'])} | {_counts(measured)} |")
+  if arm_lines:
+    print("\n| run | chunks by arm, replayed | measured |\n|---|---|---|")
+    print("\n".join(arm_lines))
   return results
+
+
+def _counts(chunks) -> str:
+  return ", ".join(f"{k} {v}" for k, v in sorted(chunks.items(), key=lambda kv: -kv[1]))
 
 
 def main(argv):

@@ -665,8 +665,7 @@ def test_acceptance_without_a_reward_refines_the_curve_only():
 
 
 def test_bandit_settings_are_the_engines_for_each_pool():
-  from tlt_jax.rollout.config import EngineConfig
-  from tlt_jax.rollout.engine import bandit_settings
+  from tlt_jax.rollout.config import EngineConfig, bandit_settings
 
   pool = ("chain4", "chain8", "tree5x4x16")
   arms, settings = bandit_settings(EngineConfig(spec_threshold=8, spec_strategies=pool))
@@ -690,3 +689,11 @@ def test_bandit_settings_are_the_engines_for_each_pool():
   assert own["frontier"] == (0.0, 4)
   _, none = bandit_settings(EngineConfig(spec_threshold=8, spec_strategies=("tree5x4x16",)))
   assert none["accept_families"] == {} and none["frontier"] is None
+  # The UCB bonus's weight and the neighbour prior come from the config.
+  assert settings["exploration"] == 2.0 and settings["prior_weight"] == 0.0
+  tuned = EngineConfig(spec_threshold=8, spec_strategies=pool, bandit_exploration=1, bandit_prior=2)
+  _, tuned = bandit_settings(tuned)
+  assert tuned["exploration"] == 1.0 and tuned["prior_weight"] == 2.0
+  for bad in (-0.5, float("inf"), True):
+    with pytest.raises(ValueError, match="bandit_exploration"):
+      EngineConfig(spec_threshold=8, spec_strategies=pool, bandit_exploration=bad)

@@ -20,7 +20,7 @@ from tlt_jax.sim import (
   replay_step,
   speedup_bound,
 )
-from tlt_jax.sim.replay import _per_token_acceptance
+from tlt_jax.sim.replay import _chain_survival, _per_token_acceptance
 
 
 @dataclasses.dataclass(frozen=True)
@@ -302,3 +302,69 @@ def test_a_measured_arm_mix_replaces_the_converged_bandit():
   assert mixed.seconds == 5 * 2 + 2 * 4
   with pytest.raises(ValueError, match="none of the arms"):
     replay_rollout([8], _Cost(), policy, arm, arm_mix={"tree5x4x16": 2})
+
+
+def test_chain_arms_draw_from_one_acceptance_curve_that_keeps_each_arms_mean():
+  """A shallower chain's draft is a prefix of a deeper one's: one survival curve P(L >= k)
+  gives every chain its measured accept length, and draws of min(L, depth) average to it."""
+  arms = arms_from_accept({"chain2": 2.7, "chain4": 4.3, "chain8": 5.7}, 0.0)
+  survival = _chain_survival(arms)
+  assert survival.shape == (8,) and np.all(np.diff(survival) <= 1e-12)
+  for arm in arms:
+    assert 1 + survival[: arm.nodes - 1].sum() == pytest.approx(arm.accept_length, rel=1e-6)
+  # A deeper arm that accepts more than the curve allows is held to what it can add.
+  deep = _chain_survival(arms_from_accept({"chain2": 2.0, "chain4": 5.0}, 0.0))
+  assert 1 + deep[:2].sum() == pytest.approx(2.0) and deep[2:] == pytest.approx([deep[1]] * 2)
+  # Replayed rounds: a chain8 rollout at flat cost lasts tokens / accept length rounds.
+  policy = EnginePolicy(max_batch=1, spec_threshold=1, spec_rounds=4)
+  pred = replay_rollout([5700], _Cost(), policy, arms, arm_mix={"chain8": 1}, stochastic=True)
+  assert pred.seconds == pytest.approx(1000, rel=0.05) and set(pred.chunks_by_arm) == {"chain8"}
+
+
+def _bandit(arms, **engine):
+  from tlt_jax.sim import engine_bandit
+
+  return engine_bandit(
+    {"spec_threshold": 8, "spec_strategies": ["chain2", "chain4"], **engine}, arms
+  )
+
+
+def test_a_replayed_bandit_learns_the_arms_and_pays_for_its_exploration():
+  """The engine's bandit, replayed over a run's rollouts in order, learns from the replayed
+  chunks: where verification is free (flat cost) it settles on the deeper chain, where it
+  costs per token (compute bound) on plain decode, and either way the rollouts take longer
+  than the converged bandit's (its warm-up and exploration)."""
+  arms = arms_from_accept({"chain2": 2.6, "chain4": 4.0}, 0.05)
+  policy = EnginePolicy(max_batch=4, spec_threshold=4, spec_rounds=4, chunk_steps=8)
+  rollouts = [[300, 80, 120, 200]] * 12
+  for cost, winner in ((_Cost(), "chain4"), (_Cost(per_row=True, per_token=True), "plain")):
+    bandit, chunks, replayed, converged = _bandit(("chain2", "chain4")), {}, 0.0, 0.0
+    for i, lengths in enumerate(rollouts):
+      got = replay_rollout(lengths, cost, policy, arms, bandit=bandit, stochastic=True, seed=i)
+      replayed += got.seconds
+      converged += replay_rollout(lengths, cost, policy, arms, stochastic=True, seed=i).seconds
+      for arm, n in got.chunks_by_arm.items():
+        chunks[arm] = chunks.get(arm, 0) + n
+    assert max(chunks, key=chunks.get) == winner and len(chunks) == 3, chunks
+    assert replayed > converged
+    assert bandit.best(4) == winner and set(bandit.buckets) >= {1, 2, 4}
+  # Its settings are the engine's: the exploration weight and prior of the config.
+  tuned = _bandit(("chain2", "chain4"), bandit_exploration=0.5, bandit_prior=3.0)
+  assert tuned.exploration == 0.5 and tuned.prior_weight == 3.0
+  assert _bandit(("chain4",)).arms == ("plain", "chain4")  # arms without a model left out
+  with pytest.raises(ValueError, match="none of the engine's strategies"):
+    _bandit(("tree5x4x16",))
+  with pytest.raises(ValueError, match="stochastic"):
+    replay_rollout([8], _Cost(), policy, arms, bandit=_bandit(("chain2", "chain4")))
+  with pytest.raises(ValueError, match="not both"):
+    replay_rollout(
+      [8],
+      _Cost(),
+      policy,
+      arms,
+      bandit=_bandit(("chain4",)),
+      arm_mix={"chain4": 1},
+      stochastic=True,
+    )
+  with pytest.raises(ValueError, match="no ArmModel"):
+    replay_rollout([8], _Cost(), policy, arms[:1], bandit=_bandit(("chain4",)), stochastic=True)

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any
 
 from tlt_jax.decode.group_drafts import GroupMatch
-from tlt_jax.rollout.bandit import BANDIT_REWARDS
+from tlt_jax.rollout.bandit import BANDIT_REWARDS, PLAIN
 from tlt_jax.rollout.speculative import SpecStrategy
 from tlt_jax.rollout.state import power_of_two_buckets
 
@@ -57,6 +58,9 @@ class EngineConfig:
       bucket at its relative speed there (`StrategyBandit.prior_weight`; 0: every bucket
       learns alone). The tail's small buckets see a few chunks each: with a prior they
       skip the warm-up of arms their neighbours found slow.
+    bandit_exploration: the weight of the bandit's UCB bonus, in units of the measured spread
+      of its chunk rewards (`StrategyBandit.exploration`): lower settles sooner on the
+      best-looking arm and spends fewer chunks on close seconds.
     bandit_shared_acceptance: the drafter's chain arms (coupled ones, and "-argmax"
       ones apart) are scored by their measured pace times the tokens a round accepts,
       predicted from one acceptance curve that every chain's rounds feed
@@ -105,6 +109,7 @@ class EngineConfig:
   bandit_reward: str = "octile"
   bandit_cut_short: bool = False
   bandit_prior: float = 0.0
+  bandit_exploration: float = 2.0
   bandit_shared_acceptance: bool = True
   bandit_arm_acceptance: bool = False
   matmul_precision: str | None = "highest"
@@ -159,6 +164,11 @@ class EngineConfig:
     prior = self.bandit_prior
     if isinstance(prior, bool) or not isinstance(prior, int | float) or not 0 <= prior < math.inf:
       raise ValueError(f"EngineConfig.bandit_prior must be a number >= 0, got {prior!r}")
+    weight = self.bandit_exploration
+    if (
+      isinstance(weight, bool) or not isinstance(weight, int | float) or not 0 <= weight < math.inf
+    ):
+      raise ValueError(f"EngineConfig.bandit_exploration must be a number >= 0, got {weight!r}")
     precisions = (None, "default", "high", "highest", "bfloat16", "tensorfloat32", "float32")
     if self.matmul_precision not in precisions:
       raise ValueError(
@@ -227,3 +237,37 @@ class EngineConfig:
     return power_of_two_buckets(
       min(self.min_prompt_bucket, self.max_prompt_len), self.max_prompt_len
     )
+
+
+def bandit_settings(config: EngineConfig) -> tuple[tuple[str, ...], dict[str, Any]]:
+  """The adaptive engine's bandit for `config`: its arms and `StrategyBandit` keywords.
+
+  One place for the settings, so that experiments/bench_bandit.py times, and the simulator
+  (`sim.replay`) replays, the bandit the engine builds.
+  """
+  # A ~100-chunk memory: long enough to settle on a steady best arm, short enough to
+  # follow a drafter that improves over RL steps. One pull per arm first, then UCB with a
+  # bonus in units of the measured spread of chunk rewards: a noisy first timing is
+  # re-tried, arms that are clearly apart are left alone, and each bucket's warm-up costs
+  # one chunk per arm. (Three pulls per arm made the RL runs of experiments/e2e_modes.py
+  # spend most of their speculative chunks warming up.)
+  families = {}
+  if config.bandit_shared_acceptance:
+    families = {
+      s.name: ("chain" if s.coupled else "chain-argmax", s.depth)
+      for s in config.strategies
+      if s.kind == "chain"
+    }
+  if config.bandit_arm_acceptance:  # the rest: a family of one each (names are unique)
+    for s in config.strategies:
+      families.setdefault(s.name, (s.name, s.depth))
+  frontier = (BANDIT_REWARDS[config.bandit_reward], config.spec_rounds) if families else None
+  settings = dict(
+    exploration=float(config.bandit_exploration),
+    discount=0.99,
+    min_pulls=1,
+    prior_weight=config.bandit_prior,
+    accept_families=families,
+    frontier=frontier,
+  )
+  return (PLAIN, *(s.name for s in config.strategies)), settings

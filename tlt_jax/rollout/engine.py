@@ -45,48 +45,14 @@ from tlt_jax.models.precision import compute_params
 from tlt_jax.models.transformer import KVCache
 from tlt_jax.parallel.meshes import BatchPlacement
 from tlt_jax.rollout import programs
-from tlt_jax.rollout.bandit import BANDIT_REWARDS, PLAIN, StrategyBandit
-from tlt_jax.rollout.config import EngineConfig
+from tlt_jax.rollout.bandit import PLAIN, StrategyBandit
+from tlt_jax.rollout.config import EngineConfig, bandit_settings
 from tlt_jax.rollout.history import PromptHistory
 from tlt_jax.rollout.pool import ExecutablePool
 from tlt_jax.rollout.result import RolloutResult
 from tlt_jax.rollout.run import RolloutRun
 from tlt_jax.rollout.speculative import SpecStrategy, spec_decode_chunk
 from tlt_jax.rollout.state import RolloutState, round_up
-
-
-def bandit_settings(config: EngineConfig) -> tuple[tuple[str, ...], dict[str, Any]]:
-  """The adaptive engine's bandit for `config`: its arms and `StrategyBandit` keywords.
-
-  One place for the settings, so that experiments/bench_bandit.py times the bandit the
-  engine builds.
-  """
-  # A ~100-chunk memory: long enough to settle on a steady best arm, short enough to
-  # follow a drafter that improves over RL steps. One pull per arm first, then UCB with a
-  # bonus in units of the measured spread of chunk rewards: a noisy first timing is
-  # re-tried, arms that are clearly apart are left alone, and each bucket's warm-up costs
-  # one chunk per arm. (Three pulls per arm made the RL runs of experiments/e2e_modes.py
-  # spend most of their speculative chunks warming up.)
-  families = {}
-  if config.bandit_shared_acceptance:
-    families = {
-      s.name: ("chain" if s.coupled else "chain-argmax", s.depth)
-      for s in config.strategies
-      if s.kind == "chain"
-    }
-  if config.bandit_arm_acceptance:  # the rest: a family of one each (names are unique)
-    for s in config.strategies:
-      families.setdefault(s.name, (s.name, s.depth))
-  frontier = (BANDIT_REWARDS[config.bandit_reward], config.spec_rounds) if families else None
-  settings = dict(
-    exploration=2.0,
-    discount=0.99,
-    min_pulls=1,
-    prior_weight=config.bandit_prior,
-    accept_families=families,
-    frontier=frontier,
-  )
-  return (PLAIN, *(s.name for s in config.strategies)), settings
 
 
 class RolloutEngine:

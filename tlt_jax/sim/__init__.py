@@ -20,7 +20,14 @@ from tlt_jax.sim.replay import (
   replay_step,
   speedup_bound,
 )
-from tlt_jax.sim.validate import Calibration, StepRecord, compare, step_record
+from tlt_jax.sim.validate import (
+  Calibration,
+  StepRecord,
+  compare,
+  engine_bandit,
+  modelled,
+  step_record,
+)
 
 __all__ = [
   "ArmModel",
@@ -36,6 +43,8 @@ __all__ = [
   "arms_from_accept",
   "chain_accept_length",
   "compare",
+  "engine_bandit",
+  "modelled",
   "replay_rollout",
   "replay_step",
   "speedup_bound",

@@ -7,15 +7,18 @@ chunks the unfinished rows move to a smaller bucket when they fit (`compact`); a
 `chunk_steps` plain decode steps (in the last bucket: to the end of its cache view), or
 `spec_rounds` speculative rounds when the bucket is at or below `spec_threshold`, with the
 arm a converged bandit picks (the one of highest predicted speed in that bucket, plain
-decode included). Every step or round is charged at the bucket's batch (padding rows cost
-like real ones) and at the chunk's cache view (the engine's bucket covering the rows'
-furthest reach; without views, the active rows' mean context). With an `EngineCost` (the
-engine's own calls, measured) it also charges the prefill, drafter-cache rebuilds and the
-host time between calls.
+decode included), or, given a `StrategyBandit`, the arm that bandit picks, learning from the
+replayed chunks as the engine's does (its exploration included). Every step or round is
+charged at the bucket's batch (padding rows cost like real ones) and at the chunk's cache
+view (the engine's bucket covering the rows' furthest reach; without views, the active rows'
+mean context). With an `EngineCost` (the engine's own calls, measured) it also charges the
+prefill, drafter-cache rebuilds and the host time between calls.
 
 Rows progress by their arm's mean accept length per round (`stochastic=False`), or by draws
-of a chain's i.i.d. per-token acceptance (`stochastic=True`: the rows spread apart as they
-do, and the slowest decides when a bucket ends).
+(`stochastic=True`: the rows spread apart as they do, and the slowest decides when a bucket
+ends). The drafter's chains draw from one acceptance curve, since a shallower chain's draft
+is a prefix of a deeper one's (`_chain_survival`: fitted to every chain arm's accept length);
+other arms from an i.i.d. per-token acceptance of their own.
 
 A step: rollout + update (seconds per token, measured) + fixed other time (rewards, old
 log-probs); mode "tlt" adds the drafter training that does not fit in idle time. Speedup
@@ -32,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from tlt_jax.rollout.bandit import BANDIT_REWARDS, StrategyBandit, answer_phase, frontier_advance
 from tlt_jax.rollout.config import EngineConfig
 from tlt_jax.rollout.state import plain_reach, power_of_two_buckets, round_up, spec_reach
 from tlt_jax.sim.costs import ArmModel, DecodeCost, EngineCost
@@ -61,6 +65,8 @@ class EnginePolicy:
     prompt_buckets: the engine's prompt buckets (the prefill's shape; () = exact).
     samples: rows per prompt (G); the prefill runs once per prompt.
     slots: the engine's `slots` (a drafter-cache rebuild is at most this wide).
+    bandit_phase_tokens / bandit_reward: what a replayed bandit is told of a chunk (its
+      answer phase, and which rows' advance is its reward), as the engine's.
   """
 
   max_batch: int
@@ -74,6 +80,8 @@ class EnginePolicy:
   prompt_buckets: tuple[int, ...] = ()
   samples: int = 1
   slots: int = 0
+  bandit_phase_tokens: int = 16
+  bandit_reward: str = "octile"
 
   @property
   def batch_buckets(self) -> tuple[int, ...]:
@@ -97,6 +105,8 @@ class EnginePolicy:
       prompt_buckets=cfg.prompt_buckets,
       samples=samples,
       slots=cfg.slots,
+      bandit_phase_tokens=cfg.bandit_phase_tokens,
+      bandit_reward=cfg.bandit_reward,
     )
 
 
@@ -122,6 +132,32 @@ def _best_arm(arms, cost, batch, context, view=None) -> tuple[str, ArmModel | No
     if speed > best_speed:
       best, best_speed = (arm.name, arm), speed
   return best
+
+
+def _chain_survival(arms: Sequence[ArmModel]) -> np.ndarray:
+  """P(L >= k), k = 1 .. the deepest chain's depth, where L is the number of draft tokens
+  the target accepts from an unbounded chain of the drafter: a depth-d chain then emits
+  1 + E[min(L, d)] a round. Fitted to the chain arms' accept lengths, shallowest first,
+  with a constant per-token acceptance between consecutive depths, so that each arm's mean
+  is its own (an accept length below a shallower arm's reads as no further acceptance)."""
+  chains = sorted((a.nodes - 1, a.accept_length - 1.0) for a in arms if a.name.startswith("chain"))
+  survival: list[float] = []
+  level, total, depth_before = 1.0, 0.0, 0
+  for depth, tokens in chains:
+    m = depth - depth_before
+    if m <= 0:
+      continue
+    want = min(max(tokens - total, 0.0), m * level)
+    lo, hi = 0.0, 1.0  # per-token acceptance q: level * (q + q^2 + ... + q^m) = want
+    for _ in range(60):
+      q = (lo + hi) / 2
+      lo, hi = (q, hi) if level * sum(q**j for j in range(1, m + 1)) < want else (lo, q)
+    q = (lo + hi) / 2
+    segment = [level * q**j for j in range(1, m + 1)]
+    survival += segment
+    total += sum(segment)
+    level, depth_before = segment[-1], depth
+  return np.asarray(survival)
 
 
 def _per_token_acceptance(arm: ArmModel) -> float:
@@ -151,6 +187,8 @@ def replay_rollout(
   *,
   prompt_lens: Sequence[int] | None = None,
   arm_mix: Mapping[str, float] | None = None,
+  bandit: StrategyBandit | None = None,
+  reward_noise: float = 0.0,
   stochastic: bool = False,
   seed: int = 0,
 ) -> RolloutPrediction:
@@ -161,7 +199,17 @@ def replay_rollout(
   one), host time between calls, moves to smaller buckets and the final harvest, and lets
   the prefill emit each row's first token, as the engine does. `arm_mix` (chunks per arm,
   "plain" included, e.g. a run's measured counts) replaces the converged bandit: each
-  speculative-eligible chunk runs the arm furthest below its share so far."""
+  speculative-eligible chunk runs the arm furthest below its share so far.
+
+  `bandit` (its arms: plain and some of `arms`; `stochastic` replays only) replaces the
+  converged bandit with the engine's own: it picks each eligible chunk's arm and is updated
+  with the chunk's reward as `rollout.run.RolloutRun` does (its answer phase; a chain
+  family's pace and acceptance histogram, or the rows' advance per second; chunks cut short
+  by their rows finishing feed only the acceptance curve). The bandit keeps what it learnt,
+  so one bandit replayed over a run's rollouts in order learns as the run's did. Each
+  reward's seconds carry a log-normal measurement noise of relative spread `reward_noise`
+  (the replay's times do not).
+  """
   remaining = np.asarray(lengths, dtype=float)
   if remaining.ndim != 1 or not remaining.size or np.any(remaining < 1):
     raise ValueError("lengths must be a non-empty list of positive token counts")
@@ -172,9 +220,21 @@ def replay_rollout(
     prompts = np.asarray(prompt_lens, dtype=float)
     if prompts.shape != remaining.shape:
       raise ValueError(f"{prompts.size} prompt lengths for {remaining.size} rows")
+  by_name = {a.name: a for a in arms}
+  if bandit is not None:
+    if arm_mix is not None:
+      raise ValueError("replay_rollout takes a bandit or an arm_mix, not both")
+    if not stochastic:
+      raise ValueError("a replayed bandit needs stochastic=True (per-row acceptance draws)")
+    unknown = sorted(set(bandit.arms) - set(by_name) - {PLAIN})
+    if unknown:
+      raise ValueError(f"bandit arms {unknown} have no ArmModel among {sorted(by_name)}")
+  if not 0.0 <= reward_noise < 1.0:
+    raise ValueError(f"reward_noise must be in [0, 1), got {reward_noise!r}")
   engine = isinstance(cost, EngineCost)
   rng = np.random.default_rng(seed)
   accept_p = {a.name: _per_token_acceptance(a) for a in arms}
+  survival = _chain_survival(arms)
   generated = np.zeros_like(remaining)
   batch = round_up(remaining.size, policy.batch_buckets)
   seconds, chunks, by_bucket = 0.0, {}, {}
@@ -188,12 +248,13 @@ def replay_rollout(
     remaining -= 1.0
     generated += 1.0
   drafter_cache = False  # the drafter's cache is in step with the rows
-  by_name = {a.name: a for a in arms}
+  switched_away = False  # a chunk left the drafter's cache behind (its rebuild is charged)
   mix = {k: float(v) for k, v in (arm_mix or {}).items() if k == PLAIN or k in by_name}
   if arm_mix is not None and (not mix or sum(mix.values()) <= 0):
     raise ValueError(f"arm_mix {dict(arm_mix)} names none of the arms {sorted(by_name)} or plain")
   total = sum(mix.values())
   mixed: dict[str, int] = {}  # eligible chunks run per arm, under arm_mix
+  quantile = BANDIT_REWARDS.get(policy.bandit_reward, 0.0) or 0.0
   while np.any(remaining > 0):
     active = remaining > 0
     if policy.compact:
@@ -214,31 +275,52 @@ def replay_rollout(
       rounds = policy.spec_rounds
       return _view(policy, spec_reach(reach, math.inf, rounds, arm.nodes, arm.nodes))
 
-    name, arm = (PLAIN, None)
+    name, arm, learn = (PLAIN, None, False)
     if arms and batch <= policy.spec_threshold:
       if mix:
         done = sum(mixed.values()) + 1
         name = max(mix, key=lambda k: mix[k] / total - mixed.get(k, 0) / done)
         mixed[name] = mixed.get(name, 0) + 1
         arm = by_name.get(name)
+      elif bandit is not None:
+        name = bandit.select(batch)
+        arm = by_name.get(name)
+        # As the engine: plain in the last bucket, once the bandit exploits it, runs to the
+        # end in one call and teaches the bandit nothing.
+        last = batch == policy.batch_buckets[0]
+        learn = not (
+          arm is None and last and bandit.warmed_up(batch) and bandit.best(batch) == PLAIN
+        )
       else:
         views = chunk_view if policy.views else None
         name, arm = _best_arm(arms, cost, batch, context, views)
     chunks[name] = chunks.get(name, 0) + 1
     start = seconds
+    phase = answer_phase(float(generated[active].mean()), policy.bandit_phase_tokens)
+    before, started = generated.copy(), remaining > 0
     steps = policy.chunk_steps if arm is None else policy.spec_rounds
     view = chunk_view(arm) if policy.views else 0
-    if policy.views and arm is None and batch == policy.batch_buckets[0]:
+    if policy.views and arm is None and batch == policy.batch_buckets[0] and not learn:
       # The last bucket runs plain decode to the end of its view in one call.
       steps = max(steps, int(view - reach) + 1)
+    charged = 0.0  # a rebuild after a switch away, charged to the chunk's reward
     if engine and arm is not None and arm.draft_steps and not drafter_cache:
       width = min(view, policy.slots) if policy.slots else view
-      seconds += cost.rebuild_seconds(batch, width)
+      rebuild = cost.rebuild_seconds(batch, width)
+      seconds += rebuild
+      charged = rebuild if switched_away else 0.0
+      switched_away = False
+    if arm is None or not arm.draft_steps:
+      switched_away = switched_away or drafter_cache
     drafter_cache = arm is not None and arm.draft_steps > 0
+    ran = 0
+    depth = 0 if arm is None else arm.nodes - 1
+    accepted = np.zeros(depth + 1)  # row-rounds that accepted a draft tokens, a = 0..depth
     for _ in range(steps):
       active = remaining > 0
       if not active.any():
         break
+      ran += 1
       context = view or float((prompts + generated)[active].mean())
       if arm is None:
         seconds += cost.seconds(batch, 1, context)
@@ -247,17 +329,71 @@ def replay_rollout(
         seconds += arm.round_seconds(cost, batch, context)
         if stochastic:
           # Leading accepted draft tokens of a chain of nodes - 1, plus the bonus token.
-          draws = rng.random((int(active.sum()), arm.nodes - 1)) < accept_p[name]
-          gain = np.cumprod(draws, axis=1).sum(axis=1) + 1.0
+          if name.startswith("chain"):  # min(L, depth), L drawn from the shared curve
+            u = rng.random(int(active.sum()))
+            taken = (survival[None, :depth] > u[:, None]).sum(axis=1)
+          else:
+            draws = rng.random((int(active.sum()), depth)) < accept_p[name]
+            taken = np.cumprod(draws, axis=1).sum(axis=1)
+          accepted += np.bincount(taken.astype(int), minlength=depth + 1)
+          gain = taken + 1.0
         else:
           gain = np.full(active.sum(), arm.accept_length)
       step = np.minimum(gain, remaining[active])
       remaining[active] -= step
       generated[active] += step
+    if learn:
+      through = started & (remaining > 0)  # the rows that ran the whole chunk
+      chunk = _Chunk(name, phase, ran == steps, seconds - start + charged, ran, accepted)
+      _teach(
+        bandit,
+        batch,
+        chunk,
+        before[started],
+        generated[started],
+        through[started],
+        quantile,
+        reward_noise,
+        rng,
+      )
     by_bucket[batch] = by_bucket.get(batch, 0.0) + seconds - start
   if engine:
     seconds += cost.finish_s
   return RolloutPrediction(seconds, int(np.sum(lengths)), chunks, by_bucket)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Chunk:
+  """One replayed chunk as the bandit is told of it."""
+
+  arm: str
+  phase: int
+  full: bool  # ran all its steps (not cut short by its rows finishing)
+  seconds: float  # its time, with a rebuild after a switch away
+  steps: int  # decode steps or speculative rounds run
+  accepted: np.ndarray  # speculative row-rounds that accepted a draft tokens
+
+
+def _teach(bandit, batch, chunk, before, after, through, quantile, noise, rng) -> None:
+  """The engine's bandit update for one replayed chunk (`rollout.run.RolloutRun.run_chunk`
+  and `_reward`): `before` / `after` are the generated tokens of the rows active at its
+  start, `through` those that ran it to the end."""
+  family = chunk.arm in bandit.accept_families
+  tokens = float((after - before).sum())
+  if not chunk.full or tokens <= 0:
+    if family and chunk.accepted.sum():
+      bandit.observe_acceptance(chunk.arm, chunk.accepted)  # its rounds refine the curve
+    return
+  run_s = chunk.seconds * (math.exp(noise * rng.standard_normal()) if noise else 1.0)
+  if family:  # its pace; the bandit predicts the tokens a round emits
+    bandit.update(batch, chunk.arm, chunk.steps / run_s, phase=chunk.phase, accepted=chunk.accepted)
+    return
+  if through.any():
+    advance = frontier_advance(before[through], after[through], quantile)
+  else:  # every row finished: the mean active row
+    row_steps = tokens if chunk.arm == PLAIN else float(chunk.accepted.sum())
+    advance = tokens / max(row_steps / max(chunk.steps, 1), 1e-9)
+  bandit.update(batch, chunk.arm, advance / run_s, phase=chunk.phase)
 
 
 @dataclasses.dataclass

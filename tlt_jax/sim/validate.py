@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from tlt_jax.rollout.bandit import StrategyBandit
+from tlt_jax.rollout.config import EngineConfig, bandit_settings
 from tlt_jax.sim.costs import DecodeCost, arms_from_accept
 from tlt_jax.sim.replay import EnginePolicy, replay_rollout
 
@@ -100,6 +102,24 @@ class Calibration:
     return cls(update / max(tokens, 1), max(other, 0.0))
 
 
+def modelled(arms: Sequence[str]) -> tuple[str, ...]:
+  """The draft arms among `arms` the simulator can model from an accept length."""
+  return tuple(a for a in arms if a.rstrip("0123456789") in _MODELLED)
+
+
+def engine_bandit(engine: Mapping[str, Any], arms: Sequence[str], seed: int = 0) -> StrategyBandit:
+  """A fresh bandit as the engine of `engine` (a run's config.json "engine" entry) builds
+  it (`rollout.config.bandit_settings`), over plain and those of its strategies in `arms`
+  (the ones a replay can model; a tree, say, is left out)."""
+  names = {f.name for f in dataclasses.fields(EngineConfig)}
+  kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in engine.items() if k in names}
+  kept = tuple(s for s in kwargs.get("spec_strategies", ()) if s in arms)
+  if not kept:
+    raise ValueError(f"none of the engine's strategies {kwargs.get('spec_strategies')} in {arms}")
+  arm_names, settings = bandit_settings(EngineConfig(**{**kwargs, "spec_strategies": kept}))
+  return StrategyBandit(arm_names, seed=seed, **settings)
+
+
 def compare(
   records: Sequence[StepRecord],
   cost: DecodeCost,
@@ -109,6 +129,8 @@ def compare(
   speculative: bool,
   draft_cost: float = 0.1,
   measured_arms: bool = False,
+  bandit: StrategyBandit | None = None,
+  reward_noise: float = 0.0,
   stochastic: bool = True,
   seed: int = 0,
 ) -> dict[str, Any]:
@@ -118,7 +140,12 @@ def compare(
   run in that step); arms the simulator cannot model (trees) are left out. The rows'
   prompt lengths and the drafter scheduler's measured seconds in the rollout are inputs
   too (the scheduler is not what is being tested). `measured_arms`: each step runs the
-  arm mix its bandit chose (exploration included) instead of the converged bandit's."""
+  arm mix its bandit chose (exploration included) instead of the converged bandit's.
+  `bandit` (`engine_bandit`): the engine's bandit replayed over the run's rollouts in order,
+  learning as it goes (`replay.replay_rollout`; rewards with `reward_noise`); the chunks it
+  chose per arm are returned as "chunks"."""
+  if bandit is not None and measured_arms:
+    raise ValueError("compare takes measured_arms or a bandit, not both")
   if not records:
     raise ValueError("no steps to compare")
   mean_accept: dict[str, list[float]] = {}
@@ -128,27 +155,30 @@ def compare(
   fallback = {arm: float(np.mean(v)) for arm, v in mean_accept.items()}
   if not speculative:
     policy = dataclasses.replace(policy, spec_threshold=0)
-  predicted_rollout, predicted_step = [], []
+  predicted_rollout, predicted_step, chunks = [], [], {}
   for i, r in enumerate(records):
     arms = ()
     if speculative:
       accept = {**fallback, **r.accept}
-      modelled = {k: v for k, v in accept.items() if k.rstrip("0123456789") in _MODELLED}
-      arms = arms_from_accept(modelled, draft_cost)
+      arms = arms_from_accept({k: accept[k] for k in modelled(accept)}, draft_cost)
     prompts = r.prompts or (None,) * len(r.rollouts)
-    seconds = r.drafter_s + sum(
-      replay_rollout(
+    seconds = r.drafter_s
+    for j, (lengths, plens) in enumerate(zip(r.rollouts, prompts, strict=True)):
+      replayed = replay_rollout(
         lengths,
         cost,
         policy,
         arms,
         prompt_lens=plens,
         arm_mix=(r.chunks or None) if measured_arms and arms else None,
+        bandit=bandit if arms else None,
+        reward_noise=reward_noise,
         stochastic=stochastic,
         seed=seed + 97 * i + j,
-      ).seconds
-      for j, (lengths, plens) in enumerate(zip(r.rollouts, prompts, strict=True))
-    )
+      )
+      seconds += replayed.seconds
+      for arm, n in replayed.chunks_by_arm.items():
+        chunks[arm] = chunks.get(arm, 0) + n
     predicted_rollout.append(seconds)
     update = calibration.update_s_per_token * r.tokens
     predicted_step.append(seconds + update + calibration.other_s)
@@ -158,6 +188,7 @@ def compare(
     "predicted_rollout_s": float(np.mean(predicted_rollout)),
     "measured_step_s": float(np.mean([r.step_s for r in records])),
     "predicted_step_s": float(np.mean(predicted_step)),
+    "chunks": chunks,
   }
   out["rollout_ratio"] = out["predicted_rollout_s"] / out["measured_rollout_s"]
   out["step_ratio"] = out["predicted_step_s"] / out["measured_step_s"]
