@@ -20,7 +20,7 @@ from tlt_jax.sim import (
   replay_step,
   speedup_bound,
 )
-from tlt_jax.sim.replay import _chain_survival, _per_token_acceptance
+from tlt_jax.sim.replay import _per_token_acceptance, chain_acceptance
 
 
 @dataclasses.dataclass(frozen=True)
@@ -304,21 +304,25 @@ def test_a_measured_arm_mix_replaces_the_converged_bandit():
     replay_rollout([8], _Cost(), policy, arm, arm_mix={"tree5x4x16": 2})
 
 
-def test_chain_arms_draw_from_one_acceptance_curve_that_keeps_each_arms_mean():
-  """A shallower chain's draft is a prefix of a deeper one's: one survival curve P(L >= k)
-  gives every chain its measured accept length, and draws of min(L, depth) average to it."""
-  arms = arms_from_accept({"chain2": 2.7, "chain4": 4.3, "chain8": 5.7}, 0.0)
-  survival = _chain_survival(arms)
-  assert survival.shape == (8,) and np.all(np.diff(survival) <= 1e-12)
-  for arm in arms:
-    assert 1 + survival[: arm.nodes - 1].sum() == pytest.approx(arm.accept_length, rel=1e-6)
-  # A deeper arm that accepts more than the curve allows is held to what it can add.
-  deep = _chain_survival(arms_from_accept({"chain2": 2.0, "chain4": 5.0}, 0.0))
-  assert 1 + deep[:2].sum() == pytest.approx(2.0) and deep[2:] == pytest.approx([deep[1]] * 2)
-  # Replayed rounds: a chain8 rollout at flat cost lasts tokens / accept length rounds.
+def test_chain_arms_draw_from_one_acceptance_fitted_to_their_rounds():
+  """A shallower chain's draft is a prefix of a deeper one's: the replay's chains share one
+  per-token acceptance, fitted to their accept lengths weighted by the rounds that measured
+  each, and draws at it average to the accept length it implies."""
+  lengths = {"chain2": chain_accept_length(0.8, 2), "chain8": chain_accept_length(0.8, 8)}
+  assert chain_acceptance(arms_from_accept(lengths, 0.0)) == pytest.approx(0.8, abs=1e-3)
+  # chain4 measured on 10 row-rounds at an outlying accept length barely moves the fit
+  # that chain8's 10,000 rounds make; with equal weights it pulls it down.
+  counts = {"chain4": 10, "chain8": 10_000}
+  noisy = arms_from_accept({"chain4": 2.0, "chain8": chain_accept_length(0.9, 8)}, 0.0, counts)
+  assert chain_acceptance(noisy) == pytest.approx(0.9, abs=2e-3)
+  unweighted = arms_from_accept({"chain4": 2.0, "chain8": chain_accept_length(0.9, 8)}, 0.0)
+  assert chain_acceptance(unweighted) < 0.88
+  assert chain_acceptance(arms_from_accept({"group8": 2.0}, 0.0)) is None
+  # Replayed rounds at flat cost: tokens / the shared curve's chain8 accept length.
   policy = EnginePolicy(max_batch=1, spec_threshold=1, spec_rounds=4)
-  pred = replay_rollout([5700], _Cost(), policy, arms, arm_mix={"chain8": 1}, stochastic=True)
-  assert pred.seconds == pytest.approx(1000, rel=0.05) and set(pred.chunks_by_arm) == {"chain8"}
+  pred = replay_rollout([6000], _Cost(), policy, noisy, arm_mix={"chain8": 1}, stochastic=True)
+  expected = 6000 / chain_accept_length(0.9, 8)
+  assert pred.seconds == pytest.approx(expected, rel=0.05) and set(pred.chunks_by_arm) == {"chain8"}
 
 
 def _bandit(arms, **engine):

@@ -312,6 +312,8 @@ class ArmModel:
     draft_steps: drafter forwards per round (the chain's depth; 0 for model-free drafts).
     draft_cost: one drafter forward as a fraction of a target decode step at the same
       batch (a one-layer drafter of an L-layer target: about 1 / L plus the LM head).
+    rounds: how many row-rounds measured `accept_length` (its weight where several arms'
+      accept lengths are fitted together, `replay.chain_acceptance`; 0: unknown).
   """
 
   name: str
@@ -319,6 +321,7 @@ class ArmModel:
   accept_length: float
   draft_steps: int
   draft_cost: float = 0.0
+  rounds: float = 0.0
 
   def __post_init__(self):
     if self.nodes < 2 or not 1.0 <= self.accept_length <= self.nodes:
@@ -326,8 +329,8 @@ class ArmModel:
         f"arm {self.name}: need nodes >= 2 and 1 <= accept_length <= nodes, got "
         f"{self.nodes}, {self.accept_length}"
       )
-    if self.draft_steps < 0 or self.draft_cost < 0:
-      raise ValueError(f"arm {self.name}: draft_steps and draft_cost must be >= 0")
+    if self.draft_steps < 0 or self.draft_cost < 0 or self.rounds < 0:
+      raise ValueError(f"arm {self.name}: draft_steps, draft_cost and rounds must be >= 0")
 
   def round_seconds(self, cost: DecodeCost, batch: int, context: float) -> float:
     """Draft, then verify every row's `nodes` tokens in one target forward (an
@@ -338,9 +341,12 @@ class ArmModel:
     return self.draft_steps * self.draft_cost * step + cost.seconds(batch, self.nodes, context)
 
 
-def arms_from_accept(accept: Mapping[str, float], draft_cost: float) -> tuple[ArmModel, ...]:
+def arms_from_accept(
+  accept: Mapping[str, float], draft_cost: float, rounds: Mapping[str, float] | None = None
+) -> tuple[ArmModel, ...]:
   """ArmModels of chain/group strategies ("chain<d>", "group<d>", "hybrid<d>") from measured
-  accept lengths; model-free arms (group drafts) cost no drafter forwards."""
+  accept lengths (and the row-rounds that measured each, `rounds`); model-free arms (group
+  drafts) cost no drafter forwards."""
   out = []
   for name, length in accept.items():
     digits = "".join(ch for ch in name if ch.isdigit())
@@ -348,5 +354,6 @@ def arms_from_accept(accept: Mapping[str, float], draft_cost: float) -> tuple[Ar
       raise ValueError(f"arm {name!r}: expected chain<d>, group<d> or hybrid<d>")
     depth = int(digits)
     drafted = 0 if name.startswith("group") else depth  # group drafts: no drafter forwards
-    out.append(ArmModel(name, depth + 1, float(length), drafted, draft_cost))
+    weight = float((rounds or {}).get(name, 0.0))
+    out.append(ArmModel(name, depth + 1, float(length), drafted, draft_cost, weight))
   return tuple(out)

@@ -16,9 +16,10 @@ prefill, drafter-cache rebuilds and the host time between calls.
 
 Rows progress by their arm's mean accept length per round (`stochastic=False`), or by draws
 (`stochastic=True`: the rows spread apart as they do, and the slowest decides when a bucket
-ends). The drafter's chains draw from one acceptance curve, since a shallower chain's draft
-is a prefix of a deeper one's (`_chain_survival`: fitted to every chain arm's accept length);
-other arms from an i.i.d. per-token acceptance of their own.
+ends). The drafter's chains then draw from one per-token acceptance, since a shallower
+chain's draft is a prefix of a deeper one's (`chain_acceptance`: fitted to every chain arm's
+accept length), and are chosen by the accept length it implies; other arms draw from an
+i.i.d. per-token acceptance of their own.
 
 A step: rollout + update (seconds per token, measured) + fixed other time (rewards, old
 log-probs); mode "tlt" adds the drafter training that does not fit in idle time. Speedup
@@ -38,7 +39,7 @@ import numpy as np
 from tlt_jax.rollout.bandit import BANDIT_REWARDS, StrategyBandit, answer_phase, frontier_advance
 from tlt_jax.rollout.config import EngineConfig
 from tlt_jax.rollout.state import plain_reach, power_of_two_buckets, round_up, spec_reach
-from tlt_jax.sim.costs import ArmModel, DecodeCost, EngineCost
+from tlt_jax.sim.costs import ArmModel, DecodeCost, EngineCost, chain_accept_length
 
 __all__ = [
   "EnginePolicy",
@@ -134,30 +135,27 @@ def _best_arm(arms, cost, batch, context, view=None) -> tuple[str, ArmModel | No
   return best
 
 
-def _chain_survival(arms: Sequence[ArmModel]) -> np.ndarray:
-  """P(L >= k), k = 1 .. the deepest chain's depth, where L is the number of draft tokens
-  the target accepts from an unbounded chain of the drafter: a depth-d chain then emits
-  1 + E[min(L, d)] a round. Fitted to the chain arms' accept lengths, shallowest first,
-  with a constant per-token acceptance between consecutive depths, so that each arm's mean
-  is its own (an accept length below a shallower arm's reads as no further acceptance)."""
-  chains = sorted((a.nodes - 1, a.accept_length - 1.0) for a in arms if a.name.startswith("chain"))
-  survival: list[float] = []
-  level, total, depth_before = 1.0, 0.0, 0
-  for depth, tokens in chains:
-    m = depth - depth_before
-    if m <= 0:
-      continue
-    want = min(max(tokens - total, 0.0), m * level)
-    lo, hi = 0.0, 1.0  # per-token acceptance q: level * (q + q^2 + ... + q^m) = want
-    for _ in range(60):
-      q = (lo + hi) / 2
-      lo, hi = (q, hi) if level * sum(q**j for j in range(1, m + 1)) < want else (lo, q)
-    q = (lo + hi) / 2
-    segment = [level * q**j for j in range(1, m + 1)]
-    survival += segment
-    total += sum(segment)
-    level, depth_before = segment[-1], depth
-  return np.asarray(survival)
+def chain_acceptance(arms: Sequence[ArmModel]) -> float | None:
+  """The per-token acceptance a of the drafter's chains (None without chain arms): one value
+  for all of them, since a shallower chain's draft is a prefix of a deeper one's, fitted by
+  least squares to the chain arms' accept lengths (1 + a + ... + a^depth), each weighted by
+  the row-rounds that measured it (equal weights where none are known). Each arm's own
+  accept length is biased by where it ran (a bandit runs a deep chain where acceptance is
+  high), and one measured on a few rounds is noise: one curve for all, as the engine's
+  bandit pools every chain's rounds into one acceptance curve."""
+  chains = [a for a in arms if a.name.startswith("chain")]
+  if not chains:
+    return None
+  weights = np.array([a.rounds for a in chains], dtype=float)
+  if weights.sum() <= 0:
+    weights = np.ones(len(chains))
+  grid = np.linspace(0.0, 1.0, 2001)[:, None]
+  depths = np.array([a.nodes - 1 for a in chains])[None, :]
+  with np.errstate(invalid="ignore", divide="ignore"):
+    means = np.where(grid < 1.0, (1.0 - grid ** (depths + 1)) / (1.0 - grid), depths + 1.0)
+  target = np.array([a.accept_length for a in chains])[None, :]
+  error = ((means - target) ** 2 * weights[None, :]).sum(axis=1)
+  return float(grid[int(np.argmin(error)), 0])
 
 
 def _per_token_acceptance(arm: ArmModel) -> float:
@@ -220,21 +218,29 @@ def replay_rollout(
     prompts = np.asarray(prompt_lens, dtype=float)
     if prompts.shape != remaining.shape:
       raise ValueError(f"{prompts.size} prompt lengths for {remaining.size} rows")
-  by_name = {a.name: a for a in arms}
   if bandit is not None:
     if arm_mix is not None:
       raise ValueError("replay_rollout takes a bandit or an arm_mix, not both")
     if not stochastic:
       raise ValueError("a replayed bandit needs stochastic=True (per-row acceptance draws)")
-    unknown = sorted(set(bandit.arms) - set(by_name) - {PLAIN})
+    names = sorted(a.name for a in arms)
+    unknown = sorted(set(bandit.arms) - set(names) - {PLAIN})
     if unknown:
-      raise ValueError(f"bandit arms {unknown} have no ArmModel among {sorted(by_name)}")
+      raise ValueError(f"bandit arms {unknown} have no ArmModel among {names}")
   if not 0.0 <= reward_noise < 1.0:
     raise ValueError(f"reward_noise must be in [0, 1), got {reward_noise!r}")
   engine = isinstance(cost, EngineCost)
   rng = np.random.default_rng(seed)
+  shared = chain_acceptance(arms) if stochastic else None
+  if shared is not None:  # the chains' accept lengths as the one curve has them
+    arms = [
+      dataclasses.replace(a, accept_length=chain_accept_length(shared, a.nodes - 1))
+      if a.name.startswith("chain")
+      else a
+      for a in arms
+    ]
   accept_p = {a.name: _per_token_acceptance(a) for a in arms}
-  survival = _chain_survival(arms)
+  by_name = {a.name: a for a in arms}
   generated = np.zeros_like(remaining)
   batch = round_up(remaining.size, policy.batch_buckets)
   seconds, chunks, by_bucket = 0.0, {}, {}
@@ -329,12 +335,8 @@ def replay_rollout(
         seconds += arm.round_seconds(cost, batch, context)
         if stochastic:
           # Leading accepted draft tokens of a chain of nodes - 1, plus the bonus token.
-          if name.startswith("chain"):  # min(L, depth), L drawn from the shared curve
-            u = rng.random(int(active.sum()))
-            taken = (survival[None, :depth] > u[:, None]).sum(axis=1)
-          else:
-            draws = rng.random((int(active.sum()), depth)) < accept_p[name]
-            taken = np.cumprod(draws, axis=1).sum(axis=1)
+          draws = rng.random((int(active.sum()), depth)) < accept_p[name]
+          taken = np.cumprod(draws, axis=1).sum(axis=1)
           accepted += np.bincount(taken.astype(int), minlength=depth + 1)
           gain = taken + 1.0
         else:

@@ -41,6 +41,7 @@ class StepRecord:
     drafter_s: rollout seconds the online drafter's scheduler took at chunk boundaries
       (its updates, host work and push-forced cache rebuilds; mode tlt).
     chunks: the step's chunks per arm as its bandit chose them ("plain" included).
+    rounds: the step's speculative row-rounds per draft arm (what measured `accept`).
   """
 
   rollouts: tuple[tuple[int, ...], ...]
@@ -51,6 +52,7 @@ class StepRecord:
   prompts: tuple[tuple[int, ...], ...] = ()
   drafter_s: float = 0.0
   chunks: Mapping[str, int] = dataclasses.field(default_factory=dict)
+  rounds: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
   @property
   def tokens(self) -> int:
@@ -82,6 +84,11 @@ def step_record(metrics: Mapping[str, Any], lengths: Mapping[str, Any]) -> StepR
       k.split("/")[2]: int(v)
       for k, v in metrics.items()
       if k.startswith("spec/arm/") and k.endswith("/chunks")
+    },
+    rounds={
+      k.split("/")[2]: float(v)
+      for k, v in metrics.items()
+      if k.startswith("spec/arm/") and k.endswith("/row_rounds")
     },
   )
 
@@ -149,9 +156,12 @@ def compare(
   if not records:
     raise ValueError("no steps to compare")
   mean_accept: dict[str, list[float]] = {}
+  run_rounds: dict[str, float] = {}
   for r in records:
     for arm, length in r.accept.items():
       mean_accept.setdefault(arm, []).append(length)
+    for arm, n in r.rounds.items():
+      run_rounds[arm] = run_rounds.get(arm, 0.0) + n
   fallback = {arm: float(np.mean(v)) for arm, v in mean_accept.items()}
   if not speculative:
     policy = dataclasses.replace(policy, spec_threshold=0)
@@ -160,7 +170,9 @@ def compare(
     arms = ()
     if speculative:
       accept = {**fallback, **r.accept}
-      arms = arms_from_accept({k: accept[k] for k in modelled(accept)}, draft_cost)
+      # Weights of the chains' shared fit: the step's own rounds, the run's where it has none.
+      rounds = r.rounds if any(r.rounds.get(k, 0) for k in modelled(r.rounds)) else run_rounds
+      arms = arms_from_accept({k: accept[k] for k in modelled(accept)}, draft_cost, rounds)
     prompts = r.prompts or (None,) * len(r.rollouts)
     seconds = r.drafter_s
     for j, (lengths, plens) in enumerate(zip(r.rollouts, prompts, strict=True)):
