@@ -894,7 +894,10 @@ def test_warmup_compiling_ahead_builds_the_same_programs(models):
   pools = {workers: ExecutablePool() for workers in (1, 2)}
   results = {}
   for workers, pool in pools.items():
-    engine = _engine(models, pool, SAMPLED, spec_strategies=("chain3",))
+    # 8 rows (4 prompts x 2): buckets 2-8, the fewest programs that still run _run.
+    engine = _engine(
+      models, pool, SAMPLED, spec_strategies=("chain3",), max_batch=8, spec_threshold=8
+    )
     engine.warmup(tp, num_samples=2, drafter_params=dp, compile_workers=workers)
     compiled = pool.compiles
     results[workers] = _run(engine, tp, dp)
@@ -909,7 +912,7 @@ def test_warmup_runs_every_chunk_program_through_its_loop(models, pool):
   loop's body, not only its entry): on XLA:CPU a body's first execution carries a one-time
   cost that would otherwise land in the bandit's first measurement of each arm."""
   _, tp, _, dp = models
-  engine = _engine(models, pool)
+  engine = _engine(models, pool, max_batch=8, spec_threshold=8)
   ran = {"decode": [], "spec": []}
 
   def spy(name, make):
@@ -928,8 +931,8 @@ def test_warmup_runs_every_chunk_program_through_its_loop(models, pool):
   engine._decode_exe = spy("decode", engine._decode_exe)
   engine._spec_exe = spy("spec", engine._spec_exe)
   engine.warmup(tp, num_samples=2, drafter_params=dp)
-  views, buckets = len(ENGINE.view_buckets), len(ENGINE.batch_buckets)
-  assert ran["decode"] == [1] * views * buckets
+  views, buckets = len(engine.config.view_buckets), len(engine.config.batch_buckets)
+  assert buckets == 3 and ran["decode"] == [1] * views * buckets
   assert len(ran["spec"]) >= 2 * buckets and set(ran["spec"]) == {1}
 
 
@@ -939,7 +942,14 @@ def test_warmup_for_known_prompt_lengths_compiles_only_what_they_need(models):
   none left for the rollout to compile."""
   _, tp, _, dp = models
   prompts, lens = [PROMPTS[1], PROMPTS[3]], [5, 8]
-  changes = dict(min_cache_bucket=4, min_prompt_bucket=2, spec_strategies=("chain3",))
+  # 2 prompts x 2 samples: batch buckets 2 and 4 are all a rollout of them can use.
+  changes = dict(
+    min_cache_bucket=4,
+    min_prompt_bucket=2,
+    spec_strategies=("chain3",),
+    max_batch=4,
+    spec_threshold=4,
+  )
   full, lean = ExecutablePool(), ExecutablePool()
   for pool, known in ((full, None), (lean, lens)):
     engine = _engine(models, pool, SAMPLED, **changes)
