@@ -92,9 +92,7 @@ class EnginePolicy:
   def from_engine(cls, engine: Mapping[str, Any], samples: int = 1) -> EnginePolicy:
     """The policy of an engine config (a run's config.json "engine" entry), with its
     cache views and prompt buckets."""
-    names = {f.name for f in dataclasses.fields(EngineConfig)}
-    kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in engine.items() if k in names}
-    cfg = EngineConfig(**kwargs)
+    cfg = engine_config(engine)
     return cls(
       max_batch=cfg.max_batch,
       min_batch_bucket=cfg.min_batch_bucket,
@@ -170,6 +168,14 @@ def _per_token_acceptance(arm: ArmModel) -> float:
     value = n if mid == 1.0 else (1 - mid**n) / (1 - mid)
     lo, hi = (mid, hi) if value < arm.accept_length else (lo, mid)
   return (lo + hi) / 2
+
+
+def engine_config(engine: Mapping[str, Any], **changes: Any) -> EngineConfig:
+  """The EngineConfig of a run's config.json "engine" entry (lists read as tuples; keys the
+  engine no longer has are left out), with `changes` applied."""
+  names = {f.name for f in dataclasses.fields(EngineConfig)}
+  kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in engine.items() if k in names}
+  return EngineConfig(**{**kwargs, **changes})
 
 
 def _view(policy: EnginePolicy, reach: float) -> int:
@@ -260,7 +266,7 @@ def replay_rollout(
     raise ValueError(f"arm_mix {dict(arm_mix)} names none of the arms {sorted(by_name)} or plain")
   total = sum(mix.values())
   mixed: dict[str, int] = {}  # eligible chunks run per arm, under arm_mix
-  quantile = BANDIT_REWARDS.get(policy.bandit_reward, 0.0) or 0.0
+  quantile = BANDIT_REWARDS[policy.bandit_reward]  # None: "row", the mean active row
   while np.any(remaining > 0):
     active = remaining > 0
     if policy.compact:
@@ -390,9 +396,9 @@ def _teach(bandit, batch, chunk, before, after, through, quantile, noise, rng) -
   if family:  # its pace; the bandit predicts the tokens a round emits
     bandit.update(batch, chunk.arm, chunk.steps / run_s, phase=chunk.phase, accepted=chunk.accepted)
     return
-  if through.any():
+  if quantile is not None and through.any():
     advance = frontier_advance(before[through], after[through], quantile)
-  else:  # every row finished: the mean active row
+  else:  # "row", or every row finished: the mean active row
     row_steps = tokens if chunk.arm == PLAIN else float(chunk.accepted.sum())
     advance = tokens / max(row_steps / max(chunk.steps, 1), 1e-9)
   bandit.update(batch, chunk.arm, advance / run_s, phase=chunk.phase)

@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 
 from tlt_jax.rollout.bandit import StrategyBandit
-from tlt_jax.rollout.config import EngineConfig, bandit_settings
+from tlt_jax.rollout.config import bandit_settings
 from tlt_jax.sim.costs import DecodeCost, arms_from_accept
-from tlt_jax.sim.replay import EnginePolicy, replay_rollout
+from tlt_jax.sim.replay import EnginePolicy, engine_config, replay_rollout
 
 # A calibrated prediction should be within 15% of the measured time.
 TOLERANCE = 0.15
@@ -118,12 +118,11 @@ def engine_bandit(engine: Mapping[str, Any], arms: Sequence[str], seed: int = 0)
   """A fresh bandit as the engine of `engine` (a run's config.json "engine" entry) builds
   it (`rollout.config.bandit_settings`), over plain and those of its strategies in `arms`
   (the ones a replay can model; a tree, say, is left out)."""
-  names = {f.name for f in dataclasses.fields(EngineConfig)}
-  kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in engine.items() if k in names}
-  kept = tuple(s for s in kwargs.get("spec_strategies", ()) if s in arms)
+  pool = tuple(engine.get("spec_strategies", ()))
+  kept = tuple(s for s in pool if s in arms)
   if not kept:
-    raise ValueError(f"none of the engine's strategies {kwargs.get('spec_strategies')} in {arms}")
-  arm_names, settings = bandit_settings(EngineConfig(**{**kwargs, "spec_strategies": kept}))
+    raise ValueError(f"none of the engine's strategies {pool} in {arms}")
+  arm_names, settings = bandit_settings(engine_config(engine, spec_strategies=kept))
   return StrategyBandit(arm_names, seed=seed, **settings)
 
 
