@@ -276,7 +276,7 @@ def main(argv):
   config, workdir = _CONFIG.value, _WORKDIR.value
   os.makedirs(_OUT.value, exist_ok=True)
   tokenizer = get_tokenizer(config.task.tokenizer)
-  train_split, test_split = train._load_data(config, workdir)
+  train_split, test_split = train.load_data(config, workdir)
   model_cfg, graphdef, params, _ = train.build_policy(config, workdir, tokenizer, train_split)
   dgraph, dparams = nnx.split(init_drafter(model_cfg, seed=0))
   greedy_dparams = dparams

@@ -43,7 +43,7 @@ def main(argv):
   del argv
   config, workdir, b = _CONFIG.value, _WORKDIR.value, _BATCH.value
   tok = get_tokenizer(config.task.tokenizer)
-  train_split, test_split = train._load_data(config, workdir)
+  train_split, test_split = train.load_data(config, workdir)
   model_cfg, graphdef, params, _ = train.build_policy(config, workdir, tok, train_split)
   dgraph, dparams = nnx.split(init_drafter(model_cfg, seed=0))
   dparams = checkpoint.restore_params(os.path.join(workdir, "drafter"), dparams)

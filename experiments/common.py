@@ -19,7 +19,7 @@ def load_policy(config, workdir: str) -> dict[str, Any]:
   """The job's tokenizer, data splits and warm-started policy (restored from
   <workdir>/warm_start, else trained there as the default job does)."""
   tok = get_tokenizer(config.task.tokenizer)
-  train_split, test_split = train._load_data(config, workdir)
+  train_split, test_split = train.load_data(config, workdir)
   model_cfg, graphdef, params, info = train.build_policy(config, workdir, tok, train_split)
   return {
     "tokenizer": tok,

@@ -67,7 +67,7 @@ def main(argv):
     raise app.UsageError("the error classes are the arithmetic task's scratchpad lines")
   tok = get_tokenizer(config.task.tokenizer)
   task = get_task(config.task.name)
-  train_split, test_split = train._load_data(config, workdir)
+  train_split, test_split = train.load_data(config, workdir)
   model_cfg = configuration.model_config(config, tok)
   graphdef, params = nnx.split(init_model(model_cfg, seed=0))
   if _RL_STEP.value < 0:

@@ -59,7 +59,7 @@ def main(argv):
   if _BATCHES.value < 2:
     raise app.UsageError("--batches must be >= 2 (cosines need pairs)")
   tok, task = get_tokenizer(config.task.tokenizer), get_task(config.task.name)
-  train_split, _ = train._load_data(config, workdir)
+  train_split, _ = train.load_data(config, workdir)
   _, graphdef, params, _ = train.build_policy(config, workdir, tok, train_split, progress=False)
   engine = RolloutEngine(
     graphdef,

@@ -124,7 +124,7 @@ def main(argv):
   config, workdir = _CONFIG.value, _WORKDIR.value
   os.makedirs(workdir, exist_ok=True)
   tokenizer = get_tokenizer(config.task.tokenizer)
-  train_split, test_split = train._load_data(config, workdir)
+  train_split, test_split = train.load_data(config, workdir)
   model_cfg, graphdef, params, info = train.build_policy(config, workdir, tokenizer, train_split)
   logging.info("policy: %.1fM params (%s)", model_cfg.num_params / 1e6, info["source"])
   engine_cfg = configuration.engine_config(config, tokenizer)

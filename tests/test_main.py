@@ -405,7 +405,7 @@ def test_sft_starts_from_init_from(tmp_path):
 
   config = default.get_config("tiny")
   tok = CharTokenizer()
-  train_split, _ = train._load_data(config, str(tmp_path))
+  train_split, _ = train.load_data(config, str(tmp_path))
   donor = tmp_path / "donor"
   _, _, donor_params, _ = train.build_policy(config, str(donor), tok, train_split, progress=False)
   config.sft.learning_rate = 1e-30

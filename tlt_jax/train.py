@@ -38,7 +38,8 @@ from tlt_jax.warmstart.drafter import collect_rollouts, fit_drafter
 from tlt_jax.warmstart.sft import train_sft
 
 
-def _load_data(config, workdir):
+def load_data(config, workdir):
+  """The task's train and test splits (tfds under workdir/tfds unless task.data_dir)."""
   data_dir = config.task.data_dir or os.path.join(workdir, "tfds")
   t = config.task
   if t.name == "local":  # rows from .jsonl / .parquet files (configuration.task_spec checked them)
@@ -167,10 +168,31 @@ def build_drafter(
   return drafter, info
 
 
-def train_and_evaluate(
-  config: ml_collections.ConfigDict, workdir: str, progress: bool = True
-) -> dict[str, Any]:
-  """Runs the default job and returns its summary (also written to workdir)."""
+@dataclasses.dataclass
+class Job:
+  """A run's parts before RL, as `prepare` builds them from a config and a workdir."""
+
+  config: ml_collections.ConfigDict
+  workdir: str
+  mode: str
+  tokenizer: Any
+  task: Any  # data.tasks.TaskSpec
+  prompt: Any  # example -> prompt text
+  sampling: Any  # decode.sampling.SamplingConfig
+  train: Any  # the training split (random access)
+  test: Any
+  model_cfg: Any
+  graphdef: nnx.GraphDef
+  params: nnx.State
+  warm: dict[str, Any]
+  engine: RolloutEngine
+  drafter: OnlineDrafter | None = None
+  drafter_info: dict[str, Any] | None = None
+
+
+def prepare(config: ml_collections.ConfigDict, workdir: str, progress: bool = True) -> Job:
+  """Checks the config, then builds the data, the warm-started policy, the rollout engine
+  and (modes sd and tlt) the drafter's warm start; reused from `workdir` when there."""
   os.makedirs(workdir, exist_ok=True)
   with open(os.path.join(workdir, "config.json"), "w") as f:
     f.write(config.to_json_best_effort(indent=2))
@@ -196,13 +218,13 @@ def train_and_evaluate(
       "default config's RL settings are the toy task's (final norm only, lr 0.2); use "
       "configs/hf_grpo.py or set rl_update.learning_rate (<= 1e-3) and trainable"
     )
-  train, test = _load_data(config, workdir)
+  train, test = load_data(config, workdir)
 
   model_cfg, graphdef, params, warm = build_policy(
     config, workdir, tokenizer, train, progress, prompt=prompt
   )
   mode = configuration.mode(config)
-  drafter = None
+  drafter = drafter_info = None
   if mode == "baseline":
     # No drafter reads hidden states: the rollout does not capture or copy them.
     engine_cfg = dataclasses.replace(engine_cfg, capture_hidden=False)
@@ -223,64 +245,75 @@ def train_and_evaluate(
       drafter_graphdef=drafter.graphdef,
       mesh=mesh,
     )
-  summary: dict[str, Any] = {"mode": mode, "model_params": model_cfg.num_params, "warm_start": warm}
-  if config.get("reference"):  # the config's measured ranges, printed beside this run's figures
-    summary["reference"] = config.reference.to_dict()
-  if drafter is not None:
-    summary["drafter_warm_start"] = drafter_info
+  return Job(
+    config, workdir, mode, tokenizer, task, prompt, sampling, train, test, model_cfg,
+    graphdef, params, warm, engine, drafter, drafter_info,
+  )  # fmt: skip
 
-  evals = [test[i] for i in range(min(config.eval.num_examples, len(test)))]
+
+def evaluate_warm_start(job: Job) -> dict[str, Any]:
+  """Held-out pass@1 of the warm start: greedy, and sampled as the trainer measures it."""
+  config = job.config
+  evals = [job.test[i] for i in range(min(config.eval.num_examples, len(job.test)))]
   start = time.perf_counter()
-  summary["eval"] = evaluate_pass_at_1(engine, params, tokenizer, evals, task.check, prompt)
+  args = (job.engine, job.params, job.tokenizer, evals, job.task.check, job.prompt)
+  out = evaluate_pass_at_1(*args)
   k = int(config.rl.get("eval_samples", 0))
   if k:  # the trainer's protocol: same problems, k samples at the rollout temperature, same key
-    summary["eval"]["sampled_accuracy"] = evaluate_pass_at_1(
-      engine,
-      params,
-      tokenizer,
-      evals,
-      task.check,
-      prompt,
-      sampling=sampling,
-      num_samples=k,
-      key=int(config.seed),
+    out["sampled_accuracy"] = evaluate_pass_at_1(
+      *args, sampling=job.sampling, num_samples=k, key=int(config.seed)
     )["accuracy"]
-  summary["eval"]["seconds"] = time.perf_counter() - start
+  out["seconds"] = time.perf_counter() - start
+  return out
 
+
+def train_and_evaluate(
+  config: ml_collections.ConfigDict, workdir: str, progress: bool = True
+) -> dict[str, Any]:
+  """Runs the default job and returns its summary (also written to workdir): `prepare`,
+  the warm start's evaluation, RL (`make_trainer`, `reinforce`), the drafter's export and
+  the closing long-tail rollout (`closing_rollout`)."""
+  job = prepare(config, workdir, progress)
+  summary: dict[str, Any] = {
+    "mode": job.mode,
+    "model_params": job.model_cfg.num_params,
+    "warm_start": job.warm,
+  }
+  if config.get("reference"):  # the config's measured ranges, printed beside this run's figures
+    summary["reference"] = config.reference.to_dict()
+  if job.drafter is not None:
+    summary["drafter_warm_start"] = job.drafter_info
+  summary["eval"] = evaluate_warm_start(job)
+
+  params = job.params
   if config.rl.steps > 0:
-    params, summary["rl"] = _reinforce(
-      config,
-      workdir,
-      graphdef,
-      params,
-      engine,
-      tokenizer,
-      train,
-      test,
-      task,
-      drafter,
-      progress,
-      prompt,
-    )
-  drafter_params = None if drafter is None else drafter.params
-  if drafter is not None:
+    trainer = make_trainer(job)
+    summary["rl"] = reinforce(job, trainer, progress)
+    params = trainer.params
+  drafter_params = None if job.drafter is None else job.drafter.params
+  if job.drafter is not None:
     export = save_drafter(
       os.path.join(workdir, "drafter"),
-      drafter.params,
-      model_cfg,
-      mode=mode,
-      version=drafter.version,
+      job.drafter.params,
+      job.model_cfg,
+      mode=job.mode,
+      version=job.drafter.version,
     )
     summary["drafter_export"] = str(export)
+  if config.rollout.num_prompts > 0:
+    summary["rollout"] = closing_rollout(job, params, drafter_params)
+  with open(os.path.join(workdir, "summary.json"), "w") as f:
+    json.dump(summary, f, indent=2)
+  return summary
 
-  if config.rollout.num_prompts == 0:  # no closing rollout report
-    with open(os.path.join(workdir, "summary.json"), "w") as f:
-      json.dump(summary, f, indent=2)
-    return summary
-  # The long-tail rollout: G samples per prompt from the train split.
+
+def closing_rollout(job: Job, params: nnx.State, drafter_params: nnx.State | None) -> dict:
+  """The long-tail rollout report: G samples of `rollout.num_prompts` training prompts;
+  writes rollout.png, timeline.json and executables.json to the workdir."""
+  config, engine, tokenizer, workdir = job.config, job.engine, job.tokenizer, job.workdir
   rng = np.random.default_rng(config.seed)
-  picks = rng.choice(len(train), config.rollout.num_prompts, replace=False)
-  prompts = [tokenizer.encode(prompt(train[int(i)]), add_bos=True) for i in picks]
+  picks = rng.choice(len(job.train), config.rollout.num_prompts, replace=False)
+  prompts = [tokenizer.encode(job.prompt(job.train[int(i)]), add_bos=True) for i in picks]
   # No warm-up: compiling every (batch x cache) program up front cost far more than the
   # default job's short closing rollout. Programs the RL loop left in the pool are reused, the rest
   # compile lazily, and their seconds are kept out of the reported throughput.
@@ -293,14 +326,14 @@ def train_and_evaluate(
     drafter_params=drafter_params,
   )
   rewards = [
-    task.check(
+    job.task.check(
       tokenizer.decode(result.completion(n)),
-      train[int(picks[n // config.rollout.num_samples])]["answer"],
+      job.train[int(picks[n // config.rollout.num_samples])]["answer"],
     )
     for n in range(len(result.length))
   ]
   compiled_s = engine.pool.compile_seconds - compile_s
-  summary["rollout"] = {
+  out = {
     "sequences": len(result.length),
     "generated_tokens": int(result.num_generated.sum()),
     "wall_seconds": result.wall_seconds,
@@ -314,16 +347,14 @@ def train_and_evaluate(
     "executable_temp_MB": sum(r["temp_bytes"] or 0 for r in engine.pool.summary()) / 2**20,
     "compiled_during_rollout": engine.pool.compiles - compiles,
   }
-  if drafter is not None:
-    summary["rollout"]["spec"] = result.spec_summary()
+  if drafter_params is not None:
+    out["spec"] = result.spec_summary()
   with open(os.path.join(workdir, "executables.json"), "w") as f:
     json.dump(engine.pool.summary(), f, indent=1)
   plot_rollout(result, os.path.join(workdir, "rollout.png"))
   with open(os.path.join(workdir, "timeline.json"), "w") as f:
     json.dump(result.timeline, f)
-  with open(os.path.join(workdir, "summary.json"), "w") as f:
-    json.dump(summary, f, indent=2)
-  return summary
+  return out
 
 
 def _step_reward_fn(task, process_credit: str):
@@ -337,70 +368,85 @@ def _step_reward_fn(task, process_credit: str):
   return lambda example, completion: task.steps(example["question"], completion)
 
 
-def _reinforce(
-  config, workdir, graphdef, params, engine, tokenizer, train, test, task, drafter, progress, prompt
-):
-  """GRPO/DAPO from the warm start; resumes from workdir/checkpoints if present.
-
-  Mode sd rolls out with the warm-start drafter, frozen; mode tlt hands it to a
+def make_trainer(job: Job) -> GRPOTrainer:
+  """The GRPO/DAPO trainer from the warm start; it resumes from workdir/checkpoints if
+  present. Mode sd rolls out with the warm-start drafter, frozen; mode tlt hands it to a
   `SliceScheduler` that trains it on in idle slices."""
+  config, engine = job.config, job.engine
   rl_cfg, loss_cfg, update_cfg = configuration.rl_configs(config)
   reward = with_format_reward(
-    task.check, extract_marked_answer, float(config.rl.get("format_reward", 0.0))
+    job.task.check, extract_marked_answer, float(config.rl.get("format_reward", 0.0))
   )
   rollout_mesh = engine.placement.mesh if engine.placement is not None else None
   train_mesh = configuration.train_mesh(config, rollout_mesh)
-  trainer = GRPOTrainer(
-    graphdef,
-    params,
+  scheduler = None
+  if job.mode == "tlt":
+    scheduler = SliceScheduler(
+      job.drafter,
+      configuration.scheduler_config(config),
+      placement=engine.placement,
+      batch_buckets=engine.config.batch_buckets,
+    )
+  return GRPOTrainer(
+    job.graphdef,
+    job.params,
     engine,
-    tokenizer,
-    train,
-    [test[i] for i in range(min(rl_cfg.eval_examples, len(test)))],
+    job.tokenizer,
+    job.train,
+    [job.test[i] for i in range(min(rl_cfg.eval_examples, len(job.test)))],
     reward,
-    prompt,
+    job.prompt,
     rl_cfg,
     loss_cfg,
     update_cfg,
-    workdir,
-    eval_check=task.check,
-    drafter_params=drafter.params if configuration.mode(config) == "sd" else None,
-    scheduler=(
-      SliceScheduler(
-        drafter,
-        configuration.scheduler_config(config),
-        placement=engine.placement,
-        batch_buckets=engine.config.batch_buckets,
-      )
-      if configuration.mode(config) == "tlt"
-      else None
-    ),
+    job.workdir,
+    eval_check=job.task.check,
+    drafter_params=job.drafter.params if job.mode == "sd" else None,
+    scheduler=scheduler,
+    drafter_eval=configuration.drafter_eval_config(config) if job.mode != "baseline" else None,
     mesh=train_mesh,
-    step_reward_fn=_step_reward_fn(task, rl_cfg.process_credit),
+    step_reward_fn=_step_reward_fn(job.task, rl_cfg.process_credit),
     shard_params=train_mesh is not None and train_mesh is not rollout_mesh,
   )
+
+
+def reinforce(job: Job, trainer: GRPOTrainer, progress: bool = True) -> dict[str, Any]:
+  """Trains to `rl.steps` (compiling every rollout program first with
+  `rl.warmup_engine`); writes rl.png and returns the RL summary."""
+  config, engine, drafter = job.config, job.engine, job.drafter
   warm_s = 0.0
   if config.rl.get("warmup_engine", False):
     # Compile every rollout program first, so step times compare modes, not compiles.
     warm_s = engine.warmup(
       trainer.params,
-      num_prompts=[rl_cfg.prompts_per_step],
-      num_samples=rl_cfg.group_size,
+      num_prompts=[trainer.cfg.prompts_per_step],
+      num_samples=trainer.cfg.group_size,
       drafter_params=None if drafter is None else drafter.params,
     )
   start = time.perf_counter()
   trainer.run(progress=progress)
   seconds = time.perf_counter() - start
-  with open(trainer.metrics_path) as f:
-    rows = [json.loads(line) for line in f]
-  plot_rl(rows, os.path.join(workdir, "rl.png"))
+  out = rl_summary(trainer.metrics_path)
+  out["seconds_this_run"] = seconds
+  out["engine_warmup_seconds"] = warm_s
+  plot_rl(_read_rows(trainer.metrics_path), os.path.join(job.workdir, "rl.png"))
+  return out
+
+
+def _read_rows(metrics_path: str) -> list[dict[str, Any]]:
+  with open(metrics_path) as f:
+    return [json.loads(line) for line in f]
+
+
+def rl_summary(metrics_path: str) -> dict[str, Any]:
+  """A run's RL figures from its metrics.jsonl: phase means, final evaluation, rollout
+  share, update throughput, and the drafter's figures in mode tlt."""
+  rows = _read_rows(metrics_path)
   phases = (*PHASES, "other", "step")
   mean = {p: float(np.mean([r.get(f"time/{p}", 0.0) for r in rows])) for p in phases}
   evals = [r for r in rows if "eval" in r]
   out = {
     "steps": len(rows),
-    "seconds_this_run": seconds,
-    "engine_warmup_seconds": warm_s,
     "final_eval": evals[-1]["eval"] if evals else None,
     "reward_first_last": [rows[0]["reward_mean"], rows[-1]["reward_mean"]],
     "mean_phase_seconds": mean,
@@ -413,10 +459,10 @@ def _reinforce(
   accept = [r["spec/accept_length"] for r in rows if "spec/accept_length" in r]
   if accept:
     out["accept_length_first_last"] = [accept[0], accept[-1]]
-  if trainer.scheduler is not None:
-    out["drafter_updates"] = int(sum(r["drafter/updates"] for r in rows))
-    out["drafter_reclaimed_seconds"] = float(sum(r["drafter/reclaimed_s"] for r in rows))
+  if any("drafter/updates" in r for r in rows):
+    out["drafter_updates"] = int(sum(r.get("drafter/updates", 0) for r in rows))
+    out["drafter_reclaimed_seconds"] = float(sum(r.get("drafter/reclaimed_s", 0) for r in rows))
     out["drafter_rollout_charged_seconds"] = float(
-      sum(r["drafter/rollout_charged_s"] for r in rows)
+      sum(r.get("drafter/rollout_charged_s", 0) for r in rows)
     )
-  return trainer.params, out
+  return out
