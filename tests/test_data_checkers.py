@@ -241,3 +241,24 @@ def test_garbage_never_raises(check):
       assert check(completion, answer) in (0.0, 1.0)
   for weird in [None, 12, b"#7", "#" + "(" * 2000 + "1"]:
     assert check(weird, "7") == 0.0  # type: ignore[arg-type]
+
+
+def test_arithmetic_steps_judge_hasty_lines_of_several_operations():
+  q = "8,a-2,b+7,c+3,d+1,e-4="
+  hasty = "!8;a-2b+7c+3d+1=17;e-4=13;#13"
+  assert [r for _, r in checkers.arithmetic_steps(q, hasty)] == [1, 1, 1, 1]
+  # A wrong sum, a skipped operation and a wrong label each make that line wrong; the
+  # next line is judged from the value written.
+  assert [r for _, r in checkers.arithmetic_steps(q, "!8;a-2b+7c+3d+1=18;e-4=14;#14")] == [
+    1,
+    0,
+    1,
+    0,
+  ]
+  assert [r for _, r in checkers.arithmetic_steps(q, "!8;a-2c+3=9;d+1e-4=6;#6")][:2] == [1, 0]
+  assert [r for _, r in checkers.arithmetic_steps(q, "~8;a-2b+7x+3d+1=17;e-4=13;#13")] == [
+    1,
+    0,
+    1,
+    1,
+  ]

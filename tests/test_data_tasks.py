@@ -287,3 +287,35 @@ def test_labelled_questions_go_past_52_operations_with_two_letter_labels():
   assert all(r == 1.0 for _, r in steps)
   with pytest.raises(ValueError, match="max_steps <= 2756"):
     tasks.generate_arithmetic(0, 1, max_steps=2757, style="labelled")
+
+
+def test_effort_mix_opens_each_solution_with_its_effort():
+  kw = dict(max_operand=9, max_value=99, style="labelled", median_steps=12, max_steps=60)
+  plain = tasks.generate_arithmetic(0, 600, **kw)
+  mixed = tasks.generate_arithmetic(0, 600, hasty_fraction=0.5, hasty_ops=4, **kw)
+  # Same questions and answers: the effort draws have their own stream.
+  assert [(e["question"], e["answer"]) for e in plain] == [
+    (e["question"], e["answer"]) for e in mixed
+  ]
+  check = tasks.get_task("arithmetic").check
+  hasty = 0
+  for clean, ex in zip(plain, mixed):
+    marker, body = ex["solution"][0], ex["solution"][1:]
+    assert marker in (checkers.CAREFUL, checkers.HASTY)
+    # Either effort states the right answer, and every line is right (process rewards).
+    assert check(ex["solution"], ex["answer"]) == 1.0
+    assert all(r == 1.0 for _, r in checkers.arithmetic_steps(ex["question"], ex["solution"]))
+    ops = ex["question"].count(",")
+    if marker == checkers.CAREFUL:
+      assert body == clean["solution"]
+    else:
+      hasty += 1
+      lines = body.split(checkers.MARKER)[0].rstrip(";").split(";")
+      assert len(lines) == 1 + -(-ops // 4)  # the first number, then 4 operations a line
+      assert "".join(line.split("=")[0] for line in lines[1:]) == "".join(
+        op for op in ex["question"].rstrip("=").split(",")[1:]
+      )
+      assert len(ex["solution"]) < len(clean["solution"]) + 1 or ops < 4
+  assert 0.43 < hasty / len(mixed) < 0.57
+  with pytest.raises(ValueError, match="hasty_fraction"):
+    tasks.generate_arithmetic(0, 1, hasty_fraction=0.5, style="chain")

@@ -34,9 +34,11 @@ def evaluate_pass_at_1(
   sampling: SamplingConfig = GREEDY,
   num_samples: int = 1,
   key: int = 0,
+  drafter_params: nnx.State | None = None,
 ) -> dict[str, Any]:
   """pass@1 over `examples`: greedy by default; with a sampling config, the mean
-  accuracy of `num_samples` samples per problem drawn with `key`.
+  accuracy of `num_samples` samples per problem drawn with `key`. `drafter_params` (an
+  engine built with a drafter): decode speculatively, the same tokens sooner.
 
   Returns accuracy, num_examples, num_samples, mean_length and a few samples.
   """
@@ -48,7 +50,13 @@ def evaluate_pass_at_1(
     chunk = examples[i : i + batch_prompts]
     prompts = [tokenizer.encode(format_prompt(ex), add_bos=True) for ex in chunk]
     res = engine.generate(
-      params, prompts, num_samples, sampling=sampling, key=key, seq_id_offset=i * num_samples
+      params,
+      prompts,
+      num_samples,
+      sampling=sampling,
+      key=key,
+      seq_id_offset=i * num_samples,
+      drafter_params=drafter_params,
     )
     for n in range(len(chunk) * num_samples):
       ex = chunk[n // num_samples]
@@ -76,14 +84,18 @@ def held_out_metrics(
   *,
   samples: int = 0,
   key: int = 0,
+  drafter_params: nnx.State | None = None,
 ) -> dict[str, float]:
   """An RL run's evaluation row: greedy accuracy and mean response length, and with
   `samples` > 0 sampled pass@1 (`samples` per problem at the engine's own sampling, drawn
-  with `key`, so every evaluation of a run uses the same random numbers)."""
+  with `key`, so every evaluation of a run uses the same random numbers). `drafter_params`:
+  speculative decoding (`evaluate_pass_at_1`)."""
   args = (engine, params, tokenizer, examples, check, format_prompt)
-  greedy = evaluate_pass_at_1(*args)
+  greedy = evaluate_pass_at_1(*args, drafter_params=drafter_params)
   row = {"accuracy": greedy["accuracy"], "mean_length": greedy["mean_length"]}
   if samples:
-    sampled = evaluate_pass_at_1(*args, sampling=engine.sampling, num_samples=samples, key=key)
+    sampled = evaluate_pass_at_1(
+      *args, sampling=engine.sampling, num_samples=samples, key=key, drafter_params=drafter_params
+    )
     row["sampled_accuracy"] = sampled["accuracy"]
   return row

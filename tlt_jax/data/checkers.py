@@ -29,6 +29,8 @@ __all__ = [
 
 # The synthetic tasks end every solution with MARKER followed by the bare answer, e.g. "...;#66".
 MARKER = "#"
+# Effort markers that open an arithmetic solution of the mixed demonstrator (tasks.py).
+CAREFUL, HASTY = "~", "!"
 
 # Bounds that keep a hostile completion from costing much: the longest answer worth parsing, and
 # the largest integer literal an expression may hold (keeps Fraction arithmetic cheap).
@@ -383,6 +385,9 @@ def check_arithmetic(completion: str, answer: str) -> float:
 _ARITH_QUESTION = re.compile(r"(\d{1,9})((?:,?[A-Za-z]{0,2}[+-]\d{1,9})*)=")
 _ARITH_OP = re.compile(r",?([A-Za-z]{0,2})([+-])(\d{1,9})")
 _ARITH_LINE = re.compile(r"([A-Za-z]{1,2}|\d{1,9})?([+-])(\d{1,9})=(\d{1,9});")
+# A hasty line of the effort mix: several labelled operations, one result.
+_ARITH_MULTI = re.compile(r"((?:[A-Za-z]{1,2}[+-]\d{1,9}){2,})=(\d{1,9});")
+_ARITH_LABELLED_OP = re.compile(r"([A-Za-z]{1,2})([+-])(\d{1,9})")
 
 
 def arithmetic_steps(question: str, completion: str) -> list[tuple[int, float]]:
@@ -392,7 +397,9 @@ def arithmetic_steps(question: str, completion: str) -> list[tuple[int, float]]:
   `completion` just past the step. A line is judged locally, given the value the completion
   itself wrote on its previous line: 1.0 when it is the next operation of the question (its
   label, sign and operand) with the right result, else 0.0, so a line after a mistake can
-  still be right. The first line may restate the question's first number. The final
+  still be right. A line of several labelled operations (a hasty solution: `a+8b-3=11;`) is
+  right when they are the next operations and the result their sum. The first line may
+  restate the question's first number (after an effort marker, `~` or `!`). The final
   answer step scores 1.0 when it is the question's true result (the outcome reward).
   Anything unparseable scores 0.0; never raises.
 
@@ -424,8 +431,19 @@ def arithmetic_steps(question: str, completion: str) -> list[tuple[int, float]]:
       break
     line, end = completion[start : cut + 1], cut + 1
     good = False
-    if not steps and line == f"{first};":
+    if not steps and line.lstrip(CAREFUL + HASTY) == f"{first};":
       good = True
+    elif (m := _ARITH_MULTI.fullmatch(line)) is not None and next_op < len(ops):
+      # Several operations at once: each must be the next one of the question, and the
+      # result their sum from the previous written value.
+      written, good, expected = int(m.group(2)), True, value
+      for label, sign, v in _ARITH_LABELLED_OP.findall(m.group(1)):
+        if next_op >= len(ops) or (label, sign, int(v)) != ops[next_op]:
+          good = False
+        expected = expected + int(v) if sign == "+" else expected - int(v)
+        next_op += 1
+      good = good and written == expected
+      value = written
     elif (m := _ARITH_LINE.fullmatch(line)) is not None and next_op < len(ops):
       label, sign, v = ops[next_op]
       prefix, written = m.group(1) or "", int(m.group(4))

@@ -77,6 +77,9 @@ def _arithmetic_example(
   style: str,
   slip: random.Random | None = None,
   slip_rate: float = 0.0,
+  effort: random.Random | None = None,
+  hasty_fraction: float = 0.0,
+  hasty_ops: int = 4,
 ) -> Example:
   steps = _lognormal_int(rng, median_steps, steps_sigma, max_steps)
   value = rng.randint(1, max_operand)
@@ -105,6 +108,20 @@ def _arithmetic_example(
     shown_new = new_value + offset
     lines.append(f"{prefix}{op}{operand}={shown_new};")
     value, shown = new_value, shown_new
+  if effort is not None:
+    # The demonstrator announces its effort: "~" careful (the lines above), or, with
+    # probability hasty_fraction, "!" hasty: `hasty_ops` operations to a line, their
+    # result summed in the head (what a small model gets wrong far more often).
+    if effort.random() < hasty_fraction:
+      ops = [line.split("=")[0] for line in lines[1:]]
+      values = [line.split("=")[1] for line in lines[1:]]
+      lines = [lines[0]] + [
+        "".join(ops[i : i + hasty_ops]) + "=" + values[min(i + hasty_ops, len(ops)) - 1]
+        for i in range(0, len(ops), hasty_ops)
+      ]
+      lines[0] = checkers.HASTY + lines[0]
+    else:
+      lines[0] = checkers.CAREFUL + lines[0]
   return {
     "question": "".join(question) + "=",
     "solution": "".join(lines) + f"{checkers.MARKER}{shown}",
@@ -124,6 +141,8 @@ def generate_arithmetic(
   max_value: int = 999,
   style: str = "chain",
   slip_rate: float = 0.0,
+  hasty_fraction: float = -1.0,
+  hasty_ops: int = 4,
 ) -> list[Example]:
   """Multi-step addition/subtraction with a worked scratchpad.
 
@@ -146,6 +165,14 @@ def generate_arithmetic(
       following lines continuing from the wrong value (an imperfect demonstrator for the
       warm start; `answer` stays the true result, so a checker scores such a trace wrong).
       Slips come from their own random stream: questions do not depend on the rate.
+    hasty_fraction: < 0 (the default): solutions as above. In [0, 1] (labelled style): every
+      solution opens with its effort, "~" (careful: the lines above) or, with this
+      probability, "!" (hasty: `hasty_ops` operations to a line, e.g. `!6;a+8b-3=11;#11`,
+      their result done in the head). A warm start trained on the mix picks an effort at
+      its first token; hasty answers are shorter and wrong more often, so the reward
+      teaches RL to choose care early, and accuracy and length grow together (as in
+      reasoning RL). Drawn from their own stream: questions do not depend on it.
+    hasty_ops: operations per line of a hasty solution (>= 2).
 
   Returns:
     `num` examples.
@@ -169,6 +196,12 @@ def generate_arithmetic(
     )
   if style == "labelled" and max_steps > _MAX_LABELLED_STEPS:
     raise ValueError(f"style 'labelled' supports max_steps <= {_MAX_LABELLED_STEPS}")
+  mixed = hasty_fraction >= 0
+  if mixed and (style != "labelled" or hasty_fraction > 1 or hasty_ops < 2 or slip_rate > 0):
+    raise ValueError(
+      f"hasty_fraction={hasty_fraction} needs style 'labelled', no slips, a fraction <= 1 "
+      f"and hasty_ops >= 2 (got style={style!r}, slip_rate={slip_rate}, hasty_ops={hasty_ops})"
+    )
   return [
     _arithmetic_example(
       _rng("arithmetic", seed, i),
@@ -180,6 +213,9 @@ def generate_arithmetic(
       style,
       _rng("arithmetic-slip", seed, i) if slip_rate > 0 else None,
       slip_rate,
+      _rng("arithmetic-effort", seed, i) if mixed else None,
+      hasty_fraction,
+      hasty_ops,
     )
     for i in range(start, start + num)
   ]
