@@ -163,6 +163,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.scheduler.rollout_budget = 0.05
   c.scheduler.long_tail_batch = 8
   c.scheduler.max_window_updates = 200
+  # Drafter updates every RL step gets at least (0: only the idle slices'): what the slices
+  # leave short runs blocking between engine calls or at the step's end (time/drafter).
+  c.scheduler.min_step_updates = 1
 
   # Devices for the rollout and policy-training meshes (1: one device; 0: all). On a
   # mesh, rollout rows and update rows are split over the devices, and in mode tlt the
@@ -212,9 +215,20 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.rl.checkpoint_every = 4
   c.rl.reward_workers = 2
   c.rl.reward_timeout_s = 5.0
+  # Rows per engine call (a multiple of group_size, <= engine.max_batch): a step's P x G rows
+  # as several sequential calls of whole groups, the same tokens; 0: one call.
+  c.rl.rows_per_call = 0
   # Compile every rollout program before step 0 (experiments comparing step times).
   c.rl.warmup_engine = False
   c.rl.format_reward = 0.0  # bonus in [0, 0.5) for a response with a final "#answer"
+  # Modes sd and tlt: every this many steps (0: never), the accept length (tokens per
+  # speculative round per row, at the rollout temperature, one fixed key) of the online
+  # and the warm-start drafter on the same first drafter_eval_prompts held-out prompts,
+  # every chunk drafted by drafter_eval_strategy ("": the engine's deepest chain);
+  # drafter_eval/* metrics, in time/eval.
+  c.rl.drafter_eval_every = 0
+  c.rl.drafter_eval_prompts = 8
+  c.rl.drafter_eval_strategy = ""
   c.rl_loss = ml_collections.ConfigDict()
   c.rl_loss.clip_low = 0.2
   c.rl_loss.clip_high = 0.28  # DAPO clip-higher
@@ -245,6 +259,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.rl_update.trainable = "final_norm"
   # Recompute each layer's activations in the backward pass (long rows on accelerators).
   c.rl_update.remat = False
+  # Per-group learning rates, "regex=multiplier,..." over the trained parameters' paths
+  # (first match wins, others x1), e.g. "final_norm=30,embed=3"; "": one learning rate.
+  c.rl_update.lr_multipliers = ""
 
   # What this job printed on this project's 2-core CPU hosts, as ranges over seeds 0-2
   # (--config.seed=S --config.model.init_seed=S): the summary prints them beside the run's

@@ -37,7 +37,7 @@ from ml_collections import config_flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from experiments.host import format_host, host_info  # noqa: E402
+from experiments.host import format_host, host_info, matmul_flops  # noqa: E402
 from tlt_jax import configuration  # noqa: E402
 from tlt_jax.data import get_tokenizer  # noqa: E402
 from tlt_jax.models.transformer import KVCache, init_model  # noqa: E402
@@ -81,21 +81,6 @@ def forward_ms(graphdef, params, batch: int, tokens: int, context: int, reps: in
     _, cache = jax.block_until_ready(fwd(params, toks, cache))
     times.append(time.perf_counter() - t)
   return 1e3 * float(np.median(times))
-
-
-def matmul_flops(n: int = 2048, reps: int = 5) -> float:
-  """Sustained FLOP/s of a square float32 matmul (the arithmetic ceiling)."""
-  a = jnp.ones((n, n), jnp.float32)
-  f = jax.jit(lambda x: x @ x)
-  f(a).block_until_ready()
-  best = min(_timed(lambda: f(a).block_until_ready()) for _ in range(reps))
-  return 2 * n**3 / best
-
-
-def _timed(fn) -> float:
-  t = time.perf_counter()
-  fn()
-  return time.perf_counter() - t
 
 
 def measured_bstar(batches, decode_ms) -> float | None:

@@ -59,6 +59,19 @@ def read_bandwidth(nbytes: int = 1 << 30) -> float:
   return nbytes / min(times)
 
 
+def matmul_flops(n: int = 2048, reps: int = 5) -> float:
+  """Sustained FLOP/s of a square float32 matmul (the arithmetic ceiling)."""
+  a = jnp.ones((n, n), jnp.float32)
+  f = jax.jit(lambda x: x @ x)
+  f(a).block_until_ready()
+  times = []
+  for _ in range(reps):
+    t = time.perf_counter()
+    f(a).block_until_ready()
+    times.append(time.perf_counter() - t)
+  return 2 * n**3 / min(times)
+
+
 def reference_policy() -> tuple[nnx.GraphDef, nnx.State]:
   """A random-init policy of configs/sd_bench.py's shapes (~50M), for benchmarks that
   have no policy of their own: the model whose forward costs describe the host."""

@@ -195,7 +195,13 @@ _SIGKILL_ARGS = [
 ]
 # What the drafter changes (speed, its own figures), and the rollout log-probs' agreement
 # with the trainer's: the engine records them from a multi-token forward when it speculates.
-_NOT_POLICY = ("time/", "spec/", "drafter/", "logp_rollout_vs_trainer_max_abs")
+_NOT_POLICY = (
+  "time/",
+  "spec/",
+  "drafter/",
+  "logp_rollout_vs_trainer_max_abs",
+  "update/model_tflops",  # a rate: seconds differ between runs
+)
 
 
 def _policy_metrics(workdir):

@@ -279,6 +279,48 @@ def test_scheduler_fills_idle_windows_and_records_them():
     SchedulerConfig(rollout_budget=1.0)
 
 
+def test_every_step_gets_its_minimum_of_updates():
+  """Fake clock, updates of 0.2 s: `finish_step` runs what the step's slices left short of
+  `min_step_updates` (nothing once they reached it); `between_calls` runs the owed ones
+  early, then one more per call while the last rollout's unspent budget covers the
+  update's estimate; an empty buffer and min_step_updates=0 run nothing."""
+  clock = _Clock()
+  drafter = _FakeDrafter(clock, cost=0.2)
+  sched = SliceScheduler(drafter, SchedulerConfig(min_step_updates=2), clock)
+  assert sched.initial_params["w"] == 0  # the starting params, kept for drafter evaluations
+  assert sched.finish_step({}) == pytest.approx(0.4) and drafter.version == 2
+  rec = sched.step_records()
+  assert rec["drafter/updates"] == rec["drafter/step_min_updates"] == 2
+  assert rec["drafter/step_min_s"] == rec["drafter/update_s"] == pytest.approx(0.4)
+  # The reward window already ran three: the minimum is met.
+  sched.fill("reward", lambda: drafter.version < 5, {})
+  assert sched.finish_step({}) == 0.0
+  rec = sched.step_records()
+  assert (rec["drafter/updates"], rec["drafter/step_min_updates"]) == (3, 0)
+  # Between two engine calls: a rollout of 10 s with nothing charged leaves 0.5 s of its
+  # 5% budget; the primed estimate is 0.2 s.
+  sched.begin_rollout({})  # two dry runs: the estimate
+  clock.t += 10.0
+  sched.on_chunk(0)
+  sched.end_rollout()
+  before = drafter.version
+  assert sched.between_calls({}) == pytest.approx(0.6)  # two owed, one budgeted
+  assert sched.between_calls({}) == pytest.approx(0.2)  # one budgeted (0.3 s was left)
+  assert sched.between_calls({}) == 0.0  # 0.1 s left: no update fits
+  assert drafter.version == before + 4
+  assert sched.finish_step({}) == 0.0  # the minimum ran early
+  rec = sched.step_records()
+  assert rec["drafter/step_min_updates"] == 2 and rec["drafter/between_calls_updates"] == 2
+  assert rec["drafter/between_calls_s"] == pytest.approx(0.4)
+  assert rec["drafter/rollout_charged_s"] == 0  # not the engine's to pay
+  drafter.ready = lambda: False  # an empty buffer: nothing to train on
+  assert sched.finish_step({}) == 0.0 and sched.step_records()["drafter/updates"] == 0
+  off = SliceScheduler(_FakeDrafter(clock, cost=0.2), SchedulerConfig(min_step_updates=0), clock)
+  assert off.finish_step({}) == 0.0 and off.drafter.version == 0
+  with pytest.raises(ValueError, match="min_step_updates"):
+    SchedulerConfig(min_step_updates=-1)
+
+
 def test_drafter_export_round_trip(online, tmp_path):
   """The standalone artifact (safetensors + config) loads back to the same drafter and
   refuses a target of another shape."""

@@ -13,6 +13,7 @@ from tlt_jax.rl.batch import (
   assemble,
   chosen_groups,
   packed_width,
+  pooled_step_reward,
 )
 
 G = 2
@@ -81,11 +82,34 @@ def test_assemble_lays_out_tokens_mask_advantages_and_old_logprobs():
   assert gap == pytest.approx(float(want))
 
 
-def test_assemble_needs_the_old_logprobs():
-  r = _rollout([0, 1], [4, 4])
-  r.old_logp = None
+def test_without_old_logprobs_the_update_measures_the_gap():
+  """Rollouts with no old-log-prob pass (one on-policy optimizer step): the samples carry
+  the engine's log-probs for the update to compare with, no old_logp and no gap of their
+  own; a batch with old log-probs for some rollouts only is an error."""
+  a, b = _rollout([0, 1, 1, 0], [4, 6, 5, 7], seed=1), _rollout([1, 0], [3, 8], seed=2)
+  with_old, gap = assemble([a, b], [(0, 1), (1, 0)], G, width=8)
+  a.old_logp = b.old_logp = None
+  samples, none = assemble([a, b], [(0, 1), (1, 0)], G, width=8)
+  assert none is None and gap > 0 and "old_logp" not in samples
+  assert set(with_old) == set(samples) | {"old_logp"}
+  for k, v in samples.items():
+    np.testing.assert_array_equal(v, with_old[k], err_msg=k)
+  np.testing.assert_array_equal(samples["rollout_logp"][0], a.result.logprobs[2])
+  np.testing.assert_array_equal(samples["rollout_logp"][3], b.result.logprobs[1])
+  b.old_logp = b.result.logprobs
   with pytest.raises(ValueError, match="old log-probs"):
-    assemble([r], [(0, 0)], G, width=8)
+    assemble([a, b], [(0, 0), (1, 0)], G, width=8)
+
+
+def test_pooled_step_reward_weighs_each_call_by_its_steps():
+  tokens = np.zeros((2, 8), np.float32)
+  calls = [
+    ProcessAdvantages(tokens, np.array([True]), 1.0, num_steps=3),
+    ProcessAdvantages(tokens, np.array([True]), 0.0, num_steps=1),
+    ProcessAdvantages(tokens, np.array([False]), 0.0, num_steps=0),
+  ]
+  assert pooled_step_reward(calls) == pytest.approx(0.75)
+  assert pooled_step_reward(calls[2:]) == 0.0
 
 
 def test_an_empty_batch_has_no_gap():
@@ -123,5 +147,6 @@ def test_process_credit_counts_checkers_that_fail_and_gives_them_no_credit():
   np.testing.assert_allclose(out.tokens[2], [0, -0.25, 0.75, 0, 0, 0])
   assert out.informative.tolist() == [False, True]  # group 2: step rewards 2 vs 1 differ
   assert out.mean_step_reward == pytest.approx(np.mean([1.0, 2.0, 1.0, 1.0]))
+  assert out.num_steps == 4
   credit.reset_errors()
   assert credit.errors == 0

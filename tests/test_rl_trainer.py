@@ -52,21 +52,14 @@ def _trainer(
   update=None,
   step_reward_fn=None,
   sampling=None,
+  scheduler=None,
   **changes,
 ):
   graphdef, params = nnx.split(init_model(MODEL, seed=0))
   sampling = sampling or SamplingConfig(temperature=1.0)
   engine = RolloutEngine(graphdef, MODEL, ENGINE, sampling, POOL)
-  cfg = GRPOConfig(
-    steps=steps,
-    prompts_per_step=2,
-    group_size=4,
-    eval_every=0,
-    eval_examples=2,
-    checkpoint_every=1,
-    reward_workers=2,
-    **changes,
-  )
+  defaults = dict(prompts_per_step=2, group_size=4, eval_every=0, eval_examples=2)
+  cfg = GRPOConfig(steps=steps, checkpoint_every=1, reward_workers=2, **{**defaults, **changes})
   return GRPOTrainer(
     graphdef,
     params,
@@ -81,11 +74,16 @@ def _trainer(
     update or UpdateConfig(learning_rate=3e-3, total_steps=10, micro_batch=4),
     str(workdir),
     step_reward_fn=step_reward_fn,
+    scheduler=scheduler,
   )
 
 
+# Metrics measured in seconds (or per second): they differ from run to run.
+TIMED = ("time/", "update/model_tflops")
+
+
 def _comparable(row):
-  return {k: v for k, v in row.items() if not k.startswith("time/") and k != "eval"}
+  return {k: v for k, v in row.items() if not k.startswith(TIMED) and k != "eval"}
 
 
 def test_runs_and_resumes_exactly(tmp_path):
@@ -352,3 +350,188 @@ def test_the_last_step_is_checkpointed_even_when_its_update_was_skipped(tmp_path
   assert [r["loss/skipped"] for r in rows] == [0.0, 1.0]
   assert trainer.checkpoints.policy.all_steps() == [2]
   assert _trainer(tmp_path, 2).step == 2
+
+
+def _recording(trainer, scored=None):
+  """Wraps the trainer's engine.generate: returns the list of (tokens, seq_id_offset) of its
+  rollout calls; with `scored` (the completions the reward function has seen), also whether, when
+  a call started, every earlier call's completions had been scored meanwhile (waits 5 s)."""
+  calls, generate = [], trainer.engine.generate
+
+  def record(*args, **kwargs):
+    if "sampling" in kwargs:  # a held-out evaluation's
+      return generate(*args, **kwargs)
+    overlapped = None
+    if scored is not None and calls:
+      rows = sum(len(c[0]) for c in calls)
+      deadline = time.perf_counter() + 5.0
+      while len(scored) < rows and time.perf_counter() < deadline:
+        time.sleep(0.01)
+      overlapped = len(scored) >= rows
+    result = generate(*args, **kwargs)
+    calls.append((np.array(result.tokens), kwargs["seq_id_offset"], overlapped))
+    return result
+
+  trainer.engine.generate = record
+  return calls
+
+
+def _leaves(params):
+  return [np.asarray(x) for x in jax.tree.leaves(params)]
+
+
+def _lengths(workdir):
+  """Per step, (response lengths, prompt lengths) per engine call: rollout_lengths.jsonl."""
+  with open(workdir / "rollout_lengths.jsonl") as f:
+    return [(r["rollouts"], r["prompts"]) for r in map(json.loads, f)]
+
+
+def test_rows_per_call_rolls_out_the_same_step_in_several_calls(tmp_path):
+  """rows_per_call=G: each batch of P x G rows is P engine calls of one group, each with
+  its own sequence-id offset and the batch's key, so the step's tokens, rewards, refills
+  and update are those of one call per batch, bit for bit; each call's rewards are scored
+  while the next call decodes; rollout_lengths has one entry per call."""
+  scored = []
+
+  def seven_seen(completion, answer):
+    scored.append(completion)
+    return seven(completion, answer)
+
+  runs = {}
+  for rows_per_call in (0, 4):
+    scored.clear()
+    trainer = _trainer(
+      tmp_path / str(rows_per_call), 3, reward_fn=seven_seen, rows_per_call=rows_per_call
+    )
+    calls = _recording(trainer, scored if rows_per_call else None)
+    rows = trainer.run(progress=False)
+    runs[rows_per_call] = (rows, calls, _leaves(trainer.params))
+  (one, one_calls, one_params), (split, split_calls, split_params) = runs[0], runs[4]
+  one_lengths, split_lengths = _lengths(tmp_path / "0"), _lengths(tmp_path / "4")
+  assert sum(r["refills"] for r in one) > 0  # refills are split into calls too
+  assert [r["rollout_calls"] for r in one] == [1 + r["refills"] for r in one]
+  assert [r["rollout_calls"] for r in split] == [2 * (1 + r["refills"]) for r in one]
+  assert len(split_calls) == 2 * len(one_calls)
+  for (tokens, offset, _), halves in zip(one_calls, zip(split_calls[::2], split_calls[1::2])):
+    np.testing.assert_array_equal(np.concatenate([h[0] for h in halves]), tokens)
+    assert [h[1] for h in halves] == [offset, offset + 4]
+  assert all(c[2] for c in split_calls[1:])  # the reward pool kept up with the calls
+  strip = lambda r: {k: v for k, v in _comparable(r).items() if k != "rollout_calls"}
+  for a, b, la, lb in zip(one, split, one_lengths, split_lengths, strict=True):
+    for x, y in zip(la, lb):  # responses, prompts: the same rows, one list per call
+      assert sum(x, []) == sum(y, []) and len(y) == b["rollout_calls"]
+    assert strip(a) == strip(b)
+  for x, y in zip(one_params, split_params, strict=True):
+    np.testing.assert_array_equal(x, y)
+
+
+def test_rows_per_call_validation(tmp_path):
+  with pytest.raises(ValueError, match="rows_per_call .* multiple of group_size"):
+    GRPOConfig(group_size=4, rows_per_call=6)
+  with pytest.raises(ValueError, match="rows_per_call must be an int >= 0"):
+    GRPOConfig(group_size=4, rows_per_call=-4)
+  with pytest.raises(ValueError, match="rows_per_call \\(16\\) exceeds the engine's max_batch 8"):
+    _trainer(tmp_path, 1, rows_per_call=16)
+  # 4 prompts x 4 samples > max_batch 8: one call cannot, calls of 8 rows can.
+  with pytest.raises(ValueError, match="exceeds the engine's max_batch 8; set .*rows_per_call"):
+    _trainer(tmp_path, 1, prompts_per_step=4)
+  assert _trainer(tmp_path, 1, prompts_per_step=4, rows_per_call=8).cfg.rows_per_call == 8
+
+
+def _trainer_with_pass(workdir, steps, **changes):
+  """A trainer that runs the old-log-prob pass even for one optimizer step per batch."""
+  trainer = _trainer(workdir, steps, **changes)
+  trainer.skip_old_logp = False
+  trainer.update = trainer._make_update()
+  return trainer
+
+
+def test_one_optimizer_step_skips_the_old_logprob_pass(tmp_path):
+  """mini_batches = epochs = 1: no old-log-prob pass runs (time/old_logp 0), the update
+  takes its own forward's log-probs as the old ones and gives the same params as the
+  update fed the pass's (float tolerance: another program); the rollout-vs-trainer check
+  comes from the update's forward, small either way. And the update's throughput figures:
+  every token of the samples (prompts and responses, here all groups) and its padding."""
+  skipped = _trainer(tmp_path / "skip", 1, dynamic_sampling=False)
+  assert skipped.skip_old_logp
+
+  def no_pass(results):
+    raise AssertionError("the old-log-prob pass ran")
+
+  skipped._old_logp = no_pass
+  passed = _trainer_with_pass(tmp_path / "pass", 1, dynamic_sampling=False)
+  (a,), (b,) = skipped.run(progress=False), passed.run(progress=False)
+  assert a["time/old_logp"] == 0.0 and b["time/old_logp"] > 0.0
+  (lengths,) = _lengths(tmp_path / "skip")
+  assert a["reward_mean"] == b["reward_mean"] and [lengths] == _lengths(tmp_path / "pass")
+  assert a["loss/ratio_max"] == 1.0 and abs(b["loss/ratio_max"] - 1.0) < 1e-4
+  for row in (a, b):
+    assert row["loss/skipped"] == 0
+    assert 0 <= row["logp_rollout_vs_trainer_max_abs"] < 1e-4
+  for x, y in zip(_leaves(skipped.params), _leaves(passed.params), strict=True):
+    np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-6)
+  assert a["loss/grad_norm"] == pytest.approx(b["loss/grad_norm"], rel=1e-4)
+  tokens = sum(sum(sum(x, [])) for x in lengths)
+  assert a["update/real_tokens"] == tokens
+  assert a["update/padding_fraction"] == pytest.approx(1 - a["loss/update_fill"])
+  assert 0 < a["update/padding_fraction"] < 1 and a["update/model_tflops"] > 0
+  # Several optimizer steps per batch keep the pass (its log-probs are the old policy's).
+  ppo = UpdateConfig(learning_rate=3e-3, total_steps=10, micro_batch=2, mini_batches=2)
+  assert not _trainer(tmp_path / "ppo", 1, update=ppo).skip_old_logp
+
+
+def test_lr_multipliers_train_and_resume_exactly(tmp_path):
+  """Per-group learning rates in the trainer: the optimizer state (one AdamW per group)
+  is checkpointed and restored, so an interrupted run resumes exactly."""
+  update = UpdateConfig(
+    learning_rate=3e-3, total_steps=10, micro_batch=4, lr_multipliers="final_norm=30,embed=3"
+  )
+  full = _trainer(tmp_path / "a", 2, update=update)
+  rows = full.run(progress=False)
+  assert all(r["loss/skipped"] == 0 for r in rows)
+  _trainer(tmp_path / "b", 1, update=update).run(progress=False)
+  resumed = _trainer(tmp_path / "b", 2, update=update)
+  assert resumed.step == 1
+  rest = resumed.run(progress=False)
+  assert _comparable(rest[0]) == pytest.approx(_comparable(rows[1]), rel=1e-5, abs=1e-6)
+  for x, y in zip(_leaves(full.params), _leaves(resumed.params), strict=True):
+    np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7)
+
+
+class _FakeScheduler:
+  """Records the trainer's scheduler calls (TLT mode's call sites); trains nothing."""
+
+  def __init__(self):
+    self.log = []
+    self.drafter = self
+
+  def begin_rollout(self, params):
+    self.log.append("begin")
+
+  def on_chunk(self, batch, rebuild_s=0.0):
+    return None
+
+  def end_rollout(self):
+    self.log.append("end")
+
+  def observe(self, result, step):
+    self.log.append(("observe", len(result.length), step))
+
+  def fill(self, window, busy, params):
+    self.log.append(("fill", window, isinstance(busy(), bool)))
+    return 0
+
+
+def test_rows_per_call_brackets_each_call_for_the_scheduler(tmp_path):
+  """TLT's call sites with several engine calls: each call is its own rollout for the
+  slice scheduler (begin_rollout / end_rollout, and the online drafter observes its rows),
+  and the reward window opens once, after the batch's last call."""
+  trainer = _trainer(tmp_path, 1, rows_per_call=4, max_refills=0, scheduler=_FakeScheduler())
+  rewards = RewardPool(seven, workers=2)
+  try:
+    row = trainer.train_step(rewards)
+  finally:
+    rewards.close()
+  call = ["begin", "end", ("observe", 4, 0)]
+  assert trainer.scheduler.log == [*call, *call, ("fill", "reward", True)]
+  assert row["rollout_calls"] == 2 and row["loss/skipped"] == 0

@@ -473,3 +473,191 @@ def test_update_config_validation():
     make_policy_update(None, optax.sgd(1.0), PolicyLossConfig(), 0)
   with pytest.raises(ValueError, match="trainable is not a regular expression"):
     make_policy_update(None, optax.sgd(1.0), PolicyLossConfig(), 1, "layers/(3")
+
+
+def _masked_max(x, mask):
+  return float(np.max(np.where(mask > 0, np.abs(x), 0.0)))
+
+
+def test_on_policy_update_equals_the_old_logprob_pass(model):
+  """One optimizer step per rollout batch: the update that takes stop_gradient of its own
+  log-probs as old_logp (no old-log-prob pass, no old_logp in the batch) moves the params
+  as the update fed a separate pass's log-probs, KL reference and entropy included (plain
+  SGD: the change is the gradient). Its ratio is exactly 1, and the rollout log-probs in
+  the batch give the rollout-vs-trainer gap from the update's own forward."""
+  graphdef, params = model
+  sgd = optax.sgd(1.0)
+  cfg = PolicyLossConfig(temperature=TEMP, kl_coef=0.01, entropy_coef=0.001, clip_high=0.28)
+  batch = _batch(graphdef, params, seed=10, noise=0.0, temperature=TEMP)
+  # The pass's log-probs (another program), and the engine's, off by 0.01 at one token.
+  rollout = batch["old_logp"].copy()
+  b, t = np.argwhere(batch["mask"] > 0)[3]
+  rollout[b, t] += 0.01
+  passed = make_policy_update(graphdef, sgd, cfg, 2)
+  own = make_policy_update(graphdef, sgd, cfg, 2, on_policy=True)
+  p_pass, _, m_pass = passed(_copy(params), sgd.init(params), batch, _copy(params))
+  on_batch = {k: v for k, v in batch.items() if k != "old_logp"}
+  p_own, _, m_own = own(
+    _copy(params), sgd.init(params), dict(on_batch, rollout_logp=rollout), _copy(params)
+  )
+  m_pass, m_own = jax.device_get((m_pass, m_own))
+  assert int(m_own["skipped"]) == 0 and float(m_own["grad_norm"]) > 1e-3
+  chex.assert_trees_all_close(p_own, p_pass, rtol=1e-4, atol=1e-6)
+  for k in ("loss", "grad_norm", "kl", "entropy"):
+    np.testing.assert_allclose(m_own[k], m_pass[k], rtol=1e-4, atol=1e-7, err_msg=k)
+  assert float(m_own["ratio_max"]) == 1.0 and float(m_own["approx_kl"]) == 0.0
+  assert "rollout_logp_gap" not in m_pass
+  assert float(m_own["rollout_logp_gap"]) == pytest.approx(0.01, abs=1e-4)
+  with pytest.raises(ValueError, match="old_logp"):
+    passed(_copy(params), sgd.init(params), on_batch, _copy(params))
+
+
+def test_on_policy_gradient_is_the_plain_policy_gradient(model):
+  """At ratio exactly 1 the clip cannot bind, whatever its bounds: clip 0 / 0 (bounds at 1,
+  where jnp.clip and jnp.maximum tie) gives the gradient of clips 0.2 / 0.28, and both are
+  the gradient of -sum(weights x advantage x logp) (SGD at lr 1: the change is it)."""
+  graphdef, params = model
+  sgd = optax.sgd(1.0)
+  batch = _batch(graphdef, params, seed=11)
+  del batch["old_logp"]
+  outs = [
+    make_policy_update(graphdef, sgd, cfg, 4, on_policy=True)(
+      _copy(params), sgd.init(params), batch, None
+    )[0]
+    for cfg in (PolicyLossConfig(clip_low=0.0, clip_high=0.0), PolicyLossConfig(clip_high=0.28))
+  ]
+  mask, adv = jnp.asarray(batch["mask"]), jnp.asarray(batch["advantages"])
+
+  def pg_loss(p):
+    logp, _ = token_logprobs(graphdef, p, jnp.asarray(batch["tokens"]), 1.0)
+    return -jnp.sum(adv[:, None] * logp * mask) / jnp.sum(mask)
+
+  grads = jax.grad(pg_loss)(params)
+  want = jax.tree.map(lambda p, g: p - g, params, grads)
+  chex.assert_trees_all_close(outs[0], outs[1], rtol=1e-5, atol=1e-7)
+  chex.assert_trees_all_close(outs[0], want, rtol=1e-4, atol=1e-6)
+
+
+def _moves(before, after):
+  """{path: parameter change} of one update."""
+  return {
+    path_name(path): np.asarray(b) - np.asarray(a)
+    for (path, a), b in zip(
+      jax.tree_util.tree_leaves_with_path(before), jax.tree.leaves(after), strict=True
+    )
+  }
+
+
+def test_lr_multipliers_scale_each_groups_step(model):
+  """Adam's first step is the same for every learning rate up to the rate itself, so with
+  lr_multipliers each group moves by its multiple of the single-rate step: final_norm x30,
+  embed x3, the rest x1; with trainable, frozen parameters stay put and a group's multiple
+  holds among the trained ones."""
+  graphdef, params = model
+  batch = _batch(graphdef, params, seed=12)
+  want = {"final_norm": 30.0, "embed": 3.0}
+  for trainable in ("", "final_norm|embed|layers/0/mlp"):
+    base = UpdateConfig(learning_rate=1e-3, total_steps=10, micro_batch=B, trainable=trainable)
+    grouped = dataclasses.replace(base, lr_multipliers="final_norm=30,embed=3")
+    moves = {}
+    for ucfg in (base, grouped):
+      opt = make_optimizer(ucfg)
+      fn = make_policy_update(graphdef, opt, PolicyLossConfig(), B, trainable)
+      new, _, m = fn(_copy(params), opt.init(params), batch, None)
+      assert int(m["skipped"]) == 0
+      moves[ucfg.lr_multipliers] = _moves(params, new)
+    for path, step in moves[""].items():
+      scaled = moves[grouped.lr_multipliers][path]
+      if trainable and not path.startswith(("final_norm", "embed", "layers/0/mlp")):
+        assert not np.any(step) and not np.any(scaled), path  # frozen stays frozen
+        continue
+      assert np.max(np.abs(step)) > 1e-4, path
+      factor = next((v for k, v in want.items() if path.startswith(k)), 1.0)
+      np.testing.assert_allclose(scaled, factor * step, rtol=2e-3, atol=1e-8, err_msg=path)
+
+
+def _adam_first_moments(state):
+  """Every trained leaf's Adam first moment in an optimizer state (all groups)."""
+  adams = jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, optax.ScaleByAdamState))
+  return [
+    np.asarray(x)
+    for s in adams
+    if isinstance(s, optax.ScaleByAdamState)
+    for x in jax.tree.leaves(s.mu)
+  ]
+
+
+def test_lr_multipliers_clip_by_the_global_norm_of_the_trained_parameters(model):
+  """Clipping with groups is one global norm over every trained parameter, as without:
+  with a tiny grad_clip the first moments (1 - b1) x clipped gradient have norm
+  (1 - b1) x grad_clip over all groups together (clipped per group it would be sqrt(3)
+  times that; counting the frozen gradients, which this update computes in full, less)."""
+  graphdef, params = model
+  batch = _batch(graphdef, params, seed=13)
+  ucfg = UpdateConfig(
+    learning_rate=1e-3,
+    total_steps=10,
+    micro_batch=B,
+    grad_clip=1e-4,
+    trainable="final_norm|embed|layers/0/mlp",
+    lr_multipliers="final_norm=30,embed=3",
+  )
+  norms = {}
+  for multipliers in ("", ucfg.lr_multipliers):
+    opt = make_optimizer(dataclasses.replace(ucfg, lr_multipliers=multipliers))
+    fn = make_policy_update(graphdef, opt, PolicyLossConfig(), B)  # frozen gradients too
+    _, state, m = fn(_copy(params), opt.init(params), batch, None)
+    assert float(m["grad_norm"]) > 100 * ucfg.grad_clip
+    mu = _adam_first_moments(state)
+    assert len(mu) == 5  # final_norm, embed and the three MLP kernels
+    norms[multipliers] = float(np.sqrt(sum(np.sum(x.astype(np.float64) ** 2) for x in mu)))
+  assert norms[ucfg.lr_multipliers] == pytest.approx((1 - ucfg.b1) * ucfg.grad_clip, rel=1e-4)
+  assert norms[""] == pytest.approx(norms[ucfg.lr_multipliers], rel=1e-4)
+
+
+def test_lr_multipliers_validation(model):
+  _, params = model
+  bad = {
+    "final_norm": "not 'regex=multiplier'",
+    "=3": "not 'regex=multiplier'",
+    "final_norm=0": "finite number > 0",
+    "final_norm=-2": "finite number > 0",
+    "final_norm=nan": "finite number > 0",
+    "final_norm=x": "finite number > 0",
+    "layers/(3=2": "not a regular expression",
+  }
+  for spec, match in bad.items():
+    with pytest.raises(ValueError, match=f"lr_multipliers: .*{match}"):
+      UpdateConfig(lr_multipliers=spec)
+  unmatched = {
+    ("no_such_layer=2", ""): "'no_such_layer' matches no trained",
+    ("attn=2", "final_norm"): "'attn' matches no trained",  # only frozen ones
+    ("norm=2,final_norm=3", ""): "'final_norm' matches no trained",  # taken by 'norm'
+  }
+  for (spec, trainable), match in unmatched.items():
+    opt = make_optimizer(UpdateConfig(lr_multipliers=spec, trainable=trainable))
+    with pytest.raises(ValueError, match=match):
+      opt.init(params)
+  # A regex may hold '=' (the multiplier follows the last one); spaces around pairs go.
+  opt = make_optimizer(UpdateConfig(lr_multipliers=" final_norm=2 , (?=embed)=3"))
+  assert jax.tree.leaves(opt.init(params))
+
+
+def test_padding_micro_batches_change_nothing(model):
+  """Rows padded to micro_batch x 2^k leave micro-batches with no counted token; the
+  update skips their forward and backward (lax.cond), and the step is the unpadded one's:
+  the same params (SGD: the change is the gradient) and metrics, KL and entropy included."""
+  graphdef, params = model
+  sgd = optax.sgd(1.0)
+  batch = _batch(graphdef, params, seed=14, temperature=TEMP)
+  cfg = PolicyLossConfig(temperature=TEMP, kl_coef=0.01, entropy_coef=0.001, clip_high=0.28)
+  fn = make_policy_update(graphdef, sgd, cfg, 2)
+  # Four padding rows: two micro-batches of nothing (zero mask, old log-probs, advantage).
+  padded = {k: np.concatenate([v, np.zeros((4, *v.shape[1:]), v.dtype)]) for k, v in batch.items()}
+  (p, _, m), (p_pad, _, m_pad) = (
+    fn(_copy(params), sgd.init(params), b, _copy(params)) for b in (batch, padded)
+  )
+  assert int(m_pad["skipped"]) == 0 and float(m["grad_norm"]) > 1e-3
+  chex.assert_trees_all_close(p_pad, p, rtol=1e-6, atol=1e-7)
+  for k, v in jax.device_get(m).items():
+    np.testing.assert_allclose(m_pad[k], v, rtol=1e-6, atol=1e-8, err_msg=k)

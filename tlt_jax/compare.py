@@ -12,12 +12,15 @@ experiments/e2e_modes.py (the full table, JSON, CSV and plot).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
 import time
+from collections.abc import Callable
 from typing import Any
 
+import jax
 import ml_collections
 import numpy as np
 
@@ -98,6 +101,105 @@ def run_modes(
       with open(os.path.join(workdir, "metrics.jsonl")) as f:
         rows += [step_row(label, json.loads(line)) for line in f]
   return results, rows
+
+
+def params_digest(params: Any) -> str:
+  """A hash of a parameter tree's bytes: equal digests, equal parameters."""
+  h = hashlib.sha256()
+  for leaf in jax.tree.leaves(params):
+    h.update(np.ascontiguousarray(jax.device_get(leaf)).tobytes())
+  return h.hexdigest()[:16]
+
+
+class SharedEvaluation:
+  """Held-out evaluation once per step for runs whose parameters must be equal.
+
+  The modes roll out the same tokens and apply the same updates, so at a given step their
+  parameters are bitwise equal: the first run to reach an evaluation step evaluates, the
+  others get its figures after their parameters' digest is checked against it (a run
+  whose digest differs is evaluated on its own and flagged `params_differ_from`).
+  `evaluate(trainer)` computes a row (default: the trainer's own `evaluate`).
+  """
+
+  def __init__(self, evaluate: Callable[[Any], dict[str, Any]] | None = None):
+    self._evaluate = evaluate or (lambda trainer: trainer.evaluate())
+    self.by_step: dict[int, tuple[str, dict[str, Any], str]] = {}
+    self.mismatches: list[dict[str, Any]] = []
+
+  def __call__(self, label: str, trainer: Any) -> dict[str, Any]:
+    digest = params_digest(trainer.params)
+    hit = self.by_step.get(trainer.step)
+    if hit is not None and hit[0] == digest:
+      return {**hit[1], "params_digest": digest, "shared_from": hit[2]}
+    t = time.perf_counter()
+    row = dict(self._evaluate(trainer))
+    row["seconds"] = time.perf_counter() - t
+    if hit is None:
+      self.by_step[trainer.step] = (digest, row, label)
+    else:
+      row["params_differ_from"] = hit[2]
+      self.mismatches.append({"step": trainer.step, "run": label, "against": hit[2]})
+    return {**row, "params_digest": digest}
+
+
+def run_interleaved(
+  config: ml_collections.ConfigDict,
+  out: str,
+  modes: list[str],
+  seed: int,
+  block: int,
+  *,
+  evaluate: Callable[[dict[str, Any]], Callable[[Any], dict[str, Any]] | None] | None = None,
+  progress: bool = True,
+) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]], SharedEvaluation]:
+  """Runs the modes in one process, interleaved in blocks of `block` RL steps (all modes'
+  steps 0..block-1, then the next block, ...), so that the host's drift over the
+  experiment hits every mode alike. Held-out evaluation happens once per evaluation step
+  (`SharedEvaluation`); every mode checks that its parameters equal the evaluated ones.
+
+  Warm starts come from <out>/shared (`prepare_shared`); runs go to <out>/<mode>_s<seed>,
+  fresh. `evaluate(runs)` (given the runs as returned) may return the function that
+  evaluates a trainer (e.g. on a faster engine); by default each trainer evaluates with
+  its own.
+
+  Returns ({label: {"mode", "seed", "job", "trainer"}}, {label: its step rows
+  (`step_row`)}, the SharedEvaluation with its digests and mismatches).
+  """
+  check_modes(modes)
+  if block < 1:
+    raise ValueError(f"block must be >= 1, got {block}")
+  config = config.copy_and_resolve_references()
+  shared = prepare_shared(config, out, progress)
+  runs = {}
+  for mode in modes:
+    label = f"{mode}_s{seed}"
+    workdir = os.path.join(out, label)
+    if os.path.isdir(workdir):
+      shutil.rmtree(workdir)  # a fresh run: resuming would skip the steps we time
+    os.makedirs(workdir)
+    for piece in _WARM:
+      shutil.copytree(os.path.join(shared, piece), os.path.join(workdir, piece))
+    cfg = config.copy_and_resolve_references()
+    cfg.mode, cfg.seed = mode, seed
+    cfg.rollout.num_prompts = 0
+    job = train.prepare(cfg, workdir, progress)
+    runs[label] = {"mode": mode, "seed": seed, "job": job, "trainer": train.make_trainer(job)}
+  trainers = {label: run["trainer"] for label, run in runs.items()}
+  evaluation = SharedEvaluation(evaluate(runs) if evaluate else None)
+  total = int(config.rl.steps)
+  for end in range(block, total + block, block):
+    end = min(end, total)
+    for label, trainer in trainers.items():
+      trainer.run(
+        progress=progress,
+        until=end,
+        evaluate=lambda t, label=label: evaluation(label, t),
+      )
+  rows = {}
+  for label, trainer in trainers.items():
+    with open(trainer.metrics_path) as f:
+      rows[label] = [step_row(label, json.loads(line)) for line in f]
+  return runs, rows, evaluation
 
 
 def step_row(label: str, r: dict[str, Any]) -> dict[str, Any]:

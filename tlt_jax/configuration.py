@@ -12,6 +12,7 @@ defined next to the code it configures and re-exported here:
   config.drafter       DrafterTrainConfig   tlt_jax/drafter/online.py
   config.scheduler     SchedulerConfig      tlt_jax/scheduler/slices.py
   config.rl            GRPOConfig           tlt_jax/rl/trainer.py
+  config.rl.drafter_eval_*  DrafterEvalConfig  tlt_jax/drafter/acceptance.py
   config.rl_loss       PolicyLossConfig     tlt_jax/rl/loss.py
   config.rl_update     UpdateConfig         tlt_jax/rl/update.py
 
@@ -34,6 +35,7 @@ from tlt_jax.data.prompts import PromptFormat
 from tlt_jax.data.tasks import TaskSpec, get_task, local_task, resolve_checker
 from tlt_jax.data.tokenizer import Tokenizer, get_tokenizer
 from tlt_jax.decode.sampling import SamplingConfig
+from tlt_jax.drafter.acceptance import DrafterEvalConfig
 from tlt_jax.drafter.online import DrafterTrainConfig
 from tlt_jax.models.config import ModelConfig
 from tlt_jax.parallel.meshes import data_mesh
@@ -47,6 +49,7 @@ from tlt_jax.warmstart.sft import SFTConfig
 
 __all__ = [
   "ConfigError",
+  "DrafterEvalConfig",
   "DrafterTrainConfig",
   "EngineConfig",
   "GRPOConfig",
@@ -57,6 +60,7 @@ __all__ = [
   "SchedulerConfig",
   "UpdateConfig",
   "drafter_config",
+  "drafter_eval_config",
   "engine_config",
   "mesh",
   "mode",
@@ -208,6 +212,28 @@ def scheduler_config(config: ml_collections.ConfigDict) -> SchedulerConfig:
   return to_dataclass(SchedulerConfig, config.scheduler, "scheduler")
 
 
+# config.rl fields of the drafter evaluation (`DrafterEvalConfig`), not of the RL loop.
+DRAFTER_EVAL_FIELDS = {
+  "drafter_eval_every": "every",
+  "drafter_eval_prompts": "prompts",
+  "drafter_eval_strategy": "strategy",
+}
+
+
+def drafter_eval_config(config: ml_collections.ConfigDict) -> DrafterEvalConfig:
+  """The accept-length comparison of the online and the warm-start drafter during RL
+  (config.rl.drafter_eval_every / _prompts / _strategy; modes sd and tlt)."""
+  values = {f: config.rl[k] for k, f in DRAFTER_EVAL_FIELDS.items() if k in config.rl}
+  try:
+    return DrafterEvalConfig(**values)
+  except ValueError as e:
+    # Named by the job's field, not the dataclass's.
+    msg = str(e)
+    for k, f in DRAFTER_EVAL_FIELDS.items():
+      msg = msg.replace(f"DrafterEvalConfig.{f} ", f"config.rl.{k} ")
+    raise ConfigError(msg) from e
+
+
 def train_mesh(config: ml_collections.ConfigDict, rollout_mesh: Mesh | None) -> Mesh | None:
   """The policy update's mesh: the rollout's devices as ("data", "tensor") with
   `parallel.tensor` devices per tensor group when `parallel.fsdp` or tensor > 1 (params
@@ -271,8 +297,13 @@ def rl_configs(
   truncation (it scores the distribution the rollout samples)."""
   # format_reward shapes the reward function (train._reinforce), not the loop.
   rl = to_dataclass(
-    GRPOConfig, config.rl, "rl", ignore=("format_reward", "warmup_engine"), seed=int(config.seed)
+    GRPOConfig,
+    config.rl,
+    "rl",
+    ignore=("format_reward", "warmup_engine", *DRAFTER_EVAL_FIELDS),
+    seed=int(config.seed),
   )
+  drafter_eval_config(config)  # checked with the loop's fields (the trainer builds it)
   loss = to_dataclass(
     PolicyLossConfig,
     config.rl_loss,

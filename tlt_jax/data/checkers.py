@@ -457,6 +457,51 @@ def arithmetic_steps(question: str, completion: str) -> list[tuple[int, float]]:
   return steps
 
 
+_STRIDE_QUESTION = re.compile(r"(\d{1,9})\+(\d{1,9})>(\d{1,12})=")
+_STRIDE_LINE = re.compile(r"[~!]?(\d{1,9}):(\d{1,12})\+(\d{1,12})=(\d{1,12});")
+
+
+def check_stride(completion: str, answer: str) -> float:
+  """Reward for the `stride` task: the marked final answer must be the step count."""
+  return check_arithmetic(completion, answer)
+
+
+def stride_steps(question: str, completion: str) -> list[tuple[int, float]]:
+  """Process rewards for the `stride` task: one (end, reward) per `;`-terminated line and the
+  final `#answer`. A line `i:u+d=v;` is right when it moves the counter forward from the
+  previous line's, restates the previous value as u, adds the stride that many times as d
+  and sums them right (judged from what the completion itself wrote, so a line after a
+  mistake can be right); the first line may carry an effort marker. The answer step
+  scores 1.0 when it is the true step count.
+  Unparseable pieces score 0.0; never raises."""
+  if not isinstance(question, str) or not isinstance(completion, str):
+    return []
+  q = _STRIDE_QUESTION.fullmatch(question.strip())
+  if q is None:
+    return []
+  first, stride, limit = (int(x) for x in q.groups())
+  truth = -(-(limit - first) // stride) if stride else 0
+  steps: list[tuple[int, float]] = []
+  count, value, start = 0, first, 0
+  while start < len(completion):
+    cut = completion.find(";", start)
+    if cut < 0:
+      answer = extract_marked_answer(completion[start:])
+      good = answer is not None and re.fullmatch(r"\d{1,12}", answer) and int(answer) == truth
+      steps.append((len(completion), float(bool(good))))
+      break
+    end = cut + 1
+    m = _STRIDE_LINE.fullmatch(completion[start:end])
+    good = False
+    if m is not None and (not steps or completion[start].isdigit()):
+      i, u, d, v = (int(x) for x in m.groups())
+      good = i > count and u == value and d == (i - count) * stride and v == u + d
+      count, value = i, v
+    steps.append((end, float(good)))
+    start = end
+  return steps
+
+
 def check_countdown(completion: str, answer: str) -> float:
   """Reward for the `countdown` task.
 

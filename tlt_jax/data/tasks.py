@@ -31,6 +31,7 @@ __all__ = [
   "format_target",
   "generate_arithmetic",
   "generate_countdown",
+  "generate_stride",
   "get_task",
   "local_task",
   "make_split",
@@ -216,6 +217,116 @@ def generate_arithmetic(
       _rng("arithmetic-effort", seed, i) if mixed else None,
       hasty_fraction,
       hasty_ops,
+    )
+    for i in range(start, start + num)
+  ]
+
+
+# ---------------------------------------------------------------------------------------------
+# stride: count from s in steps of k until N; how many steps?
+#   "23+7>44=" -> "~1:23+7=30;2:30+7=37;3:37+7=44;#3"
+#
+# Every line follows from the one before it (counter + 1, the last value restated, + k), so a
+# worked solution is long but each line is local: a small model learns it in far fewer examples
+# than a lookup into the question. With an effort mix, a hasty solution ("!") jumps two steps a
+# line and answers its last counter: right only when the count is even.
+# ---------------------------------------------------------------------------------------------
+
+
+def _stride_example(
+  rng: random.Random,
+  median_steps: float,
+  steps_sigma: float,
+  max_steps: int,
+  max_start: int,
+  max_stride: int,
+  effort: random.Random | None,
+  hasty_fraction: float,
+  hasty_jump: int,
+) -> Example:
+  m = _lognormal_int(rng, median_steps, steps_sigma, max_steps)
+  s, k = rng.randint(1, max_start), rng.randint(2, max_stride)
+  n = s + k * m
+  jump, marker = 1, ""
+  if effort is not None:
+    hasty = effort.random() < hasty_fraction
+    jump, marker = (hasty_jump, checkers.HASTY) if hasty else (1, checkers.CAREFUL)
+  lines, i, v = [], 0, s
+  while v < n:
+    lines.append(f"{i + jump}:{v}+{jump * k}={v + jump * k};")
+    i, v = i + jump, v + jump * k
+  return {
+    "question": f"{s}+{k}>{n}=",
+    "solution": marker + "".join(lines) + f"{checkers.MARKER}{i}",
+    "answer": str(m),
+  }
+
+
+def generate_stride(
+  seed: int,
+  num: int,
+  *,
+  start: int = 0,
+  median_steps: float = 12,
+  steps_sigma: float = 0.9,
+  max_steps: int = 110,
+  max_start: int = 99,
+  max_stride: int = 9,
+  hasty_fraction: float = -1.0,
+  hasty_jump: int = 2,
+) -> list[Example]:
+  """Count from a start in steps of a stride until a limit; the answer is the step count.
+
+  Question `23+7>44=` (start 23, stride 7, limit 44 = 23 + 3 x 7); worked solution
+  `1:23+7=30;2:30+7=37;3:37+7=44;#3`, one line per step (its counter, the last value plus
+  the stride, the new value), stopping at the first value that reaches the limit. The
+  number of steps is log-normal (long-tailed lengths, about 10 characters a line).
+
+  Args:
+    seed: Seed of the example stream.
+    num: Number of examples.
+    start: Index of the first example in the stream.
+    median_steps, steps_sigma, max_steps: the log-normal number of steps and its cap.
+    max_start: starts are drawn from [1, max_start].
+    max_stride: strides are drawn from [2, max_stride].
+    hasty_fraction: < 0 (the default): solutions as above. In [0, 1]: every solution opens
+      with its effort, "~" (careful: a line per step) or, with this probability, "!"
+      (hasty: `hasty_jump` steps a line, `2:23+14=37;`, answering its last counter, so it
+      overshoots when
+      the count is not a multiple of the jump). A warm start trained on the mix picks an
+      effort at its first token; the reward teaches RL to choose care, and accuracy and
+      length grow together. Drawn from their own stream: questions do not depend on it.
+    hasty_jump: steps per line of a hasty solution (>= 2).
+
+  Returns:
+    `num` examples.
+  """
+  if (
+    max_steps < 1
+    or median_steps <= 0
+    or steps_sigma < 0
+    or max_start < 1
+    or max_stride < 2
+    or hasty_fraction > 1
+    or hasty_jump < 2
+  ):
+    raise ValueError(
+      f"Bad stride parameters: median_steps={median_steps}, steps_sigma={steps_sigma}, "
+      f"max_steps={max_steps}, max_start={max_start}, max_stride={max_stride}, "
+      f"hasty_fraction={hasty_fraction}, hasty_jump={hasty_jump}."
+    )
+  mixed = hasty_fraction >= 0
+  return [
+    _stride_example(
+      _rng("stride", seed, i),
+      median_steps,
+      steps_sigma,
+      max_steps,
+      max_start,
+      max_stride,
+      _rng("stride-effort", seed, i) if mixed else None,
+      hasty_fraction,
+      hasty_jump,
     )
     for i in range(start, start + num)
   ]
@@ -442,6 +553,7 @@ TASKS: dict[str, TaskSpec] = {
     "arithmetic", generate_arithmetic, checkers.check_arithmetic, checkers.arithmetic_steps
   ),
   "countdown": TaskSpec("countdown", generate_countdown, checkers.check_countdown),
+  "stride": TaskSpec("stride", generate_stride, checkers.check_stride, checkers.stride_steps),
 }
 
 
@@ -461,6 +573,7 @@ CHECKERS: dict[str, Callable[[str, str], float]] = {
   "gsm8k": checkers.check_gsm8k,
   "marked": checkers.check_marked,
   "math": checkers.check_math,
+  "stride": checkers.check_stride,
 }
 
 

@@ -1,10 +1,12 @@
 """Batch assembly: a step's scored rollouts -> the policy update's samples.
 
 A step rolls out P prompts x G samples, and with DAPO dynamic sampling up to
-`max_refills` more such rollouts. Each becomes a `ScoredRollout` (the engine's
+`max_refills` more such batches, each in one or more engine calls of whole groups
+(GRPOConfig.rows_per_call). Each call becomes a `ScoredRollout` (the engine's
 result, its rewards, its old log-probs, its process credit); `assemble` takes
 the first P informative groups of them, in rollout order, and lays them out as
-[samples, width] arrays: tokens, response mask, old log-probs and advantages.
+[samples, width] arrays: tokens, response mask, old log-probs, the engine's
+log-probs and advantages.
 Everything here is host-side numpy and can be tested without a model.
 """
 
@@ -37,11 +39,13 @@ class ProcessAdvantages:
     tokens: [N, slots] per-token process advantages (0 off the response).
     informative: [P] per group, whether its step rewards differ at all.
     mean_step_reward: mean over all steps of all samples (0 when none).
+    num_steps: how many steps that mean is over (to pool several calls' means).
   """
 
   tokens: np.ndarray
   informative: np.ndarray
   mean_step_reward: float
+  num_steps: int = 0
 
 
 class ProcessCredit:
@@ -91,7 +95,7 @@ class ProcessCredit:
       [any(np.any(a != 0) for a in normalised[j : j + g]) for j in range(0, len(texts), g)]
     )
     flat = [r for s in steps for _, r in s]
-    return ProcessAdvantages(out, informative, float(np.mean(flat)) if flat else 0.0)
+    return ProcessAdvantages(out, informative, float(np.mean(flat)) if flat else 0.0, len(flat))
 
   def _steps(self, example: Mapping[str, str], text: str) -> list[tuple[int, float]]:
     try:
@@ -115,7 +119,8 @@ class ScoredRollout:
     rewards: [P x G] rewards the advantages use (shaping such as the overlong penalty in).
     raw_rewards: [P x G] the reward function's own values.
     old_logp: [P x G, slots] the trainer's log-probs of the sampled tokens under the
-      policy that sampled them (filled once the device has computed them).
+      policy that sampled them (filled once the device has computed them; None when the
+      update needs no old-log-prob pass: one on-policy optimizer step).
     process: process advantages, or None without process supervision.
   """
 
@@ -152,6 +157,12 @@ def chosen_groups(
   return [pair for pair, keep in zip(pairs, flags) if keep][:groups]
 
 
+def pooled_step_reward(processes: Sequence[ProcessAdvantages]) -> float:
+  """The mean step reward over several calls' process advantages (0 when no step)."""
+  steps = sum(p.num_steps for p in processes)
+  return sum(p.mean_step_reward * p.num_steps for p in processes) / steps if steps else 0.0
+
+
 def assemble(
   rollouts: Sequence[ScoredRollout],
   chosen: Sequence[tuple[int, int]],
@@ -161,16 +172,23 @@ def assemble(
   normalize_std: bool = True,
   negative_weight: float = 1.0,
   process_coef: float = 1.0,
-) -> tuple[dict[str, np.ndarray], float]:
+) -> tuple[dict[str, np.ndarray], float | None]:
   """The update's samples for the `chosen` groups, and the largest |trainer - rollout|
-  log-prob gap over their response tokens (0 without any).
+  log-prob gap over their response tokens (0 without any; None when the rollouts have no
+  old log-probs: the update's own forward then measures it).
 
   Samples, per sample row: tokens [n, width] int32, length [n], mask [n, width] (1 on
-  response tokens), old_logp [n, width], advantages [n, width] (the group's outcome
-  advantage on every column, plus process_coef x the process advantage per token).
+  response tokens), old_logp [n, width] (left out when the rollouts have none),
+  rollout_logp [n, width] (the engine's recorded log-probs), advantages [n, width] (the
+  group's outcome advantage on every column, plus process_coef x the process advantage
+  per token). The chosen rollouts must all have old log-probs or all have none.
   """
   g = group_size
   n = len(chosen) * g
+  with_old = {rollouts[i].old_logp is not None for i, _ in chosen}
+  if len(with_old) > 1:
+    raise ValueError("some chosen rollouts have old log-probs and some do not")
+  with_old = with_old != {False}
   tokens = np.zeros((n, width), np.int32)
   length = np.zeros((n,), np.int32)
   mask = np.zeros((n, width), np.float32)
@@ -181,20 +199,28 @@ def assemble(
   for slot, (i, j) in enumerate(chosen):
     r = rollouts[i]
     res = r.result
-    if r.old_logp is None:
-      raise ValueError(f"rollout {i} has no old log-probs yet")
     rows = slice(j * g, (j + 1) * g)
     dst = slice(slot * g, (slot + 1) * g)
     tokens[dst] = res.tokens[rows, :width]
     length[dst] = res.length[rows]
     rollout_lp[dst] = res.logprobs[rows, :width]
-    old[dst] = r.old_logp[rows, :width]
+    if with_old:
+      old[dst] = r.old_logp[rows, :width]
     mask[dst] = (cols >= res.prompt_len[rows, None]) & (cols < res.length[rows, None])
     adv[dst] = group_advantages(
       r.rewards[rows], g, normalize_std=normalize_std, negative_weight=negative_weight
     )[:, None]
     if r.process is not None:
       adv[dst] += process_coef * r.process.tokens[rows, :width]
+  samples = {
+    "tokens": tokens,
+    "length": length,
+    "mask": mask,
+    "rollout_logp": rollout_lp,
+    "advantages": adv,
+  }
+  if not with_old:
+    return samples, None
+  samples["old_logp"] = old
   diff = np.abs(old - rollout_lp)[mask > 0]
-  samples = {"tokens": tokens, "length": length, "mask": mask, "old_logp": old, "advantages": adv}
   return samples, float(diff.max()) if diff.size else 0.0

@@ -119,19 +119,22 @@ def pack_policy_batch(
   tokens: np.ndarray,
   length: np.ndarray,
   mask: np.ndarray,
-  old_logp: np.ndarray,
+  old_logp: np.ndarray | None,
   advantages: np.ndarray,
   aggregation: str,
   width: int,
   row_multiple: int = 1,
   pow2_rows: bool = False,
+  rollout_logp: np.ndarray | None = None,
 ) -> tuple[dict[str, np.ndarray], Packing]:
   """Per-sample rollout arrays ([N, T] rows; advantages [N], or [N, T] per token) -> a
   packed policy batch.
 
   Returns (batch, packing): batch holds tokens, positions, segment_ids (0 on
   padding), mask, old_logp, advantages (per token) and weights, all
-  [num_rows, width], the layout `make_policy_update` takes.
+  [num_rows, width], the layout `make_policy_update` takes. old_logp None (an
+  on-policy update, which needs none) leaves it out; `rollout_logp` (the engine's
+  log-probs, for the update's rollout-vs-trainer check) is packed when given.
   """
   p = plan_packing(length, width, row_multiple, pow2_rows)
   n, t = tokens.shape
@@ -143,8 +146,10 @@ def pack_policy_batch(
     "positions": positions,
     "segment_ids": segment_ids,
     "mask": p.pack(mask.astype(np.float32)),
-    "old_logp": p.pack(old_logp.astype(np.float32)),
     "advantages": p.pack(np.broadcast_to(adv, (n, t)).copy()),
     "weights": p.pack(token_weights(mask, aggregation)),
   }
+  for key, value in (("old_logp", old_logp), ("rollout_logp", rollout_logp)):
+    if value is not None:
+      batch[key] = p.pack(value.astype(np.float32))
   return batch, p

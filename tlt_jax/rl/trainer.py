@@ -1,9 +1,14 @@
 """The GRPO/DAPO training loop: rollout -> rewards -> advantages -> update -> new weights.
 
 One step:
-1. rollout: G samples for each of P prompts (the long-tail engine);
-2. rewards on the host (`RewardPool`, worker threads) while the device
-   recomputes the old log-probs of the same batch;
+1. rollout: G samples for each of P prompts (the long-tail engine), in one engine call
+   or, with `rows_per_call`, in several sequential calls of whole groups (D devices each
+   decoding rows_per_call rows); sampling is keyed per (seed, sequence id, position), so
+   the tokens are the same either way;
+2. rewards on the host (`RewardPool`, worker threads): each call's while the next call
+   decodes; meanwhile the device recomputes the old log-probs of the batch, only when
+   the update takes several optimizer steps on it (one on-policy step uses the update
+   forward's own log-probs, `make_policy_update(on_policy=True)`);
 3. advantages per group; with DAPO dynamic sampling, groups whose rewards are
    all equal carry no signal: they are dropped and more prompts are rolled out
    (up to `max_refills` times) to fill the batch;
@@ -42,6 +47,7 @@ from jax.sharding import Mesh
 from tqdm.auto import tqdm
 
 from tlt_jax.data.tokenizer import Tokenizer
+from tlt_jax.drafter.acceptance import DrafterAcceptance, DrafterEvalConfig
 from tlt_jax.evaluation import held_out_metrics
 from tlt_jax.parallel.meshes import replicated, rows_sharding
 from tlt_jax.parallel.sharding import DATA, TRAIN_RULES, param_shardings
@@ -53,19 +59,20 @@ from tlt_jax.rl.batch import (
   assemble,
   chosen_groups,
   packed_width,
+  pooled_step_reward,
 )
 from tlt_jax.rl.checkpoints import TrainerCheckpoints
 from tlt_jax.rl.loss import PolicyLossConfig
 from tlt_jax.rl.metrics import MetricsLog, spec_metrics
 from tlt_jax.rl.packing import pack_policy_batch, plan_packing
-from tlt_jax.rl.rewards import RewardFn, RewardPool
+from tlt_jax.rl.rewards import RewardFn, RewardPool, RewardResult
 from tlt_jax.rl.update import UpdateConfig, make_optimizer, make_policy_update, token_logprobs
 from tlt_jax.rollout.engine import RolloutEngine
 from tlt_jax.rollout.pool import ExecutablePool
 from tlt_jax.scheduler import SliceScheduler
 
 # Timed phases of a step (metrics "time/<phase>"); time/other is the step's remainder.
-PHASES = ("rollout", "reward", "old_logp", "update", "eval", "checkpoint")
+PHASES = ("rollout", "reward", "old_logp", "update", "drafter", "eval", "checkpoint")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,6 +100,10 @@ class GRPOConfig:
     checkpoint_every: steps between checkpoints.
     reward_workers / reward_timeout_s: the host reward pool.
     seed: data order and rollout keys.
+    rows_per_call: 0: a batch of P x G rows is one engine call (P x G <= the engine's
+      max_batch); else it is rolled out as ceil(P x G / rows_per_call) sequential calls of
+      whole groups (a multiple of group_size, <= max_batch), the same tokens as one call:
+      the step's rollout time is their sum, as D devices each decoding this many rows.
   """
 
   steps: int = 20
@@ -112,6 +123,7 @@ class GRPOConfig:
   reward_workers: int = 4
   reward_timeout_s: float = 5.0
   seed: int = 0
+  rows_per_call: int = 0
 
   def __post_init__(self):
     for name in ("steps", "prompts_per_step", "group_size", "eval_examples", "checkpoint_every"):
@@ -122,7 +134,7 @@ class GRPOConfig:
       raise ValueError(
         f"GRPOConfig.group_size must be >= 2 (advantages are relative), got {self.group_size}"
       )
-    for name in ("max_refills", "overlong_buffer", "eval_every", "eval_samples"):
+    for name in ("max_refills", "overlong_buffer", "eval_every", "eval_samples", "rows_per_call"):
       v = getattr(self, name)
       if not isinstance(v, int) or v < 0:
         raise ValueError(f"GRPOConfig.{name} must be an int >= 0, got {v!r}")
@@ -136,6 +148,11 @@ class GRPOConfig:
     if not 0.0 <= self.negative_weight <= 1.0:
       raise ValueError(
         f"GRPOConfig.negative_weight must be in [0, 1], got {self.negative_weight!r}"
+      )
+    if self.rows_per_call % self.group_size:
+      raise ValueError(
+        f"GRPOConfig.rows_per_call ({self.rows_per_call}) must be a multiple of group_size "
+        f"({self.group_size}): a call rolls out whole groups"
       )
 
 
@@ -162,6 +179,7 @@ class GRPOTrainer:
     mesh: Mesh | None = None,
     step_reward_fn: StepRewardFn | None = None,
     shard_params: bool = False,
+    drafter_eval: DrafterEvalConfig | None = None,
   ):
     """See the module docstring.
 
@@ -182,11 +200,16 @@ class GRPOTrainer:
     `parallel.sharding.TRAIN_RULES` (FSDP over "data", heads and MLP width over "tensor").
     The engine has its own rollout mesh (`RolloutEngine(mesh=...)`) and places the
     weights there itself, device to device.
+    `drafter_eval` (with a frozen or online drafter): every `every` steps the accept
+    length of the rollouts' drafter and of the warm start (the frozen one, or the
+    scheduler's `initial_params`) on the same held-out prompts
+    (`drafter.acceptance.DrafterAcceptance`; drafter_eval/* metrics, in time/eval).
     """
     self.graphdef, self.engine, self.tokenizer = graphdef, engine, tokenizer
     if scheduler is not None and drafter_params is not None:
       raise ValueError("give drafter_params (frozen drafter) or scheduler (online), not both")
     self.drafter_params, self.scheduler = drafter_params, scheduler
+    self.drafter_eval = drafter_eval
     self.eval_check = eval_check or reward_fn
     self.train, self.evals = list(train_examples), list(eval_examples)[: config.eval_examples]
     self.reward_fn, self.format_prompt = reward_fn, format_prompt
@@ -215,25 +238,27 @@ class GRPOTrainer:
         )
     self.rows = config.prompts_per_step * config.group_size
     self._tail_batch = max(engine.config.max_batch // 4, 1)
-    if self.rows > engine.config.max_batch:
+    max_batch = engine.config.max_batch
+    if config.rows_per_call > max_batch:
+      raise ValueError(
+        f"GRPOConfig.rows_per_call ({config.rows_per_call}) exceeds the engine's max_batch "
+        f"{max_batch}"
+      )
+    if not config.rows_per_call and self.rows > max_batch:
       raise ValueError(
         f"{config.prompts_per_step} prompts x {config.group_size} samples exceeds the "
-        f"engine's max_batch {engine.config.max_batch}"
+        f"engine's max_batch {max_batch}; set GRPOConfig.rows_per_call (rl.rows_per_call) "
+        "to roll a step out in several calls"
       )
     self.optimizer = make_optimizer(update_config)
     update_config.mini_batch_samples(self.rows)  # validates mini_batches
     if shard_params and mesh is None:
       raise ValueError("shard_params needs a mesh")
     self.param_sharding = param_shardings(params, mesh, TRAIN_RULES) if shard_params else None
-    self.update = make_policy_update(
-      graphdef,
-      self.optimizer,
-      loss_config,
-      update_config.micro_batch,
-      update_config.trainable,
-      param_sharding=self.param_sharding,
-      remat=update_config.remat,
-    )
+    # One optimizer step per rollout batch: its old log-probs are the policy's own, so the
+    # update takes them from its forward and no separate old-log-prob pass runs.
+    self.skip_old_logp = update_config.mini_batches == 1 and update_config.epochs == 1
+    self.update = self._make_update()
     self.old_logp = jax.jit(
       lambda p, t, pos, seg: token_logprobs(
         graphdef,
@@ -261,6 +286,7 @@ class GRPOTrainer:
       layout = replicated(mesh) if self.param_sharding is None else self.param_sharding
       params = jax.device_put(params, layout)
     self.params = params
+    self.num_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
     # The frozen KL reference: the starting policy, kept (and checkpointed) only when used.
     self.ref_params = jax.tree.map(jnp.copy, params) if loss_config.kl_coef > 0 else None
     self.opt_state = self.optimizer.init(params)
@@ -271,6 +297,21 @@ class GRPOTrainer:
     self.metrics_path = self.checkpoints.metrics_path
     self.lengths_path = self.checkpoints.lengths_path
     self.checkpoints.restore(self)
+
+  def _make_update(self):
+    """The jitted policy update; on-policy (no old log-probs in the batch) when
+    `skip_old_logp`."""
+    ucfg = self.update_cfg
+    return make_policy_update(
+      self.graphdef,
+      self.optimizer,
+      self.loss_cfg,
+      ucfg.micro_batch,
+      ucfg.trainable,
+      param_sharding=self.param_sharding,
+      remat=ucfg.remat,
+      on_policy=self.skip_old_logp,
+    )
 
   # ------------------------------------------------------------ checkpoints
   def save(self) -> None:
@@ -283,63 +324,98 @@ class GRPOTrainer:
     self.cursor += n
     return [self.train[i] for i in idx]
 
+  def _call_groups(self, prompts: int) -> list[tuple[int, int]]:
+    """[first, end) prompt ranges of a batch of `prompts` prompts, one per engine call."""
+    per = self.cfg.rows_per_call // self.cfg.group_size or prompts
+    return [(a, min(a + per, prompts)) for a in range(0, prompts, per)]
+
   def _rollout(self, examples, rewards: RewardPool, salt: int, times: dict[str, float]):
-    """Rolls out G samples of each example, dispatches their old log-probs and scores them
-    (host threads) meanwhile. Returns the scored rollout, a function that waits for its
-    old log-probs, and the reward pool's result; adds to times' rollout and reward."""
+    """Rolls out G samples of each example, one engine call per `_call_groups` range, each
+    call's rewards scored (host threads) while the next decodes; then dispatches the
+    batch's old log-probs (unless `skip_old_logp`) and waits for the scores.
+
+    Returns the calls' scored rollouts, a function that waits for their old log-probs
+    (one array per call; None when skipped) and the batch's pooled reward result; adds to
+    times' rollout and reward.
+    """
     t = time.perf_counter()
     cfg, p, g = self.cfg, len(examples), self.cfg.group_size
-    prompts = [self.tokenizer.encode(self.format_prompt(ex), add_bos=True) for ex in examples]
+    first = self.cursor - p  # the batch's first example in the data order: its sequence ids
+    # One key for the batch: rows differ by sequence id, so calls reproduce one call.
     key = jax.random.fold_in(jax.random.key(cfg.seed), self.step * 64 + salt)
-    drafter_params, hook = self.drafter_params, None
-    if self.scheduler is not None:
-      drafter_params, hook = self.scheduler.begin_rollout(self.params), self.scheduler.on_chunk
-    result = self.engine.generate(
-      self.params,
-      prompts,
-      g,
-      key=key,
-      seq_id_offset=(self.cursor - p) * g,
-      drafter_params=drafter_params,
-      on_chunk=hook,
-    )
-    if self.scheduler is not None:
-      self.scheduler.end_rollout()
-      self.scheduler.drafter.observe(result, self.step)
-    texts = [self.tokenizer.decode(result.completion(n)) for n in range(p * g)]
-    pending = rewards.submit(texts, [examples[n // g]["answer"] for n in range(p * g)])
-    times["rollout"] += time.perf_counter() - t
+    calls, between = [], 0.0
+    for a, b in self._call_groups(p):
+      part = examples[a:b]
+      prompts = [self.tokenizer.encode(self.format_prompt(ex), add_bos=True) for ex in part]
+      drafter_params, hook = self.drafter_params, None
+      if self.scheduler is not None:
+        if calls:  # TLT between two calls: the drafter's updates due, before the next drafts
+          between += self.scheduler.between_calls(self.params)
+        drafter_params = self.scheduler.begin_rollout(self.params)
+        hook = self.scheduler.on_chunk
+      result = self.engine.generate(
+        self.params,
+        prompts,
+        g,
+        key=key,
+        seq_id_offset=(first + a) * g,
+        drafter_params=drafter_params,
+        on_chunk=hook,
+      )
+      if self.scheduler is not None:
+        self.scheduler.end_rollout()
+        self.scheduler.drafter.observe(result, self.step)
+      rows = len(part) * g
+      texts = [self.tokenizer.decode(result.completion(n)) for n in range(rows)]
+      pending = rewards.submit(texts, [part[n // g]["answer"] for n in range(rows)])
+      calls.append((part, result, texts, pending))
+    # Drafter updates between calls are the drafter's phase, not the rollout's.
+    times["rollout"] += time.perf_counter() - t - between
+    times["drafter"] = times.get("drafter", 0.0) + between
     # The device computes old log-probs while the host threads score rewards.
     t = time.perf_counter()
-    old_logp = self._old_logp(result)
+    old_logp = None if self.skip_old_logp else self._old_logp([c[1] for c in calls])
     if self.scheduler is not None and salt == 0:
-      # Once the old log-probs are done the device idles until the host has scored.
-      done = old_logp()
-      old_logp = lambda: done  # noqa: E731
-      self.scheduler.fill("reward", lambda: not pending.done(), self.params)
-    got = pending()
-    process = self.process_credit(result, texts, examples) if self.process_credit else None
+      if old_logp is not None:
+        # Once the old log-probs are done the device idles until the host has scored.
+        done = old_logp()
+        old_logp = lambda: done  # noqa: E731
+      busy = lambda: not all(pending.done() for *_, pending in calls)  # noqa: E731
+      self.scheduler.fill("reward", busy, self.params)
+    scored, got = [], []
+    for part, result, texts, pending in calls:
+      scores = pending()
+      process = self.process_credit(result, texts, part) if self.process_credit else None
+      shaped = scores.rewards.copy()
+      if cfg.overlong_buffer:
+        shaped += overlong_penalty(
+          result.num_generated, self.engine.config.max_new_tokens, cfg.overlong_buffer
+        )
+      scored.append(ScoredRollout(result, shaped, scores.rewards, process=process))
+      got.append(scores)
     times["reward"] += time.perf_counter() - t
-    shaped = got.rewards.copy()
-    if cfg.overlong_buffer:
-      shaped += overlong_penalty(
-        result.num_generated, self.engine.config.max_new_tokens, cfg.overlong_buffer
-      )
-    return ScoredRollout(result, shaped, got.rewards, process=process), old_logp, got
-
-  def _old_logp(self, result) -> Callable[[], np.ndarray]:
-    """Dispatches the old log-probs of a rollout's samples on packed rows; the
-    returned function waits and gives them per sample, [N, slots]."""
-    width = packed_width([result], self.engine.config.slots)
-    plan = plan_packing(
-      result.length, width, self.update_cfg.micro_batch, self.update_cfg.pow2_rows
+    pooled = RewardResult(
+      np.concatenate([r.rewards for r in got]),
+      sum(r.errors for r in got),
+      sum(r.timeouts for r in got),
+      sum(r.seconds for r in got),
     )
-    t = result.tokens.shape[1]
-    tokens = self._rows(plan.pack(np.asarray(result.tokens, np.int32)))
-    args = (self.params, tokens, *map(self._rows, plan.layout()))
+    return scored, old_logp, pooled
+
+  def _old_logp(self, results: Sequence[Any]) -> Callable[[], list[np.ndarray]]:
+    """Dispatches the old log-probs of a batch's samples (the calls' results together) on
+    packed rows; the returned function waits and gives them per call, [rows, slots]."""
+    lengths = np.concatenate([r.length for r in results])
+    width = packed_width(results, self.engine.config.slots)
+    plan = plan_packing(lengths, width, self.update_cfg.micro_batch, self.update_cfg.pow2_rows)
+    t = max(r.tokens.shape[1] for r in results)
+    pad = lambda x: np.pad(np.asarray(x, np.int32), ((0, 0), (0, t - x.shape[1])))  # noqa: E731
+    tokens = np.concatenate([pad(r.tokens) for r in results])
+    args = (self.params, self._rows(plan.pack(tokens)), *map(self._rows, plan.layout()))
     fn = self.programs.get(("old_logp", args[1].shape), self.old_logp, args)
     out = fn(*args)
-    return lambda: plan.unpack(np.asarray(out), t)
+    ends = np.cumsum([len(r.length) for r in results])[:-1]
+    return lambda: np.split(plan.unpack(np.asarray(out), t), ends)
 
   def train_step(self, rewards: RewardPool) -> dict[str, Any]:
     """One RL step: rollouts (refilled under dynamic sampling), the update batch, the
@@ -350,27 +426,31 @@ class GRPOTrainer:
       self.process_credit.reset_errors()
     compiled = self.engine.pool.compile_seconds
     train_compiled = self.programs.compile_seconds
-    rollouts, waits, got = [], [], None
+    # batches[i]: the scored engine calls of rollout batch i (the first, then refills).
+    batches, waits, got = [], [], None
     data_epoch = self.cursor // len(self.order)  # which pass over the training set
     times["old_logp"] = 0.0
-    while len(rollouts) <= (cfg.max_refills if cfg.dynamic_sampling else 0):
-      if waits:
+    while len(batches) <= (cfg.max_refills if cfg.dynamic_sampling else 0):
+      if waits and waits[-1] is not None:
         # A refill waits for the previous rollout's old log-probs: dispatched, not awaited,
         # they would run on the device during the refill and be timed as its rollout.
         t = time.perf_counter()
         done = waits[-1]()
         waits[-1] = lambda done=done: done
         times["old_logp"] += time.perf_counter() - t
-      scored, wait, scores = self._rollout(self._next_examples(p), rewards, len(rollouts), times)
-      rollouts.append(scored)
+      calls, wait, scores = self._rollout(self._next_examples(p), rewards, len(batches), times)
+      batches.append(calls)
       waits.append(wait)
       got = scores if got is None else got  # the first rollout's: the step's reward figures
-      if sum(int(r.informative(g).sum()) for r in rollouts) >= p:
+      if sum(int(r.informative(g).sum()) for b in batches for r in b) >= p:
         break
-    t = time.perf_counter()
-    for scored, wait in zip(rollouts, waits):
-      scored.old_logp = wait()
-    times["old_logp"] += time.perf_counter() - t
+    if not self.skip_old_logp:
+      t = time.perf_counter()
+      for calls, wait in zip(batches, waits):
+        for scored, old_logp in zip(calls, wait()):
+          scored.old_logp = old_logp
+      times["old_logp"] += time.perf_counter() - t
+    rollouts = [r for calls in batches for r in calls]
     chosen = chosen_groups(rollouts, g, p, cfg.dynamic_sampling)
     results = [r.result for r in rollouts]
     width = packed_width(results, self.engine.config.slots)
@@ -386,29 +466,46 @@ class GRPOTrainer:
     t = time.perf_counter()
     m = self._optimize(samples, width)
     times["update"] = time.perf_counter() - t
-    first = rollouts[0]
+    # The update's throughput on its compute alone: programs compiled for new shapes out.
+    update_compute = max(times["update"] - m.pop("compile_seconds"), 1e-9)
+    real_tokens = m.pop("real_tokens")
+    update_gap = m.pop("rollout_logp_gap", 0.0)
+    first = batches[0]
+    generated = np.concatenate([r.result.num_generated for r in first])
+    processes = [r.process for r in first if r.process is not None]
     self.step += 1
     return {
       "step": self.step - 1,
       "reward_mean": float(got.rewards.mean()),
       "accuracy": float((got.rewards > 0.5).mean()),
-      "length_mean": float(first.result.num_generated.mean()),
-      "length_max": int(first.result.num_generated.max()),
+      "length_mean": float(generated.mean()),
+      "length_max": int(generated.max()),
       "groups_used": len(chosen),
       "data/epoch": data_epoch,
-      "refills": len(rollouts) - 1,
+      "refills": len(batches) - 1,
+      "rollout_calls": len(rollouts),
       "reward_errors": got.errors,
       "reward_timeouts": got.timeouts,
       "samples_rolled_out": int(sum(r.raw_rewards.size for r in rollouts)),
       "update_tokens": int(samples["mask"].sum()),
-      "logp_rollout_vs_trainer_max_abs": logp_gap,
+      # The old-log-prob pass's against the engine's, or (no pass) the update forward's.
+      "logp_rollout_vs_trainer_max_abs": update_gap if logp_gap is None else logp_gap,
       "rollout_tokens": int(sum(r.num_generated.sum() for r in results)),
-      # Each rollout's response lengths (refills are rollouts of their own): the trace the
-      # step simulator replays (tlt_jax.sim); MetricsLog moves it to rollout_lengths.jsonl.
+      # Each engine call's response lengths (refills and the calls of a batch are rollouts
+      # of their own): the trace the step simulator replays (tlt_jax.sim); MetricsLog moves
+      # it to rollout_lengths.jsonl.
       "rollout_lengths": [r.num_generated.tolist() for r in results],
       "rollout_prompt_lengths": [r.prompt_len.tolist() for r in results],  # the rows' prompts
       **{f"loss/{k}": v for k, v in m.items()},
       **{f"time/{k}": v for k, v in times.items()},
+      # Every non-padding token of the update's packed rows (prompts and responses, each
+      # epoch), the model FLOPs they cost (6 x params a token, forward and backward) per
+      # second of the update's compute, and the share of packed cells that are padding.
+      "update/real_tokens": real_tokens,
+      "update/model_tflops": (
+        6.0 * self.num_params * real_tokens / update_compute / 1e12 if real_tokens else 0.0
+      ),
+      "update/padding_fraction": 1.0 - m.get("update_fill", 1.0),
       # Programs the rollouts compiled lazily (inside time/rollout): compare modes without it.
       "time/rollout_compile": self.engine.pool.compile_seconds - compiled,
       # Old-log-prob and update programs compiled for new packed shapes (inside
@@ -417,10 +514,10 @@ class GRPOTrainer:
       **spec_metrics(results),
       **(
         {
-          "step_reward_mean": first.process.mean_step_reward,
+          "step_reward_mean": pooled_step_reward(processes),
           "step_reward_errors": self.process_credit.errors,
         }
-        if first.process is not None
+        if processes
         else {}
       ),
       # Generation time at batch buckets <= max_batch / 4 (the long tail) and in all:
@@ -444,13 +541,21 @@ class GRPOTrainer:
     Metrics: the first mini-batch's (its ratio is 1: the policy that sampled the
     batch) for the loss terms, with clip fractions, approx_kl, skips and grad
     norms averaged over all optimizer steps; update_rows / update_fill (share of
-    the packed cells holding sample tokens) of all of them.
+    the packed cells holding sample tokens) of all of them; real_tokens (those
+    tokens), compile_seconds (the update programs compiled for new shapes) and, on
+    the on-policy path (`skip_old_logp`), rollout_logp_gap (the update forward's
+    largest gap to the engine's log-probs), for `train_step` to report.
     """
     ucfg, n = self.update_cfg, len(samples["length"])
     if n == 0:  # dynamic sampling found no informative group: nothing to learn from
-      return {"skipped": 0.0, "optimizer_steps": 0.0}
+      return {"skipped": 0.0, "optimizer_steps": 0.0, "real_tokens": 0, "compile_seconds": 0.0}
+    compiled = self.programs.compile_seconds
+    if self.skip_old_logp:
+      samples = {k: v for k, v in samples.items() if k != "old_logp"}
+    else:  # the gap came from the old-log-prob pass; the moved policy's says nothing
+      samples = {k: v for k, v in samples.items() if k != "rollout_logp"}
     rng = np.random.default_rng([self.cfg.seed, self.step])
-    rows, cells = [], 0
+    rows, cells, real = [], 0, 0
     for _ in range(ucfg.epochs):
       perm = np.arange(n) if ucfg.mini_batches == 1 else rng.permutation(n)
       # Equal parts when the batch is full; a short (refill-limited) batch splits unevenly.
@@ -459,13 +564,14 @@ class GRPOTrainer:
           continue
         idx = np.sort(part)
         batch, plan = pack_policy_batch(
-          **{k: v[idx] for k, v in samples.items()},
+          **{"old_logp": None, **{k: v[idx] for k, v in samples.items()}},
           aggregation=self.loss_cfg.aggregation,
           width=width,
           row_multiple=ucfg.micro_batch,
           pow2_rows=ucfg.pow2_rows,
         )
         cells += plan.num_rows * plan.width
+        real += int(plan.length.sum())
         batch = {k: self._rows(v) for k, v in batch.items()}
         args = (self.params, self.opt_state, batch, self.ref_params)
         key = ("policy_update", batch["tokens"].shape)
@@ -477,10 +583,14 @@ class GRPOTrainer:
     for k in ("clip_fraction_low", "clip_fraction_high", "approx_kl", "grad_norm"):
       out[k] = float(np.mean([r[k] for r in rows]))
     out["ratio_max"] = max(r["ratio_max"] for r in rows)
+    if "rollout_logp_gap" in out:
+      out["rollout_logp_gap"] = max(r["rollout_logp_gap"] for r in rows)
     out["skipped"] = float(sum(r["skipped"] for r in rows))
     out["optimizer_steps"] = float(len(rows))
     out["update_rows"] = float(cells // width)
-    out["update_fill"] = float(ucfg.epochs * samples["length"].sum() / cells)
+    out["update_fill"] = float(real / cells)
+    out["real_tokens"] = real
+    out["compile_seconds"] = self.programs.compile_seconds - compiled
     return out
 
   def evaluate(self) -> dict[str, Any]:
@@ -496,12 +606,34 @@ class GRPOTrainer:
       key=self.cfg.seed,
     )
 
-  def run(self, progress: bool = True) -> list[dict[str, Any]]:
-    """Trains to `config.steps`, resuming from the last checkpoint; returns this call's metrics."""
+  def run(
+    self,
+    progress: bool = True,
+    *,
+    until: int | None = None,
+    evaluate: Callable[[GRPOTrainer], dict[str, Any]] | None = None,
+  ) -> list[dict[str, Any]]:
+    """Trains to `config.steps` (or to step `until`, e.g. one block of modes run in turn),
+    resuming from the last checkpoint; returns this call's metrics. `evaluate(trainer)`
+    replaces `self.evaluate` for the held-out evaluations (e.g. shared between runs whose
+    parameters are equal)."""
     cfg = self.cfg
+    until = cfg.steps if until is None else min(until, cfg.steps)
+    evaluate = evaluate or (lambda trainer: trainer.evaluate())
+    # The drafters' accept lengths on fixed held-out prompts (drafter_eval), on an engine
+    # of their own built once per run; the warm start is the frozen drafter itself, or the
+    # params the online one started from (a resumed run's scheduler keeps them too).
+    acceptance, online, frozen = None, None, self.drafter_params
+    if self.drafter_eval is not None and self.drafter_eval.every:
+      if self.scheduler is not None:
+        frozen = self.scheduler.initial_params
+      if frozen is None:
+        raise ValueError("drafter_eval needs a drafter: drafter_params or a scheduler")
+      prompts = [self.tokenizer.encode(self.format_prompt(ex), add_bos=True) for ex in self.evals]
+      acceptance = DrafterAcceptance(self.engine, prompts, self.drafter_eval, key=cfg.seed)
     rewards = RewardPool(self.reward_fn, workers=cfg.reward_workers, timeout_s=cfg.reward_timeout_s)
     history = []
-    bar = tqdm(total=cfg.steps, initial=self.step, desc="grpo", disable=not progress)
+    bar = tqdm(total=until, initial=self.step, desc="grpo", disable=not progress)
     log = MetricsLog(
       self.metrics_path,
       self.lengths_path,
@@ -510,13 +642,27 @@ class GRPOTrainer:
     )
     last_eval = {}
     try:
-      while self.step < cfg.steps:
+      while self.step < until:
         t0 = time.perf_counter()
         row = self.train_step(rewards)
+        # TLT: the updates the step's slices left short of its minimum, blocking, before
+        # the checkpoint (which saves them); a phase of their own (added to what
+        # train_step timed there, between its engine calls).
+        row.setdefault("time/drafter", 0.0)
+        if self.scheduler is not None:
+          t = time.perf_counter()
+          self.scheduler.finish_step(self.params)
+          row["time/drafter"] += time.perf_counter() - t
         skipped = row.get("loss/skipped", 0.0) > 0
         t = time.perf_counter()
         if cfg.eval_every and self.step % cfg.eval_every == 0 or self.step == cfg.steps:
-          row["eval"] = self.evaluate()
+          row["eval"] = evaluate(self)
+        if acceptance is not None and self.drafter_eval.due(self.step):
+          # A measurement, not training: in time/eval, which step comparisons leave out.
+          if self.scheduler is not None:
+            online = self.scheduler.drafter.params
+            row["drafter_eval/online_version"] = self.scheduler.drafter.version
+          row.update(acceptance.compare(self.params, frozen, online))
         row["time/eval"] = time.perf_counter() - t
         t = time.perf_counter()
         # The last step is always saved (a skipped update left the params as they were).

@@ -26,12 +26,15 @@ from tlt_jax.decode.sampling import SamplingConfig, sampling_log_probs
 from tlt_jax.models.precision import compute_model
 from tlt_jax.rl.logprobs import chunked_logprobs
 from tlt_jax.rl.loss import PolicyLossConfig, policy_loss
-from tlt_jax.utils.optim import clipped_adamw
+from tlt_jax.utils.optim import FROZEN, clipped_adamw, grouped_clipped_adamw
 from tlt_jax.utils.trees import path_name
 
 BATCH_KEYS = ("tokens", "mask", "old_logp", "advantages")
 # A packed batch (rl/packing.py) has these too: several samples per row.
 PACKED_KEYS = ("positions", "segment_ids", "weights")
+# Optional: the rollout engine's recorded log-probs, compared with the update's own
+# (metrics["rollout_logp_gap"]).
+ROLLOUT_KEY = "rollout_logp"
 # The log-prob given to a token outside the truncated kept set (probability 0 under the
 # sampled distribution; see token_logprobs).
 OUT_OF_SET_LOGP = -30.0
@@ -156,6 +159,13 @@ class UpdateConfig:
       updated, the rest stay frozen. "": all parameters.
     remat: recompute each layer's activations in the backward pass (less memory per
       micro-batch row, one more forward; `make_policy_update`).
+    lr_multipliers: per-group learning rates, "regex=multiplier" pairs separated by commas
+      ("final_norm=30,embed=3"): a trained parameter takes the multiplier of the first
+      pattern its path matches (re.search, paths as `trainable` sees them; a pattern cannot
+      itself hold a comma), x1 when none does. Each group's warmup-cosine schedule is the
+      base one times its multiplier; frozen parameters stay frozen and the gradient is
+      clipped by the global norm of all trained parameters, as without groups. "": one
+      learning rate (`make_optimizer`).
   """
 
   learning_rate: float = 1e-6
@@ -171,6 +181,7 @@ class UpdateConfig:
   b2: float = 0.999
   trainable: str = ""
   remat: bool = False
+  lr_multipliers: str = ""
 
   def __post_init__(self):
     if not (self.learning_rate > 0 and math.isfinite(self.learning_rate)):
@@ -195,6 +206,7 @@ class UpdateConfig:
       if not 0.0 <= v < 1.0:
         raise ValueError(f"{name} must be in [0, 1), got {v!r}")
     _compile_trainable(self.trainable)
+    parse_lr_multipliers(self.lr_multipliers)
 
   def mini_batch_samples(self, samples: int) -> int:
     """Samples per optimizer step for a rollout batch of `samples` (mini_batches must divide it)."""
@@ -224,15 +236,84 @@ def trainable_mask(params: Any, pattern: str) -> Any:
   return mask
 
 
+def parse_lr_multipliers(spec: str) -> tuple[tuple[str, float], ...]:
+  """("regex", multiplier) pairs of an `UpdateConfig.lr_multipliers` string, in order.
+
+  Raises ValueError naming the field for an entry that is not "regex=multiplier", a
+  pattern that is empty or not a regular expression, or a multiplier that is not a finite
+  number > 0.
+  """
+  if not spec.strip():
+    return ()
+  out = []
+  for item in spec.split(","):
+    pattern, sep, value = item.strip().rpartition("=")
+    if not sep or not pattern:
+      raise ValueError(
+        f"lr_multipliers: {item.strip()!r} is not 'regex=multiplier' (in {spec!r}, e.g. "
+        "'final_norm=30,embed=3')"
+      )
+    try:
+      m = float(value)
+    except ValueError:
+      m = float("nan")
+    if not (m > 0 and math.isfinite(m)):
+      raise ValueError(
+        f"lr_multipliers: the multiplier of {pattern!r} must be a finite number > 0, got {value!r}"
+      )
+    try:
+      re.compile(pattern)
+    except re.error as e:
+      raise ValueError(f"lr_multipliers: {pattern!r} is not a regular expression ({e})") from e
+    out.append((pattern, m))
+  return tuple(out)
+
+
+def lr_group_labels(params: Any, trainable: str, groups: tuple[tuple[str, float], ...]) -> Any:
+  """A pytree of labels like `params`: "frozen" (utils.optim.FROZEN) where `trainable`
+  does not match, "group<i>" for the first of `groups` whose pattern matches a trained
+  path, "base" for the other trained ones. Raises if a group's pattern takes no trained
+  parameter (none matches, or only frozen ones, or an earlier pattern took them all)."""
+  trained = trainable_mask(params, trainable) if trainable else jax.tree.map(lambda _: True, params)
+  regexes = [re.compile(pattern) for pattern, _ in groups]
+  taken = set()
+
+  def label(path, train):
+    if not train:
+      return FROZEN
+    name = path_name(path)
+    for i, regex in enumerate(regexes):
+      if regex.search(name):
+        taken.add(i)
+        return f"group{i}"
+    return "base"
+
+  labels = jax.tree_util.tree_map_with_path(label, trained)
+  for i, (pattern, _) in enumerate(groups):
+    if i not in taken:
+      raise ValueError(
+        f"lr_multipliers: {pattern!r} matches no trained parameter path (none at all, only "
+        f"ones frozen by trainable={trainable!r}, or only ones an earlier pattern took)"
+      )
+  return labels
+
+
 def make_optimizer(cfg: UpdateConfig) -> optax.GradientTransformation:
   """Global-norm clipping, then AdamW on a linear-warmup cosine schedule; with
-  `cfg.trainable`, parameters whose paths do not match get zero updates."""
+  `cfg.trainable`, parameters whose paths do not match get zero updates; with
+  `cfg.lr_multipliers`, each group's schedule is scaled by its multiplier
+  (`utils.optim.grouped_clipped_adamw`)."""
   schedule = optax.warmup_cosine_decay_schedule(
     0.0, cfg.learning_rate, cfg.warmup_steps, cfg.total_steps, end_value=0.0
   )
-  adamw = clipped_adamw(
-    schedule, grad_clip=cfg.grad_clip, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay
-  )
+  opts = dict(grad_clip=cfg.grad_clip, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay)
+  groups = parse_lr_multipliers(cfg.lr_multipliers)
+  if groups:
+    multipliers = {"base": 1.0, **{f"group{i}": m for i, (_, m) in enumerate(groups)}}
+    labels = lambda params: lr_group_labels(params, cfg.trainable, groups)  # noqa: E731
+    return grouped_clipped_adamw(schedule, multipliers, labels, **opts)
+  # Without groups the optimizer (and so its state, in checkpoints) is as it always was.
+  adamw = clipped_adamw(schedule, **opts)
   if not cfg.trainable:
     return adamw
 
@@ -257,6 +338,7 @@ def make_policy_update(
   trainable: str = "",
   param_sharding: Any = None,
   remat: bool = False,
+  on_policy: bool = False,
 ) -> Callable[..., tuple[nnx.State, optax.OptState, dict[str, jax.Array]]]:
   """A jitted `(params, opt_state, batch, ref_params) -> (params, opt_state, metrics)`.
 
@@ -295,12 +377,29 @@ def make_policy_update(
   backward pass (one more forward; a micro-batch then holds every layer's input and one
   layer's activations, so longer rows fit).
 
+  `on_policy`: the batch was sampled by these very params and this is its only optimizer
+  step (one mini-batch, one epoch), so its old log-probs are the forward's own: the loss
+  takes stop_gradient(logp) as old_logp (ratio exactly 1, the clip never binds, the
+  gradient is the plain policy gradient) and the batch needs no "old_logp" (a separate
+  old-log-prob pass is then redundant).
+
+  A batch with "rollout_logp" [B, T] (the engine's recorded log-probs) adds
+  metrics["rollout_logp_gap"]: the largest |update forward - rollout| log-prob over the
+  masked tokens, the rollout-vs-trainer check without a pass of its own.
+
   Metrics: loss, grad_norm (of the trained parameters, before clipping), skipped, and
   policy_loss's metrics, all of the pre-update policy on the full batch.
   """
   if not isinstance(micro_batch, int) or micro_batch <= 0:
     raise ValueError(f"micro_batch must be a positive int, got {micro_batch!r}")
   temp = loss_cfg.temperature
+  if on_policy:
+    # At ratio exactly 1 a clip bound of 1 (clip_low or clip_high 0) would tie in
+    # jnp.clip / jnp.maximum and halve the gradient there; bounds strictly around 1 cannot
+    # bind at ratio 1, so they change nothing else.
+    loss_cfg = dataclasses.replace(
+      loss_cfg, clip_low=max(loss_cfg.clip_low, 0.5), clip_high=max(loss_cfg.clip_high, 0.5)
+    )
   # The policy's log-probs are of the sampled (truncated) distribution, as old_logp must be.
   trunc = dict(top_k=loss_cfg.top_k, top_p=loss_cfg.top_p, vocab_chunk=loss_cfg.vocab_chunk)
   _compile_trainable(trainable)  # a bad pattern fails here, not at the first trace
@@ -308,13 +407,16 @@ def make_policy_update(
   def step(params, opt_state, batch, ref_params):
     if loss_cfg.kl_coef > 0 and ref_params is None:
       raise ValueError("loss_cfg.kl_coef > 0 needs ref_params")
-    missing = [k for k in BATCH_KEYS if k not in batch]
+    needed = tuple(k for k in BATCH_KEYS if not (on_policy and k == "old_logp"))
+    missing = [k for k in needed if k not in batch]
     if missing:
-      raise ValueError(f"batch lacks {missing}; needs {BATCH_KEYS}")
+      raise ValueError(f"batch lacks {missing}; needs {needed}")
     packed = [k for k in PACKED_KEYS if k in batch]
     if packed and len(packed) != len(PACKED_KEYS):
       raise ValueError(f"a packed batch needs all of {PACKED_KEYS}; got only {packed}")
-    keys = BATCH_KEYS + (PACKED_KEYS if packed else ())
+    keys = (
+      needed + (PACKED_KEYS if packed else ()) + ((ROLLOUT_KEY,) if ROLLOUT_KEY in batch else ())
+    )
     rows = batch["tokens"].shape[0]
     if rows % micro_batch:
       raise ValueError(f"micro_batch ({micro_batch}) must divide the batch rows ({rows})")
@@ -335,8 +437,10 @@ def make_policy_update(
       dict(positions=mb["positions"], segment_ids=mb["segment_ids"]) if packed else {}
     )
 
-    def micro_step(grad_acc, xs):
-      mb, w = xs
+    # Entropy in the loss, or as a diagnostic (entropy collapse) if entropy_metric.
+    with_entropy = loss_cfg.entropy_coef > 0 or loss_cfg.entropy_metric
+
+    def counted(grad_acc, mb, w):
       ref_logp = None
       if ref_params is not None:
         # The reference untruncated (tempered only): it is > 0 everywhere, so KL(sampled
@@ -350,8 +454,6 @@ def make_policy_update(
       def loss_fn(p):
         if trainable:  # frozen parameters are constants: no backward pass reaches them
           p = jax.tree.map(lambda x, m: x if m else jax.lax.stop_gradient(x), p, train_mask)
-        # Entropy in the loss, or as a diagnostic (entropy collapse) if entropy_metric.
-        with_entropy = loss_cfg.entropy_coef > 0 or loss_cfg.entropy_metric
         logp, ent = token_logprobs(
           graphdef,
           p,
@@ -366,7 +468,7 @@ def make_policy_update(
           ent = jax.lax.stop_gradient(ent)  # metric only: no backward through it
         loss, _ = policy_loss(
           logp,
-          mb["old_logp"],
+          jax.lax.stop_gradient(logp) if on_policy else mb["old_logp"],
           mb["advantages"],
           mb["mask"],
           loss_cfg,
@@ -380,6 +482,22 @@ def make_policy_update(
       grad_acc = jax.tree.map(lambda a, g: a + w * g.astype(a.dtype), grad_acc, grads)
       return grad_acc, (jax.lax.stop_gradient(logp), jax.lax.stop_gradient(ent), ref_logp)
 
+    def padding(grad_acc, mb, w):
+      zero = jnp.zeros(mb["tokens"].shape, jnp.float32)
+      return grad_acc, (
+        zero,
+        zero if with_entropy else None,
+        zero if ref_params is not None else None,
+      )
+
+    def micro_step(grad_acc, xs):
+      mb, w = xs
+      # Rows padded to micro_batch x 2^k (pow2_rows) leave whole micro-batches without a
+      # counted token: their gradient is exactly 0, so their forward and backward are
+      # skipped (a quarter of a regime update's time at 3 -> 4 rows). Their log-probs
+      # come back 0, which the masked metrics never read.
+      return jax.lax.cond(jnp.any(mb["mask"] > 0), counted, padding, grad_acc, mb, w)
+
     # Gradients accumulate in float32 (whatever the parameters' dtype), then take theirs.
     zeros = jax.tree.map(
       lambda x: jnp.zeros(x.shape, jnp.promote_types(x.dtype, jnp.float32)), params
@@ -389,10 +507,11 @@ def make_policy_update(
     if param_sharding is not None:
       grads = jax.lax.with_sharding_constraint(grads, param_sharding)
     merge = lambda x: None if x is None else x.reshape(rows, *x.shape[2:])
+    logp = merge(logp)
     # Loss and metrics once on the full batch: exact whatever the slicing.
     loss, metrics = policy_loss(
-      merge(logp),
-      batch["old_logp"],
+      logp,
+      logp if on_policy else batch["old_logp"],
       batch["advantages"],
       batch["mask"],
       loss_cfg,
@@ -411,6 +530,9 @@ def make_policy_update(
     params, opt_state = jax.lax.cond(ok, apply, lambda ops: ops, (params, opt_state))
     if param_sharding is not None:
       params = jax.lax.with_sharding_constraint(params, param_sharding)
+    if ROLLOUT_KEY in batch:
+      gap = jnp.abs(logp - batch[ROLLOUT_KEY].astype(jnp.float32))
+      metrics["rollout_logp_gap"] = jnp.max(jnp.where(batch["mask"] > 0, gap, 0.0))
     metrics = {
       **metrics,
       "loss": loss,

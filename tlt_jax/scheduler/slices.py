@@ -39,6 +39,16 @@ charged too, though the budget does not gate those updates.
 The engine swaps drafter params only at chunk boundaries, so a chunk always
 runs one drafter version (a stale or fresh drafter never affects exactness:
 verification is lossless whatever it proposes).
+
+The slices above depend on the step's shape (how long the host scores, how much
+budget the long tail leaves); on one busy device they can give no update for many
+steps, and the drafter falls behind the policy. So every step gets a guaranteed
+minimum (`min_step_updates`), paid in the step's own time:
+- `between_calls` (between two engine calls of one step): the updates the step
+  still owes its minimum run there, so the next call drafts with them, plus one
+  more when the previous call left enough of its budget unspent;
+- `finish_step` (after the step's update): blocking updates until the step has
+  had its minimum (`step_min_updates`, `step_min_s`: the trainer's time/drafter).
 """
 
 from __future__ import annotations
@@ -66,18 +76,21 @@ class SchedulerConfig:
     in [0, 1) (0: no long-tail update; freed devices still train).
   long_tail_batch: chunk boundaries at batch buckets <= this run long-tail updates.
   max_window_updates: updates per idle window at most (the reference's 200).
+  min_step_updates: updates every RL step gets at least: what the slices leave short
+    runs blocking, between engine calls or at the step's end (0: the slices only).
   """
 
   rollout_budget: float = 0.05
   long_tail_batch: int = 8
   max_window_updates: int = 200
+  min_step_updates: int = 1
 
   def __post_init__(self):
     if not 0 <= self.rollout_budget < 1:
       raise ValueError(
         f"SchedulerConfig.rollout_budget must be in [0, 1), got {self.rollout_budget}"
       )
-    for name in ("long_tail_batch", "max_window_updates"):
+    for name in ("long_tail_batch", "max_window_updates", "min_step_updates"):
       v = getattr(self, name)
       if not isinstance(v, int) or v < 0:
         raise ValueError(f"SchedulerConfig.{name} must be an int >= 0, got {v!r}")
@@ -117,6 +130,11 @@ class SliceScheduler:
     self._overrun = 0.0
     self._in_flight: dict[str, jax.Array] | None = None
     self._pushed_version = drafter.version
+    self._unspent = 0.0  # budget seconds the last rollout left (between_calls may use them)
+    # The params the drafter starts from (its warm start), the frozen baseline a drafter
+    # evaluation compares with. The same arrays, no copy: updates make new ones (params
+    # are not donated) and a resume replaces the leaves of the drafter's own State only.
+    self.initial_params = jax.tree.map(lambda x: x, drafter.params)
     self.reset_records()
 
   # ------------------------------------------------------------------ records
@@ -129,6 +147,11 @@ class SliceScheduler:
       **{f"rollout_charged_{kind}_s": 0.0 for kind in CHARGES},
       "rollout_budget_s": 0.0,
       "rollout_overrun_s": 0.0,
+      "update_s": 0.0,
+      "step_min_updates": 0,
+      "step_min_s": 0.0,
+      "between_calls_updates": 0,
+      "between_calls_s": 0.0,
     }
 
   def _add(self, key: str, value: float) -> None:
@@ -164,6 +187,7 @@ class SliceScheduler:
   def _timed_update(self, target_params: nnx.State) -> float:
     dt = self._measure(lambda: self.drafter.update(target_params, mesh=self._all_devices))
     self.records["updates"] += 1
+    self.records["update_s"] += dt  # blocking updates only: freed-device ones overlap
     return dt
 
   # ------------------------------------------------------------------ windows
@@ -311,8 +335,55 @@ class SliceScheduler:
     self._add("rollout_charged_s", self._charged)
     self._add("rollout_budget_s", self.config.rollout_budget * elapsed)
     self.records["rollout_overrun_s"] = max(self.records["rollout_overrun_s"], self._overrun)
+    self._unspent = self.config.rollout_budget * elapsed - self._charged
     self._target = None
     self._free_targets.clear()  # the policy copies: free the devices for the next phase
+
+  # ------------------------------------------------------------------ per-step minimum
+  def _owed(self) -> int:
+    """Updates this step still owes its minimum (every update so far counts, freed-device
+    ones at dispatch)."""
+    return max(0, self.config.min_step_updates - int(self.records["updates"]))
+
+  def _run_owed(self, target_params: nnx.State) -> float:
+    """The owed updates, blocking; returns their measured seconds."""
+    spent = 0.0
+    while self._owed() and self.drafter.ready():
+      spent += self._timed_update(target_params)
+      self.records["step_min_updates"] += 1
+    self.records["step_min_s"] += spent
+    return spent
+
+  def between_calls(self, target_params: nnx.State) -> float:
+    """Call between two engine calls of one RL step (after `end_rollout` and `observe`
+    of the first, before `begin_rollout` of the next); returns the seconds it spent.
+
+    Runs, blocking, the updates the step still owes `min_step_updates` (they would run at
+    the step's end otherwise: here the next call drafts with them, on this step's rows),
+    then one more when the call just ended left unspent at least an update's estimated
+    cost of its rollout budget (`between_calls_updates`, `between_calls_s`; not charged
+    to any rollout: the engine did not time them). The next `begin_rollout` hands the new
+    version to the engine."""
+    spent = self._run_owed(target_params)
+    if (
+      self.drafter.ready()
+      and self.config.rollout_budget > 0
+      and self.update_seconds
+      and self.update_seconds <= self._unspent
+    ):
+      dt = self._timed_update(target_params)
+      self._unspent -= dt
+      self.records["between_calls_updates"] += 1
+      self.records["between_calls_s"] += dt
+      spent += dt
+    return spent
+
+  def finish_step(self, target_params: nnx.State) -> float:
+    """Call once per RL step, after its policy update and before its checkpoint: runs,
+    blocking, as many updates as bring the step's count to `min_step_updates`
+    (`step_min_updates`; none with an empty buffer); returns their seconds."""
+    self._unspent = 0.0  # a rollout's budget is not carried into the next step
+    return self._run_owed(target_params)
 
   # ------------------------------------------------------------------ checkpoints
   def state(self) -> dict[str, Any]:

@@ -1,0 +1,156 @@
+"""Learning curves against wall-clock time: TLT's figure, and the statistics behind it.
+
+The paper's claim is a training-reward curve that TLT reaches sooner in wall-clock time:
+the same learning (speculative rollouts are token-identical to plain ones, so the curves
+coincide step by step) on a shorter time axis. `plot_learning_curves` draws it from the
+per-step rows of interleaved runs (`compare.run_interleaved`); `quarter_rise` and
+`paired_gap` say whether a run learnt, with bootstrap intervals over its steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+# Modes in the order the figure draws them, with their colours.
+COLOURS = {"baseline": "tab:blue", "sd": "tab:orange", "tlt": "tab:green"}
+
+
+def bootstrap_interval(
+  draw: Any, reps: int = 10_000, seed: int = 0, level: float = 0.95
+) -> tuple[float, float]:
+  """The central `level` interval of `draw(rng)` over `reps` bootstrap draws."""
+  rng = np.random.default_rng(seed)
+  stats = np.array([draw(rng) for _ in range(reps)])
+  lo, hi = np.quantile(stats, [(1 - level) / 2, (1 + level) / 2])
+  return float(lo), float(hi)
+
+
+def quarter_rise(rewards: Sequence[float], reps: int = 10_000, seed: int = 0) -> dict[str, Any]:
+  """Mean training reward over the last quarter of the steps minus the first quarter's,
+  with a bootstrap interval over steps (each quarter's steps resampled on their own).
+
+  Steps are the unit: a step's reward is the mean over its samples, so the interval is
+  that of the step-to-step spread the curve shows.
+  """
+  r = np.asarray(rewards, dtype=np.float64)
+  q = len(r) // 4
+  if q < 2:
+    raise ValueError(f"quarter_rise needs >= 8 steps, got {len(r)}")
+  first, last = r[:q], r[-q:]
+
+  def draw(rng):
+    return rng.choice(last, q).mean() - rng.choice(first, q).mean()
+
+  lo, hi = bootstrap_interval(draw, reps, seed)
+  return {
+    "steps_per_quarter": q,
+    "first_quarter": float(first.mean()),
+    "last_quarter": float(last.mean()),
+    "rise": float(last.mean() - first.mean()),
+    "interval": [lo, hi],
+  }
+
+
+def paired_gap(a: Sequence[float], b: Sequence[float], reps: int = 10_000, seed: int = 0) -> dict:
+  """Mean of a - b over paired items (steps), with a bootstrap interval over the pairs."""
+  d = np.asarray(a, np.float64) - np.asarray(b, np.float64)
+  if d.size < 2:
+    raise ValueError(f"paired_gap needs >= 2 pairs, got {d.size}")
+  lo, hi = bootstrap_interval(lambda rng: rng.choice(d, d.size).mean(), reps, seed)
+  return {"pairs": int(d.size), "mean": float(d.mean()), "interval": [lo, hi]}
+
+
+def ratio_spread(num: Sequence[float], den: Sequence[float]) -> dict[str, float]:
+  """Per-pair ratios num / den: median, quartiles and extremes, and the ratio of sums."""
+  ratios = np.asarray(num, np.float64) / np.asarray(den, np.float64)
+  q = np.quantile(ratios, [0.0, 0.25, 0.5, 0.75, 1.0])
+  return {
+    "of_totals": float(np.sum(num) / np.sum(den)),
+    "median": float(q[2]),
+    "quartiles": [float(q[1]), float(q[3])],
+    "range": [float(q[0]), float(q[4])],
+  }
+
+
+def amdahl(share: float, speedup: float) -> float:
+  """The whole's speedup when a part of this share runs `speedup` times faster."""
+  return 1.0 / ((1.0 - share) + share / speedup)
+
+
+def elapsed(rows: Sequence[dict[str, Any]]) -> np.ndarray:
+  """Wall-clock seconds at the end of each step: the running sum of the steps' times
+  (compiles and held-out evaluation left out, as `compare.step_row` does)."""
+  return np.cumsum([r["step_s"] for r in rows])
+
+
+def smooth(values: Sequence[float], window: int) -> np.ndarray:
+  """Trailing moving average over up to `window` steps (a noisy per-step curve's trend)."""
+  v = np.asarray(values, np.float64)
+  c = np.concatenate([[0.0], np.cumsum(v)])
+  idx = np.arange(1, len(v) + 1)
+  lo = np.maximum(idx - window, 0)
+  return (c[idx] - c[lo]) / (idx - lo)
+
+
+def plot_learning_curves(
+  runs: dict[str, list[dict[str, Any]]],
+  path: str,
+  *,
+  title: str = "",
+  notes: Sequence[str] = (),
+  window: int = 5,
+  warm_eval: dict[str, float] | None = None,
+) -> None:
+  """Training reward (per step, and its `window`-step moving average) and held-out
+  pass@1 against wall-clock seconds, one colour per mode; beside it the step times.
+
+  `runs`: mode -> its step rows in order (`compare.step_row`), with "eval" /
+  "eval_sampled" where held-out accuracy was measured. `warm_eval`: the warm start's
+  held-out accuracy ({"accuracy", "sampled_accuracy"}), drawn at time 0. `notes`: lines
+  printed under the figure (the speedups, r and s).
+  """
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  fig, (ax, bx) = plt.subplots(
+    1, 2, figsize=(13, 4.8), gridspec_kw={"width_ratios": [2.2, 1]}, squeeze=True
+  )
+  for mode, rows in runs.items():
+    colour = COLOURS.get(mode.split("_s")[0])
+    t = elapsed(rows)
+    reward = [r["reward"] for r in rows]
+    ax.plot(t, reward, ".", color=colour, alpha=0.35)
+    ax.plot(t, smooth(reward, window), "-", color=colour, lw=2, label=f"{mode}: train reward")
+    ev = [(ti, r) for ti, r in zip(t, rows) if r.get("eval", "") != ""]
+    if ev:
+      xs = [0.0] + [ti for ti, _ in ev] if warm_eval else [ti for ti, _ in ev]
+      for key, style, name in (("eval", "o--", "greedy"), ("eval_sampled", "s:", "sampled")):
+        ys = [r[key] for _, r in ev if r.get(key, "") != ""]
+        if len(ys) != len(ev):
+          continue
+        if warm_eval:
+          ys = [warm_eval["accuracy" if key == "eval" else "sampled_accuracy"]] + ys
+        ax.plot(xs, ys, style, color=colour, ms=5, label=f"{mode}: held-out {name}")
+    bx.plot([r["step"] for r in rows], [r["step_s"] for r in rows], ".-", color=colour, label=mode)
+  ax.set_xlabel("wall-clock seconds (RL steps; compiles and held-out evaluation left out)")
+  ax.set_ylabel("reward / pass@1")
+  ax.set_title(title or "training reward against wall-clock time")
+  ax.legend(fontsize=7, ncol=2)
+  ax.grid(alpha=0.3)
+  bx.set_xlabel("RL step")
+  bx.set_ylabel("step seconds")
+  bx.set_title("step time by mode")
+  bx.legend(fontsize=8)
+  bx.grid(alpha=0.3)
+  if notes:
+    fig.text(0.01, 0.01, "\n".join(notes), fontsize=8, va="bottom", family="monospace")
+    fig.tight_layout(rect=(0, 0.04 + 0.025 * len(notes), 1, 1))
+  else:
+    fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
