@@ -197,6 +197,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.rl.prompts_per_step = 16
   c.rl.group_size = 8
   c.rl.normalize_std = True
+  # The group std's ddof: 0 population std (GRPO's usual), 1 with Bessel's correction.
+  c.rl.std_ddof = 0
   # Scale of negative advantages: 1 is GRPO; 0 learns from better-than-average samples only.
   c.rl.negative_weight = 1.0
   c.rl.dynamic_sampling = True
@@ -221,6 +223,10 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   # Compile every rollout program before step 0 (experiments comparing step times).
   c.rl.warmup_engine = False
   c.rl.format_reward = 0.0  # bonus in [0, 0.5) for a response with a final "#answer"
+  # Weighted reward functions instead of the task's checker: "name=weight,...", names "task"
+  # (the checker), "format" / "format:gsm8k" / "format:math" (an answer in that format at
+  # all), a checker name or "package.module:function"; "": the checker (+ format_reward).
+  c.rl.rewards = ""
   # Modes sd and tlt: every this many steps (0: never), the accept length (tokens per
   # speculative round per row, at the rollout temperature, one fixed key) of the online
   # and the warm-start drafter on the same first drafter_eval_prompts held-out prompts,
@@ -234,10 +240,18 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.rl_loss.clip_high = 0.28  # DAPO clip-higher
   c.rl_loss.aggregation = "token-mean"
   c.rl_loss.kl_coef = 0.0
-  c.rl_loss.kl_type = "k3"
+  c.rl_loss.kl_type = "k3"  # or "k1", "k2" (0.5 (log r)^2, veRL's "mse")
   c.rl_loss.entropy_coef = 0.0
   c.rl_loss.vocab_chunk = 0  # > 0: log-probs over vocabulary chunks (large vocabularies)
   c.rl_loss.entropy_metric = True  # entropy in the metrics even at coef 0 (a vocab-wide pass)
+  # "ppo" (clipped surrogate) or "cispo" (REINFORCE, clipped ratio as a constant weight).
+  c.rl_loss.kind = "ppo"
+  # "token" ratios, or "sequence" (GSPO: each sample's exp(mean log ratio), clipped per sample).
+  c.rl_loss.ratio_level = "token"
+  c.rl_loss.clip_ratio_c = 0.0  # dual clip (> 1; veRL uses 3): negative advantages' loss <= c|A|
+  c.rl_loss.log_ratio_clamp = 0.0  # > 0: log ratios clamped to +-this before exp
+  # Truncated IS weights min(exp(trainer - rollout log-prob), cap) (>= 1; 0: off).
+  c.rl_loss.tis_cap = 0.0
   c.rl_update = ml_collections.ConfigDict()
   # At this scale the policy gradient of one batch (16 prompts x 8) is almost all noise:
   # full-parameter gradients of independent batches have cosine ~0.01, and all-parameter
@@ -262,6 +276,22 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   # Per-group learning rates, "regex=multiplier,..." over the trained parameters' paths
   # (first match wins, others x1), e.g. "final_norm=30,embed=3"; "": one learning rate.
   c.rl_update.lr_multipliers = ""
+  # Packed update rows of this many columns when the longest sample fits (0: the longest
+  # rounded up to 128): fewer update programs to compile on an accelerator.
+  c.rl_update.pack_width = 0
+
+  # Metrics also to Weights & Biases and / or MLflow ("wandb", "mlflow", "wandb,mlflow"; each
+  # needs its package: pip install 'tlt_jax[wandb]'), as project / run_name ("": the workdir's).
+  c.metrics = ml_collections.ConfigDict()
+  c.metrics.loggers = ""
+  c.metrics.project = "tlt_jax"
+  c.metrics.run_name = ""
+
+  # The trained policy as a Hugging Face directory at the end of the run (dir relative to the
+  # workdir; "": none); python -m tlt_jax.export does it for any workdir later.
+  c.export = ml_collections.ConfigDict()
+  c.export.dir = ""
+  c.export.dtype = "float32"  # bfloat16 / float16 round away small updates (a warning says so)
 
   # What this job printed on this project's 2-core CPU hosts, as ranges over seeds 0-2
   # (--config.seed=S --config.model.init_seed=S): the summary prints them beside the run's

@@ -1,80 +1,90 @@
-"""GRPO in TLT's regime on a CPU host: decode bound by weight reads, and a long tail.
+"""GRPO in TLT's regime on a CPU host, on a task where RL visibly learns.
 
-TLT pays where a decode step costs about the same for 1 row as for the whole rollout
-batch (the weights, not the arithmetic, bound the step) and a few long responses keep
-the device busy. Why each setting (figures in experiments/RESULTS.md):
+TLT pays where a decode step costs about the same for 1 row as for a device's whole share
+of the rollout (the weights, not the arithmetic, bound the step) and a few long responses
+keep the devices busy. Why each setting (figures in experiments/RESULTS.md):
 - policy: the 50M model of configs/sd_bench.py (16 layers x 512): 200 MB of float32
-  weights, several times the last-level cache of most of this project's CPU hosts (32 MB;
-  one kind has 260 MB, so measure: experiments/cost_surface.py gives b* per host).
-- rollout: 2 prompts x 4 samples = 8 rows, near the b* measured on the hosts so far (4-9
-  rows): the full batch and its tail cost about the same per step, so the tail's steps
-  are nearly all waste.
-- task: addition/subtraction whose number of operations is log-normal (median 15, up to
-  140), each operation labelled in the question (a, b, ..., Z, aa, ab, ...) and in the
-  worked solution, one line per operation, so its length is set by the question: median
-  ~104 characters (one token each), p90 ~420, max ~1,070 (max / median 10.3), the shape of
-  real reasoning traces (DAPO on 32B: median ~450-500, max 9-23x the median). A trace ends
-  when its question's operations run out, right or wrong. Labels make finding the next
-  operation a lookup (the default task's recipe); unlabelled chains (stop 26) need the
-  model to count its place, which a 60-step warm start did not learn.
-- all-parameter GRPO at a small rate, so the policy moves and a frozen drafter can go
-  stale (mode sd) while the online one follows it (mode tlt). The warm start solves few
-  problems outright (0-3% held out), so every scratchpad line is also rewarded (process credit, each
-  line checked against the question): groups whose answers all fail still have a gradient.
-The warm start (SFT on the worked solutions) and the drafter's warm start are built once
-into the workdir and reused. SFT can start from the sd_bench policy, which already does the
-default task's labelled lookups (`--config.sft.init_from=runs/sd_policy/warm_start`, built by
-experiments/train_drafter.py). Measured (experiments/RESULTS.md, stop 27): 60 steps from
-that policy give rows that stop by format (held-out mean length 257 of the 1,184 cap) but
-solve 3% of problems; more SFT would give RL more signal. Compare the modes with
-  python experiments/e2e_modes.py --config=configs/regime.py --out=runs/regime
+  weights, several times the last-level cache of this project's CPU hosts (32 MB), so a
+  decode step is bound by reading them (experiments/cost_surface.py gives b* per host).
+- rollout: 4 rows per engine call (what one device decodes at once, near the hosts'
+  measured b* of 4-9 rows), 4 calls of 4 prompts x 4 samples per RL step: what 4 devices
+  would decode side by side, run one after another here (`rl.rows_per_call`). Every mode
+  pays the same sum of calls, so the ratios stay honest, and the optimiser sees 16 samples.
+- task (`stride` on a clock of 100): from a start, add a stride a given number of times
+  modulo 100 (`23+7x12=`); the worked solution writes one line a step (`1:23+7=30;...`),
+  each following from the one before it, so it is long but local: what a small model does
+  reliably after a short warm start, where lookups into a long question (the labelled
+  arithmetic task) it does not. The number of steps is log-normal (median 12, up to 125),
+  so responses are long-tailed: median ~125 tokens, max ~11x that.
+  The warm start's demonstrator mixes two efforts (`hasty_fraction`): half its solutions
+  open with "~" and write a line per step, half with "!" and jump two steps a line, so
+  they are shorter and overshoot every odd count. The reward teaches the policy to choose
+  care at its first token: accuracy and response length grow together, as in reasoning
+  RL, and so does the tail TLT attacks. Every line is checked too (process credit).
+- all parameters trained, the token embedding (which, tied, is the output head: the
+  effort's logit) and the final norm (a sharpness) faster than the rest (`lr_multipliers`):
+  with Adam every parameter moves by about its learning rate a step whatever the batch,
+  and the body's skills do not survive the rate that moves a decision in 40 steps.
+The warm start (SFT on the mixed demonstrator from the sd_bench policy, which already adds
+two-digit numbers: `--config.sft.init_from=runs/sd_policy/warm_start`) and the drafter's
+warm start are built once into the workdir and reused. TLT's figure (experiments/
+learning_curve.py: baseline, sd and tlt interleaved, reward against wall-clock):
+  python experiments/learning_curve.py --config=configs/regime.py --out=runs/curve \
+    --config.sft.init_from=runs/sd_policy/warm_start
 """
 
 import ml_collections
 
 from configs import sd_bench
 
-# Operations per question: log-normal around the median, capped (solutions ~8 characters each).
-MEDIAN_STEPS, MAX_STEPS = 15, 140
+# Steps per question: log-normal around the median, capped (a line ~11 characters).
+MEDIAN_STEPS, MAX_STEPS = 12, 125
 
 
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
-  if arg:
-    raise ValueError(f"configs/regime.py takes no variant, got {arg!r}")
+  """Variants: "" (the CPU regime above), "gpu" (the same learning on a GPU, sized for one
+  ~9-minute device sitting: experiments/gpu_curve.sh), "tiny" (a seconds-long rehearsal of
+  either on a CPU: the same script, program count and compile seconds on tiny shapes)."""
+  if arg not in ("", "gpu", "tiny", "small"):
+    raise ValueError(f"configs/regime.py: unknown variant {arg!r}; allowed: '', gpu, small, tiny")
   c = sd_bench.get_config()
-  c.task.name = "arithmetic"
+  c.model.d_model = 256
+  c.model.num_heads = 4
+  c.model.num_kv_heads = 2
+  c.model.head_dim = 64
+  c.model.mlp_dim = 768
+  c.task.name = "stride"
   c.task.params = ml_collections.ConfigDict(
     {
-      "style": "labelled",
       "median_steps": MEDIAN_STEPS,
-      "steps_sigma": 1.1,
+      "steps_sigma": 0.9,
       "max_steps": MAX_STEPS,
-      "max_operand": 9,
-      "max_value": 99,
+      "max_start": 99,
+      "max_stride": 9,
+      "hasty_fraction": 0.5,
+      "hasty_jump": 2,
+      "clock": 100,
     }
   )
   c.task.train_size = 20_000
-  c.task.test_size = 200
+  c.task.test_size = 400
 
-  # Packed rows of many short solutions and a few long ones (the longest question and
-  # solution, ~1,720 tokens, fit a row).
-  c.sft.steps = 60
-  c.sft.batch_rows = 3
-  c.sft.row_len = 1792
-  c.sft.learning_rate = 1.5e-3
-  c.sft.warmup_steps = 6
+  # Packed rows of many short solutions and a few long ones; the ~3% of examples longer
+  # than a row are left out of SFT (the policy still meets them in RL: the tail).
+  c.sft.steps = 200
+  c.sft.batch_rows = 8
+  c.sft.row_len = 512
+  c.sft.learning_rate = 3e-3
+  c.sft.warmup_steps = 20
 
-  c.engine.max_prompt_len = 704  # the longest question (~650 characters) and BOS
-  c.engine.max_new_tokens = 8 * MAX_STEPS + 64  # the longest solution and its "#answer"
-  c.engine.max_batch = 8
+  c.engine.max_prompt_len = 16  # the longest question (10 characters) and BOS
+  c.engine.max_new_tokens = 12 * MAX_STEPS + 16  # the longest solution (~1,450), "#answer"
+  c.engine.max_batch = 4
   c.engine.min_cache_bucket = 128
-  c.engine.min_prompt_bucket = 64
-  c.engine.spec_threshold = 8  # the whole rollout is at or below b*
-  # A 20-step run passes each (batch bucket, answer phase) cell a few dozen chunks: the
-  # bandit must settle quickly. Replayed on stop 39's run (experiments/simulate.py
-  # --validate, rewards with a 10-30% spread as measured), a narrower UCB bonus and the
-  # neighbouring buckets' prior cut its rollouts by 4-7% (exploration 2, no prior: 9-16%
-  # slower than a converged bandit; 1 and 2: 4-8%).
+  c.engine.min_prompt_bucket = 16
+  c.engine.spec_threshold = 4  # the whole call is at or below b*
+  # A 40-step run passes each (batch bucket, answer phase) cell a few dozen chunks: the
+  # bandit must settle quickly (a narrower UCB bonus and the neighbouring buckets' prior).
   c.engine.bandit_exploration = 1.0
   c.engine.bandit_prior = 2.0
 
@@ -83,27 +93,123 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
 
   c.rollout.num_prompts = 2
   c.rollout.num_samples = 4
-  c.eval.num_examples = 32
+  c.eval.num_examples = 128
 
-  c.rl.steps = 20
-  c.rl.prompts_per_step = 2
+  c.rl.steps = 40
+  c.rl.prompts_per_step = 4
   c.rl.group_size = 4
-  c.rl.max_refills = 1
+  c.rl.rows_per_call = 4
+  c.rl.max_refills = 0
   c.rl.eval_every = 10
-  c.rl.eval_examples = 32
-  c.rl.eval_samples = 0
-  c.rl.checkpoint_every = 5
+  c.rl.eval_examples = 128
+  c.rl.eval_samples = 4
+  c.rl.checkpoint_every = 10
+  c.rl.drafter_eval_every = 10
+  c.rl.drafter_eval_prompts = 8
   # Programs compile lazily, when a rollout first needs them: their seconds are taken out of
-  # the step times (e2e_modes.py) and of the bandit's rewards, and most of the (batch bucket x
-  # cache bucket x arm) programs an eager warm-up would compile are never run.
+  # the step times and of the bandit's rewards, and most of the (batch bucket x cache
+  # bucket x arm) programs an eager warm-up would compile are never run.
   c.rl.warmup_engine = False
   c.rl.process_credit = "step"
   c.rl_update.trainable = ""  # every parameter
   c.rl_update.learning_rate = 1e-5
+  c.rl_update.lr_multipliers = "embed=30,final_norm=30"
   c.rl_update.warmup_steps = 2
   # One packed row per micro-batch: an update row holds up to ~2k tokens, whose attention
   # activations for the backward pass (rows x heads x width^2 per layer) at 4 rows a
   # micro-batch took a 24 GB host out of memory in mode tlt; 1 row also pads the least.
   c.rl_update.micro_batch = 1
   c.reference = ml_collections.ConfigDict()  # nothing measured to compare with yet
+  if arg == "gpu":
+    _gpu(c)
+  elif arg == "small":
+    _small(c)
+  elif arg == "tiny":
+    _gpu(c)
+    _tiny(c)
   return c
+
+
+def _gpu(c: ml_collections.ConfigDict) -> None:
+  """On a GPU a decode step of this policy costs the same for one row as for hundreds (b* >
+  512 rows on an H200: experiments/RESULTS.md, its recorded cost surface), so one call
+  holds the step's 32 prompts x 8 samples and the long tail is where speculation runs. The
+  programs are capped (few batch and cache buckets, two chains, one packed width) so that
+  compiles fit a sitting; float32 products at "highest" so the modes' curves coincide."""
+  c.rl.prompts_per_step = 32
+  c.rl.group_size = 8
+  c.rl.rows_per_call = 0
+  c.engine.max_batch = 256
+  c.engine.min_batch_bucket = 8
+  c.engine.min_cache_bucket = 512
+  c.engine.spec_threshold = 32
+  c.engine.spec_strategies = ("chain4", "chain8")
+  c.rl_update.micro_batch = 8
+  c.rl_update.pack_width = 2048
+  c.rl.eval_every = 10
+  c.rl.checkpoint_every = 40
+  c.sft.batch_rows = 16
+
+
+def _small(c: ml_collections.ConfigDict) -> None:
+  """The same task and RL on the default job's 0.8M policy (4 layers x 128), which a CPU
+  warm-starts in minutes: a gate for the learning alone. Its weights sit in cache, so it is
+  outside TLT's regime (a decode step costs in proportion to its rows) and its step times
+  say nothing about TLT."""
+  c.model.num_layers = 4
+  c.model.d_model = 128
+  c.model.num_heads = 4
+  c.model.num_kv_heads = 2
+  c.model.head_dim = 32
+  c.model.mlp_dim = 384
+  c.sft.steps = 720
+  c.sft.batch_rows = 16
+  c.sft.row_len = 448
+  c.sft.learning_rate = 5e-3
+  c.sft.warmup_steps = 20
+  c.engine.max_batch = 64
+  c.engine.spec_threshold = 16
+  c.rl.prompts_per_step = 8
+  c.rl.group_size = 8
+  c.rl.rows_per_call = 0
+  c.rl_update.learning_rate = 3e-5
+  c.rl_update.micro_batch = 8
+
+
+def _tiny(c: ml_collections.ConfigDict) -> None:
+  """The GPU variant's script on tiny shapes: what a CPU can rehearse in about a minute."""
+  c.model.num_layers = 2
+  c.model.d_model = 64
+  c.model.num_heads = 2
+  c.model.num_kv_heads = 1
+  c.model.head_dim = 32
+  c.model.mlp_dim = 128
+  c.task.params.median_steps = 3
+  c.task.params.max_steps = 12
+  c.task.train_size = 400
+  c.task.test_size = 16
+  c.engine.max_new_tokens = 14 * 12
+  c.engine.max_batch = 16
+  c.engine.min_batch_bucket = 4
+  c.engine.min_cache_bucket = 128
+  c.engine.spec_threshold = 8
+  c.sft.steps = 4
+  c.sft.batch_rows = 2
+  c.sft.row_len = 256
+  c.sft.warmup_steps = 1
+  c.drafter.warmup_prompts = 4
+  c.drafter.offline_steps = 3
+  c.drafter.batch_rows = 2
+  c.drafter.buffer_rows = 64
+  c.eval.num_examples = 4
+  c.rl.steps = 4
+  c.rl.prompts_per_step = 2
+  c.rl.group_size = 4
+  c.rl.eval_every = 2
+  c.rl.eval_examples = 4
+  c.rl.eval_samples = 2
+  c.rl.drafter_eval_every = 2
+  c.rl.drafter_eval_prompts = 2
+  c.rl.checkpoint_every = 2
+  c.rl_update.micro_batch = 4
+  c.rl_update.pack_width = 256

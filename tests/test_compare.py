@@ -1,10 +1,19 @@
 """tlt_jax.compare's tables from hand-written step rows."""
 
 import json
+import os
+import re
+import sys
 
 import pytest
 
-from tlt_jax import compare
+from tlt_jax import compare, configuration
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+  sys.path.insert(0, ROOT)
+
+from configs import hf_grpo  # noqa: E402
 
 
 def _row(mode, step, chunks, accept):
@@ -52,3 +61,148 @@ def test_arms_by_epoch_reads_the_trainers_epoch_and_weights_accept_by_row_rounds
   assert got[0]["chunks"] == {"group8": 2}
   assert got[0]["accept_length"]["group8"] == pytest.approx((1.5 * 30 + 3.0 * 10) / 40)
   assert got[1]["accept_length"] == {"group8": 2.0}  # no row-rounds recorded: by chunks
+
+
+def _step(mode, step, step_s, checkpoint_s=0.0, eval_s=0.0, evaluated=""):
+  """A `run_modes` row: `step_row`'s fields the tables read, and the checkpoint seconds."""
+  return {
+    "mode": mode,
+    "step": step,
+    "step_s": step_s,
+    "rollout_s": step_s / 2,
+    "checkpoint_s": checkpoint_s,
+    "eval_s": eval_s,
+    "eval": evaluated,
+    "generate_s": "",
+    "tail_s": "",
+    "reward": 0.25,
+    "accept_length": "",
+  }
+
+
+def _results(*modes):
+  return {m: {"summary": {"rl": {}}, "mode": m, "seed": 0} for m in modes}
+
+
+def test_no_speedup_rests_on_steps_that_checkpointed():
+  """The issue's 0.08x: 3 steps, the first compiling, the last carrying a checkpoint
+  window that in tlt holds drafter updates. No clean step is left: no ratio, a sentence."""
+  rows = [
+    _step("baseline", 0, 9.0),
+    _step("baseline", 1, 1.0),
+    _step("baseline", 2, 1.2, checkpoint_s=0.2),
+    _step("tlt", 0, 9.0),
+    _step("tlt", 1, 0.9),
+    _step("tlt", 2, 15.0, checkpoint_s=14.0),
+  ]
+  table = compare.mode_table(_results("baseline", "tlt"), rows)
+  assert "step_speedup" not in table["tlt"] and table["tlt"]["ratio_steps"] == 1
+  text = compare.side_by_side(table, rows)
+  assert "x" not in text.splitlines()[2].split()[3]  # tlt's speedup column: "-"
+  assert "no speedup: only 1 step(s) free of the first step's compiles, checkpoints and" in text
+  assert "a ratio needs 3" in text and "0.08x" not in text
+  assert "no speedup" in compare.markdown(table)
+
+
+def test_speedup_over_the_clean_steps_says_how_many():
+  """Steps that checkpointed or evaluated (and the first) are left out of the ratio."""
+  rows = []
+  for mode, speed in (("baseline", 1.0), ("tlt", 2.0)):
+    rows += [_step(mode, 0, 10.0)]  # compiles
+    rows += [_step(mode, s, 4.0 / speed) for s in (1, 2, 4, 5)]
+    rows += [_step(mode, 3, 50.0, checkpoint_s=40.0)]  # a checkpoint window
+    rows += [_step(mode, 6, 30.0, eval_s=0.0, evaluated=0.5)]  # held-out evaluation
+    rows += [_step(mode, 7, 30.0, eval_s=3.0)]  # drafter evaluation (time/eval only)
+  table = compare.mode_table(_results("baseline", "tlt"), rows)
+  t = table["tlt"]
+  assert t["ratio_steps"] == 4 and t["clean_steps"] == 4
+  assert t["step_speedup"] == pytest.approx(2.0) and t["step_s"] == pytest.approx(2.0)
+  text = compare.side_by_side(table, rows)
+  assert re.search(r"^tlt .* 2\.00x ", text, re.M)
+  assert "speedups over 4 step(s) in common: the first step (compiles) and those that" in text
+  assert "| 2.00x (4) |" in compare.markdown(table)
+
+
+CHATML = (
+  "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+  "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def _checkpoint(path, seed=0):
+  """A tiny Qwen3-layout checkpoint with a ChatML BPE tokenizer (as tests/test_hf_job.py)."""
+  from bpe_helpers import train_bpe
+
+  from tlt_jax.models.config import ModelConfig
+  from tlt_jax.models.hf_io import save_hf_checkpoint
+  from tlt_jax.models.transformer import init_model
+
+  path.mkdir()
+  tok = train_bpe(
+    ["What is 3 plus 4? 3+4=7. #### 7"] * 8, ["<|endoftext|>", "<|im_start|>", "<|im_end|>"], 320
+  )
+  tok.save(str(path / "tokenizer.json"))
+  (path / "tokenizer_config.json").write_text(
+    json.dumps({"bos_token": None, "eos_token": "<|im_end|>", "chat_template": CHATML})
+  )
+  config = ModelConfig(
+    vocab_size=tok.get_vocab_size(),
+    num_layers=1,
+    d_model=32,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=8,
+    mlp_dim=64,
+    qk_norm=True,
+    tie_embeddings=True,
+  )
+  save_hf_checkpoint(init_model(config, seed=seed), config, path, model_type="qwen3")
+  return path
+
+
+def test_compare_on_a_checkpoint_policy_reuses_its_warm_starts(tmp_path, monkeypatch):
+  """--compare with --config.model.checkpoint: the policy is the checkpoint (no SFT warm
+  start is written, none is copied), the drafter's warm start is built once in
+  <out>/shared and reused by a rerun, and another checkpoint's comparison is refused there."""
+  ckpt = _checkpoint(tmp_path / "ckpt")
+  data = tmp_path / "sums.jsonl"
+  rows = [
+    {"question": f"What is {a} plus {b}?", "answer": f"{a}+{b}={a + b}. #### {a + b}"}
+    for a in range(1, 7)
+    for b in range(1, 5)
+  ]
+  data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+  c = hf_grpo.get_config()
+  c.model.checkpoint, c.task.path, c.task.test_fraction = str(ckpt), str(data), 0.25
+  c.model.dtype, c.rl_update.remat = "float32", False  # fewer, faster compiles on a CPU
+  c.engine.update(
+    max_prompt_len=48, max_new_tokens=16, max_batch=8, spec_threshold=8, min_batch_bucket=4,
+    min_cache_bucket=64, min_prompt_bucket=48, chunk_steps=8, spec_strategies=("chain2",),
+    spec_rounds=2,
+  )  # fmt: skip
+  c.eval.num_examples = 2
+  c.rl.update(steps=1, prompts_per_step=2, group_size=2, eval_examples=2, dynamic_sampling=False)
+  c.rl_update.update(micro_batch=2, warmup_steps=0)
+  c.drafter.update(warmup_prompts=4, offline_steps=2, batch_rows=2, buffer_rows=32)
+  c.scheduler.long_tail_batch = 4
+  out = tmp_path / "out"
+  # One mode shows it (each mode's folder was given a copy of the missing policy warm start).
+  results, _ = compare.run_modes(c, str(out), ["tlt"], [0], progress=False)
+  shared = out / "shared"
+  assert (shared / "drafter_warm_start").is_dir() and not (shared / "warm_start").exists()
+  summary = results["tlt"]["summary"]
+  assert summary["warm_start"]["source"] == str(ckpt) and summary["rl"]["steps"] == 1
+  assert not (out / "tlt" / "warm_start").exists()
+  assert (out / "tlt" / "drafter_warm_start").is_dir()
+  assert summary["drafter_warm_start"]["source"].endswith("drafter_warm_start")  # reused
+
+  # A rerun finds the shared warm starts finished: nothing is built or evaluated there again.
+  def rebuilt(*args, **kwargs):
+    raise AssertionError("the shared warm starts were built again")
+
+  monkeypatch.setattr(compare.train, "train_and_evaluate", rebuilt)
+  assert compare.prepare_shared(c.copy_and_resolve_references(), str(out)) == str(shared)
+  other = c.copy_and_resolve_references()
+  other.model.checkpoint = str(_checkpoint(tmp_path / "other", seed=1))
+  with pytest.raises(configuration.ConfigError, match="holds the warm starts of another policy"):
+    compare.prepare_shared(other, str(out))

@@ -262,3 +262,28 @@ def test_arithmetic_steps_judge_hasty_lines_of_several_operations():
     1,
     1,
   ]
+
+
+def test_stride_steps_judge_each_line_from_what_was_written():
+  q = "23+7>44="
+  assert [r for _, r in checkers.stride_steps(q, "~1:23+7=30;2:30+7=37;3:37+7=44;#3")] == [1] * 4
+  # A wrong sum: that line is wrong, the next is judged from 38, the count is still right.
+  assert [r for _, r in checkers.stride_steps(q, "1:23+7=30;2:30+7=38;3:38+7=45;#3")] == [
+    1,
+    0,
+    1,
+    1,
+  ]
+  # A hasty jump of two is a right line; its overshooting count is a wrong answer.
+  assert [r for _, r in checkers.stride_steps(q, "!2:23+14=37;4:37+14=51;#4")] == [1, 1, 0]
+  # A restated value that is not the last one, a counter going back, garbage.
+  assert [r for _, r in checkers.stride_steps(q, "1:23+7=30;2:31+7=38;1:38+7=45;x;#9")] == [
+    1,
+    0,
+    0,
+    0,
+    0,
+  ]
+  assert checkers.stride_steps("what?", "#3") == []
+  assert checkers.check_stride("~1:23+7=30;#3", "3") == 1.0
+  assert checkers.check_stride("~1:23+7=30;#3;", "3") == 0.0

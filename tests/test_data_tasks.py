@@ -319,3 +319,51 @@ def test_effort_mix_opens_each_solution_with_its_effort():
   assert 0.43 < hasty / len(mixed) < 0.57
   with pytest.raises(ValueError, match="hasty_fraction"):
     tasks.generate_arithmetic(0, 1, hasty_fraction=0.5, style="chain")
+
+
+def test_stride_solutions_count_steps_and_hasty_ones_overshoot():
+  data = tasks.generate_stride(0, 800, median_steps=6, hasty_fraction=0.5)
+  assert [(e["question"], e["answer"]) for e in data] == [
+    (e["question"], e["answer"]) for e in tasks.generate_stride(0, 800, median_steps=6)
+  ]
+  check = tasks.get_task("stride").check
+  hasty = wrong = 0
+  for ex in data:
+    s, rest = ex["question"].rstrip("=").split("+")
+    k, n = (int(x) for x in rest.split(">"))
+    m = int(ex["answer"])
+    assert int(s) + m * k == n
+    marker, body = ex["solution"][0], ex["solution"][1:]
+    lines = body.split(checkers.MARKER)[0].rstrip(";").split(";")
+    jump = 2 if marker == checkers.HASTY else 1
+    # Each line: counter, the last value restated, the stride times the jump, the sum.
+    value = int(s)
+    for i, line in enumerate(lines, 1):
+      assert line == f"{i * jump}:{value}+{jump * k}={value + jump * k}"
+      value += jump * k
+    assert value >= n and value - jump * k < n  # stops at the first value reaching the limit
+    assert all(r == 1.0 for _, r in checkers.stride_steps(ex["question"], ex["solution"])[:-1])
+    right = check(ex["solution"], ex["answer"])
+    if marker == checkers.HASTY:
+      hasty += 1
+      wrong += right == 0.0
+      assert right == float(m % 2 == 0)  # a jump of two overshoots an odd count
+    else:
+      assert marker == checkers.CAREFUL and right == 1.0 and len(lines) == m
+  assert 0.42 < hasty / len(data) < 0.58 and 0.3 < wrong / hasty < 0.7
+  with pytest.raises(ValueError, match="hasty_jump"):
+    tasks.generate_stride(0, 1, hasty_jump=1)
+
+
+def test_stride_on_a_clock_answers_the_last_value():
+  data = tasks.generate_stride(0, 400, median_steps=6, hasty_fraction=0.5, clock=100)
+  check = tasks.get_task("stride").check
+  for ex in data:
+    s, rest = ex["question"].rstrip("=").split("+")
+    k, m = (int(x) for x in rest.split("x"))
+    assert int(ex["answer"]) == (int(s) + k * m) % 100
+    body = ex["solution"][1:].split(checkers.MARKER)[0].rstrip(";").split(";")
+    assert all(int(line.split("=")[1]) < 100 for line in body)
+    assert all(r == 1.0 for _, r in checkers.stride_steps(ex["question"], ex["solution"])[:-1])
+    hasty = ex["solution"][0] == checkers.HASTY
+    assert check(ex["solution"], ex["answer"]) == float(not hasty or m % 2 == 0)

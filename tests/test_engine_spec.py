@@ -7,6 +7,7 @@ greedily.
 """
 
 import dataclasses
+import gc
 
 import jax
 import jax.numpy as jnp
@@ -617,11 +618,18 @@ def test_long_tail_charges_are_what_the_engine_measured(models, pool):
   ref = _run(engine, tp, dp, num_samples=4)
   sched.drafter.observe(ref, step=0)
   outs = []
-  for _ in range(2):  # the first compiles what the rollout needs (drafter rebuild widths)
-    params = sched.begin_rollout(tp)
-    outs.append(_run(engine, tp, params, num_samples=4, on_chunk=sched.on_chunk))
-    sched.end_rollout()
-    rec = sched.step_records()
+  # A garbage-collection pause between the scheduler's clock and the engine's (a few ms on
+  # a loaded host) would be time one side saw and the other did not: none during the runs.
+  gc.collect()
+  gc.disable()
+  try:
+    for _ in range(2):  # the first compiles what the rollout needs (drafter rebuild widths)
+      params = sched.begin_rollout(tp)
+      outs.append(_run(engine, tp, params, num_samples=4, on_chunk=sched.on_chunk))
+      sched.end_rollout()
+      rec = sched.step_records()
+  finally:
+    gc.enable()
   out = outs[-1]
   np.testing.assert_array_equal(out.tokens, ref.tokens)
   overhead, one_update, one_rebuild = _drafter_overhead(out.timeline)

@@ -21,6 +21,7 @@ from tlt_jax.models.hf_io import (
   config_from_hf,
   config_to_hf,
   load_hf_checkpoint,
+  save_generation_config,
   save_hf_checkpoint,
 )
 from tlt_jax.models.transformer import Transformer
@@ -324,6 +325,46 @@ def test_export_copies_tokenizer(tmp_path):
   assert (out / "tokenizer.json").is_file() and (out / "tokenizer_config.json").is_file()
   hf_tok = transformers.AutoTokenizer.from_pretrained(out)
   assert hf_tok("w5 w7")["input_ids"] == [5, 7]
+
+
+def test_export_dtype_pad_id_and_generation_config(tmp_path):
+  """`dtype` stores float32 master weights in another dtype (config.json says which) and
+  transformers loads them; `save_generation_config` writes what `generate` reads, top_k 0
+  spelled out (transformers' own default is 50)."""
+  config = _our_config("llama", True)  # float32 compute and params
+  model = _random_model(config, seed=8)
+  save_hf_checkpoint(model, config, tmp_path, dtype="bfloat16", eos_token_id=[2, 3], pad_token_id=0)
+  hf_config = json.loads((tmp_path / "config.json").read_text())
+  assert (hf_config["dtype"], hf_config["torch_dtype"], hf_config["pad_token_id"]) == (
+    "bfloat16",
+    "bfloat16",
+    0,
+  )
+  stored = {str(v.dtype) for v in load_file(str(tmp_path / SINGLE_WEIGHTS_NAME)).values()}
+  assert stored == {"bfloat16"}
+  _, loaded = load_hf_checkpoint(tmp_path)
+  np.testing.assert_array_equal(  # the float32 weights rounded to bfloat16
+    np.asarray(loaded.embed.embedding[...]),
+    np.asarray(model.embed.embedding[...]).astype(jnp.bfloat16).astype(np.float32),
+  )
+  hf_model = _load_hf(tmp_path)
+  diff = _max_diff(_our_logits(loaded, _tokens()), _hf_logits(hf_model, _tokens()))
+  assert diff < TOL
+  with pytest.raises(ValueError, match="dtype must be one of"):
+    save_hf_checkpoint(model, config, tmp_path, dtype="int8")
+
+  save_generation_config(
+    tmp_path, [2, 3], bos_token_id=1, pad_token_id=0, temperature=0.7, max_new_tokens=64
+  )
+  gen = transformers.GenerationConfig.from_pretrained(tmp_path)
+  assert gen.eos_token_id == [2, 3] and (gen.bos_token_id, gen.pad_token_id) == (1, 0)
+  assert gen.do_sample and gen.temperature == 0.7 and gen.top_k == 0 and gen.top_p == 1.0
+  assert gen.max_new_tokens == 64
+  save_generation_config(tmp_path, 2, temperature=0.0)
+  greedy = json.loads((tmp_path / "generation_config.json").read_text())
+  assert greedy == {"eos_token_id": 2, "do_sample": False}
+  with pytest.raises(ValueError, match="temperature"):
+    save_generation_config(tmp_path, 2, temperature=float("nan"))
 
 
 # ----------------------------------------------------------------------------- errors

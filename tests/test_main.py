@@ -134,9 +134,12 @@ def test_tlt_mode_trains_the_drafter_online_and_exports_it(tmp_path):
   assert rows[-1]["drafter/version"] > 3 and any("spec/accept_length" in r for r in rows)
   _, _, _, info = load_drafter(os.path.join(workdir, "drafter"))
   assert info["mode"] == "tlt" and info["version"] == rows[-1]["drafter/version"]
-  # The printed comparison: both runs, tlt's speedup, and one reward per step and run, equal.
-  assert re.search(r"^baseline .* 1\.00x ", out.stdout, re.M), out.stdout
-  assert re.search(r"^tlt .*\d\.\d\dx ", out.stdout, re.M), out.stdout
+  # The printed comparison: both runs, one reward per step and run, equal; no speedup, since
+  # the tiny config checkpoints every step and the first compiles (a ratio needs 3 steps
+  # free of both: tests/test_compare.py), and a sentence that says so.
+  assert re.search(r"^baseline .* - ", out.stdout, re.M), out.stdout
+  assert re.search(r"^tlt .* - ", out.stdout, re.M), out.stdout
+  assert "no speedup: only 0 step(s) free of the first step's compiles" in out.stdout
   steps = re.findall(r"^  step +(\d+): (\S+) \| (\S+)$", out.stdout, re.M)
   assert [int(s) for s, _, _ in steps] == [r["step"] for r in rows]
   assert all(a == b for _, a, b in steps) and len(steps) == 2
@@ -181,7 +184,9 @@ def test_mode_flag_is_checked():
 def _metrics(workdir):
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
     rows = [json.loads(line) for line in f]
-  return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]
+  # Timings, and the update's FLOP rate (seconds differ between runs).
+  timed = ("time/", "update/model_tflops")
+  return [{k: v for k, v in r.items() if not k.startswith(timed)} for r in rows]
 
 
 # The tiny policy never solves a problem: an entropy bonus on every token (no dynamic
@@ -255,6 +260,8 @@ def test_sigkill_mid_run_resumes_exactly(tmp_path, uninterrupted_baseline, mode)
   assert len(_metrics(wd)) < 5, "the run finished before it could be killed"
   out = _cli(*args, f"--workdir={wd}")
   assert out.returncode == 0, out.stderr[-3000:]
+  # The rerun says where it resumes (the lock the killed job held went with it).
+  assert re.search(r"RL resumes at step [1-4] of 5 from the checkpoint in ", out.stderr)
   if mode == "baseline":  # the same mode: every figure but the timings
     want, got = _metrics(uninterrupted_baseline), _metrics(wd)
   else:
@@ -270,6 +277,7 @@ def test_sigkill_mid_run_resumes_exactly(tmp_path, uninterrupted_baseline, mode)
   assert [("eval" in r) for r in got] == [("eval" in r) for r in want] and "eval" in got[-1]
   for a, b in zip(want, got):
     assert b.pop("eval", None) == a.pop("eval", None)
+    assert b.pop("first_token_share") == a.pop("first_token_share")  # JSON text
     assert b == pytest.approx(a, rel=1e-5, abs=1e-6)
 
 
@@ -353,10 +361,11 @@ def test_sd_bench_countdown_variant_fits_its_rows():
 
 
 def test_regime_config_is_in_tlts_regime():
-  """configs/regime.py keeps the properties its docstring claims: weights several times
-  a 32 MB L3, a rollout batch near the measured b* (4-9 rows), every parameter trained, and
-  reasoning-like lengths (median >= ~100 tokens, max >= 10x the median) from its task's
-  generator, within the engine's token budget and the SFT row."""
+  """configs/regime.py keeps the properties its docstring claims: weights beyond a 32 MB
+  L3, few rows per engine call (near the measured b* of 4-9) and several calls a step,
+  every parameter trained, reasoning-like lengths (median >= 100 tokens, max >= 10x the
+  median) from its task's generator within the engine's token budget, and a demonstrator
+  mixing a careful and a hasty effort."""
   import numpy as np
 
   from configs import regime
@@ -365,24 +374,26 @@ def test_regime_config_is_in_tlts_regime():
   config = regime.get_config()
   tok = CharTokenizer()
   model = configuration.model_config(config, tok)
-  assert model.num_params * 4 >= 4 * 32 * 2**20
+  assert model.num_params * 4 >= 1.5 * 32 * 2**20
   rl, _, update = configuration.rl_configs(config)
-  assert 4 <= rl.prompts_per_step * rl.group_size <= 16
-  assert update.trainable == "" and rl.steps >= 20
-  # Rows that all fail the outcome still learn from their lines (the warm start solves few).
+  assert 4 <= rl.rows_per_call <= 9 and rl.prompts_per_step * rl.group_size >= 2 * rl.rows_per_call
+  assert update.trainable == "" and rl.steps >= 40 and update.lr_multipliers
   assert rl.process_credit == "step" and get_task(config.task.name).steps is not None
   engine = configuration.engine_config(config, tok)
-  assert engine.max_batch >= rl.prompts_per_step * rl.group_size
+  assert engine.max_batch == rl.rows_per_call
   task = get_task(config.task.name)
-  examples = task.generate(0, 2000, **config.task.params.to_dict())
+  examples = task.generate(0, 4000, **config.task.params.to_dict())
   lengths = np.array([len(e["solution"]) for e in examples])
-  assert np.median(lengths) >= 90 and lengths.max() >= 10 * np.median(lengths)
+  careful = np.array([e["solution"].startswith("~") for e in examples])
+  assert 0.4 < careful.mean() < 0.6
+  # The policy RL leaves (careful) and the warm start's mix, both long-tailed.
+  assert np.median(lengths[careful]) >= 120 and np.median(lengths) >= 90
+  assert lengths.max() >= 10 * np.median(lengths[careful])
   assert lengths.max() < engine.max_new_tokens
   prompts = [len(e["question"]) for e in examples]
   assert max(prompts) + 1 <= engine.max_prompt_len
-  assert max(p + n for p, n in zip(prompts, lengths)) + 2 <= config.sft.row_len
-  # Every solution stops by format: its last line is the answer.
-  assert all(e["solution"].endswith("#" + e["answer"]) for e in examples)
+  # Every solution stops by format: its last line is the answer (right or, hasty, not).
+  assert all(e["solution"].rsplit("#", 1)[1].isdigit() for e in examples)
 
 
 def test_process_credit_takes_the_tasks_step_checker():

@@ -127,3 +127,33 @@ def test_token_process_advantages_step_and_return_credit():
     token_process_advantages(ends, adv, tokens, "token")
   with pytest.raises(ValueError, match="increasing"):
     token_process_advantages([5, 2, 7], adv, tokens, "step")
+
+
+def test_std_ddof_one_is_bessels_sample_std():
+  # Group [1, 0, 1, 0]: deviations +-0.5; squared sum 1, so the sample std is sqrt(1/3).
+  # Group [0, 2, 4, 2]: squared deviations sum to 8, sample std sqrt(8/3).
+  rewards = [1.0, 0.0, 1.0, 0.0, 0.0, 2.0, 4.0, 2.0]
+  adv = group_advantages(rewards, 4, eps=1e-12, std_ddof=1)
+  s1, s2 = np.sqrt(1 / 3), np.sqrt(8 / 3)
+  want = [0.5 / s1, -0.5 / s1, 0.5 / s1, -0.5 / s1, -2 / s2, 0.0, 2 / s2, 0.0]
+  np.testing.assert_allclose(adv, want, rtol=1e-6, atol=1e-6)
+  # sqrt(G / (G - 1)) smaller than the population-std default, which stays as it was.
+  population = group_advantages(rewards, 4, eps=1e-12)
+  np.testing.assert_allclose(adv, population * np.sqrt(3 / 4), rtol=1e-6, atol=1e-7)
+  np.testing.assert_array_equal(population, group_advantages(rewards, 4, eps=1e-12, std_ddof=0))
+  np.testing.assert_array_equal(group_advantages([1.0, 1.0], 2, std_ddof=1), [0.0, 0.0])
+  for bad in (2, -1, 0.5, True):
+    with pytest.raises(ValueError, match="std_ddof"):
+      group_advantages(rewards, 4, std_ddof=bad)
+  with pytest.raises(ValueError, match="group_size >= 2"):
+    group_advantages([0.3, 5.0], 1, std_ddof=1)
+
+
+def test_process_advantages_std_ddof():
+  # Group 0's four step rewards [1, 1, 0, 1]: mean 0.75, sample std sqrt(0.75 / 3) = 0.5.
+  got = process_advantages([[1, 1, 0], [1], [1], []], 2, std_ddof=1, eps=1e-12)
+  np.testing.assert_allclose(got[0], [0.5, 0.5, -1.5], rtol=1e-5)
+  # A group with one step reward: centred to 0 whatever the ddof (no division by zero).
+  np.testing.assert_array_equal(got[2], [0.0])
+  with pytest.raises(ValueError, match="std_ddof"):
+    process_advantages([[1], [0]], 2, std_ddof=3)

@@ -150,3 +150,15 @@ def test_process_credit_counts_checkers_that_fail_and_gives_them_no_credit():
   assert out.num_steps == 4
   credit.reset_errors()
   assert credit.errors == 0
+
+
+def test_packed_width_fixed_gives_at_most_two_widths():
+  class R:
+    def __init__(self, n):
+      self.length = np.array([n, 3])
+
+  assert packed_width([R(100)], 1024) == 128
+  assert packed_width([R(300), R(90)], 1024) == 384
+  assert packed_width([R(300)], 1024, fixed=512) == 512
+  assert packed_width([R(600)], 1024, fixed=512) == 1024
+  assert packed_width([R(600)], 256, fixed=512) == 256

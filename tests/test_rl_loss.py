@@ -1,4 +1,5 @@
-"""Clipped policy loss: a numpy reference, clipping gradients, KL and entropy terms."""
+"""Policy loss: a numpy reference, clipping gradients, KL and entropy terms, and the loss
+options (dual clip, k2, log-ratio clamp, GSPO, CISPO, TIS), each against its formula."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 
 from tlt_jax.decode.sampling import SamplingConfig
 from tlt_jax.rl import AGGREGATIONS, PolicyLossConfig, kl_penalty, policy_loss
+from tlt_jax.rl.loss import sequence_mean
 from tlt_jax.rl.update import OUT_OF_SET_LOGP
 
 
@@ -186,7 +188,16 @@ def test_entropy_bonus_lowers_loss():
   "kwargs, match",
   [
     (dict(aggregation="sum"), "token-mean"),
-    (dict(kl_type="k2"), "k1"),
+    (dict(kl_type="k4"), "k1"),
+    (dict(kind="grpo"), "kind"),
+    (dict(ratio_level="seq"), "ratio_level"),
+    (dict(kind="cispo", ratio_level="sequence"), "GSPO"),
+    (dict(clip_ratio_c=1.0), "clip_ratio_c"),
+    (dict(clip_ratio_c=-3.0), "clip_ratio_c"),
+    (dict(clip_ratio_c=3.0, kind="cispo"), "kind='ppo'"),
+    (dict(log_ratio_clamp=-1.0), "log_ratio_clamp"),
+    (dict(tis_cap=0.5), "tis_cap"),
+    (dict(tis_cap=float("inf")), "tis_cap"),
     (dict(clip_low=1.0), "clip_low"),
     (dict(clip_high=-0.1), "clip_high"),
     (dict(kl_coef=-1.0), "kl_coef"),
@@ -240,3 +251,198 @@ def test_tokens_outside_the_kept_set_keep_everything_finite():
   assert metrics["ratio_max"] > 1e10 and metrics["clip_fraction_low"] > 0
   loss, metrics, g = run(-1e30)
   assert not (np.isfinite(loss) and np.all(np.isfinite(g)))
+
+
+# ------------------------------------------------------------------ loss options, by formula
+
+
+def _options_inputs(seed=7, b=6, t=9):
+  """Log-probs and old log-probs that differ (ratios from about 0.3 to 3), advantages of
+  both signs, ragged masks, rollout log-probs off the trainer's."""
+  rng = np.random.default_rng(seed)
+  logp = -rng.uniform(0.1, 3.0, (b, t))
+  old = logp + rng.normal(0, 0.5, (b, t))
+  rollout = old + rng.normal(0, 0.4, (b, t))
+  adv = rng.normal(0, 1, (b,))
+  adv[:2] = [1.3, -1.1]
+  mask = (rng.uniform(size=(b, t)) < 0.75).astype(np.float64)
+  mask[:, 1] = 1.0  # every row counts at least one token
+  f32 = lambda x: np.asarray(x, np.float32)
+  return f32(logp), f32(old), f32(rollout), f32(adv), f32(mask)
+
+
+def _token_mean(tok, mask):
+  return (tok * mask).sum() / mask.sum()
+
+
+def _loss_and_grad(cfg, logp, old, adv, mask, **kw):
+  f = lambda x: policy_loss(x, old, adv, mask, cfg, **kw)
+  (loss, metrics), g = jax.value_and_grad(f, has_aux=True)(jnp.asarray(logp))
+  return float(loss), jax.device_get(metrics), np.asarray(g)
+
+
+def test_k2_is_half_the_squared_log_ratio():
+  logp, old, ref, adv, mask = _options_inputs()
+  np.testing.assert_allclose(kl_penalty(logp, ref, "k2"), 0.5 * (logp - ref) ** 2, rtol=1e-6)
+  base = PolicyLossConfig()
+  loss0, _, _ = _loss_and_grad(base, logp, old, adv, mask)
+  cfg = dataclasses.replace(base, kl_coef=0.3, kl_type="k2")
+  loss, m, g = _loss_and_grad(cfg, logp, old, adv, mask, ref_logp=ref)
+  k2 = _token_mean(0.5 * (logp.astype(np.float64) - ref) ** 2, mask)
+  np.testing.assert_allclose(m["kl"], k2, rtol=1e-5)
+  np.testing.assert_allclose(loss - loss0, 0.3 * k2, rtol=1e-4)
+  # Its gradient is 0.3 (logp - ref) / n per token on top of the surrogate's.
+  _, _, g0 = _loss_and_grad(base, logp, old, adv, mask)
+  np.testing.assert_allclose(g - g0, 0.3 * (logp - ref) * mask / mask.sum(), atol=1e-6)
+
+
+def test_dual_clip_bounds_negative_advantages_at_c_times_abs_a():
+  logp, old, _, adv, mask = _options_inputs()
+  c = 1.5
+  cfg = PolicyLossConfig(clip_low=0.2, clip_high=0.28, clip_ratio_c=c)
+  loss, m, g = _loss_and_grad(cfg, logp, old, adv, mask)
+  r = np.exp(logp.astype(np.float64) - old)
+  a = np.broadcast_to(adv[:, None], r.shape).astype(np.float64)
+  ppo = np.maximum(-a * r, -a * np.clip(r, 0.8, 1.28))
+  want = np.where(a < 0, np.minimum(ppo, c * np.abs(a)), ppo)
+  np.testing.assert_allclose(loss, _token_mean(want, mask), rtol=1e-5)
+  bound = (a < 0) & (r > c) & (mask > 0)
+  assert bound.sum() >= 2  # the case is exercised
+  np.testing.assert_allclose(m["clip_fraction_dual"], bound.sum() / mask.sum(), rtol=1e-6)
+  assert np.all(g[bound] == 0.0)  # capped tokens: a constant c |A|
+  # Everything else has PPO's gradient: the dual clip changes nothing below r = c.
+  _, _, g_ppo = _loss_and_grad(PolicyLossConfig(clip_high=0.28), logp, old, adv, mask)
+  np.testing.assert_allclose(g[~bound], g_ppo[~bound], rtol=1e-6)
+  assert np.any(g_ppo[bound] != 0.0)
+
+
+def test_log_ratio_clamp_clamps_before_exp():
+  logp, old, _, adv, mask = _options_inputs()
+  cfg = PolicyLossConfig(log_ratio_clamp=0.3)
+  loss, m, g = _loss_and_grad(cfg, logp, old, adv, mask)
+  lr = np.clip(logp.astype(np.float64) - old, -0.3, 0.3)
+  r = np.exp(lr)
+  a = adv[:, None].astype(np.float64)
+  want = np.maximum(-a * r, -a * np.clip(r, 0.8, 1.2))
+  np.testing.assert_allclose(loss, _token_mean(want, mask), rtol=1e-5)
+  np.testing.assert_allclose(m["ratio_max"], r[mask > 0].max(), rtol=1e-5)
+  outside = (np.abs(logp - old) > 0.3) & (mask > 0)
+  assert outside.sum() >= 2 and np.all(g[outside] == 0.0)
+  # A bound wider than every log-ratio changes nothing.
+  wide = _loss_and_grad(PolicyLossConfig(log_ratio_clamp=20.0), logp, old, adv, mask)
+  np.testing.assert_allclose(wide[0], _loss_and_grad(PolicyLossConfig(), logp, old, adv, mask)[0])
+
+
+@pytest.mark.parametrize("aggregation", AGGREGATIONS)
+def test_sequence_level_ratio_is_gspo(aggregation):
+  """GSPO: s_i = exp(mean_t log r_t) over sample i's counted tokens, clipped per sample;
+  the loss aggregates max(-A s, -A clip(s)) over the tokens, and its gradient with respect
+  to a token's log-prob is -A s_i times that token's aggregation weight (0 when the clip
+  binds)."""
+  logp, old, _, adv, mask = _options_inputs(seed=8)
+  cfg = PolicyLossConfig(
+    clip_low=0.2, clip_high=0.28, ratio_level="sequence", aggregation=aggregation
+  )
+  loss, m, g = _loss_and_grad(cfg, logp, old, adv, mask)
+  d = (logp.astype(np.float64) - old) * mask
+  s = np.exp(d.sum(1) / mask.sum(1))
+  a = adv.astype(np.float64)
+  per_seq = np.maximum(-a * s, -a * np.clip(s, 0.8, 1.28))
+  tok = np.broadcast_to(per_seq[:, None], mask.shape)
+  weights = {
+    "token-mean": mask / mask.sum(),
+    "seq-mean-token-mean": mask / (mask.sum(1, keepdims=True) * len(a)),
+    "seq-mean-token-sum": mask / len(a),
+  }[aggregation]
+  np.testing.assert_allclose(loss, (tok * weights).sum(), rtol=1e-5)
+  clipped = ((s > 1.28) & (a > 0)) | ((s < 0.8) & (a < 0))
+  assert clipped.any() and not clipped.all()
+  want_g = np.where(clipped[:, None], 0.0, -a[:, None] * s[:, None]) * weights
+  np.testing.assert_allclose(g, want_g, rtol=1e-5, atol=1e-8)
+  on = mask > 0
+  np.testing.assert_allclose(m["ratio_max"], s.max(), rtol=1e-5)
+  np.testing.assert_allclose(m["ratio_mean"], np.broadcast_to(s[:, None], on.shape)[on].mean())
+
+
+def test_sequence_means_follow_packed_segments():
+  """Packed rows (several samples a row, rl/packing.py): each token's sample mean is over
+  its own segment only, as the same samples one a row."""
+  rng = np.random.default_rng(9)
+  x = rng.normal(size=(2, 8)).astype(np.float32)
+  mask = np.array([[0, 1, 1, 0, 1, 1, 1, 0], [0, 1, 1, 1, 0, 0, 0, 0]], np.float32)
+  seg = np.array([[1, 1, 1, 2, 2, 2, 2, 0], [3, 3, 3, 3, 0, 0, 0, 0]], np.int32)
+  got = np.asarray(sequence_mean(jnp.asarray(x), jnp.asarray(mask), jnp.asarray(seg)))
+  np.testing.assert_allclose(got[0, :3], x[0, 1:3].mean(), rtol=1e-6)
+  np.testing.assert_allclose(got[0, 3:7], x[0, 4:7].mean(), rtol=1e-6)
+  np.testing.assert_allclose(got[1, :4], x[1, 1:4].mean(), rtol=1e-6)
+  assert got[0, 7] == 0.0 and np.all(got[1, 4:] == 0.0)  # padding: no counted token
+  unpacked = np.asarray(sequence_mean(jnp.asarray(x), jnp.asarray(mask)))
+  np.testing.assert_allclose(unpacked[1], x[1, 1:4].mean(), rtol=1e-6)
+
+
+def test_cispo_weighs_every_token_by_its_clipped_ratio():
+  """CISPO: -sg(clip(r)) A log p: the gradient is -clip(r) A / n on every counted token,
+  clipped ones included (PPO gives those 0)."""
+  logp, old, _, adv, mask = _options_inputs()
+  cfg = PolicyLossConfig(kind="cispo", clip_low=0.2, clip_high=0.28)
+  loss, m, g = _loss_and_grad(cfg, logp, old, adv, mask)
+  r = np.exp(logp.astype(np.float64) - old)
+  w = np.clip(r, 0.8, 1.28)
+  a = adv[:, None].astype(np.float64)
+  np.testing.assert_allclose(loss, _token_mean(-a * w * logp, mask), rtol=1e-5)
+  np.testing.assert_allclose(g, -a * w * mask / mask.sum(), rtol=1e-5, atol=1e-8)
+  on = mask > 0
+  np.testing.assert_allclose(m["clip_fraction_high"], (r > 1.28)[on].mean(), rtol=1e-6)
+  np.testing.assert_allclose(m["clip_fraction_low"], (r < 0.8)[on].mean(), rtol=1e-6)
+  _, _, g_ppo = _loss_and_grad(PolicyLossConfig(clip_high=0.28), logp, old, adv, mask)
+  ppo_clipped = on & (g_ppo == 0.0)
+  assert ppo_clipped.sum() >= 2 and np.all(g[ppo_clipped] != 0.0)
+
+
+@pytest.mark.parametrize("kind", ["ppo", "cispo"])
+def test_tis_weights_tokens_by_the_capped_trainer_rollout_ratio(kind):
+  """TIS: every token's surrogate times min(exp(old_logp - rollout_logp), C), a constant;
+  the KL term is not weighted."""
+  logp, old, rollout, adv, mask = _options_inputs(seed=10)
+  ref = (logp - 0.2).astype(np.float32)
+  base = PolicyLossConfig(kind=kind, clip_high=0.28, kl_coef=0.1, kl_type="k1")
+  cfg = dataclasses.replace(base, tis_cap=1.5)
+  loss, m, g = _loss_and_grad(cfg, logp, old, adv, mask, ref_logp=ref, rollout_logp=rollout)
+  w = np.minimum(np.exp(old.astype(np.float64) - rollout), 1.5)
+  r = np.exp(logp.astype(np.float64) - old)
+  a = adv[:, None].astype(np.float64)
+  if kind == "ppo":
+    surrogate = np.maximum(-a * r, -a * np.clip(r, 0.8, 1.28))
+  else:
+    surrogate = -a * np.clip(r, 0.8, 1.28) * logp
+  want = _token_mean(surrogate * w + 0.1 * (logp - ref), mask)
+  np.testing.assert_allclose(loss, want, rtol=1e-5)
+  on = mask > 0
+  capped = (w == 1.5) & on
+  assert capped.any() and (on & (w < 1.0)).any()
+  np.testing.assert_allclose(m["tis_weight_mean"], w[on].mean(), rtol=1e-5)
+  np.testing.assert_allclose(m["tis_capped_fraction"], capped.sum() / on.sum(), rtol=1e-6)
+  # The surrogate's gradient is scaled token by token; the KL's is not.
+  _, _, g0 = _loss_and_grad(base, logp, old, adv, mask, ref_logp=ref)
+  kl_g = 0.1 * mask / mask.sum()
+  np.testing.assert_allclose(g - kl_g, (g0 - kl_g) * w, rtol=1e-4, atol=1e-7)
+  with pytest.raises(ValueError, match="rollout_logp"):
+    policy_loss(logp, old, adv, mask, cfg, ref_logp=ref)
+
+
+def test_option_defaults_keep_the_plain_loss():
+  """Every option at its default is the loss as it was: PPO, token ratios, no dual clip,
+  no clamp, no TIS (bit for bit, rollout log-probs given or not)."""
+  logp, old, rollout, adv, mask = _options_inputs()
+  cfg = PolicyLossConfig()
+  assert (cfg.kind, cfg.ratio_level, cfg.clip_ratio_c, cfg.log_ratio_clamp, cfg.tis_cap) == (
+    "ppo",
+    "token",
+    0.0,
+    0.0,
+    0.0,
+  )
+  a = _loss_and_grad(cfg, logp, old, adv, mask)
+  b = _loss_and_grad(cfg, logp, old, adv, mask, rollout_logp=rollout)
+  assert a[0] == b[0] and np.array_equal(a[2], b[2]) and set(a[1]) == set(b[1])
+  assert "clip_fraction_dual" not in a[1] and "tis_weight_mean" not in a[1]

@@ -83,7 +83,18 @@ TIMED = ("time/", "update/model_tflops")
 
 
 def _comparable(row):
-  return {k: v for k, v in row.items() if not k.startswith(TIMED) and k != "eval"}
+  return {
+    k: v
+    for k, v in row.items()
+    if not k.startswith(TIMED) and k not in ("eval", "first_token_share")
+  }
+
+
+def _assert_same_step(a, b):
+  """Two runs' rows of one step agree: numbers to float tolerance, text (the responses'
+  opening-token shares, JSON) exactly."""
+  assert a["first_token_share"] == b["first_token_share"]
+  assert _comparable(a) == pytest.approx(_comparable(b), rel=1e-5, abs=1e-6)
 
 
 def test_runs_and_resumes_exactly(tmp_path):
@@ -107,7 +118,7 @@ def test_runs_and_resumes_exactly(tmp_path):
   rest = resumed.run(progress=False)
   assert [r["step"] for r in rest] == [2, 3]
   for a, b in zip(full, first + rest):
-    assert _comparable(a) == pytest.approx(_comparable(b), rel=1e-5, abs=1e-6)
+    _assert_same_step(a, b)
   assert rest[-1]["eval"] == full[-1]["eval"]  # the resumed run ends with the same params
   with open(tmp_path / "b" / "metrics.jsonl") as f:
     assert [json.loads(line)["step"] for line in f] == [0, 1, 2, 3]
@@ -493,7 +504,7 @@ def test_lr_multipliers_train_and_resume_exactly(tmp_path):
   resumed = _trainer(tmp_path / "b", 2, update=update)
   assert resumed.step == 1
   rest = resumed.run(progress=False)
-  assert _comparable(rest[0]) == pytest.approx(_comparable(rows[1]), rel=1e-5, abs=1e-6)
+  _assert_same_step(rest[0], rows[1])
   for x, y in zip(_leaves(full.params), _leaves(resumed.params), strict=True):
     np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7)
 
@@ -521,11 +532,16 @@ class _FakeScheduler:
     self.log.append(("fill", window, isinstance(busy(), bool)))
     return 0
 
+  def between_calls(self, params):
+    self.log.append("between")
+    return 0.0
+
 
 def test_rows_per_call_brackets_each_call_for_the_scheduler(tmp_path):
   """TLT's call sites with several engine calls: each call is its own rollout for the
   slice scheduler (begin_rollout / end_rollout, and the online drafter observes its rows),
-  and the reward window opens once, after the batch's last call."""
+  and the reward window opens once, after the batch's last call; between two calls the
+  drafter gets its turn (`between_calls`), timed as the drafter's phase."""
   trainer = _trainer(tmp_path, 1, rows_per_call=4, max_refills=0, scheduler=_FakeScheduler())
   rewards = RewardPool(seven, workers=2)
   try:
@@ -533,5 +549,9 @@ def test_rows_per_call_brackets_each_call_for_the_scheduler(tmp_path):
   finally:
     rewards.close()
   call = ["begin", "end", ("observe", 4, 0)]
-  assert trainer.scheduler.log == [*call, *call, ("fill", "reward", True)]
+  assert trainer.scheduler.log == [*call, "between", *call, ("fill", "reward", True)]
+  assert "time/drafter" in row
   assert row["rollout_calls"] == 2 and row["loss/skipped"] == 0
+  # The commonest opening tokens of the step's responses, as JSON text any sink can hold.
+  shares = json.loads(row["first_token_share"])
+  assert shares and all(0 < v <= 1 for v in shares.values()) and sum(shares.values()) <= 1

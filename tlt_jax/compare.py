@@ -24,7 +24,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from tlt_jax import train
+from tlt_jax import configuration, train
 
 MODES = ("baseline", "sd", "tlt")
 _WARM = ("warm_start", "drafter_warm_start")
@@ -39,15 +39,59 @@ def check_modes(modes: list[str]) -> None:
     raise ModesError(f"--compare / --modes: each must be one of {MODES}, got {modes}")
 
 
+def check_inputs(config: ml_collections.ConfigDict, modes: list[str]) -> None:
+  """Checks the modes and every config a comparison runs (the shared warm starts' in mode
+  sd, then each mode's) before anything is built: `configuration.job_inputs` raises a
+  `ConfigError` naming the field, the file or the row."""
+  check_modes(modes)
+  for mode in dict.fromkeys(("sd", *modes)):
+    cfg = config.copy_and_resolve_references()
+    cfg.mode = mode
+    configuration.job_inputs(cfg)
+
+
+def _shared_is_ready(config: ml_collections.ConfigDict, shared: str) -> bool:
+  """Whether <out>/shared holds a finished warm start for this config: the drafter's, and
+  the policy's unless the policy is a checkpoint (`model.checkpoint`: nothing is written
+  for it, each run loads it). A shared folder of another checkpoint is refused."""
+  if not os.path.isdir(os.path.join(shared, "drafter_warm_start")):
+    return False
+  ckpt = config.model.get("checkpoint", "")
+  if not ckpt:
+    return os.path.isdir(os.path.join(shared, "warm_start"))
+  summary_path = os.path.join(shared, "summary.json")
+  if not os.path.isfile(summary_path):
+    return False  # the drafter was saved, the run was cut short after: train reuses it
+  with open(summary_path) as f:
+    source = json.load(f).get("warm_start", {}).get("source", "")
+  if os.path.realpath(source) != os.path.realpath(ckpt):
+    raise configuration.ConfigError(
+      f"config.model.checkpoint={ckpt!r}: {shared} holds the warm starts of another policy "
+      f"({source}); give this comparison another --workdir"
+    )
+  return True
+
+
 def prepare_shared(config: ml_collections.ConfigDict, out: str, progress: bool = True) -> str:
-  """Builds the SFT and drafter warm starts in <out>/shared once (reused when there)."""
+  """Builds the SFT and drafter warm starts in <out>/shared once (reused when there; a
+  checkpoint policy has no SFT warm start, only the drafter's)."""
   shared = os.path.join(out, "shared")
   config.task.data_dir = os.path.join(shared, "tfds")
-  if not all(os.path.isdir(os.path.join(shared, d)) for d in _WARM):
+  if not _shared_is_ready(config, shared):
     warm = config.copy_and_resolve_references()
     warm.mode, warm.rl.steps, warm.rollout.num_prompts = "sd", 0, 0
+    # train_and_evaluate reuses a drafter warm start already saved there (a run cut short
+    # after it): only what is missing is built.
     train.train_and_evaluate(warm, shared, progress=progress)
   return shared
+
+
+def _copy_warm_starts(shared: str, workdir: str) -> None:
+  """The warm starts in <out>/shared that exist, into a run's folder (with a checkpoint
+  policy there is no SFT warm start: the run loads the checkpoint itself)."""
+  for piece in _WARM:
+    if os.path.isdir(os.path.join(shared, piece)):
+      shutil.copytree(os.path.join(shared, piece), os.path.join(workdir, piece))
 
 
 def run_modes(
@@ -64,10 +108,12 @@ def run_modes(
   `keep_finished` reads those and runs the rest, e.g. a seed added to an experiment).
 
   Returns ({label: {"summary", "mode", "seed", "wall_seconds"}}, one row per run and step
-  as `step_row` makes them).
+  as `step_row` makes them, with "checkpoint_s", the step's checkpoint seconds).
   """
   check_modes(modes)
   config = config.copy_and_resolve_references()
+  if not analyze_only:
+    check_inputs(config, modes)  # before the shared warm starts or any run's folder
   shared = None if analyze_only else prepare_shared(config, out, progress)
   results, rows = {}, []
   for seed in seeds:
@@ -85,8 +131,7 @@ def run_modes(
         if os.path.isdir(workdir):
           shutil.rmtree(workdir)  # a fresh run: resuming would skip the steps we time
         os.makedirs(workdir)
-        for piece in _WARM:
-          shutil.copytree(os.path.join(shared, piece), os.path.join(workdir, piece))
+        _copy_warm_starts(shared, workdir)
         cfg = config.copy_and_resolve_references()
         cfg.mode, cfg.seed = mode, seed
         cfg.rollout.num_prompts = 0  # no closing rollout report: the RL steps are the measurement
@@ -99,7 +144,11 @@ def run_modes(
           "wall_seconds": time.perf_counter() - start,
         }
       with open(os.path.join(workdir, "metrics.jsonl")) as f:
-        rows += [step_row(label, json.loads(line)) for line in f]
+        for line in f:
+          r = json.loads(line)
+          # A checkpoint window (and in tlt the drafter updates it holds) inflates its
+          # step: `mode_table` leaves such steps out of the ratios.
+          rows.append({**step_row(label, r), "checkpoint_s": r.get("time/checkpoint", 0.0)})
   return results, rows
 
 
@@ -177,8 +226,7 @@ def run_interleaved(
     if os.path.isdir(workdir):
       shutil.rmtree(workdir)  # a fresh run: resuming would skip the steps we time
     os.makedirs(workdir)
-    for piece in _WARM:
-      shutil.copytree(os.path.join(shared, piece), os.path.join(workdir, piece))
+    _copy_warm_starts(shared, workdir)
     cfg = config.copy_and_resolve_references()
     cfg.mode, cfg.seed = mode, seed
     cfg.rollout.num_prompts = 0
@@ -215,6 +263,7 @@ def step_row(label: str, r: dict[str, Any]) -> dict[str, Any]:
     "rollout_s": r["time/rollout"] - r["time/rollout_compile"],
     "compile_s": compile_s,
     "eval_s": r.get("time/eval", 0.0),
+    "checkpoint_s": r.get("time/checkpoint", 0.0),
     "tail_s": r.get("time/rollout_tail", ""),
     "generate_s": r.get("time/rollout_generate", ""),
     "reward": r["reward_mean"],
@@ -239,14 +288,40 @@ def _per_arm(r, what):
   }
 
 
+# A step whose times a ratio may rest on: not the first (its compiles), no checkpoint window
+# (orbax's write, and in tlt the drafter updates filling it) and no held-out evaluation.
+# With fewer such steps than this in common with the baseline, no speedup is given.
+MIN_CLEAN_STEPS = 3
+# time/checkpoint and time/eval above this: the step wrote a checkpoint or evaluated (a
+# step that does neither spends microseconds between the two clock reads).
+_IDLE_PHASE_S = 1e-3
+
+
+def clean_steps(rows: list[dict[str, Any]]) -> list[int]:
+  """The steps of one run's rows (`step_row`) whose times compare modes: after the first,
+  and without a checkpoint or an evaluation."""
+  return [
+    r["step"]
+    for r in rows[1:]
+    if r.get("checkpoint_s", 0.0) <= _IDLE_PHASE_S
+    and r["eval_s"] <= _IDLE_PHASE_S
+    and r["eval"] == ""
+  ]
+
+
 def mode_table(results: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any]:
-  """Per run: mean step and rollout time over steps after the first (compiles), and
-  speedups against the baseline of its seed; with several seeds, per mode the mean of
-  its runs' figures and the range of their speedups."""
-  table = {}
+  """Per run: mean step and rollout time over its clean steps (`clean_steps`; over the
+  steps after the first where it has none), and speedups against the baseline of its seed
+  over the clean steps the two have in common ("ratio_steps" of them; no speedup with
+  fewer than MIN_CLEAN_STEPS: a ratio over a step or two that carried a checkpoint window
+  says nothing about the modes). With several seeds, per mode the mean of its runs' figures
+  and the range of their speedups."""
+  table, by_step, clean = {}, {}, {}
   for label in results:
     mine = [r for r in rows if r["mode"] == label]
-    timed = mine[1:] if len(mine) > 1 else mine
+    clean[label] = set(clean_steps(mine))
+    by_step[label] = {r["step"]: r for r in mine}
+    timed = [r for r in mine if r["step"] in clean[label]] or mine[1:] or mine
     step = float(np.mean([r["step_s"] for r in timed]))
     rollout = float(np.mean([r["rollout_s"] for r in timed]))
     rl = results[label]["summary"].get("rl", {})
@@ -260,6 +335,7 @@ def mode_table(results: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str,
       "step_s": step,
       "rollout_s": rollout,
       "rollout_share": rollout / step,
+      "clean_steps": len(clean[label]),
       "reward_mean": float(np.mean([r["reward"] for r in mine])),
       "final_eval": (rl.get("final_eval") or {}).get("accuracy"),
       "final_eval_sampled": (rl.get("final_eval") or {}).get("sampled_accuracy"),
@@ -268,11 +344,17 @@ def mode_table(results: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str,
   for label, t in table.items():
     info = results[label]
     # The baseline of the same seed: the label with its mode replaced ("tlt_s1" -> "baseline_s1").
-    base = table.get("baseline" + label[len(info["mode"]) :])
+    base_label = "baseline" + label[len(info["mode"]) :]
+    base = table.get(base_label)
     if base is None:
       continue
-    t["step_speedup"] = base["step_s"] / t["step_s"]
-    s = base["rollout_s"] / t["rollout_s"]
+    common = sorted(clean[label] & clean[base_label])
+    t["ratio_steps"] = len(common)
+    if len(common) < MIN_CLEAN_STEPS:
+      continue
+    mean = lambda run, key, steps=common: float(np.mean([by_step[run][i][key] for i in steps]))
+    t["step_speedup"] = mean(base_label, "step_s") / mean(label, "step_s")
+    s = mean(base_label, "rollout_s") / mean(label, "rollout_s")
     t["rollout_speedup"] = s
     # Amdahl at the baseline's own rollout share r and at the paper's r = 0.85.
     for name, r in (("implied_at_own_r", base["rollout_share"]), ("implied_at_r085", 0.85)):
@@ -287,11 +369,34 @@ def mode_table(results: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str,
         if isinstance(mine[0][k], float) and all(isinstance(t.get(k), float) for t in mine)
       }
       agg["accept_length"] = mine[0]["accept_length"]
+      agg["clean_steps"] = min(t["clean_steps"] for t in mine)
+      if all("ratio_steps" in t for t in mine):
+        agg["ratio_steps"] = min(t["ratio_steps"] for t in mine)
       for k in ("step_speedup", "rollout_speedup"):
         if k in agg:
           agg[f"{k}_range"] = [min(t[k] for t in mine), max(t[k] for t in mine)]
       table[f"{mode} (mean of {len(mine)} seeds)"] = agg
   return table
+
+
+def ratio_note(table: dict[str, Any]) -> str:
+  """What the speedups of `mode_table` rest on, in a sentence: the clean steps compared,
+  or why there is no ratio."""
+  counts = [t["ratio_steps"] for t in table.values() if "ratio_steps" in t]
+  if not counts:
+    return "no speedup: there is no baseline run to compare with"
+  n = min(counts)
+  if n < MIN_CLEAN_STEPS:
+    return (
+      f"no speedup: only {n} step(s) free of the first step's compiles, checkpoints and "
+      f"evaluations in every run, and a ratio needs {MIN_CLEAN_STEPS} (run more steps with "
+      "--config.rl.steps, or checkpoint and evaluate less often with "
+      "--config.rl.checkpoint_every and --config.rl.eval_every)"
+    )
+  return (
+    f"speedups over {n} step(s) in common: the first step (compiles) and those that "
+    "checkpointed or evaluated are left out"
+  )
 
 
 def arms_by_epoch(rows: list[dict[str, Any]], steps_per_epoch: int) -> list[dict[str, Any]]:
@@ -336,28 +441,35 @@ def arms_markdown(epochs: list[dict[str, Any]]) -> str:
 
 
 def markdown(table: dict[str, Any]) -> str:
-  """The table of `mode_table` in markdown."""
+  """The table of `mode_table` in markdown, with `ratio_note` under it."""
   lines = [
-    "| mode | step s | rollout s | rollout share | tail share | step speedup | "
+    "| mode | step s | rollout s | rollout share | tail share | step speedup (steps) | "
     "rollout speedup s | implied at r=0.85 | final pass@1 greedy / sampled | "
     "accept length first -> last |",
     "|---|---|---|---|---|---|---|---|---|---|",
   ]
   for mode, t in table.items():
     acc = t["accept_length"]
+    speed = "-"
+    if "step_speedup" in t:
+      speed = f"{t['step_speedup']:.2f}x ({t['ratio_steps']})"
+    elif "ratio_steps" in t:
+      speed = f"- ({t['ratio_steps']})"
     lines.append(
       f"| {mode} | {t['step_s']:.2f} | {t['rollout_s']:.2f} | {t['rollout_share']:.2f} | "
-      f"{t['tail_share']:.2f} | {t.get('step_speedup', float('nan')):.2f}x | "
+      f"{t['tail_share']:.2f} | {speed} | "
       f"{t.get('rollout_speedup', float('nan')):.2f}x"
       f" | {t.get('implied_at_r085', float('nan')):.2f}x | {t.get('final_eval')} / "
       f"{t.get('final_eval_sampled')} | " + (f"{acc[0]:.2f} -> {acc[-1]:.2f} |" if acc else "- |")
     )
-  return "\n".join(lines)
+  return "\n".join(lines) + "\n\n" + ratio_note(table)
 
 
 def side_by_side(table: dict[str, Any], rows: list[dict[str, Any]]) -> str:
-  """What `tlt_jax.main --compare` prints: each run's mean step time and speedup, and the
-  training reward of every step per run in columns (equal rows: the same tokens)."""
+  """What `tlt_jax.main --compare` prints: each run's mean step time and speedup (over
+  the clean steps it has in common with the baseline, `ratio_note` says how many, or why
+  there is none), and the training reward of every step per run in columns (equal rows:
+  the same tokens)."""
   labels = [k for k in table if k in {r["mode"] for r in rows}]
   out = ["run        step s   rollout s   step speedup   mean reward"]
   for label in labels:
@@ -367,6 +479,7 @@ def side_by_side(table: dict[str, Any], rows: list[dict[str, Any]]) -> str:
       f"{label:<10} {t['step_s']:>6.2f}   {t['rollout_s']:>9.2f}   {speed:>12}   "
       f"{t['reward_mean']:>11.3f}"
     )
+  out.append(ratio_note({k: table[k] for k in labels}))
   steps = sorted({r["step"] for r in rows})
   reward = {(r["mode"], r["step"]): r["reward"] for r in rows}
   out.append("\nreward by RL step: " + " | ".join(labels))

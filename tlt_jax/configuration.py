@@ -18,13 +18,17 @@ defined next to the code it configures and re-exported here:
 
 Each converter names the config section in its error, so a bad override like
 `--config.sampling.top_p=2` fails with "config.sampling: top_p must be in
-(0, 1]" before anything is built or compiled.
+(0, 1]" before anything is built or compiled. `job_inputs(config)` runs every check of a
+job, the files its config names included (the checkpoint directory, the data rows and
+their reference answers), before the job writes anything to its workdir.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+from pathlib import Path
 from typing import Any, TypeVar
 
 import jax
@@ -41,11 +45,16 @@ from tlt_jax.models.config import ModelConfig
 from tlt_jax.parallel.meshes import data_mesh
 from tlt_jax.parallel.sharding import training_mesh
 from tlt_jax.rl.loss import PolicyLossConfig
+from tlt_jax.rl.metrics import metrics_config
+from tlt_jax.rl.rewards import job_reward
 from tlt_jax.rl.trainer import GRPOConfig
 from tlt_jax.rl.update import UpdateConfig
 from tlt_jax.rollout.config import EngineConfig
 from tlt_jax.scheduler import SchedulerConfig
 from tlt_jax.warmstart.sft import SFTConfig
+
+# What `tlt_jax.export` writes (kept here: export imports this module).
+EXPORT_DTYPES = ("float32", "bfloat16", "float16")
 
 __all__ = [
   "ConfigError",
@@ -53,23 +62,29 @@ __all__ = [
   "DrafterTrainConfig",
   "EngineConfig",
   "GRPOConfig",
+  "JobInputs",
   "ModelConfig",
   "PolicyLossConfig",
   "SFTConfig",
   "SamplingConfig",
   "SchedulerConfig",
   "UpdateConfig",
+  "UserError",
+  "checkpoint",
   "drafter_config",
   "drafter_eval_config",
   "engine_config",
+  "job_inputs",
   "mesh",
   "mode",
   "model_config",
   "prompt_format",
   "rl_configs",
+  "rl_steps",
   "sampling_config",
   "scheduler_config",
   "sft_config",
+  "task_data",
   "task_spec",
   "to_dataclass",
   "tokenizer",
@@ -79,9 +94,15 @@ __all__ = [
 T = TypeVar("T")
 
 
-class ConfigError(ValueError):
-  """A config field with a bad value: the CLI prints the message alone (it names the field
-  and what is allowed), without a traceback."""
+class UserError(ValueError):
+  """Something the user gave that cannot work: a config value, a data file, a checkpoint, a
+  busy workdir. The CLI prints the message alone, in one line, with exit status 2 (no
+  traceback: the message names what to fix)."""
+
+
+class ConfigError(UserError):
+  """A config field with a bad value, or a file or directory a field names that cannot be
+  used (the message names the field and what is allowed)."""
 
 
 def to_dataclass(
@@ -300,7 +321,7 @@ def rl_configs(
     GRPOConfig,
     config.rl,
     "rl",
-    ignore=("format_reward", "warmup_engine", *DRAFTER_EVAL_FIELDS),
+    ignore=("format_reward", "rewards", "warmup_engine", *DRAFTER_EVAL_FIELDS),
     seed=int(config.seed),
   )
   drafter_eval_config(config)  # checked with the loop's fields (the trainer builds it)
@@ -318,3 +339,187 @@ def rl_configs(
     UpdateConfig, config.rl_update, "rl_update", total_steps=max(rl.steps, 1) * per_step
   )
   return rl, loss, update
+
+
+# ------------------------------------------------------------------ a job's inputs, checked
+
+
+def rl_steps(config: ml_collections.ConfigDict) -> int:
+  """config.rl.steps: an int >= 0 (0: the warm start and its report, no RL)."""
+  steps = config.rl.steps
+  if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+    raise ConfigError(f"config.rl.steps must be an int >= 0 (0: no RL), got {steps!r}")
+  return steps
+
+
+def _one_line(error: BaseException) -> str:
+  # Some library messages list their problems one a line; the CLI prints one line.
+  return "; ".join(part.strip(" :") for part in str(error).splitlines() if part.strip())
+
+
+def checkpoint(config: ml_collections.ConfigDict) -> ModelConfig | None:
+  """The policy's config of config.model.checkpoint (None without one), from the directory
+  as `models.hf_io.load_hf_checkpoint` will read it: config.json understood, every weight
+  file present, every tensor present with its shape (from the safetensors headers: no
+  weight is read, so a big checkpoint is checked in milliseconds)."""
+  path = config.model.get("checkpoint", "")
+  if not path:
+    return None
+  from safetensors import SafetensorError, safe_open
+
+  from tlt_jax.models import hf_io
+
+  field = f"config.model.checkpoint={path!r}"
+  if not os.path.isdir(path):
+    raise ConfigError(f"{field}: no such directory")
+  config_file = os.path.join(path, hf_io.CONFIG_NAME)
+  if not os.path.isfile(config_file):
+    raise ConfigError(
+      f"{field}: no {hf_io.CONFIG_NAME} (a Hugging Face checkpoint directory holds "
+      f"{hf_io.CONFIG_NAME} and safetensors weights)"
+    )
+  try:
+    with open(config_file, encoding="utf-8") as f:
+      hf = json.load(f)
+  except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    raise ConfigError(f"{field}: {hf_io.CONFIG_NAME} is not readable JSON ({e})") from None
+  if not isinstance(hf, dict):
+    raise ConfigError(f"{field}: {hf_io.CONFIG_NAME} holds {type(hf).__name__}, not an object")
+  try:
+    model = hf_io.config_from_hf(hf, config.model.dtype, config.model.param_dtype)
+    files = hf_io._weight_files(Path(path))
+    expected = {e.hf_name: e.hf_shape for e in hf_io._entries(model, hf["model_type"])}
+    found: dict[str, tuple[int, ...]] = {}
+    for file in files:
+      with safe_open(file, framework="numpy") as f:
+        for name in f.keys():  # noqa: SIM118 (safe_open handles are not iterable)
+          found[name] = tuple(f.get_slice(name).get_shape())
+  except (OSError, ValueError, TypeError, SafetensorError) as e:
+    # Read errors, an index without a weight map, a safetensors header that does not parse.
+    raise ConfigError(f"{field}: {_one_line(e)}") from None
+  problems = [f"{n} (shape {s})" for n, s in expected.items() if n not in found]
+  if problems:
+    more = f" and {len(problems) - 5} more" if len(problems) > 5 else ""
+    shown = ", ".join(problems[:5]) + more
+    raise ConfigError(
+      f"{field}: incomplete, {len(problems)} of its config's {len(expected)} tensors missing "
+      f"from its weights: {shown}"
+    )
+  wrong = [f"{n} {found[n]} (expected {s})" for n, s in expected.items() if found[n] != s]
+  if wrong:
+    raise ConfigError(f"{field}: tensors of the wrong shape: {', '.join(wrong[:5])}")
+  # As the loader: a tied model's redundant lm_head and recomputed RoPE buffers may be there.
+  extra = [
+    n
+    for n in found
+    if n not in expected
+    and not (n == "lm_head.weight" and model.tie_embeddings)
+    and not hf_io._HARMLESS.search(n)
+  ]
+  if extra:
+    raise ConfigError(
+      f"{field}: tensors its config.json does not describe (another architecture, or a "
+      f"config.json that does not match the weights): {', '.join(extra[:5])}"
+    )
+  return model
+
+
+def task_data(config: ml_collections.ConfigDict) -> None:
+  """The task's data as the job will build it, checked first: a synthetic task's generator
+  parameters; for name "local" every row of config.task.path (and test_path) with its row
+  number, the configured keys, the train/test split, and each reference answer as the
+  checker reads it (`data.checkers.REFERENCE_READERS`: one that can never be matched is an
+  error, all such rows counted, the first few shown)."""
+  from tlt_jax.data import builders, checkers
+
+  t = config.task
+  if t.name != "local":
+    try:
+      builders.synthetic_config(
+        t.name,
+        seed=t.seed,
+        train_size=t.train_size,
+        test_size=t.test_size,
+        **t.params.to_dict(),
+      )
+    except ValueError as e:
+      raise ConfigError(f"config.task.params: {e}") from None
+    return
+  name = t.get("checker", "") or "gsm8k"
+  keys = {k: t.get(k, k.removesuffix("_key")) for k in builders.QA_KEYS}
+  rows = {}
+  for field in ("path", "test_path"):
+    path = t.get(field, "")
+    if not path:
+      continue
+    try:
+      rows[field] = builders.check_qa_file(
+        path, reference=checkers.REFERENCE_READERS.get(name), checker=name, **keys
+      )
+    except (OSError, ValueError) as e:
+      raise ConfigError(f"config.task.{field}: {e}") from None
+  if not t.get("test_path", ""):
+    fraction = t.get("test_fraction", 0.1)
+    if not 0.0 < fraction < 1.0:
+      raise ConfigError(
+        f"config.task.test_fraction must be in (0, 1) without a test_path, got {fraction!r}"
+      )
+    try:
+      builders.split_rows(rows["path"], fraction, t.seed, os.path.basename(t.path))
+    except ValueError as e:
+      raise ConfigError(f"config.task.path: {e}") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class JobInputs:
+  """What `job_inputs` checked and built on the way: everything `train.prepare` needs
+  before it writes to the workdir."""
+
+  tokenizer: Tokenizer
+  task: TaskSpec
+  prompt: PromptFormat
+  sampling: SamplingConfig
+  engine: EngineConfig
+  mesh: Mesh | None
+  mode: str
+
+
+def job_inputs(config: ml_collections.ConfigDict) -> JobInputs:
+  """Every check of a job's config and of the files it names, before anything is built or
+  written: a run that fails here leaves its workdir as it was. Each failure is a
+  `ConfigError` in one line naming the field (or the file and row)."""
+  init_from = config.sft.get("init_from", "")
+  if init_from and not os.path.isdir(init_from):
+    raise ConfigError(f"config.sft.init_from={init_from!r}: no such directory")
+  steps = rl_steps(config)
+  checkpoint(config)
+  tok = tokenizer(config)
+  task = task_spec(config)
+  prompt = prompt_format(config, tok)
+  sampling = sampling_config(config)
+  engine = engine_config(config, tok)
+  if steps > 0:
+    rl_configs(config)  # RL's fields too, before the data and the warm start
+  rollout_mesh = mesh(config)
+  train_mesh(config, rollout_mesh)  # parallel.fsdp / tensor, checked as early
+  lr = config.rl_update.learning_rate
+  if config.model.get("checkpoint", "") and steps and lr > 1e-3:
+    raise ConfigError(
+      f"config.rl_update.learning_rate={lr} on a checkpoint: the default config's RL "
+      "settings are the toy task's (final norm only, lr 0.2); use configs/hf_grpo.py or set "
+      "rl_update.learning_rate (<= 1e-3) and trainable"
+    )
+  if not config.model.get("checkpoint", ""):
+    model_config(config, tok)
+    sft_config(config)
+  if mode(config) != "baseline":
+    drafter_config(config)
+    scheduler_config(config)
+  if steps > 0:
+    metrics_config(config)  # the loggers asked for, installed
+    job_reward(config.rl, task.check)  # rl.rewards' terms
+  export = config.get("export")
+  if export is not None and export.get("dir") and export.get("dtype") not in EXPORT_DTYPES:
+    raise ConfigError(f"config.export.dtype must be one of {EXPORT_DTYPES}, got {export.dtype!r}")
+  task_data(config)
+  return JobInputs(tok, task, prompt, sampling, engine, rollout_mesh, mode(config))

@@ -33,34 +33,37 @@ def quarter_rise(rewards: Sequence[float], reps: int = 10_000, seed: int = 0) ->
   with a bootstrap interval over steps (each quarter's steps resampled on their own).
 
   Steps are the unit: a step's reward is the mean over its samples, so the interval is
-  that of the step-to-step spread the curve shows.
+  that of the step-to-step spread the curve shows (None below 8 steps: too few to resample).
   """
   r = np.asarray(rewards, dtype=np.float64)
-  q = len(r) // 4
-  if q < 2:
-    raise ValueError(f"quarter_rise needs >= 8 steps, got {len(r)}")
+  q = max(len(r) // 4, 1)
+  if len(r) < 2:
+    raise ValueError(f"quarter_rise needs >= 2 steps, got {len(r)}")
   first, last = r[:q], r[-q:]
 
   def draw(rng):
     return rng.choice(last, q).mean() - rng.choice(first, q).mean()
 
-  lo, hi = bootstrap_interval(draw, reps, seed)
+  interval = list(bootstrap_interval(draw, reps, seed)) if q >= 2 else None
   return {
     "steps_per_quarter": q,
     "first_quarter": float(first.mean()),
     "last_quarter": float(last.mean()),
     "rise": float(last.mean() - first.mean()),
-    "interval": [lo, hi],
+    "interval": interval,
   }
 
 
 def paired_gap(a: Sequence[float], b: Sequence[float], reps: int = 10_000, seed: int = 0) -> dict:
-  """Mean of a - b over paired items (steps), with a bootstrap interval over the pairs."""
+  """Mean of a - b over paired items (steps), with a bootstrap interval over the pairs
+  (None for a single pair)."""
   d = np.asarray(a, np.float64) - np.asarray(b, np.float64)
-  if d.size < 2:
-    raise ValueError(f"paired_gap needs >= 2 pairs, got {d.size}")
-  lo, hi = bootstrap_interval(lambda rng: rng.choice(d, d.size).mean(), reps, seed)
-  return {"pairs": int(d.size), "mean": float(d.mean()), "interval": [lo, hi]}
+  if d.size < 1:
+    raise ValueError("paired_gap needs pairs")
+  interval = None
+  if d.size >= 2:
+    interval = list(bootstrap_interval(lambda rng: rng.choice(d, d.size).mean(), reps, seed))
+  return {"pairs": int(d.size), "mean": float(d.mean()), "interval": interval}
 
 
 def ratio_spread(num: Sequence[float], den: Sequence[float]) -> dict[str, float]:

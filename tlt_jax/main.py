@@ -8,20 +8,31 @@ beside their rewards.
 
 The terminal shows progress bars and the summary. Library logs (tfds, orbax, this
 project's INFO lines) go to a file in the workdir (`tlt_jax.*.log.INFO.*`); errors still
-reach the terminal, and `--alsologtostderr` shows everything there as well. A config
-field misspelt or given a bad value is reported in one line naming the field, with exit
-status 2.
+reach the terminal, and `--alsologtostderr` shows everything there as well.
+
+What the user gave is checked before anything is built or written (`configuration.
+job_inputs`): a config field misspelt or given a bad value, a missing or incomplete
+checkpoint, a config.json the loader does not understand, a malformed data row, a row
+without the configured keys, reference answers the checker cannot read. Each is reported
+in one line (exit status 2), and the workdir is left byte for byte as it was. Then the job
+takes the workdir's lock (`tlt_jax.workdir`) for its whole run: a second job on the same
+workdir is refused in one line naming the holder (exit status 2).
 """
 
-import os
+import contextlib
+import logging as std_logging
 import re
 import sys
+from collections.abc import Iterator
+from logging.handlers import MemoryHandler
+from typing import NoReturn
 
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from tlt_jax import compare
-from tlt_jax.configuration import ConfigError
+from tlt_jax import compare, configuration
+from tlt_jax import workdir as workdir_lock
+from tlt_jax.configuration import UserError
 from tlt_jax.reporting import format_summary
 from tlt_jax.train import train_and_evaluate
 
@@ -70,27 +81,61 @@ def _logs_to_workdir(workdir: str) -> None:
     flags.FLAGS.stderrthreshold = "error"
 
 
+@contextlib.contextmanager
+def _logs_held() -> Iterator[MemoryHandler]:
+  """Keeps the library's log records (JAX's backend lines, say) while the inputs are
+  checked: the workdir's log file does not exist yet, and must not until they pass.
+  `_logs_to_workdir` then writes them there (`_release`); a failed check drops them."""
+  handler = logging.get_absl_handler()
+  held = MemoryHandler(capacity=1 << 20, flushLevel=std_logging.CRITICAL + 1)
+  root = std_logging.getLogger()
+  root.removeHandler(handler)
+  root.addHandler(held)
+  try:
+    yield held
+  finally:
+    root.removeHandler(held)
+    root.addHandler(handler)
+
+
+def _release(held: MemoryHandler) -> None:
+  held.setTarget(logging.get_absl_handler())
+  held.flush()
+  held.close()
+
+
+def _fail(error: Exception) -> NoReturn:
+  """A user error: its message in one line on stderr, exit status 2."""
+  text = " ".join(part.strip() for part in str(error).splitlines() if part.strip())
+  print(f"error: {text}", file=sys.stderr)
+  sys.exit(2)
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   workdir = _WORKDIR.value
-  if _COMPARE.value:
-    try:
-      compare.check_modes(_COMPARE.value)
-    except compare.ModesError as e:
-      print(f"error: {e}", file=sys.stderr)
-      sys.exit(2)
-  os.makedirs(workdir, exist_ok=True)
-  _logs_to_workdir(workdir)
   config = _CONFIG.value
   try:
-    if _COMPARE.value:
-      results, rows = compare.run_modes(config, workdir, _COMPARE.value, [int(config.seed)])
-    else:
-      summary = train_and_evaluate(config, workdir)
-  except ConfigError as e:
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(2)
+    # Every check first, while nothing in the workdir has been touched: a run that fails
+    # one leaves it byte for byte as it was (no config.json, log file or lock written).
+    with _logs_held() as held:
+      if _COMPARE.value:
+        compare.check_inputs(config, _COMPARE.value)
+      else:
+        configuration.job_inputs(config)
+  except (compare.ModesError, UserError) as e:
+    _fail(e)
+  try:
+    with workdir_lock.hold(workdir):
+      _logs_to_workdir(workdir)
+      _release(held)
+      if _COMPARE.value:
+        results, rows = compare.run_modes(config, workdir, _COMPARE.value, [int(config.seed)])
+      else:
+        summary = train_and_evaluate(config, workdir)
+  except UserError as e:
+    _fail(e)
   if _COMPARE.value:
     print(compare.side_by_side(compare.mode_table(results, rows), rows))
     print(f"outputs in {workdir}/<mode>: metrics.jsonl, rl.png, summary.json")

@@ -79,44 +79,62 @@ def plot_rl(rows: list[dict[str, Any]], path: str) -> None:
   plt.close(fig)
 
 
+def _rl_line(rl: dict[str, Any], e: dict[str, Any]) -> str:
+  """The summary's RL line: held-out pass@1 after RL beside the warm start's, and how many
+  of the steps updated the policy (a step whose groups all had equal rewards takes no
+  optimizer step under dynamic sampling: it is a step only in name)."""
+  final = rl["final_eval"] or {}
+  steps, idle = rl["steps"], rl.get("steps_without_update", 0)
+  if idle == steps and steps:
+    done = f"after {steps} GRPO steps, none of which updated the policy"
+  elif idle:
+    done = f"after {steps} GRPO steps ({steps - idle} of them updated the policy)"
+  else:
+    done = f"after {steps} GRPO steps"
+  text = (
+    f"{done}: held-out pass@1 (greedy) "
+    f"{final.get('accuracy', float('nan')):.3f} (warm start {e['accuracy']:.3f})"
+  )
+  if "sampled_accuracy" in final and "sampled_accuracy" in e:
+    text += f", sampled {final['sampled_accuracy']:.3f} (warm start {e['sampled_accuracy']:.3f})"
+  text += f"; rollout {100 * rl['rollout_share']:.0f}% of step time"
+  if idle:
+    text += (
+      f"\n  {idle} of the {steps} steps took no optimizer step: every group's rewards were "
+      "equal (all right or all wrong), and dynamic sampling drops such groups; an easier or "
+      "harder task, a larger group_size or more rl.max_refills give them signal"
+    )
+  if rl.get("skipped_updates"):
+    text += f"\n  {rl['skipped_updates']} updates skipped by the non-finite guard"
+  return text
+
+
 def format_summary(summary: dict[str, Any]) -> str:
   e, w = summary["eval"], summary["warm_start"]
   held_out = f"held-out pass@1 (greedy): {e['accuracy']:.3f} on {e['num_examples']} problems"
   if "sampled_accuracy" in e:
     held_out += f", sampled {e['sampled_accuracy']:.3f} (at the rollout temperature)"
-  head = [
-    f"policy: {summary['model_params'] / 1e6:.2f}M params, warm start from {w['source']}",
-    held_out,
-  ]
-  if "rollout" not in summary:
-    return "\n".join(head)
-  r = summary["rollout"]
-  lines = [
-    head[0]
-    + (f" ({w['sft_steps']} SFT steps, {w['sft_seconds']:.0f}s)" if "sft_seconds" in w else ""),
-    held_out,
-    f"rollout: {r['sequences']} sequences, {r['generated_tokens']} tokens in "
-    f"{r['wall_seconds']:.2f}s, {r['tokens_per_second']:.0f} tokens/s without its "
-    f"{r['compile_seconds']:.2f}s of lazy compiles; mean reward {r['mean_reward']:.3f}",
-    "response lengths: "
-    + ", ".join(
-      f"{k} {v:.0f}" if k != "max_over_median" else f"max/median {v:.1f}x"
-      for k, v in r["lengths"].items()
-    ),
-    f"batch buckets used: {r['batch_buckets_used']}; {r['executables']} executables in the "
-    f"pool ({r['executable_temp_MB']:.0f} MB of XLA temporaries in all), "
-    f"{r['compiled_during_rollout']} of them compiled during this rollout",
-  ]
+  policy = f"policy: {summary['model_params'] / 1e6:.2f}M params, warm start from {w['source']}"
+  if "sft_seconds" in w:
+    policy += f" ({w['sft_steps']} SFT steps, {w['sft_seconds']:.0f}s)"
+  lines = [policy, held_out]
   if "rl" in summary:
-    rl = summary["rl"]
-    final = rl["final_eval"] or {}
-    text = (
-      f"after {rl['steps']} GRPO steps: held-out pass@1 (greedy) "
-      f"{final.get('accuracy', float('nan')):.3f} (warm start {e['accuracy']:.3f})"
-    )
-    if "sampled_accuracy" in final and "sampled_accuracy" in e:
-      text += f", sampled {final['sampled_accuracy']:.3f} (warm start {e['sampled_accuracy']:.3f})"
-    lines.insert(2, text + f"; rollout {100 * rl['rollout_share']:.0f}% of step time")
+    lines.append(_rl_line(summary["rl"], e))
+  if "rollout" in summary:
+    r = summary["rollout"]
+    lines += [
+      f"rollout: {r['sequences']} sequences, {r['generated_tokens']} tokens in "
+      f"{r['wall_seconds']:.2f}s, {r['tokens_per_second']:.0f} tokens/s without its "
+      f"{r['compile_seconds']:.2f}s of lazy compiles; mean reward {r['mean_reward']:.3f}",
+      "response lengths: "
+      + ", ".join(
+        f"{k} {v:.0f}" if k != "max_over_median" else f"max/median {v:.1f}x"
+        for k, v in r["lengths"].items()
+      ),
+      f"batch buckets used: {r['batch_buckets_used']}; {r['executables']} executables in the "
+      f"pool ({r['executable_temp_MB']:.0f} MB of XLA temporaries in all), "
+      f"{r['compiled_during_rollout']} of them compiled during this rollout",
+    ]
   if summary.get("reference"):
     ref = summary["reference"]
     lines.append(

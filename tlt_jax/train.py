@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import sys
 import time
 from typing import Any
 
@@ -22,15 +23,16 @@ from flax import nnx
 
 from tlt_jax import checkpoint, configuration
 from tlt_jax.data import load_local_split, load_task_split
-from tlt_jax.data.checkers import extract_marked_answer
 from tlt_jax.data.tasks import format_prompt, sft_pairs
 from tlt_jax.drafter import OnlineDrafter
 from tlt_jax.drafter.export import save_drafter
 from tlt_jax.evaluation import evaluate_pass_at_1
+from tlt_jax.export import export_job
 from tlt_jax.models.drafter import init_drafter
 from tlt_jax.models.transformer import init_model
 from tlt_jax.reporting import length_stats, plot_rl, plot_rollout
-from tlt_jax.rl.rewards import with_format_reward
+from tlt_jax.rl.metrics import metrics_config
+from tlt_jax.rl.rewards import job_reward
 from tlt_jax.rl.trainer import PHASES, GRPOTrainer
 from tlt_jax.rollout.engine import RolloutEngine
 from tlt_jax.scheduler import SliceScheduler
@@ -76,9 +78,17 @@ def build_policy(config, workdir, tokenizer, train, progress: bool = True, promp
   if config.model.checkpoint:
     from tlt_jax.models.hf_io import load_hf_checkpoint
 
-    model_cfg, model = load_hf_checkpoint(
-      config.model.checkpoint, dtype=config.model.dtype, param_dtype=config.model.param_dtype
-    )
+    try:
+      model_cfg, model = load_hf_checkpoint(
+        config.model.checkpoint, dtype=config.model.dtype, param_dtype=config.model.param_dtype
+      )
+    except (OSError, ValueError) as e:
+      # What `configuration.checkpoint` cannot see without reading the weights (a bias
+      # the model lacks holding nonzeros, an untied head that differs): the user's to fix.
+      raise configuration.ConfigError(
+        f"config.model.checkpoint={config.model.checkpoint!r}: "
+        + "; ".join(line.strip() for line in str(e).splitlines() if line.strip())
+      ) from None
     graphdef, params = nnx.split(model)
     return model_cfg, graphdef, params, {"source": config.model.checkpoint}
   model_cfg = configuration.model_config(config, tokenizer)
@@ -87,7 +97,13 @@ def build_policy(config, workdir, tokenizer, train, progress: bool = True, promp
   ckpt_dir = os.path.join(workdir, "warm_start")
   if os.path.isdir(ckpt_dir):
     logging.info("restoring the warm-started policy from %s", ckpt_dir)
-    return model_cfg, graphdef, checkpoint.restore_params(ckpt_dir, params), {"source": ckpt_dir}
+    try:
+      params = checkpoint.restore_params(ckpt_dir, params)
+    except ValueError as e:  # the workdir's warm start is another config's model
+      raise configuration.ConfigError(
+        f"{e}: config.model differs from the run that made it; use another --workdir"
+      ) from None
+    return model_cfg, graphdef, params, {"source": ckpt_dir}
   init_from = _check_init_from(config)
   if init_from:
     # SFT continues from another warm start of the same shapes (a policy that already
@@ -191,39 +207,26 @@ class Job:
 
 
 def prepare(config: ml_collections.ConfigDict, workdir: str, progress: bool = True) -> Job:
-  """Checks the config, then builds the data, the warm-started policy, the rollout engine
-  and (modes sd and tlt) the drafter's warm start; reused from `workdir` when there."""
+  """Checks the config and the files it names, then builds the data, the warm-started
+  policy, the rollout engine and (modes sd and tlt) the drafter's warm start; reused from
+  `workdir` when there.
+
+  Every check (`configuration.job_inputs`: fields, checkpoint, data rows, reference
+  answers) comes before the first write, so a run that fails one leaves the workdir byte
+  for byte as it was (a finished run's config.json and summary included).
+  """
+  inputs = configuration.job_inputs(config)
   os.makedirs(workdir, exist_ok=True)
   with open(os.path.join(workdir, "config.json"), "w") as f:
     f.write(config.to_json_best_effort(indent=2))
-  # Every config check before anything is built (the dataset, the warm start).
-  checkpoint_dir = config.model.get("checkpoint", "")
-  if checkpoint_dir and not os.path.isdir(checkpoint_dir):
-    raise configuration.ConfigError(
-      f"config.model.checkpoint={checkpoint_dir!r}: no such directory"
-    )
-  _check_init_from(config)
-  tokenizer = configuration.tokenizer(config)
-  task = configuration.task_spec(config)
-  prompt = configuration.prompt_format(config, tokenizer)
-  sampling = configuration.sampling_config(config)
-  engine_cfg = configuration.engine_config(config, tokenizer)
-  if config.rl.steps > 0:
-    configuration.rl_configs(config)  # RL's fields too, before the data and the warm start
-  mesh = configuration.mesh(config)
-  configuration.train_mesh(config, mesh)  # parallel.fsdp / tensor, checked as early
-  if checkpoint_dir and config.rl.steps and config.rl_update.learning_rate > 1e-3:
-    raise configuration.ConfigError(
-      f"config.rl_update.learning_rate={config.rl_update.learning_rate} on a checkpoint: the "
-      "default config's RL settings are the toy task's (final norm only, lr 0.2); use "
-      "configs/hf_grpo.py or set rl_update.learning_rate (<= 1e-3) and trainable"
-    )
+  tokenizer, prompt, sampling = inputs.tokenizer, inputs.prompt, inputs.sampling
+  task, engine_cfg, mesh = inputs.task, inputs.engine, inputs.mesh
   train, test = load_data(config, workdir)
 
   model_cfg, graphdef, params, warm = build_policy(
     config, workdir, tokenizer, train, progress, prompt=prompt
   )
-  mode = configuration.mode(config)
+  mode = inputs.mode
   drafter = drafter_info = None
   if mode == "baseline":
     # No drafter reads hidden states: the rollout does not capture or copy them.
@@ -288,8 +291,17 @@ def train_and_evaluate(
   params = job.params
   if config.rl.steps > 0:
     trainer = make_trainer(job)
+    # Where RL starts (a rerun resumes from its last checkpoint, or starts over and drops
+    # what a killed run left): in the log, and beside the progress bars.
+    note = trainer.checkpoints.start_note(config.rl.steps)
+    logging.info("%s", note)
+    if progress:
+      print(note, file=sys.stderr, flush=True)
     summary["rl"] = reinforce(job, trainer, progress)
+    summary["rl"]["resumed_at_step"] = trainer.checkpoints.resumed_at
     params = trainer.params
+  if config.get("export") and config.export.dir:  # the policy as a Hugging Face directory
+    summary["export"] = export_job(job, params)
   drafter_params = None if job.drafter is None else job.drafter.params
   if job.drafter is not None:
     export = save_drafter(
@@ -374,9 +386,7 @@ def make_trainer(job: Job) -> GRPOTrainer:
   `SliceScheduler` that trains it on in idle slices."""
   config, engine = job.config, job.engine
   rl_cfg, loss_cfg, update_cfg = configuration.rl_configs(config)
-  reward = with_format_reward(
-    job.task.check, extract_marked_answer, float(config.rl.get("format_reward", 0.0))
-  )
+  reward = job_reward(config.rl, job.task.check)  # rl.rewards' terms, or checker + format bonus
   rollout_mesh = engine.placement.mesh if engine.placement is not None else None
   train_mesh = configuration.train_mesh(config, rollout_mesh)
   scheduler = None
@@ -407,6 +417,7 @@ def make_trainer(job: Job) -> GRPOTrainer:
     mesh=train_mesh,
     step_reward_fn=_step_reward_fn(job.task, rl_cfg.process_credit),
     shard_params=train_mesh is not None and train_mesh is not rollout_mesh,
+    metrics=metrics_config(config),  # W&B / MLflow (config.metrics.loggers)
   )
 
 
@@ -455,6 +466,11 @@ def rl_summary(metrics_path: str) -> dict[str, Any]:
       np.sum([r["update_tokens"] for r in rows]) / np.sum([r["time/update"] for r in rows])
     ),
     "skipped_updates": int(sum(r["loss/skipped"] > 0 for r in rows)),
+    # Steps that took no optimizer step: dynamic sampling (DAPO) drops every group whose
+    # rewards are all equal, and a batch of only such groups leaves nothing to learn from.
+    # They count as steps all the same, so the summary says how many there were.
+    "steps_without_update": int(sum(r.get("loss/optimizer_steps", 1) == 0 for r in rows)),
+    "optimizer_steps": int(sum(r.get("loss/optimizer_steps", 0) for r in rows)),
   }
   accept = [r["spec/accept_length"] for r in rows if "spec/accept_length" in r]
   if accept:

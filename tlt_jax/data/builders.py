@@ -12,14 +12,16 @@ changed parameter or an edited file gets a fresh directory instead of stale data
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import hashlib
 import inspect
+import io
 import json
 import os
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, overload
 
 import tensorflow_datasets as tfds
@@ -32,10 +34,12 @@ __all__ = [
   "SyntheticReasoning",
   "SyntheticReasoningConfig",
   "TextExamples",
+  "check_qa_file",
   "load_local_split",
   "load_task_split",
   "local_qa_config",
   "read_qa_file",
+  "split_rows",
   "synthetic_config",
 ]
 
@@ -293,6 +297,45 @@ def _row_error(file_name: str, row_no: int, problem: str) -> ValueError:
   return ValueError(f"{file_name}: row {row_no}: {problem}")
 
 
+# The row fields a local file's rows are read by, as `read_qa_file` and the job's config
+# (config.task.<key>) name them.
+QA_KEYS = ("question_key", "answer_key", "solution_key")
+
+
+def _read_qa_rows(
+  path: str, question_key: str, answer_key: str, solution_key: str
+) -> list[tuple[int, dict[str, str]]]:
+  """`read_qa_file`'s rows, each with its 1-based row number (the line, for jsonl)."""
+  name = os.path.basename(path)
+  rows = []
+  for row_no, raw in _iter_raw_rows(path):
+    fail = functools.partial(_row_error, name, row_no)
+    if not isinstance(raw, dict):
+      raise fail(f"expected a JSON object, got {type(raw).__name__}.")
+    for key, field in ((question_key, "question_key"), (answer_key, "answer_key")):
+      if key not in raw:
+        raise fail(f"missing key {key!r} (row has keys {sorted(raw)}; the key is set by {field}).")
+      if not isinstance(raw[key], str):
+        raise fail(f"{key!r} must be a string, got {type(raw[key]).__name__}.")
+    question, answer = raw[question_key], raw[answer_key]
+    if not question.strip():
+      raise fail(f"empty {question_key!r}.")
+    if not answer.strip():
+      raise fail(f"empty {answer_key!r}.")
+    solution = raw.get(solution_key)
+    if solution is None:
+      solution = ""
+      gsm8k_answer = checkers.extract_gsm8k_answer(answer) if "####" in answer else None
+      if gsm8k_answer is not None:
+        solution, answer = answer, gsm8k_answer
+    elif not isinstance(solution, str):
+      raise fail(f"{solution_key!r} must be a string, got {type(solution).__name__}.")
+    rows.append((row_no, {"question": question, "solution": solution, "answer": answer}))
+  if not rows:
+    raise ValueError(f"{name}: no rows.")
+  return rows
+
+
 def read_qa_file(
   path: str | os.PathLike[str],
   *,
@@ -316,38 +359,62 @@ def read_qa_file(
   Raises:
     ValueError: For a malformed row; the message names the file and the 1-based row number.
   """
+  rows = _read_qa_rows(os.fspath(path), question_key, answer_key, solution_key)
+  return [row for _, row in rows]
+
+
+# Rows shown by name when references cannot be read; the rest are counted.
+_SHOWN_ROWS = 5
+
+
+def check_qa_file(
+  path: str | os.PathLike[str],
+  *,
+  question_key: str = "question",
+  answer_key: str = "answer",
+  solution_key: str = "solution",
+  reference: Callable[[str], str | None] | None = None,
+  checker: str = "",
+) -> list[dict[str, str]]:
+  """`read_qa_file`, then each row's reference answer as the checker will read it.
+
+  Args:
+    path: The file.
+    question_key, answer_key, solution_key: Field names in the rows.
+    reference: The checker's reading of a reference answer (`checkers.REFERENCE_READERS`),
+      None where it is unreadable; None: the checker takes any answer.
+    checker: The checker's name, for the message.
+
+  Returns:
+    The rows, as `read_qa_file` returns them.
+
+  Raises:
+    ValueError: A malformed row (file and row number), or references the checker cannot
+      read: a run on them could never reward those rows, so it is refused (in one line,
+      every such row counted and the first few shown).
+  """
   path = os.fspath(path)
-  name = os.path.basename(path)
-  rows = []
-  for row_no, raw in _iter_raw_rows(path):
-    fail = functools.partial(_row_error, name, row_no)
-    if not isinstance(raw, dict):
-      raise fail(f"expected a JSON object, got {type(raw).__name__}.")
-    for key in (question_key, answer_key):
-      if key not in raw:
-        raise fail(f"missing key {key!r} (row has keys {sorted(raw)}).")
-      if not isinstance(raw[key], str):
-        raise fail(f"{key!r} must be a string, got {type(raw[key]).__name__}.")
-    question, answer = raw[question_key], raw[answer_key]
-    if not question.strip():
-      raise fail(f"empty {question_key!r}.")
-    if not answer.strip():
-      raise fail(f"empty {answer_key!r}.")
-    solution = raw.get(solution_key)
-    if solution is None:
-      solution = ""
-      gsm8k_answer = checkers.extract_gsm8k_answer(answer) if "####" in answer else None
-      if gsm8k_answer is not None:
-        solution, answer = answer, gsm8k_answer
-    elif not isinstance(solution, str):
-      raise fail(f"{solution_key!r} must be a string, got {type(solution).__name__}.")
-    rows.append({"question": question, "solution": solution, "answer": answer})
-  if not rows:
-    raise ValueError(f"{name}: no rows.")
-  return rows
+  rows = _read_qa_rows(path, question_key, answer_key, solution_key)
+  bad = [] if reference is None else [(n, r) for n, r in rows if reference(r["answer"]) is None]
+  if bad:
+    shown = ", ".join(f"row {n} {_preview(r['answer'])}" for n, r in bad[:_SHOWN_ROWS])
+    more = f" and {len(bad) - _SHOWN_ROWS} more" if len(bad) > _SHOWN_ROWS else ""
+    hint = checkers.REFERENCE_FORMATS.get(checker, "")
+    raise ValueError(
+      f"{os.path.basename(path)}: {len(bad)} of {len(rows)} rows have a reference answer "
+      f"({answer_key!r}) the {checker} checker cannot read{hint}, so no completion could "
+      f"be rewarded on them: {shown}{more}."
+    )
+  return [row for _, row in rows]
 
 
-def _split_rows(
+def _preview(text: str, limit: int = 40) -> str:
+  """A row's text in a message: one line, cut to `limit` characters."""
+  line = " ".join(text.split())
+  return repr(line if len(line) <= limit else line[: limit - 3] + "...")
+
+
+def split_rows(
   rows: Sequence[dict[str, str]], test_fraction: float, split_seed: int, name: str
 ) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
   """Splits rows into (train, test) by question, deterministically.
@@ -420,7 +487,7 @@ class LocalQA(tfds.core.GeneratorBasedBuilder):
     if config.test_path:
       test = read_qa_file(config.test_path, **keys)
     else:
-      train, test = _split_rows(
+      train, test = split_rows(
         train, config.test_fraction, config.split_seed, os.path.basename(config.train_path)
       )
     return {"train": self._generate_examples(train), "test": self._generate_examples(test)}
@@ -471,7 +538,13 @@ class TextExamples(Sequence[dict[str, str]]):
 def _prepare_and_read(builder: tfds.core.DatasetBuilder, split: str) -> TextExamples:
   if split not in _SPLITS:
     raise ValueError(f"Unknown split {split!r}; expected one of {_SPLITS}.")
-  builder.download_and_prepare(download_config=tfds.download.DownloadConfig(try_download_gcs=False))
+  tfds.display_progress_bar(False)  # a local build: no generate/shuffle bars on the terminal
+  # tfds prints "Downloading and preparing dataset Unknown size ..." (nothing is downloaded:
+  # the dataset is generated here), with a plain print that no tfds setting silences.
+  with contextlib.redirect_stdout(io.StringIO()):
+    builder.download_and_prepare(
+      download_config=tfds.download.DownloadConfig(try_download_gcs=False)
+    )
   return TextExamples(builder.as_data_source(split=split))
 
 

@@ -11,6 +11,8 @@ from fractions import Fraction
 
 __all__ = [
   "MARKER",
+  "REFERENCE_FORMATS",
+  "REFERENCE_READERS",
   "arithmetic_steps",
   "check_arithmetic",
   "check_countdown",
@@ -23,6 +25,8 @@ __all__ = [
   "extract_gsm8k_answer",
   "extract_last_number",
   "extract_marked_answer",
+  "gsm8k_reference",
+  "math_reference",
   "normalize_answer",
   "parse_number",
 ]
@@ -457,7 +461,7 @@ def arithmetic_steps(question: str, completion: str) -> list[tuple[int, float]]:
   return steps
 
 
-_STRIDE_QUESTION = re.compile(r"(\d{1,9})\+(\d{1,9})>(\d{1,12})=")
+_STRIDE_QUESTION = re.compile(r"(\d{1,9})\+(\d{1,9})([>x])(\d{1,12})=")
 _STRIDE_LINE = re.compile(r"[~!]?(\d{1,9}):(\d{1,12})\+(\d{1,12})=(\d{1,12});")
 
 
@@ -470,17 +474,21 @@ def stride_steps(question: str, completion: str) -> list[tuple[int, float]]:
   """Process rewards for the `stride` task: one (end, reward) per `;`-terminated line and the
   final `#answer`. A line `i:u+d=v;` is right when it moves the counter forward from the
   previous line's, restates the previous value as u, adds the stride that many times as d
-  and sums them right (judged from what the completion itself wrote, so a line after a
-  mistake can be right); the first line may carry an effort marker. The answer step
-  scores 1.0 when it is the true step count.
+  and sums them right (modulo 100 for a clock question, `23+7x3=`), judged from what the
+  completion itself wrote, so a line after a mistake can be right; the first line may carry
+  an effort marker. The answer step scores 1.0 when it is the true answer (the step count;
+  a clock's last value).
   Unparseable pieces score 0.0; never raises."""
   if not isinstance(question, str) or not isinstance(completion, str):
     return []
   q = _STRIDE_QUESTION.fullmatch(question.strip())
   if q is None:
     return []
-  first, stride, limit = (int(x) for x in q.groups())
-  truth = -(-(limit - first) // stride) if stride else 0
+  first, stride, form, limit = q.groups()
+  first, stride, limit = int(first), int(stride), int(limit)
+  # "x": `limit` steps on a clock of 100, answer the last value; ">": count to the limit.
+  clock = 100 if form == "x" else 0
+  truth = (first + stride * limit) % 100 if clock else -(-(limit - first) // stride)
   steps: list[tuple[int, float]] = []
   count, value, start = 0, first, 0
   while start < len(completion):
@@ -495,7 +503,8 @@ def stride_steps(question: str, completion: str) -> list[tuple[int, float]]:
     good = False
     if m is not None and (not steps or completion[start].isdigit()):
       i, u, d, v = (int(x) for x in m.groups())
-      good = i > count and u == value and d == (i - count) * stride and v == u + d
+      good = i > count and u == value and d == (i - count) * stride
+      good = good and v == ((u + d) % clock if clock else u + d)
       count, value = i, v
     steps.append((end, float(good)))
     start = end
@@ -549,6 +558,45 @@ def check_gsm8k(completion: str, answer: str, strict: bool = True) -> float:
     return 0.0
   reference = extract_gsm8k_answer(answer) if "####" in answer else answer
   return float(_answers_match(predicted, reference))
+
+
+def gsm8k_reference(answer: str) -> str | None:
+  """The number `check_gsm8k` compares a completion with: the text after the reference's last
+  `####` (a full GSM8K solution), or the whole reference (a bare number).
+
+  GSM8K's answers are numbers. A reference without `####` whose text is not a number (a
+  worked solution without its `#### 42` line, say) is compared whole with the completion's
+  answer and is never matched in practice: None, so a run on such data is refused instead of
+  training on rewards that are always 0.
+  """
+  if not isinstance(answer, str):
+    return None
+  text = extract_gsm8k_answer(answer) if "####" in answer else answer
+  normalized = normalize_answer(text or "")
+  return normalized if parse_number(normalized) is not None else None
+
+
+def math_reference(answer: str) -> str | None:
+  """The answer `check_math` compares a completion with (a `\\boxed{}` reference's content,
+  or the whole reference), normalised; None where there is none (an unbalanced box, an
+  empty answer)."""
+  if not isinstance(answer, str):
+    return None
+  boxed = "\\boxed" in answer or "\\fbox" in answer
+  text = extract_boxed_answer(answer) if boxed else answer
+  if text is None:
+    return None
+  return normalize_answer(text) or None
+
+
+# How the named checkers read a reference answer (None: one they cannot read, so no
+# completion is ever rewarded on it); checkers not named here take any non-empty answer.
+REFERENCE_READERS = {"gsm8k": gsm8k_reference, "math": math_reference}
+# What a readable reference looks like, for the message that lists unreadable ones.
+REFERENCE_FORMATS = {
+  "gsm8k": " (a number, or a solution ending in '#### <number>')",
+  "math": " (an answer, or a solution with a balanced \\boxed{...})",
+}
 
 
 def check_math(completion: str, answer: str) -> float:

@@ -243,22 +243,30 @@ def _stride_example(
   effort: random.Random | None,
   hasty_fraction: float,
   hasty_jump: int,
+  clock: int,
 ) -> Example:
   m = _lognormal_int(rng, median_steps, steps_sigma, max_steps)
   s, k = rng.randint(1, max_start), rng.randint(2, max_stride)
-  n = s + k * m
   jump, marker = 1, ""
   if effort is not None:
     hasty = effort.random() < hasty_fraction
     jump, marker = (hasty_jump, checkers.HASTY) if hasty else (1, checkers.CAREFUL)
   lines, i, v = [], 0, s
-  while v < n:
-    lines.append(f"{i + jump}:{v}+{jump * k}={v + jump * k};")
-    i, v = i + jump, v + jump * k
+  if clock:  # m steps on a clock of `clock`: answer the last value
+    while i < m:
+      lines.append(f"{i + jump}:{v}+{jump * k}={(v + jump * k) % clock};")
+      i, v = i + jump, (v + jump * k) % clock
+    question, answer, final = f"{s}+{k}x{m}=", str((s + k * m) % clock), v
+  else:  # until the limit: answer the step count
+    n = s + k * m
+    while v < n:
+      lines.append(f"{i + jump}:{v}+{jump * k}={v + jump * k};")
+      i, v = i + jump, v + jump * k
+    question, answer, final = f"{s}+{k}>{n}=", str(m), i
   return {
-    "question": f"{s}+{k}>{n}=",
-    "solution": marker + "".join(lines) + f"{checkers.MARKER}{i}",
-    "answer": str(m),
+    "question": question,
+    "solution": marker + "".join(lines) + f"{checkers.MARKER}{final}",
+    "answer": answer,
   }
 
 
@@ -274,6 +282,7 @@ def generate_stride(
   max_stride: int = 9,
   hasty_fraction: float = -1.0,
   hasty_jump: int = 2,
+  clock: int = 0,
 ) -> list[Example]:
   """Count from a start in steps of a stride until a limit; the answer is the step count.
 
@@ -297,12 +306,16 @@ def generate_stride(
       effort at its first token; the reward teaches RL to choose care, and accuracy and
       length grow together. Drawn from their own stream: questions do not depend on it.
     hasty_jump: steps per line of a hasty solution (>= 2).
+    clock: > 0: values wrap around this modulus (two-digit sums for 100) and the question
+      gives the number of steps, `23+7x3=`; the answer is the last value, 44 (a hasty
+      solution overshoots an odd count by a step, so its value is off by the stride).
 
   Returns:
     `num` examples.
   """
   if (
-    max_steps < 1
+    clock < 0
+    or max_steps < 1
     or median_steps <= 0
     or steps_sigma < 0
     or max_start < 1
@@ -327,6 +340,7 @@ def generate_stride(
       _rng("stride-effort", seed, i) if mixed else None,
       hasty_fraction,
       hasty_jump,
+      clock,
     )
     for i in range(start, start + num)
   ]

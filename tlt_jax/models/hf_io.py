@@ -10,6 +10,7 @@ Public API:
   config_to_hf(config, model_type, ...) -> dict
   load_hf_checkpoint(path, dtype, param_dtype) -> (ModelConfig, Transformer)
   save_hf_checkpoint(model_or_state, config, path, model_type, ...)
+  save_generation_config(path, eos_token_id, ...)
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from tlt_jax.models.config import ROPE_TYPES, ModelConfig
 from tlt_jax.models.transformer import Transformer
 
 CONFIG_NAME = "config.json"
+GENERATION_CONFIG_NAME = "generation_config.json"
 SINGLE_WEIGHTS_NAME = "model.safetensors"
 INDEX_NAME = "model.safetensors.index.json"
 
@@ -614,13 +616,15 @@ def save_hf_checkpoint(
   max_shard_bytes: int | None = None,
   bos_token_id: int | None = None,
   eos_token_id: int | Sequence[int] | None = None,
+  dtype: str | None = None,
+  pad_token_id: int | None = None,
 ) -> list[Path]:
   """Writes a checkpoint that `transformers.AutoModelForCausalLM.from_pretrained` loads.
 
   Args:
     model_or_state: a `Transformer`, its `nnx.State` (e.g. from `nnx.split`), or the
       equivalent nested dict of arrays (`nnx.to_pure_dict`).
-    config: the model's config; tensors are checked against it and saved in `config.dtype`.
+    config: the model's config; tensors are checked against it and saved in `dtype`.
     path: output directory (created if needed). Weight files previously written
       there are replaced; other files are left alone.
     model_type: "llama" or "qwen2" (the latter needs `config.qkv_bias`).
@@ -631,6 +635,10 @@ def save_hf_checkpoint(
       a shard of its own.
     bos_token_id: recorded in config.json when given.
     eos_token_id: recorded in config.json when given (an id or a list of ids).
+    dtype: the stored tensors' dtype ("float32", "bfloat16", "float16"), also recorded in
+      config.json; None: `config.dtype` (the compute dtype). Export trained float32 master
+      weights as "float32" to keep every update (`tlt_jax.export`).
+    pad_token_id: recorded in config.json when given.
 
   Returns:
     The written files.
@@ -639,7 +647,11 @@ def save_hf_checkpoint(
     ValueError: bad model type, Qwen2 without biases, or params that do not match `config`.
     FileNotFoundError: `tokenizer_dir` holds no tokenizer file.
   """
+  if dtype is not None:
+    config = dataclasses.replace(config, dtype=dtype)  # validated by ModelConfig
   hf_config = config_to_hf(config, model_type, bos_token_id, eos_token_id)
+  if pad_token_id is not None:
+    hf_config["pad_token_id"] = int(pad_token_id)
   if max_shard_bytes is not None and max_shard_bytes <= 0:
     raise ValueError(f"max_shard_bytes must be positive, got {max_shard_bytes}")
   params = _param_arrays(model_or_state)
@@ -723,3 +735,45 @@ def save_hf_checkpoint(
       shutil.copyfile(src, dst)
     written.append(dst)
   return written
+
+
+def save_generation_config(
+  path: str | os.PathLike,
+  eos_token_id: int | Sequence[int],
+  *,
+  bos_token_id: int | None = None,
+  pad_token_id: int | None = None,
+  temperature: float = 1.0,
+  top_k: int = 0,
+  top_p: float = 1.0,
+  max_new_tokens: int | None = None,
+) -> Path:
+  """Writes generation_config.json: the stop ids and the sampling a policy was trained at.
+
+  transformers' `generate` reads it; top_k is written even when 0 (no truncation), since
+  transformers' own default is 50. temperature 0 writes greedy decoding (do_sample false).
+
+  Returns:
+    The written file.
+  """
+  if not (temperature >= 0 and np.isfinite(temperature)):
+    raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
+  eos = (
+    int(eos_token_id)
+    if isinstance(eos_token_id, int | np.integer)
+    else [int(t) for t in eos_token_id]
+  )
+  gen: dict[str, Any] = {"eos_token_id": eos, "do_sample": temperature > 0}
+  if temperature > 0:
+    gen.update(temperature=float(temperature), top_k=int(top_k), top_p=float(top_p))
+  if bos_token_id is not None:
+    gen["bos_token_id"] = int(bos_token_id)
+  if pad_token_id is not None:
+    gen["pad_token_id"] = int(pad_token_id)
+  if max_new_tokens is not None:
+    gen["max_new_tokens"] = int(max_new_tokens)
+  directory = Path(path)
+  directory.mkdir(parents=True, exist_ok=True)
+  file = directory / GENERATION_CONFIG_NAME
+  file.write_text(json.dumps(gen, indent=2, sort_keys=True) + "\n")
+  return file

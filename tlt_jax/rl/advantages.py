@@ -37,6 +37,7 @@ def group_advantages(
   normalize_std: bool = True,
   negative_weight: float = 1.0,
   eps: float = 1e-6,
+  std_ddof: int = 0,
 ) -> Float[np.ndarray, " N"]:
   """Per-sample GRPO advantage: reward minus its group's mean, optionally over the group's std.
 
@@ -50,24 +51,37 @@ def group_advantages(
       (rejection-sampling fine-tuning within the group, cf. RAFT, Dong et al. 2023;
       Xiong et al. 2025, arXiv:2504.11343), less noisy and safer at a high learning rate.
     eps: added to the std; keeps all-equal groups at exactly 0.
+    std_ddof: the std's delta degrees of freedom: 0 the population std (the default,
+      as before), 1 the sample std with Bessel's correction (sqrt(G / (G - 1)) larger, so
+      advantages that much smaller; some GRPO implementations use it, e.g. torch.std's
+      default).
 
   Returns:
-    float32 [P * G]. The std is the population std (ddof=0) of the group.
+    float32 [P * G].
   """
   if not eps > 0:
     raise ValueError(f"eps must be positive, got {eps!r}")
+  _check_ddof(std_ddof, group_size)
   if not 0.0 <= negative_weight <= 1.0:
     raise ValueError(f"negative_weight must be in [0, 1], got {negative_weight!r}")
   r = _grouped(rewards, group_size)
   adv = r - r.mean(axis=1, keepdims=True)
   if normalize_std:
-    adv = adv / (r.std(axis=1, keepdims=True) + eps)
+    adv = adv / (r.std(axis=1, keepdims=True, ddof=std_ddof) + eps)
   if negative_weight != 1.0:
     adv = np.where(adv < 0, negative_weight * adv, adv)
   return adv.reshape(-1).astype(np.float32)
 
 
 PROCESS_CREDITS = ("step", "return")
+STD_DDOFS = (0, 1)
+
+
+def _check_ddof(std_ddof, group_size) -> None:
+  if isinstance(std_ddof, bool) or std_ddof not in STD_DDOFS:
+    raise ValueError(f"std_ddof must be 0 (population std) or 1 (Bessel's), got {std_ddof!r}")
+  if std_ddof == 1 and isinstance(group_size, int | np.integer) and group_size < 2:
+    raise ValueError("std_ddof=1 needs group_size >= 2 (one sample has no sample std)")
 
 
 def process_advantages(
@@ -76,6 +90,7 @@ def process_advantages(
   *,
   normalize_std: bool = True,
   eps: float = 1e-6,
+  std_ddof: int = 0,
 ) -> list[np.ndarray]:
   """GRPO with process supervision (Shao et al. 2024, DeepSeekMath, sec. 4.1.3): every step
   reward normalised by the mean (and std) of all step rewards of its group's G samples.
@@ -86,6 +101,8 @@ def process_advantages(
     group_size: G.
     normalize_std: divide by the std (+ eps) of the group's step rewards.
     eps: added to the std.
+    std_ddof: 0 (population std) or 1 (Bessel's correction; a group with a single step
+      reward has all-zero advantages either way).
 
   Returns:
     Per sample, float32 [its steps] normalised step rewards (all 0 in a group whose step
@@ -93,6 +110,7 @@ def process_advantages(
   """
   if not isinstance(group_size, int | np.integer) or group_size <= 0:
     raise ValueError(f"group_size must be a positive int, got {group_size!r}")
+  _check_ddof(std_ddof, 2)
   if not step_rewards or len(step_rewards) % group_size:
     raise ValueError(
       f"{len(step_rewards)} samples' step rewards: need a positive multiple of {group_size}"
@@ -104,7 +122,8 @@ def process_advantages(
     if flat.size and not np.all(np.isfinite(flat)):
       raise ValueError("step rewards must be finite")
     mean = flat.mean() if flat.size else 0.0
-    scale = flat.std() + eps if normalize_std and flat.size else 1.0
+    # One step reward: centred to 0, any scale will do (ddof 1 would divide by 0).
+    scale = flat.std(ddof=std_ddof) + eps if normalize_std and flat.size > std_ddof else 1.0
     out += [((r - mean) / scale).astype(np.float32) for r in rows]
   return out
 

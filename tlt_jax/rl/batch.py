@@ -137,10 +137,13 @@ class ScoredRollout:
     return kept if self.process is None else kept | self.process.informative
 
 
-def packed_width(results: Sequence[Any], slots: int) -> int:
+def packed_width(results: Sequence[Any], slots: int, fixed: int = 0) -> int:
   """Packed-row columns: the longest sample rounded up to 128 (few compiled shapes),
-  at most the cache's `slots`."""
+  at most the cache's `slots`; with `fixed` > 0, that width whenever the longest sample
+  fits it, else `slots` (two widths in all)."""
   longest = max(int(r.length.max()) for r in results)
+  if fixed:
+    return min(fixed, slots) if longest <= fixed else slots
   return min(slots, -(-longest // 128) * 128)
 
 
@@ -172,6 +175,7 @@ def assemble(
   normalize_std: bool = True,
   negative_weight: float = 1.0,
   process_coef: float = 1.0,
+  std_ddof: int = 0,
 ) -> tuple[dict[str, np.ndarray], float | None]:
   """The update's samples for the `chosen` groups, and the largest |trainer - rollout|
   log-prob gap over their response tokens (0 without any; None when the rollouts have no
@@ -208,7 +212,11 @@ def assemble(
       old[dst] = r.old_logp[rows, :width]
     mask[dst] = (cols >= res.prompt_len[rows, None]) & (cols < res.length[rows, None])
     adv[dst] = group_advantages(
-      r.rewards[rows], g, normalize_std=normalize_std, negative_weight=negative_weight
+      r.rewards[rows],
+      g,
+      normalize_std=normalize_std,
+      negative_weight=negative_weight,
+      std_ddof=std_ddof,
     )[:, None]
     if r.process is not None:
       adv[dst] += process_coef * r.process.tokens[rows, :width]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from typing import TYPE_CHECKING, Any
 
 import jax
@@ -42,6 +43,12 @@ class TrainerCheckpoints:
     self.metrics_path = os.path.join(workdir, "metrics.jsonl")
     # Each step's response lengths, apart from the flat metrics rows.
     self.lengths_path = os.path.join(workdir, "rollout_lengths.jsonl")
+    # The trainer's TensorBoard folder (`metrics.MetricsLog`).
+    self.tensorboard_dir = os.path.join(workdir, "tensorboard")
+    # Set by `restore`: the step a rerun resumed at (None: a start from step 0), and how
+    # many metrics rows of a killed run's lost steps it dropped.
+    self.resumed_at: int | None = None
+    self.dropped_rows = 0
 
   @staticmethod
   def state(t: GRPOTrainer) -> dict[str, Any]:
@@ -92,8 +99,10 @@ class TrainerCheckpoints:
       )
 
   def restore(self, t: GRPOTrainer) -> None:
-    """Restores the newest step present in every manager into `t` (nothing when none)
-    and drops later steps and the metrics rows past it."""
+    """Restores the newest step present in every manager into `t` and drops later steps
+    and the metrics rows past it. With no checkpoint the run starts at step 0, so every
+    row a killed run wrote before its first checkpoint goes (metrics, response lengths,
+    TensorBoard events): the rerun writes those steps afresh, instead of after them."""
     managers = [m for m in (self.policy, self.drafter) if m is not None]
     with_drafter = self.drafter is not None
     if with_drafter and self.policy.all_steps() and not self.drafter.all_steps():
@@ -115,6 +124,11 @@ class TrainerCheckpoints:
         if last is None or s > last:
           m.delete(s)
     if last is None:
+      self.dropped_rows = self._truncate(0)
+      if os.path.isdir(self.tensorboard_dir):
+        # No step survives, so neither does any event (a resume's purge_step only hides
+        # events past the step it resumes at).
+        shutil.rmtree(self.tensorboard_dir)
       return
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, self.state(t))
     got = self.policy.restore(
@@ -145,9 +159,48 @@ class TrainerCheckpoints:
       t.scheduler.drafter.load_checkpoint_state(d["drafter"], dict(d["buffer"]), d["meta"])
       t.scheduler.load_state(d["meta"]["scheduler"])
     # Metrics past the checkpoint belong to the lost tail of the killed run.
+    self.dropped_rows = self._truncate(t.step)
+    self.resumed_at = t.step
+    logging.info("resumed at step %d from %s", t.step, self.policy.directory)
+
+  def _truncate(self, step: int) -> int:
+    """Keeps the metrics and response-length rows of steps before `step`; returns how many
+    metrics rows went."""
+    dropped = 0
     for path in (self.metrics_path, self.lengths_path):
-      if os.path.exists(path):
-        with open(path) as f:
-          keep = [line for line in f if json.loads(line)["step"] < t.step]
+      if not os.path.exists(path):
+        continue
+      with open(path) as f:
+        lines = [line for line in f if line.strip()]
+      # A row cut short by the kill (no newline, no closing brace) is past any checkpoint.
+      keep = [line for line in lines if _row_step(line) < step]
+      if path == self.metrics_path:
+        dropped = len(lines) - len(keep)
+      if len(keep) < len(lines):
         with open(path, "w") as f:
           f.writelines(keep)
+    return dropped
+
+  def start_note(self, steps: int) -> str:
+    """Where RL starts, in one line for the terminal and the log."""
+    if self.resumed_at is not None:
+      return (
+        f"RL resumes at step {self.resumed_at} of {steps} from the checkpoint in "
+        f"{self.policy.directory}"
+        + (f" ({self.dropped_rows} metrics rows past it dropped)" if self.dropped_rows else "")
+      )
+    note = f"RL starts at step 0 of {steps}"
+    if self.dropped_rows:
+      note += (
+        f": no RL checkpoint in {self.workdir}, so the {self.dropped_rows} metrics rows "
+        "an earlier run left were dropped"
+      )
+    return note
+
+
+def _row_step(line: str) -> float:
+  """A metrics line's step; a line cut short by a kill counts as past every step."""
+  try:
+    return json.loads(line)["step"]
+  except (json.JSONDecodeError, KeyError, TypeError):
+    return float("inf")

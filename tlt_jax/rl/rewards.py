@@ -15,6 +15,7 @@ import dataclasses
 import math
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -39,6 +40,129 @@ def with_format_reward(
     return check(completion, answer) + (weight if extract(completion) is not None else 0.0)
 
   return reward
+
+
+def weighted_rewards(terms: Sequence[tuple[RewardFn, float]]) -> RewardFn:
+  """One reward function: sum_i weight_i * fn_i(completion, answer).
+
+  A term that raises makes the whole reward raise (the `RewardPool` scores that sample 0
+  and counts it), so a broken checker is never silently worth nothing.
+  """
+  terms = [(fn, float(w)) for fn, w in terms]
+  if not terms:
+    raise ValueError("weighted_rewards needs at least one (function, weight) term")
+  for fn, w in terms:
+    if not callable(fn):
+      raise ValueError(f"reward term {fn!r} is not callable")
+    if not math.isfinite(w):
+      raise ValueError(f"reward weight must be finite, got {w!r}")
+  if len(terms) == 1 and terms[0][1] == 1.0:
+    return terms[0][0]
+
+  def reward(completion: str, answer: str) -> float:
+    return sum(w * float(fn(completion, answer)) for fn, w in terms)
+
+  return reward
+
+
+def format_reward(extract: Callable[[str], str | None]) -> RewardFn:
+  """1 when `extract` finds an answer in the completion at all (a well-formed response),
+  else 0; the answer itself is not judged."""
+  return lambda completion, answer: float(extract(completion) is not None)
+
+
+# Answer formats a "format" reward term can require ("format:<name>"; "format" = "marked").
+FORMATS = ("marked", "gsm8k", "math")
+
+
+def parse_reward_spec(spec: str | Sequence[tuple[str, float]]) -> tuple[tuple[str, float], ...]:
+  """(name, weight) pairs of a reward spec: "task=1,format=0.1" or [("task", 1.0), ...].
+
+  "" or an empty sequence: no terms. Raises ValueError for an entry that is not
+  "name=weight", a weight that is not a finite number, or a name given twice.
+  """
+  if isinstance(spec, str):
+    pairs = []
+    for item in filter(None, (x.strip() for x in spec.split(","))):
+      name, sep, weight = item.rpartition("=")
+      if not sep or not name.strip():
+        raise ValueError(f"{item!r} is not 'name=weight' (e.g. 'task=1,format=0.1')")
+      pairs.append((name.strip(), weight))
+  else:
+    pairs = [tuple(p) for p in spec]
+  out = []
+  for pair in pairs:
+    if len(pair) != 2:
+      raise ValueError(f"{pair!r} is not a (name, weight) pair")
+    name, weight = pair
+    try:
+      w = float(weight)
+    except (TypeError, ValueError):
+      w = math.nan
+    if not math.isfinite(w):
+      raise ValueError(f"the weight of {name!r} must be a finite number, got {weight!r}")
+    if name in (n for n, _ in out):
+      raise ValueError(f"reward {name!r} is given twice")
+    out.append((str(name), w))
+  return tuple(out)
+
+
+def rewards_from_spec(spec: str | Sequence[tuple[str, float]], task_check: RewardFn) -> RewardFn:
+  """The weighted sum of the named reward functions of `spec` (`parse_reward_spec`).
+
+  Names: "task" (the job's own checker, `task_check`); "format" or "format:<fmt>" (1 when
+  the completion holds an answer in that format at all, `FORMATS`: "marked" the synthetic
+  tasks' final "#answer", "gsm8k" "#### answer", "math" \\boxed{}); any checker name of
+  `data.tasks.CHECKERS` ("gsm8k", "math", "exact", ...) or "package.module:function".
+
+  Raises:
+    ValueError: an empty spec, a bad entry or weight, or a name that names no reward.
+  """
+  # Imported here: the data package is not needed to score with plain functions.
+  from tlt_jax.data import checkers
+  from tlt_jax.data.tasks import resolve_checker
+
+  extractors = {
+    "marked": checkers.extract_marked_answer,
+    "gsm8k": checkers.extract_gsm8k_answer,
+    "math": checkers.extract_boxed_answer,
+  }
+  terms = []
+  for name, weight in parse_reward_spec(spec):
+    if name == "task":
+      fn = task_check
+    elif name == "format" or name.startswith("format:"):
+      fmt = name.partition(":")[2] or "marked"
+      if fmt not in extractors:
+        raise ValueError(f"{name!r}: the answer formats are {list(FORMATS)}")
+      fn = format_reward(extractors[fmt])
+    else:
+      fn = resolve_checker(name)
+    terms.append((fn, weight))
+  if not terms:
+    raise ValueError("no reward terms (e.g. 'task=1,format=0.1')")
+  return weighted_rewards(terms)
+
+
+def job_reward(rl: Any, task_check: RewardFn) -> RewardFn:
+  """A job's reward function from its `rl` config section: the weighted terms of
+  `rl.rewards` when set (`rewards_from_spec`), else the task's checker plus the
+  `rl.format_reward` bonus for a final "#answer" (`with_format_reward`). A bad entry is a
+  `configuration.ConfigError` naming the field."""
+  from tlt_jax.configuration import ConfigError  # here: configuration imports the trainer
+  from tlt_jax.data.checkers import extract_marked_answer
+
+  spec, bonus = rl.get("rewards", ""), float(rl.get("format_reward", 0.0))
+  try:
+    if not spec:
+      return with_format_reward(task_check, extract_marked_answer, bonus)
+    if bonus:
+      raise ValueError(
+        "rl.format_reward is set too: give the format term here instead ('task=1,format=0.1')"
+      )
+    return rewards_from_spec(spec, task_check)
+  except ValueError as e:
+    raise ConfigError(f"config.rl.{'rewards' if spec else 'format_reward'}: {e}") from None
 
 
 @dataclasses.dataclass

@@ -33,7 +33,9 @@ the step loop.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import json
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -63,7 +65,7 @@ from tlt_jax.rl.batch import (
 )
 from tlt_jax.rl.checkpoints import TrainerCheckpoints
 from tlt_jax.rl.loss import PolicyLossConfig
-from tlt_jax.rl.metrics import MetricsLog, spec_metrics
+from tlt_jax.rl.metrics import MetricsConfig, MetricsLog, progress_postfix, spec_metrics
 from tlt_jax.rl.packing import pack_policy_batch, plan_packing
 from tlt_jax.rl.rewards import RewardFn, RewardPool, RewardResult
 from tlt_jax.rl.update import UpdateConfig, make_optimizer, make_policy_update, token_logprobs
@@ -84,6 +86,7 @@ class GRPOConfig:
     prompts_per_step: P, prompts per step.
     group_size: G, samples per prompt.
     normalize_std: divide advantages by the group's std (GRPO); False: Dr. GRPO.
+    std_ddof: that std's ddof: 0 population (default), 1 Bessel-corrected (outcome rewards).
     negative_weight: scale of negative advantages (1: GRPO; 0: positive samples only).
     dynamic_sampling: drop groups with all-equal rewards and refill (DAPO).
     max_refills: extra rollouts per step to refill dropped groups.
@@ -110,6 +113,7 @@ class GRPOConfig:
   prompts_per_step: int = 8
   group_size: int = 8
   normalize_std: bool = True
+  std_ddof: int = 0
   negative_weight: float = 1.0
   dynamic_sampling: bool = True
   max_refills: int = 2
@@ -145,6 +149,8 @@ class GRPOConfig:
       )
     if not (self.process_coef >= 0.0 and np.isfinite(self.process_coef)):
       raise ValueError(f"GRPOConfig.process_coef must be >= 0, got {self.process_coef!r}")
+    if isinstance(self.std_ddof, bool) or self.std_ddof not in (0, 1):
+      raise ValueError(f"GRPOConfig.std_ddof must be 0 or 1, got {self.std_ddof!r}")
     if not 0.0 <= self.negative_weight <= 1.0:
       raise ValueError(
         f"GRPOConfig.negative_weight must be in [0, 1], got {self.negative_weight!r}"
@@ -180,6 +186,7 @@ class GRPOTrainer:
     step_reward_fn: StepRewardFn | None = None,
     shard_params: bool = False,
     drafter_eval: DrafterEvalConfig | None = None,
+    metrics: MetricsConfig | None = None,
   ):
     """See the module docstring.
 
@@ -227,6 +234,7 @@ class GRPOTrainer:
     )
     self.cfg, self.loss_cfg, self.update_cfg = config, loss_config, update_config
     self.workdir = workdir
+    self.metrics_config = metrics or MetricsConfig()  # W&B / MLflow beside TensorBoard
     # The loss scores the distribution the engine samples: same temperature and truncation.
     for name in ("temperature", "top_k", "top_p"):
       sampled, scored = getattr(engine.sampling, name), getattr(loss_config, name)
@@ -406,7 +414,7 @@ class GRPOTrainer:
     """Dispatches the old log-probs of a batch's samples (the calls' results together) on
     packed rows; the returned function waits and gives them per call, [rows, slots]."""
     lengths = np.concatenate([r.length for r in results])
-    width = packed_width(results, self.engine.config.slots)
+    width = packed_width(results, self.engine.config.slots, self.update_cfg.pack_width)
     plan = plan_packing(lengths, width, self.update_cfg.micro_batch, self.update_cfg.pow2_rows)
     t = max(r.tokens.shape[1] for r in results)
     pad = lambda x: np.pad(np.asarray(x, np.int32), ((0, 0), (0, t - x.shape[1])))  # noqa: E731
@@ -453,13 +461,14 @@ class GRPOTrainer:
     rollouts = [r for calls in batches for r in calls]
     chosen = chosen_groups(rollouts, g, p, cfg.dynamic_sampling)
     results = [r.result for r in rollouts]
-    width = packed_width(results, self.engine.config.slots)
+    width = packed_width(results, self.engine.config.slots, self.update_cfg.pack_width)
     samples, logp_gap = assemble(
       rollouts,
       chosen,
       g,
       width,
       normalize_std=cfg.normalize_std,
+      std_ddof=cfg.std_ddof,
       negative_weight=cfg.negative_weight,
       process_coef=cfg.process_coef,
     )
@@ -472,6 +481,14 @@ class GRPOTrainer:
     update_gap = m.pop("rollout_logp_gap", 0.0)
     first = batches[0]
     generated = np.concatenate([r.result.num_generated for r in first])
+    # How the responses open (the share of each first token): where a warm start chooses a
+    # strategy at its first token (configs/regime.py's effort), the decision RL moves.
+    opens = collections.Counter(
+      self.tokenizer.decode([int(r.result.tokens[n, r.result.prompt_len[n]])])
+      for r in first
+      for n in range(len(r.result.length))
+      if r.result.num_generated[n] > 0
+    )
     processes = [r.process for r in first if r.process is not None]
     self.step += 1
     return {
@@ -480,6 +497,11 @@ class GRPOTrainer:
       "accuracy": float((got.rewards > 0.5).mean()),
       "length_mean": float(generated.mean()),
       "length_max": int(generated.max()),
+      # The responses' commonest opening tokens and their shares, as JSON text (a plain
+      # value for every sink): e.g. the effort choice an RL run should learn.
+      "first_token_share": json.dumps(
+        {t: round(c / max(sum(opens.values()), 1), 4) for t, c in opens.most_common(4)}
+      ),
       "groups_used": len(chosen),
       "data/epoch": data_epoch,
       "refills": len(batches) - 1,
@@ -552,7 +574,7 @@ class GRPOTrainer:
     compiled = self.programs.compile_seconds
     if self.skip_old_logp:
       samples = {k: v for k, v in samples.items() if k != "old_logp"}
-    else:  # the gap came from the old-log-prob pass; the moved policy's says nothing
+    elif not self.loss_cfg.tis_cap:  # the gap came from the old-log-prob pass (TIS needs it)
       samples = {k: v for k, v in samples.items() if k != "rollout_logp"}
     rng = np.random.default_rng([self.cfg.seed, self.step])
     rows, cells, real = [], 0, 0
@@ -580,8 +602,10 @@ class GRPOTrainer:
         rows.append(m)
     rows = [{k: float(v) for k, v in r.items()} for r in jax.device_get(rows)]
     out = dict(rows[0])
-    for k in ("clip_fraction_low", "clip_fraction_high", "approx_kl", "grad_norm"):
-      out[k] = float(np.mean([r[k] for r in rows]))
+    for k in ("clip_fraction_low", "clip_fraction_high", "clip_fraction_dual", "approx_kl"):
+      if k in out:  # clip_fraction_dual: with rl_loss.clip_ratio_c only
+        out[k] = float(np.mean([r[k] for r in rows]))
+    out["grad_norm"] = float(np.mean([r["grad_norm"] for r in rows]))
     out["ratio_max"] = max(r["ratio_max"] for r in rows)
     if "rollout_logp_gap" in out:
       out["rollout_logp_gap"] = max(r["rollout_logp_gap"] for r in rows)
@@ -639,6 +663,7 @@ class GRPOTrainer:
       self.lengths_path,
       os.path.join(self.workdir, "tensorboard"),
       purge_step=self.step,
+      config=self.metrics_config,
     )
     last_eval = {}
     try:
@@ -681,12 +706,7 @@ class GRPOTrainer:
           if "sampled_accuracy" in row["eval"]:
             last_eval["eval_sampled"] = f"{row['eval']['sampled_accuracy']:.3f}"
         bar.update(1)
-        bar.set_postfix(
-          reward=f"{row['reward_mean']:.2f}",
-          acc=f"{row['accuracy']:.2f}",
-          len=f"{row['length_mean']:.0f}",
-          **last_eval,
-        )
+        bar.set_postfix(**progress_postfix(row), **last_eval)  # tok/s; accept, drafter: SD
     finally:
       bar.close()
       log.close()

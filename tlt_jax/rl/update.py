@@ -166,6 +166,10 @@ class UpdateConfig:
       base one times its multiplier; frozen parameters stay frozen and the gradient is
       clipped by the global norm of all trained parameters, as without groups. "": one
       learning rate (`make_optimizer`).
+    pack_width: > 0: packed update rows are this many columns whenever the batch's
+      longest sample fits (else the cache's full width): at most two row widths, so two
+      families of update programs to compile (an accelerator sitting's budget). 0: the
+      longest sample rounded up to 128 (least padding, a program per width met).
   """
 
   learning_rate: float = 1e-6
@@ -182,6 +186,7 @@ class UpdateConfig:
   trainable: str = ""
   remat: bool = False
   lr_multipliers: str = ""
+  pack_width: int = 0
 
   def __post_init__(self):
     if not (self.learning_rate > 0 and math.isfinite(self.learning_rate)):
@@ -197,6 +202,8 @@ class UpdateConfig:
       raise ValueError(f"weight_decay must be a finite number >= 0, got {self.weight_decay!r}")
     if not (self.grad_clip > 0 and math.isfinite(self.grad_clip)):
       raise ValueError(f"grad_clip must be a finite number > 0, got {self.grad_clip!r}")
+    if not isinstance(self.pack_width, int) or self.pack_width < 0:
+      raise ValueError(f"pack_width must be an int >= 0, got {self.pack_width!r}")
     for name in ("micro_batch", "mini_batches", "epochs"):
       v = getattr(self, name)
       if not isinstance(v, int) or v <= 0:
@@ -409,6 +416,8 @@ def make_policy_update(
       raise ValueError("loss_cfg.kl_coef > 0 needs ref_params")
     needed = tuple(k for k in BATCH_KEYS if not (on_policy and k == "old_logp"))
     missing = [k for k in needed if k not in batch]
+    if loss_cfg.tis_cap and ROLLOUT_KEY not in batch:
+      missing.append(ROLLOUT_KEY)  # the truncated IS weights compare against it
     if missing:
       raise ValueError(f"batch lacks {missing}; needs {needed}")
     packed = [k for k in PACKED_KEYS if k in batch]
@@ -475,6 +484,8 @@ def make_policy_update(
           ref_logp=ref_logp,
           entropy=ent,
           token_weights=mb["weights"] if packed else None,
+          rollout_logp=mb.get(ROLLOUT_KEY),
+          segment_ids=mb["segment_ids"] if packed else None,
         )
         return loss, (logp, ent)
 
@@ -518,6 +529,8 @@ def make_policy_update(
       ref_logp=merge(ref_logp),
       entropy=merge(ent),
       token_weights=batch["weights"] if packed else None,
+      rollout_logp=batch.get(ROLLOUT_KEY),
+      segment_ids=batch["segment_ids"] if packed else None,
     )
     grad_norm = optax.global_norm(grads)
     ok = jnp.isfinite(loss) & _all_finite(grads)

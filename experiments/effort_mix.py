@@ -1,0 +1,123 @@
+r"""Which effort a policy opens with, and how often each effort is right.
+
+For the effort-mix tasks (configs/regime.py: a demonstrator that opens "~" careful or "!"
+hasty): decodes held-out (or training) problems greedily and at the rollout temperature,
+and reports per effort its share, pass@1 and mean length, and pass@1 by the problem's size.
+What RL should move: the hasty share down, so accuracy and length up together.
+
+  python experiments/effort_mix.py --config=configs/regime.py --workdir=runs/curve/shared
+  python experiments/effort_mix.py --config=configs/regime.py --workdir=runs/curve/baseline_s0 \
+    --rl_step=40
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import os
+import sys
+
+import numpy as np
+import orbax.checkpoint as ocp
+from absl import app, flags
+from flax import nnx
+from ml_collections import config_flags
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from tlt_jax import checkpoint, configuration, train  # noqa: E402
+from tlt_jax.data import get_task, get_tokenizer  # noqa: E402
+from tlt_jax.data.checkers import CAREFUL, HASTY  # noqa: E402
+from tlt_jax.data.tasks import format_prompt  # noqa: E402
+from tlt_jax.decode.sampling import SamplingConfig  # noqa: E402
+from tlt_jax.models.transformer import init_model  # noqa: E402
+from tlt_jax.rollout.engine import RolloutEngine  # noqa: E402
+
+_CONFIG = config_flags.DEFINE_config_file("config", "configs/regime.py", "the run's config")
+_WORKDIR = flags.DEFINE_string("workdir", "runs/curve/shared", "holds tfds/ and warm_start/")
+_RL_STEP = flags.DEFINE_integer("rl_step", -1, "an RL checkpoint's step (-1: the warm start)")
+_NUM = flags.DEFINE_integer("num", 64, "problems")
+_SPLIT = flags.DEFINE_enum("split", "test", ["test", "train"], "held-out or training problems")
+_SAMPLES = flags.DEFINE_integer("samples", 2, "samples per problem at the rollout temperature")
+_BATCH = flags.DEFINE_integer("batch", 32, "rows per engine call")
+_OUT = flags.DEFINE_string("out", "", "a JSON file for the figures ('' : print only)")
+
+
+def effort_of(text: str) -> str:
+  return {CAREFUL: "careful", HASTY: "hasty"}.get(text[:1], "other")
+
+
+def summarise(texts, answers, sizes, check) -> dict:
+  """Per effort: share, pass@1, mean length; and pass@1 by problem size (a quartile bin)."""
+  by = collections.defaultdict(list)
+  for text, answer, size in zip(texts, answers, sizes):
+    by[effort_of(text)].append((check(text, answer), len(text), size))
+  n = len(texts)
+  out = {
+    "pass@1": float(np.mean([r for v in by.values() for r, _, _ in v])),
+    "mean_length": float(np.mean([len(t) for t in texts])),
+  }
+  for effort, v in sorted(by.items()):
+    out[effort] = {
+      "share": len(v) / n,
+      "pass@1": float(np.mean([r for r, _, _ in v])),
+      "mean_length": float(np.mean([length for _, length, _ in v])),
+    }
+  edges = np.quantile(sizes, [0.25, 0.5, 0.75])
+  bins = collections.defaultdict(list)
+  for text, answer, size in zip(texts, answers, sizes):
+    bins[int(np.searchsorted(edges, size, side="right"))].append(check(text, answer))
+  out["pass@1_by_size_quartile"] = [float(np.mean(bins[b])) if bins[b] else None for b in range(4)]
+  return out
+
+
+def main(argv):
+  del argv
+  config, workdir = _CONFIG.value, _WORKDIR.value
+  tok = get_tokenizer(config.task.tokenizer)
+  task = get_task(config.task.name)
+  train_split, test_split = train.load_data(config, workdir)
+  model_cfg = configuration.model_config(config, tok)
+  graphdef, params = nnx.split(init_model(model_cfg, seed=0))
+  if _RL_STEP.value < 0:
+    params = checkpoint.restore_params(os.path.join(workdir, "warm_start"), params)
+  else:
+    path = os.path.join(os.path.abspath(workdir), "checkpoints", str(_RL_STEP.value), "state")
+    nnx.replace_by_pure_dict(params, ocp.StandardCheckpointer().restore(path)["params"])
+  engine_cfg = dataclasses.replace(
+    configuration.engine_config(config, tok), max_batch=_BATCH.value, spec_threshold=0
+  )
+  engine = RolloutEngine(graphdef, model_cfg, engine_cfg)
+  examples = list(test_split if _SPLIT.value == "test" else train_split)[: _NUM.value]
+  prompts = [tok.encode(format_prompt(ex), add_bos=True) for ex in examples]
+  # A problem's size: its reference solution's length (steps, operations).
+  sizes = [len(ex["solution"]) for ex in examples]
+  report = {}
+  for name, temperature, k in (
+    ("greedy", 0.0, 1),
+    ("sampled", config.sampling.temperature, _SAMPLES.value),
+  ):
+    per_call = max(_BATCH.value // k, 1)
+    texts = []
+    for i in range(0, len(prompts), per_call):
+      res = engine.generate(
+        params,
+        prompts[i : i + per_call],
+        k,
+        sampling=SamplingConfig(temperature=temperature),
+        key=1,
+        seq_id_offset=i * k,
+      )
+      texts += [tok.decode(res.completion(n)) for n in range(len(res.length))]
+    answers = [ex["answer"] for ex in examples for _ in range(k)]
+    report[name] = summarise(texts, answers, [s for s in sizes for _ in range(k)], task.check)
+    report[name]["examples"] = texts[:3]
+  print(json.dumps(report, indent=1))
+  if _OUT.value:
+    with open(_OUT.value, "w") as f:
+      json.dump(report, f, indent=1)
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# TLT's figure on a GPU in one sitting: the warm starts, then baseline, sd and tlt
+# interleaved (experiments/learning_curve.py), reward and held-out accuracy against
+# wall-clock time, with the program count and compile seconds printed.
+#
+# Sized for ~9 minutes of device time with its compiles (configs/regime.py:gpu: 32 prompts
+# x 8 samples in one call, 40 RL steps, programs capped by few batch and cache buckets, two
+# chains and one packed update width). Float32 products at "highest" and XLA's
+# deterministic GPU ops, so the three modes' curves coincide step by step. Programs are
+# cached on disk (JAX_COMPILATION_CACHE_DIR), so a second process in the sitting (a rerun
+# after a failure) compiles nothing it already compiled. Nothing is downloaded: the warm
+# starts are built here (the SFT from random weights, then the drafter's).
+#
+#   pip install -U "jax[cuda12]"; pip install -e .
+#   bash experiments/gpu_curve.sh runs/gpu_curve            # the sitting
+#   bash experiments/gpu_curve.sh /tmp/gpu_rehearsal tiny   # the CPU rehearsal, ~2 minutes
+#
+# Extra flags after the variant go to learning_curve.py (e.g. --config.rl.steps=30).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${1:-runs/gpu_curve}
+VARIANT=${2:-gpu}
+shift $(($# < 2 ? $# : 2))
+PY=${PYTHON:-python}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-$OUT/xla_cache}
+export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0
+export JAX_DEFAULT_MATMUL_PRECISION=highest
+export XLA_FLAGS="--xla_gpu_deterministic_ops=true ${XLA_FLAGS:-}"
+start=$SECONDS
+echo "$(date -u +%H:%M:%S) devices: $($PY -c 'import jax; print(jax.devices())')"
+$PY experiments/learning_curve.py --config="configs/regime.py:$VARIANT" --out="$OUT" \
+  --eval_batch=256 --block=10 "$@" 2>&1 | tee "$OUT/gpu_curve.log"
+echo "$(date -u +%H:%M:%S) done in $((SECONDS - start)) s; programs and compile seconds:"
+$PY - "$OUT" <<'EOF'
+import json, sys
+report = json.load(open(f"{sys.argv[1]}/learning_curve.json"))
+total = sum(p["rollout"] + p.get("update", 0) for p in report["programs"].values())
+seconds = sum(p["rollout_s"] + p.get("update_s", 0) for p in report["programs"].values())
+for name, p in report["programs"].items():
+  print(f"  {name}: {p}")
+print(f"  all: {total} programs, {seconds:.0f} s compiling")
+EOF

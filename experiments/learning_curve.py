@@ -1,0 +1,292 @@
+r"""TLT's figure: the same learning curve, sooner. Baseline, sd and tlt on one warm start.
+
+The three modes run in one process, interleaved in blocks of RL steps (every mode's steps
+0-9, then 10-19, ...) so that the host's drift hits them alike (`compare.run_interleaved`).
+They roll out the same tokens (coupled sampling) and apply the same updates, so their
+parameters are equal at every step: held-out accuracy is evaluated once per evaluation
+step, after each mode's parameter digest is checked against the evaluated one.
+
+What it reports (<out>/learning_curve.json, .md, .png; per-step CSV):
+- the curve: training reward per step and held-out pass@1 (greedy and sampled) against
+  each mode's wall-clock seconds (compiles and evaluation left out);
+- whether the policy learnt: the last quarter's mean reward over the first quarter's, with
+  a bootstrap interval over steps, and against the warm start's reward on the very prompts
+  of the last quarter (same keys: the rise is learning, not the data order);
+- the speed: step and rollout time per mode, paired per step (median, quartiles, range),
+  the baseline's rollout share r, the rollout speedup s, Amdahl(r, s) beside the measured
+  end-to-end figure; compile seconds; drafter updates per tlt step; the online and frozen
+  drafters' accept lengths on fixed prompts; the update's throughput against the matmul
+  rate measured in the same process.
+
+  python experiments/learning_curve.py --config=configs/regime.py --out=runs/curve --seed=0
+  python experiments/learning_curve.py --config=configs/default.py:tiny --out=/tmp/curve \
+    --config.rl.steps=8 --block=4     # smoke run, seconds
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import os
+import shutil
+import sys
+import time
+
+import jax
+import numpy as np
+from absl import app, flags
+from ml_collections import config_flags
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from experiments.host import cpu_model, matmul_flops, read_bandwidth  # noqa: E402
+from tlt_jax import checkpoint, compare, curves  # noqa: E402
+from tlt_jax.evaluation import held_out_metrics  # noqa: E402
+from tlt_jax.rollout.engine import RolloutEngine  # noqa: E402
+
+_CONFIG = config_flags.DEFINE_config_file("config", "configs/regime.py", "job config")
+_OUT = flags.DEFINE_string("out", "runs/learning_curve", "output folder")
+_MODES = flags.DEFINE_list("modes", ["baseline", "sd", "tlt"], "modes, in the order they run")
+_SEED = flags.DEFINE_integer("seed", 0, "RL seed (config.seed: data order and rollout keys)")
+_BLOCK = flags.DEFINE_integer("block", 10, "RL steps per mode before the next mode's turn")
+_EVAL_BATCH = flags.DEFINE_integer(
+  "eval_batch", 32, "rows per held-out evaluation call (its own engine; 0: the trainer's)"
+)
+_PREPARE = flags.DEFINE_bool("prepare_only", False, "build the warm starts and stop")
+_KEEP = flags.DEFINE_string(
+  "keep", "", "a folder (e.g. experiments/results/curve_s0) to copy the per-step tables into"
+)
+
+
+def host_line() -> dict:
+  return {
+    "time": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    "cpu": cpu_model(),
+    "cores": os.cpu_count(),
+    "jax": jax.__version__,
+    "devices": f"{jax.device_count()} x {jax.devices()[0].platform}",
+    "read_GBps": round(read_bandwidth() / 1e9, 1),
+    "matmul_GFLOPs": round(matmul_flops() / 1e9, 1),
+  }
+
+
+class FastEvaluation:
+  """Held-out evaluation on an engine of its own: `eval_batch` rows a call, and speculative
+  decoding with the warm-start drafter where a run has one (token-identical to plain
+  decoding, so the accuracy is the same; only the seconds differ). Called with the runs
+  (`compare.run_interleaved`), it builds the engine and returns the evaluation function."""
+
+  def __init__(self, eval_batch: int):
+    self.eval_batch = eval_batch
+    self.engine = self.drafter_params = None
+
+  def __call__(self, runs: dict):
+    drafted = [r for r in runs.values() if r["job"].drafter is not None]
+    job = (drafted or list(runs.values()))[0]["job"]
+    cfg = dataclasses.replace(job.engine.config, max_batch=self.eval_batch)
+    if job.drafter is None:
+      cfg = dataclasses.replace(cfg, spec_threshold=0, capture_hidden=False)
+    self.engine = RolloutEngine(
+      job.graphdef,
+      job.model_cfg,
+      cfg,
+      job.sampling,
+      drafter_graphdef=None if job.drafter is None else job.drafter.graphdef,
+    )
+    # The warm-start drafter, copied before any online update touches it.
+    if job.drafter is not None:
+      self.drafter_params = jax.tree.map(np.array, job.drafter.params)
+    return self.evaluate
+
+  def evaluate(self, trainer):
+    return held_out_metrics(
+      self.engine,
+      trainer.params,
+      trainer.tokenizer,
+      trainer.evals,
+      trainer.eval_check,
+      trainer.format_prompt,
+      samples=trainer.cfg.eval_samples,
+      key=trainer.cfg.seed,
+      drafter_params=self.drafter_params,
+    )
+
+
+def replay_rewards(engine, params, trainer, steps, drafter_params=None) -> list[float]:
+  """The mean reward `params` earn on the prompts, keys and sequence ids of RL `steps`
+  (one rollout a step: no refills), decoded in one call per step: token-for-token what
+  the run's rollout of that step would have been under these params."""
+  cfg, p, g = trainer.cfg, trainer.cfg.prompts_per_step, trainer.cfg.group_size
+  out = []
+  for k in steps:
+    idx = [int(trainer.order[(k * p + i) % len(trainer.order)]) for i in range(p)]
+    examples = [trainer.train[i] for i in idx]
+    prompts = [trainer.tokenizer.encode(trainer.format_prompt(ex), add_bos=True) for ex in examples]
+    key = jax.random.fold_in(jax.random.key(cfg.seed), k * 64)
+    res = engine.generate(
+      params, prompts, g, key=key, seq_id_offset=k * p * g, drafter_params=drafter_params
+    )
+    texts = [trainer.tokenizer.decode(res.completion(n)) for n in range(p * g)]
+    out.append(
+      float(
+        np.mean([trainer.reward_fn(t, examples[n // g]["answer"]) for n, t in enumerate(texts)])
+      )
+    )
+  return out
+
+
+def speed_table(rows: dict[str, list[dict]], modes: list[str]) -> dict:
+  """Per mode: mean step / rollout seconds (steps after the first), paired ratios against
+  the baseline per step, r, s and Amdahl; compile seconds."""
+  base = next(label for label in rows if label.startswith("baseline"))
+  b = rows[base][1:]
+  table = {}
+  for label, mine in rows.items():
+    timed = mine[1:]
+    t = {
+      "step_s": float(np.mean([r["step_s"] for r in timed])),
+      "rollout_s": float(np.mean([r["rollout_s"] for r in timed])),
+      "compile_s": float(sum(r["compile_s"] for r in mine)),
+      "wall_s": float(sum(r["step_s"] for r in mine)),
+    }
+    t["rollout_share"] = t["rollout_s"] / t["step_s"]
+    if label != base:
+      t["step_speedup"] = curves.ratio_spread(
+        [r["step_s"] for r in b], [r["step_s"] for r in timed]
+      )
+      t["rollout_speedup"] = curves.ratio_spread(
+        [r["rollout_s"] for r in b], [r["rollout_s"] for r in timed]
+      )
+      r_base = float(np.mean([r["rollout_s"] for r in b]) / np.mean([r["step_s"] for r in b]))
+      s = t["rollout_speedup"]["of_totals"]
+      t["amdahl"] = curves.amdahl(r_base, s)
+      t["wall_speedup"] = float(sum(r["step_s"] for r in rows[base]) / t["wall_s"])
+    table[label] = t
+  return table
+
+
+def main(argv):
+  del argv
+  out = _OUT.value
+  os.makedirs(out, exist_ok=True)
+  config = _CONFIG.value
+  if _PREPARE.value:
+    print(f"warm starts ready in {compare.prepare_shared(config, out)}")
+    return
+  host_start = host_line()
+  print("host at start:", host_start, flush=True)
+  fast = FastEvaluation(_EVAL_BATCH.value)
+  runs, rows, evaluation = compare.run_interleaved(
+    config,
+    out,
+    list(_MODES.value),
+    _SEED.value,
+    _BLOCK.value,
+    evaluate=fast,
+  )
+  host_end = host_line()
+  print("host at end:", host_end, flush=True)
+  with open(os.path.join(out, "shared", "summary.json")) as f:
+    warm_eval = json.load(f)["eval"]
+  base = next(label for label in rows if label.startswith("baseline"))
+  rewards = {label: [r["reward"] for r in rs] for label, rs in rows.items()}
+  equal = sum(
+    len({round(rewards[label][i], 12) for label in rows}) == 1 for i in range(len(rewards[base]))
+  )
+  # Did the policy learn, or did the prompts get easier? The warm start on the very
+  # prompts (and keys) of the last quarter's steps; step 0 replayed as a check (the
+  # warm start is step 0's policy, so it must give the run's own step-0 reward).
+  base_trainer = runs[base]["trainer"]
+  n = len(rewards[base])
+  last = list(range(n - n // 4, n))
+  warm = checkpoint.restore_params(os.path.join(out, "shared", "warm_start"), base_trainer.params)
+  with open(base_trainer.metrics_path) as f:
+    refills = sum(json.loads(line).get("refills", 0) for line in f)
+  t = time.perf_counter()
+  warm_rewards = replay_rewards(fast.engine, warm, base_trainer, [0, *last], fast.drafter_params)
+  replay = {
+    "seconds": time.perf_counter() - t,
+    "step0_replayed": warm_rewards[0],
+    "step0_run": rewards[base][0],
+    "refills": refills,
+    "warm_start_last_quarter": float(np.mean(warm_rewards[1:])),
+    "trained_minus_warm_start": curves.paired_gap(
+      [rewards[base][k] for k in last], warm_rewards[1:]
+    ),
+  }
+  # Compiled programs and their seconds, per run (rollout engine, update) and the
+  # evaluation engine: what a device sitting's budget goes to before any step runs.
+  programs = {
+    label: {
+      "rollout": run["job"].engine.pool.compiles,
+      "rollout_s": run["job"].engine.pool.compile_seconds,
+      "update": run["trainer"].programs.compiles,
+      "update_s": run["trainer"].programs.compile_seconds,
+    }
+    for label, run in runs.items()
+  }
+  if fast.engine is not None:
+    programs["evaluation"] = {
+      "rollout": fast.engine.pool.compiles,
+      "rollout_s": fast.engine.pool.compile_seconds,
+    }
+  report = {
+    "host_start": host_start,
+    "host_end": host_end,
+    "config": config.to_dict(),
+    "warm_start_eval": warm_eval,
+    "rewards_equal_steps": [equal, len(rewards[base])],
+    "params_mismatches": evaluation.mismatches,
+    "learning": curves.quarter_rise(rewards[base]),
+    "warm_start_replay": replay,
+    "speed": speed_table(rows, list(_MODES.value)),
+    "programs": programs,
+  }
+  keys = (
+    "learning",
+    "warm_start_replay",
+    "speed",
+    "programs",
+    "rewards_equal_steps",
+    "params_mismatches",
+  )
+  print(json.dumps({k: report[k] for k in keys}, indent=1))
+  with open(os.path.join(out, "learning_curve.json"), "w") as f:
+    json.dump({**report, "rows": rows}, f, indent=1, default=str)
+  for label, rs in rows.items():
+    with open(os.path.join(out, f"steps_{label}.csv"), "w", newline="") as f:
+      w = csv.DictWriter(f, fieldnames=list(rs[0]))
+      w.writeheader()
+      w.writerows(rs)
+  sp = report["speed"]
+  notes = [
+    f"{label}: step {t['step_s']:.1f} s, rollout {t['rollout_s']:.1f} s "
+    f"(r {t['rollout_share']:.2f})"
+    + (
+      f", end to end {t['step_speedup']['of_totals']:.2f}x "
+      f"[{t['step_speedup']['range'][0]:.2f}-{t['step_speedup']['range'][1]:.2f}], "
+      f"rollout {t['rollout_speedup']['of_totals']:.2f}x, Amdahl {t['amdahl']:.2f}x"
+      if "step_speedup" in t
+      else ""
+    )
+    + f"; compiles {t['compile_s']:.0f} s"
+    for label, t in sp.items()
+  ]
+  curves.plot_learning_curves(
+    rows,
+    os.path.join(out, "learning_curve.png"),
+    notes=notes,
+    warm_eval=warm_eval,
+    title=f"{os.path.basename(out)}: training reward and held-out pass@1 against wall-clock",
+  )
+  if _KEEP.value:
+    os.makedirs(_KEEP.value, exist_ok=True)
+    for name in os.listdir(out):
+      if name.startswith(("steps_", "learning_curve")):
+        shutil.copy(os.path.join(out, name), _KEEP.value)
+  print("\n".join(notes))
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,94 @@
+"""The learning-curve statistics and figure (tlt_jax.curves), and the interleaved modes'
+shared evaluation (tlt_jax.compare.SharedEvaluation)."""
+
+import numpy as np
+import pytest
+
+from tlt_jax import compare, curves
+
+
+def test_quarter_rise_is_last_quarter_minus_first_with_an_interval_over_steps():
+  rewards = [0.1] * 10 + [0.2] * 20 + [0.5, 0.4] * 5
+  out = curves.quarter_rise(rewards, reps=2000)
+  assert out["steps_per_quarter"] == 10
+  assert out["first_quarter"] == pytest.approx(0.1)
+  assert out["last_quarter"] == pytest.approx(0.45)
+  assert out["rise"] == pytest.approx(0.35)
+  lo, hi = out["interval"]
+  assert 0.3 <= lo <= 0.35 <= hi <= 0.4
+  # A flat, noisy curve: the interval covers 0.
+  flat = np.random.default_rng(0).normal(0.3, 0.05, 40)
+  lo, hi = curves.quarter_rise(flat, reps=2000)["interval"]
+  assert lo < 0 < hi
+  # Too few steps to resample: no interval, still a rise.
+  assert curves.quarter_rise([0.0, 1.0])["interval"] is None
+  with pytest.raises(ValueError):
+    curves.quarter_rise([0.5])
+
+
+def test_paired_gap_and_ratio_spread():
+  gap = curves.paired_gap([0.5, 0.6, 0.7], [0.4, 0.4, 0.4], reps=2000)
+  assert gap["pairs"] == 3 and gap["mean"] == pytest.approx(0.2)
+  assert 0.1 - 1e-9 <= gap["interval"][0] <= 0.2 <= gap["interval"][1] <= 0.3 + 1e-9
+  assert curves.paired_gap([1.0], [0.5])["interval"] is None
+  spread = curves.ratio_spread([2.0, 4.0, 6.0], [1.0, 2.0, 2.0])
+  assert spread["of_totals"] == pytest.approx(12 / 5)
+  assert spread["median"] == 2.0 and spread["range"] == [2.0, 3.0]
+  assert curves.amdahl(0.5, 2.0) == pytest.approx(1 / 0.75)
+  assert curves.amdahl(1.0, 3.0) == pytest.approx(3.0)
+
+
+def test_elapsed_and_smooth():
+  rows = [{"step_s": s} for s in (1.0, 2.0, 3.0)]
+  assert curves.elapsed(rows).tolist() == [1.0, 3.0, 6.0]
+  assert curves.smooth([1, 2, 3, 4], 2).tolist() == [1.0, 1.5, 2.5, 3.5]
+
+
+def test_plot_learning_curves_writes_a_png(tmp_path):
+  def rows(scale):
+    return [
+      {
+        "step": i,
+        "step_s": scale,
+        "reward": 0.1 * i,
+        "eval": 0.5 if i == 3 else "",
+        "eval_sampled": 0.4 if i == 3 else "",
+      }
+      for i in range(4)
+    ]
+
+  path = tmp_path / "curve.png"
+  curves.plot_learning_curves(
+    {"baseline_s0": rows(2.0), "tlt_s0": rows(1.0)},
+    str(path),
+    notes=["tlt: 2.00x"],
+    warm_eval={"accuracy": 0.3, "sampled_accuracy": 0.2},
+  )
+  assert path.stat().st_size > 10_000
+
+
+class _Trainer:
+  def __init__(self, step, params):
+    self.step, self.params, self.evaluated = step, params, 0
+
+  def evaluate(self):
+    self.evaluated += 1
+    return {"accuracy": float(self.params["w"].sum())}
+
+
+def test_shared_evaluation_evaluates_once_per_step_and_checks_the_digests():
+  shared = compare.SharedEvaluation()
+  a = _Trainer(10, {"w": np.ones(3)})
+  b = _Trainer(10, {"w": np.ones(3)})
+  c = _Trainer(10, {"w": np.zeros(3)})
+  first = shared("baseline", a)
+  second = shared("tlt", b)
+  assert a.evaluated == 1 and b.evaluated == 0  # equal parameters: figures shared
+  assert second["shared_from"] == "baseline" and second["accuracy"] == first["accuracy"] == 3.0
+  assert second["params_digest"] == first["params_digest"]
+  # Different parameters at the same step: evaluated on their own and flagged.
+  third = shared("sd", c)
+  assert c.evaluated == 1 and third["accuracy"] == 0.0
+  assert third["params_differ_from"] == "baseline"
+  assert shared.mismatches == [{"step": 10, "run": "sd", "against": "baseline"}]
+  assert compare.params_digest({"w": np.ones(3)}) != compare.params_digest({"w": np.ones(4)})

@@ -1,0 +1,222 @@
+"""Metrics to Weights & Biases and MLflow (stand-in modules put in sys.modules, so nothing is
+skipped when the packages are absent), the config section, and the progress bar's figures."""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+
+import ml_collections
+import numpy as np
+import pytest
+from flax import nnx
+from rl_helpers import IdTokenizer, seven_reward, tiny_grpo
+
+from tlt_jax.configuration import ConfigError
+from tlt_jax.decode.sampling import SamplingConfig
+from tlt_jax.models.config import ModelConfig
+from tlt_jax.models.transformer import init_model
+from tlt_jax.rl import PolicyLossConfig, UpdateConfig
+from tlt_jax.rl.metrics import MetricsConfig, MetricsLog, metrics_config, progress_postfix
+from tlt_jax.rl.trainer import GRPOTrainer
+from tlt_jax.rollout.config import EngineConfig
+from tlt_jax.rollout.engine import RolloutEngine
+
+
+class FakeWandb(types.ModuleType):
+  """wandb's init / run.log / run.finish, recording every call."""
+
+  def __init__(self):
+    super().__init__("wandb")
+    self.inits, self.logged, self.finished = [], [], 0
+    self.fail = False
+
+  def init(self, **kwargs):
+    self.inits.append(kwargs)
+    module = self
+
+    class Run:
+      id = kwargs["id"]
+
+      def log(self, data, step):
+        if module.fail:
+          raise ConnectionError("offline")
+        module.logged.append((step, dict(data)))
+
+      def finish(self):
+        module.finished += 1
+
+    return Run()
+
+
+class FakeMlflow(types.ModuleType):
+  """mlflow's fluent API: one active run at a time, metrics by step, a config artifact."""
+
+  def __init__(self):
+    super().__init__("mlflow")
+    self.experiments, self.starts, self.logged, self.artifacts, self.ended = [], [], [], [], 0
+
+  def set_experiment(self, name):
+    self.experiments.append(name)
+
+  def start_run(self, run_id=None, run_name=None):
+    self.starts.append((run_id, run_name))
+    return types.SimpleNamespace(info=types.SimpleNamespace(run_id=run_id or "run-1"))
+
+  def log_metrics(self, metrics, step):
+    self.logged.append((step, dict(metrics)))
+
+  def log_dict(self, data, path):
+    self.artifacts.append((path, data))
+
+  def end_run(self):
+    self.ended += 1
+
+
+@pytest.fixture
+def trackers(monkeypatch):
+  wandb, mlflow = FakeWandb(), FakeMlflow()
+  monkeypatch.setitem(sys.modules, "wandb", wandb)
+  monkeypatch.setitem(sys.modules, "mlflow", mlflow)
+  return wandb, mlflow
+
+
+def _row(step):
+  return {
+    "step": step,
+    "reward_mean": 0.25 * step,
+    "accuracy": 0.5,
+    "skipped": True,  # a bool: not a metric
+    "note": "text",
+    "eval": {"accuracy": 0.75},
+    "rollout_lengths": [[3, 4]],
+  }
+
+
+def _log(workdir, config):
+  return MetricsLog(
+    str(workdir / "metrics.jsonl"),
+    str(workdir / "rollout_lengths.jsonl"),
+    str(workdir / "tensorboard"),
+    purge_step=0,
+    config=config,
+  )
+
+
+def test_rows_go_to_wandb_and_mlflow_and_a_resume_keeps_the_runs(tmp_path, trackers):
+  wandb, mlflow = trackers
+  (tmp_path / "config.json").write_text(json.dumps({"seed": 3, "rl": {"steps": 2}}))
+  cfg = MetricsConfig(loggers="wandb, mlflow", project="proj")
+  assert cfg.loggers == ("wandb", "mlflow")
+  log = _log(tmp_path, cfg)
+  log.write(_row(0))
+  log.write(_row(1))
+  log.close()
+  want = [(s, {"reward_mean": 0.25 * s, "accuracy": 0.5, "eval/accuracy": 0.75}) for s in (0, 1)]
+  assert wandb.logged == want and mlflow.logged == want
+  (init,) = wandb.inits
+  assert init["project"] == "proj" and init["name"] == tmp_path.name
+  assert init["resume"] == "allow" and init["dir"] == str(tmp_path)
+  assert init["config"] == {"seed": 3, "rl": {"steps": 2}}
+  assert mlflow.experiments == ["proj"] and mlflow.starts == [(None, tmp_path.name)]
+  assert mlflow.artifacts == [("config.json", {"seed": 3, "rl": {"steps": 2}})]
+  assert wandb.finished == 1 and mlflow.ended == 1
+  # metrics.jsonl as before; the lengths apart.
+  rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  assert [r["step"] for r in rows] == [0, 1] and "rollout_lengths" not in rows[0]
+  # A resumed run logs to the same W&B and MLflow runs (ids kept in the workdir).
+  log = _log(tmp_path, MetricsConfig(loggers=("wandb", "mlflow"), run_name="again"))
+  log.write(_row(2))
+  log.close()
+  assert wandb.inits[1]["id"] == init["id"] and wandb.inits[1]["name"] == "again"
+  assert mlflow.starts[1] == ("run-1", None) and len(mlflow.artifacts) == 1
+  assert wandb.logged[-1][0] == 2 and mlflow.logged[-1][0] == 2
+
+
+def test_a_tracker_outage_does_not_stop_the_run(tmp_path, trackers):
+  wandb, _ = trackers
+  log = _log(tmp_path, MetricsConfig(loggers=("wandb",)))
+  wandb.fail = True
+  log.write(_row(0))
+  wandb.fail = False
+  log.write(_row(1))
+  log.close()
+  assert log.tracker_errors == 1 and [s for s, _ in wandb.logged] == [1]
+  assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 2
+
+
+def test_default_logs_to_files_only(tmp_path, trackers):
+  wandb, mlflow = trackers
+  log = _log(tmp_path, None)
+  log.write(_row(0))
+  log.close()
+  assert not wandb.inits and not mlflow.starts and (tmp_path / "metrics.jsonl").exists()
+  assert not (tmp_path / "wandb_run_id").exists()
+
+
+def test_config_errors(monkeypatch):
+  with pytest.raises(ValueError, match="not one of"):
+    MetricsConfig(loggers=("tensorboard",))
+  section = ml_collections.ConfigDict({"metrics": {"loggers": "", "projct": "x"}})
+  with pytest.raises(ConfigError, match="config.metrics: unknown field.*projct"):
+    metrics_config(section)
+  with pytest.raises(ConfigError, match="config.metrics: loggers"):
+    metrics_config(ml_collections.ConfigDict({"metrics": {"loggers": "neptune"}}))
+  assert metrics_config(ml_collections.ConfigDict({"seed": 0})) == MetricsConfig()
+  # Not installed: refused when the config is read, not at the first step.
+  monkeypatch.delitem(sys.modules, "wandb", raising=False)
+  monkeypatch.setattr("importlib.util.find_spec", lambda name: None)
+  with pytest.raises(ValueError, match=r"pip install 'tlt_jax\[wandb\]'"):
+    MetricsConfig(loggers="wandb")
+
+
+def test_progress_postfix():
+  row = {
+    "reward_mean": 0.4567,
+    "accuracy": 0.25,
+    "length_mean": 41.6,
+    "rollout_tokens": 900,
+    "time/rollout": 2.0,
+  }
+  assert progress_postfix(row) == {"reward": "0.46", "acc": "0.25", "len": "42", "tok/s": "450"}
+  tlt = progress_postfix({**row, "spec/accept_length": 2.345, "drafter/version": 7})
+  assert tlt["accept"] == "2.35" and tlt["drafter"] == "v7"
+  assert "tok/s" not in progress_postfix({**row, "time/rollout": 0.0})
+
+
+def test_trainer_logs_every_step_and_shows_throughput(tmp_path, trackers, capsys):
+  """The trainer hands its MetricsConfig to the log: each step's numbers reach W&B at that
+  step, and the progress bar shows the rollout's tokens per second."""
+  wandb, _ = trackers
+  model = ModelConfig(
+    vocab_size=40, num_layers=1, d_model=32, num_heads=4, num_kv_heads=2, head_dim=8, mlp_dim=64
+  )
+  graphdef, params = nnx.split(init_model(model, seed=0))
+  engine_cfg = EngineConfig(
+    max_prompt_len=8,
+    max_new_tokens=12,
+    max_batch=8,
+    chunk_steps=12,
+    min_batch_bucket=8,
+    min_cache_bucket=32,
+    min_prompt_bucket=8,
+    compact=False,
+    cache_buckets=False,
+    capture_hidden=False,
+    stop_tokens=(0,),
+  )
+  engine = RolloutEngine(graphdef, model, engine_cfg, SamplingConfig(temperature=1.0))
+  prompts = [{"question": f"{i} {i + 1} {i + 2}", "answer": ""} for i in range(1, 9)]
+  trainer = GRPOTrainer(
+    graphdef, params, engine, IdTokenizer(), prompts, prompts[:2], seven_reward,
+    lambda ex: ex["question"], tiny_grpo(2, 4), PolicyLossConfig(),
+    UpdateConfig(learning_rate=1e-3, total_steps=4, micro_batch=4), str(tmp_path),
+    metrics=MetricsConfig(loggers=("wandb",), project="p"),
+  )  # fmt: skip
+  rows = trainer.run(progress=True)
+  assert [s for s, _ in wandb.logged] == [0, 1] and wandb.finished == 1
+  for row, (_, logged) in zip(rows, wandb.logged, strict=True):
+    assert logged["reward_mean"] == row["reward_mean"]
+    assert np.isclose(logged["time/rollout"], row["time/rollout"])
+  assert "tok/s=" in capsys.readouterr().err
