@@ -3,9 +3,9 @@
 TLT pays where a decode step costs about the same for 1 row as for a device's whole share
 of the rollout (the weights, not the arithmetic, bound the step) and a few long responses
 keep the devices busy. Why each setting (figures in experiments/RESULTS.md):
-- policy: the 50M model of configs/sd_bench.py (16 layers x 512): 200 MB of float32
-  weights, several times the last-level cache of this project's CPU hosts (32 MB), so a
-  decode step is bound by reading them (experiments/cost_surface.py gives b* per host).
+- policy: 16 layers x 256 (13M parameters): 48 MB of float32 weights, above the 32 MB
+  last-level cache of this project's CPU hosts, so a decode step is bound by reading them
+  (experiments/cost_surface.py: b* = 4.2 rows on host G, 2026-11-27).
 - rollout: 4 rows per engine call (what one device decodes at once, near the hosts'
   measured b* of 4-9 rows), 4 calls of 4 prompts x 4 samples per RL step: what 4 devices
   would decode side by side, run one after another here (`rl.rows_per_call`). Every mode
@@ -25,12 +25,15 @@ keep the devices busy. Why each setting (figures in experiments/RESULTS.md):
   effort's logit) and the final norm (a sharpness) faster than the rest (`lr_multipliers`):
   with Adam every parameter moves by about its learning rate a step whatever the batch,
   and the body's skills do not survive the rate that moves a decision in 40 steps.
-The warm start (SFT on the mixed demonstrator from the sd_bench policy, which already adds
-two-digit numbers: `--config.sft.init_from=runs/sd_policy/warm_start`) and the drafter's
-warm start are built once into the workdir and reused. TLT's figure (experiments/
-learning_curve.py: baseline, sd and tlt interleaved, reward against wall-clock):
-  python experiments/learning_curve.py --config=configs/regime.py --out=runs/curve \
-    --config.sft.init_from=runs/sd_policy/warm_start
+The warm start (SFT on the mixed demonstrator, from scratch) and the drafter's warm start
+are built once into the workdir and reused. Measured on host G (experiments/RESULTS.md,
+2026-11-27): 200 SFT steps (820k tokens, 28 min) teach the format but not the arithmetic
+(token accuracy 0.86, pass@1 0), so RL has nothing to sharpen; the 0.8M "small" variant
+needed ~5M tokens for 0.99. The 700 steps set below (2.9M tokens, ~1.8 h on 2 cores) are
+an estimate from those two points, not yet measured.
+TLT's figure (experiments/learning_curve.py: baseline, sd and tlt interleaved, reward
+against wall-clock):
+  python experiments/learning_curve.py --config=configs/regime.py --out=runs/curve
 """
 
 import ml_collections
@@ -71,7 +74,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
 
   # Packed rows of many short solutions and a few long ones; the ~3% of examples longer
   # than a row are left out of SFT (the policy still meets them in RL: the tail).
-  c.sft.steps = 200
+  c.sft.steps = 700
   c.sft.batch_rows = 8
   c.sft.row_len = 512
   c.sft.learning_rate = 3e-3
@@ -203,6 +206,9 @@ def _tiny(c: ml_collections.ConfigDict) -> None:
   c.drafter.buffer_rows = 64
   c.eval.num_examples = 4
   c.rl.steps = 4
+  # Four SFT steps solve nothing: with DAPO's filter every group would be dropped and the
+  # rehearsal would never compile or run the update the sitting needs.
+  c.rl.dynamic_sampling = False
   c.rl.prompts_per_step = 2
   c.rl.group_size = 4
   c.rl.eval_every = 2

@@ -37,17 +37,17 @@ _OUT = flags.DEFINE_string("out", "", "optional JSON file for the results")
 
 def _step_seconds(block: int, batch, model_cfg, sft_cfg, steps: int) -> float:
   # The block size is read when the step is traced: set it, then build a fresh jit.
-  transformer._CAUSAL_BLOCK = block or 10**9
-  graphdef, params = nnx.split(transformer.init_model(model_cfg, seed=0))
-  optimizer = sft.sft_optimizer(sft_cfg)
-  opt_state = optimizer.init(params)
-  step = sft.make_train_step(graphdef, optimizer)
-  params, opt_state, m = step(params, opt_state, batch)  # compile
-  jax.block_until_ready(m)
-  start = time.perf_counter()
-  for _ in range(steps):
-    params, opt_state, m = step(params, opt_state, batch)
-  jax.block_until_ready(m)
+  with transformer.causal_block(block or 10**9):
+    graphdef, params = nnx.split(transformer.init_model(model_cfg, seed=0))
+    optimizer = sft.sft_optimizer(sft_cfg)
+    opt_state = optimizer.init(params)
+    step = sft.make_train_step(graphdef, optimizer)
+    params, opt_state, m = step(params, opt_state, batch)  # compile
+    jax.block_until_ready(m)
+    start = time.perf_counter()
+    for _ in range(steps):
+      params, opt_state, m = step(params, opt_state, batch)
+    jax.block_until_ready(m)
   return (time.perf_counter() - start) / steps
 
 

@@ -11,6 +11,7 @@ interleaved in repetitions.
   python experiments/bench_bandit.py --compare=/tmp/old_bandit.py   # another version, same run
 """
 
+import dataclasses
 import importlib.util
 import os
 import statistics
@@ -41,13 +42,23 @@ def _load(path: str):
   return module
 
 
+def _bandit(module, arms, settings):
+  """`module`'s bandit with `settings`; a bandit.py from before `BanditSettings` takes
+  them as keywords."""
+  if hasattr(module, "BanditSettings"):
+    return module.StrategyBandit(arms, module.BanditSettings(**dataclasses.asdict(settings)))
+  kwargs = dataclasses.asdict(settings)
+  kwargs["accept_families"] = dict(settings.accept_families)
+  return module.StrategyBandit(arms, **kwargs)
+
+
 def _time(module, seed: int) -> tuple[float, float]:
   """Median ms of select and of update on a bandit fed like the engine's."""
   depths = [int(d) for d in _CHAINS.value]
   config = EngineConfig(spec_threshold=64, spec_strategies=tuple(f"chain{d}" for d in depths))
   arms, settings = bandit_settings(config)
-  families = settings["accept_families"]
-  b = module.StrategyBandit(arms, **settings)
+  families = dict(settings.accept_families)
+  b = _bandit(module, arms, settings)
   rng = np.random.default_rng(seed)
 
   def feed(bucket: int):

@@ -3,7 +3,7 @@ r"""Attention of a few new tokens over the KV cache: batched dots vs multiply-re
 A decode step's query is one token per row (a verification, a handful), so its attention is,
 per (row, kv head), a [G T, E] x [E, S] and a [G T, S] x [S, E] product. Written as einsums,
 XLA:CPU runs them as thousands of tiny GEMMs; written as a multiply fused into a reduction
-(`models.transformer._attend_reduce`, taken where `_reduces(batch, tokens)` says), it streams
+(`models.transformer.attend_reduce`, taken where `reduces(batch, tokens)` says), it streams
 the cache. Measurements, settings interleaved round by round so drift hits both alike:
 
 1. attention alone: 16 layers of cache attention per decode step, for the policy's shapes
@@ -61,14 +61,13 @@ _STRATEGIES = flags.DEFINE_list("strategies", ["chain4", "tree5x4x16"], "draft s
 _OUT = flags.DEFINE_string("out", "", "optional JSON file for the results")
 
 _FORMS = flags.DEFINE_list(
-  "forms", ["dots", "reduce"], "values of transformer._ATTENTION_FORM; ratios are to the first"
+  "forms", ["dots", "reduce"], "transformer.ATTENTION_FORMS to compare; ratios are to the first"
 )
 _TOKENS = flags.DEFINE_list("tokens", ["1"], "new tokens per row (attention part)")
 
 
 def _attention_ms(cfg, batch: int, tokens: int, slots: int, form: str, steps: int = 8) -> float:
-  """ms per decode step of cfg.num_layers cache attentions (read at trace time: fresh jit)."""
-  transformer._ATTENTION_FORM = form
+  """ms per decode step of cfg.num_layers cache attentions in `form`."""
   key = jax.random.key(0)
   shape = (batch, cfg.num_kv_heads, slots, cfg.head_dim)
   ks = [jax.random.normal(jax.random.fold_in(key, i), shape) for i in range(cfg.num_layers)]
@@ -81,7 +80,7 @@ def _attention_ms(cfg, batch: int, tokens: int, slots: int, form: str, steps: in
     def step(i, x):
       mask = transformer.cache_mask(lens + i, tokens, slots)
       for k, v in zip(ks, vs):  # each layer's output feeds the next: no work is skipped
-        x = transformer.attend(x, k, v, mask)
+        x = transformer.attend(x, k, v, mask, form=form)
       return x
 
     return jax.lax.fori_loop(0, steps, step, q)
@@ -97,14 +96,14 @@ def _engine_result(model, engine_cfg, prompts, form: str, drafter=None):
 
   model: (graphdef, params, config); drafter: (graphdef, params) for speculative decoding.
   """
-  transformer._ATTENTION_FORM = form
   graphdef, params, cfg = model
   dgraph, dparams = drafter or (None, None)
-  # A fresh pool per run: programs are traced (and the flag read) when they compile.
+  # A fresh pool per run: programs are traced (and the form read) when they compile.
   greedy = SamplingConfig(temperature=0.0)
   engine = RolloutEngine(graphdef, cfg, engine_cfg, greedy, ExecutablePool(), dgraph)
-  engine.generate(params, prompts, 1, key=0, drafter_params=dparams)  # compile
-  return engine.generate(params, prompts, 1, key=0, drafter_params=dparams)
+  with transformer.attention_form(form):
+    engine.generate(params, prompts, 1, key=0, drafter_params=dparams)  # compile
+    return engine.generate(params, prompts, 1, key=0, drafter_params=dparams)
 
 
 def _engine_config(config, tok, batch: int, **changes):
@@ -194,7 +193,6 @@ def main(argv):
       med = {f: float(np.median(m)) for f, m in ms.items()}
       out["spec_round_ms"][f"{b}/{strategy}"] = med
       print(f"  batch {b:>3} {strategy:>12}: {line(med, 'lower')}", flush=True)
-  transformer._ATTENTION_FORM = "auto"
   if _OUT.value:
     with open(_OUT.value, "w") as f:
       json.dump(out, f, indent=1)

@@ -304,12 +304,12 @@ def rebuilt_prompt_lengths(config: dict, rows: list[dict]) -> list[dict]:
   import ml_collections
 
   from tlt_jax import configuration
-  from tlt_jax.train import _load_data
+  from tlt_jax.train import load_data
 
   cfg = ml_collections.ConfigDict(config)
   tokenizer = configuration.tokenizer(cfg)
   fmt = configuration.prompt_format(cfg, tokenizer)
-  train, _ = _load_data(cfg, cfg.task.data_dir)
+  train, _ = load_data(cfg, cfg.task.data_dir)
   order = np.random.default_rng(int(cfg.seed)).permutation(len(train))
   p, g = int(cfg.rl.prompts_per_step), int(cfg.rl.group_size)
   cursor, out = 0, []

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
 import numpy as np
 import pytest
 
-from tlt_jax.rollout.bandit import StrategyBandit, answer_phase, frontier_advance
+from tlt_jax.rollout.bandit import BanditSettings, StrategyBandit, answer_phase, frontier_advance
 
 ARMS = ("plain", "chain2", "chain4", "tree4x2x8")
 
@@ -22,9 +23,9 @@ TRUE_RATE = {
 }
 NOISE_SIGMA = 0.15
 
-# The defaults (exploration 2 spreads, discount 0.97) track a drifting drafter quickly but spend
-# a lot on exploration with a ~33-chunk window. For a check on a stationary cost model with 12%
-# gaps and 15% noise, a longer window and a smaller bonus are appropriate.
+# The defaults (BanditSettings: exploration 2 spreads, discount 0.99, the engine's) track a
+# drifting drafter with a ~100-chunk window. For a check on a stationary cost model with 12%
+# gaps and 15% noise, a smaller bonus is appropriate.
 TUNED = {"exploration": 1.0, "discount": 0.99}
 
 
@@ -43,7 +44,7 @@ def test_cost_model_has_a_different_best_arm_per_bucket():
 
 
 def test_learns_best_arm_per_bucket():
-  bandit = StrategyBandit(ARMS, seed=0, **TUNED)
+  bandit = StrategyBandit(ARMS, BanditSettings(seed=0, **TUNED))
   rng = np.random.default_rng(1234)
   chosen: dict[int, list[str]] = {b: [] for b in TRUE_RATE}
   # Interleave buckets as an engine would: statistics must not leak across buckets.
@@ -67,7 +68,7 @@ def _late_share_after_jump(**kwargs) -> tuple[StrategyBandit, float, float]:
   """chain4 goes from worst to best half-way; returns its share of the final 100 pulls and
   of the first 50 after the jump."""
   rates = {"plain": 100.0, "chain2": 120.0, "chain4": 90.0}
-  bandit = StrategyBandit(tuple(rates), seed=0, **kwargs)
+  bandit = StrategyBandit(tuple(rates), BanditSettings(seed=0, **kwargs))
   rng = np.random.default_rng(7)
   chosen = []
   for step in range(300):
@@ -104,7 +105,7 @@ def _drive(bandit: StrategyBandit, rng: np.random.Generator, steps: int) -> list
 
 
 def test_state_dict_json_round_trip_continues_identically():
-  original = StrategyBandit(ARMS, seed=3)
+  original = StrategyBandit(ARMS, BanditSettings(seed=3))
   _drive(original, np.random.default_rng(0), 40)
   state = json.loads(json.dumps(original.state_dict()))
   restored = StrategyBandit.from_state_dict(state)
@@ -112,7 +113,7 @@ def test_state_dict_json_round_trip_continues_identically():
   assert repr(restored) == repr(original)
 
   # A bandit that has seen nothing chooses differently: the comparison below can fail.
-  fresh = StrategyBandit(ARMS, seed=3)
+  fresh = StrategyBandit(ARMS, BanditSettings(seed=3))
   rng_a, rng_b, rng_c = (np.random.default_rng(5) for _ in range(3))
   a, b, c = _drive(original, rng_a, 25), _drive(restored, rng_b, 25), _drive(fresh, rng_c, 25)
   assert len(a) == 50
@@ -132,11 +133,11 @@ def test_state_dict_restores_tie_breaking_generator():
       bandit.update(2, arm, 10.0)
     return out
 
-  original = StrategyBandit(ARMS, discount=1.0, min_pulls=1, seed=11)
+  original = StrategyBandit(ARMS, BanditSettings(discount=1.0, min_pulls=1, seed=11))
   run(original, 13)
   restored = StrategyBandit.from_state_dict(json.loads(json.dumps(original.state_dict())))
   # Same statistics, another generator state.
-  other_rng = StrategyBandit(ARMS, seed=12).state_dict()["rng"]
+  other_rng = StrategyBandit(ARMS, BanditSettings(seed=12)).state_dict()["rng"]
   other_seed = StrategyBandit.from_state_dict({**original.state_dict(), "rng": other_rng})
   a, b, c = run(original, 50), run(restored, 50), run(other_seed, 50)
   assert a == b
@@ -172,12 +173,33 @@ def test_load_state_dict_rejects_different_arms():
 def test_constructor_rejects_bad_arguments(args, kwargs, match):
   arms = args[0] if args else ()
   with pytest.raises(ValueError, match=match):
-    StrategyBandit(arms, **kwargs)
+    StrategyBandit(arms, BanditSettings(**kwargs))
 
 
 def test_constructor_accepts_boundary_values():
-  bandit = StrategyBandit(["plain"], exploration=0.0, discount=1.0, min_pulls=1)
+  bandit = StrategyBandit(["plain"], BanditSettings(exploration=0.0, discount=1.0, min_pulls=1))
   assert bandit.arms == ("plain",)
+
+
+def test_settings_are_one_checked_normalised_value():
+  """BanditSettings holds every setting once: its defaults are the engine's, a bad value is
+  refused naming the field, and a mapping or pairs of families give equal settings that the
+  state records and restores."""
+  default = BanditSettings()
+  assert (default.exploration, default.discount, default.min_pulls) == (2.0, 0.99, 1)
+  assert StrategyBandit(ARMS).settings == default
+  for field, bad in (("min_spread", 1.0), ("seed", "x"), ("frontier", (0.5,))):
+    with pytest.raises(ValueError, match=rf"^BanditSettings\.{field} must be"):
+      BanditSettings(**{field: bad})
+  with pytest.raises(ValueError, match=r"^BanditSettings\.accept_families"):
+    BanditSettings(accept_families={"chain4": ("chain", 0)})
+  fam = {"chain4": ("chain", 4)}
+  a = BanditSettings(accept_families=fam, frontier=[0.125, 8], min_pulls=np.int64(2))
+  b = BanditSettings(accept_families=(("chain4", ["chain", 4]),), frontier=(0.125, 8), min_pulls=2)
+  assert a == b and hash(a) == hash(b) and type(a.min_pulls) is int
+  assert BanditSettings.from_state(json.loads(json.dumps(a.to_state()))) == a
+  with pytest.raises(dataclasses.FrozenInstanceError):
+    a.discount = 0.5  # type: ignore[misc]
 
 
 def test_update_rejects_bad_input():
@@ -195,7 +217,7 @@ def test_update_rejects_bad_input():
 
 @pytest.mark.parametrize("min_pulls", [1, 2, 3])
 def test_fresh_bucket_warms_up_round_robin(min_pulls):
-  bandit = StrategyBandit(ARMS, min_pulls=min_pulls)
+  bandit = StrategyBandit(ARMS, BanditSettings(min_pulls=min_pulls))
   # Rewards favour the last arm heavily, so UCB alone would not produce this order.
   rewards = {"plain": 1.0, "chain2": 2.0, "chain4": 3.0, "tree4x2x8": 100.0}
   chosen = []
@@ -214,7 +236,7 @@ def test_fresh_bucket_warms_up_round_robin(min_pulls):
 
 
 def test_best_and_summary():
-  bandit = StrategyBandit(ARMS, discount=0.5)
+  bandit = StrategyBandit(ARMS, BanditSettings(discount=0.5))
   assert bandit.best(4) == "plain"  # No data: the first arm.
   bandit.update(4, "chain4", 10.0)
   assert bandit.best(4) == "chain4"  # Arms without data are excluded, not treated as 0.
@@ -236,7 +258,7 @@ def test_exploration_stops_once_precise_arms_separate():
   rates = {"plain": 100.0, "chain2": 110.0, "chain4": 121.0}
 
   def best_share(sigma):
-    bandit = StrategyBandit(tuple(rates), seed=0)  # the defaults
+    bandit = StrategyBandit(tuple(rates), BanditSettings(seed=0))  # the defaults
     rng = np.random.default_rng(3)
     chosen = []
     for _ in range(200):
@@ -250,21 +272,16 @@ def test_exploration_stops_once_precise_arms_separate():
   assert noisy < precise - 0.1, (noisy, precise)
 
 
-def test_loads_a_version_1_state_without_spreads():
-  """Checkpoints written before spreads were recorded still resume (as zero spread)."""
-  bandit = StrategyBandit(ARMS, seed=2)
-  for i, arm in enumerate(ARMS * 3):
-    bandit.update(1, arm, 10.0 + i)
-  state = json.loads(json.dumps(bandit.state_dict()))
-  state["version"] = 1
-  del state["min_spread"]
-  for entry in state["buckets"]:  # version 1: one value per arm, no squares
-    del entry["square_sum"]
-    for key in ("count", "reward_sum"):
-      entry[key] = [cells[0] for cells in entry[key]]
-  restored = StrategyBandit.from_state_dict(state)
-  assert restored.summary() == bandit.summary()
-  assert restored.select(1) in ARMS
+@pytest.mark.parametrize("version", [1, 2, 3, 5, None])
+def test_refuses_a_state_of_another_version_in_one_line(version):
+  """Only the current layout is read: an older checkpoint's bandit state fails at once,
+  naming its version, not deep inside the reader."""
+  bandit = StrategyBandit(ARMS, BanditSettings(seed=2))
+  bandit.update(1, "plain", 10.0)
+  state = {**json.loads(json.dumps(bandit.state_dict())), "version": version}
+  for load in (StrategyBandit.from_state_dict, StrategyBandit(ARMS).load_state_dict):
+    with pytest.raises(ValueError, match=rf"^bandit state version {version!r} is not supported"):
+      load(state)
 
 
 def test_answer_phase_bins_double():
@@ -333,7 +350,7 @@ def test_fit_recovers_arm_speeds_from_unbalanced_phases():
   speed = {"plain": 50.0, "chain2": 80.0, "chain4": 100.0, "tree4x2x8": 90.0}
   factor = [1.0, 0.8, 0.5]
   seen = {"plain": (0, 1, 2), "chain2": (1, 2), "chain4": (0, 1), "tree4x2x8": (0,)}
-  bandit = StrategyBandit(ARMS, discount=1.0)
+  bandit = StrategyBandit(ARMS, BanditSettings(discount=1.0))
   for arm, phases in seen.items():
     for p in phases:
       bandit.update(1, arm, speed[arm] * factor[p], phase=p)
@@ -368,18 +385,18 @@ def test_phases_remove_the_bias_towards_arms_measured_early():
   mean beats chain4's (the bias measured on hardware); with phases the bandit settles on
   chain4."""
   phases_of = {"chain4": 1, "chain8": 3}
-  biased = StrategyBandit(("chain4", "chain8"), seed=0, discount=0.99)
+  biased = StrategyBandit(("chain4", "chain8"), BanditSettings(seed=0, discount=0.99))
   chosen = _rollouts(biased, None, 150, seed=5)
   assert biased.best(1) == "chain8"
   assert chosen[-100:].count("chain8") > 50
-  fair = StrategyBandit(("chain4", "chain8"), seed=0, discount=0.99)
+  fair = StrategyBandit(("chain4", "chain8"), BanditSettings(seed=0, discount=0.99))
   chosen = _rollouts(fair, phases_of, 150, seed=5)
   assert fair.best(1) == "chain4", fair.summary()
   assert chosen[-100:].count("chain4") >= 90
 
 
 def test_state_round_trip_keeps_phases():
-  original = StrategyBandit(ARMS, seed=4)
+  original = StrategyBandit(ARMS, BanditSettings(seed=4))
   rng = np.random.default_rng(0)
   for i in range(40):
     arm = original.select(2)
@@ -412,7 +429,7 @@ NEIGHBOURS = {
 
 def _regret_in_new_bucket(prior_weight: float, seed: int, chunks: int = 12) -> float:
   """Tokens/s lost in bucket 2's first `chunks` chunks after buckets 1 and 4 have learnt."""
-  bandit = StrategyBandit(ARMS, seed=seed, prior_weight=prior_weight, min_pulls=1)
+  bandit = StrategyBandit(ARMS, BanditSettings(seed=seed, prior_weight=prior_weight, min_pulls=1))
   rng = np.random.default_rng(seed)
   for _ in range(40):
     for bucket in (1, 4):
@@ -433,19 +450,19 @@ def test_prior_from_neighbouring_buckets_cuts_a_new_buckets_exploration():
   # Alone, bucket 2 pulls every arm once and re-tries the slow ones; with the prior it starts
   # on the neighbours' best arm.
   assert shared < 0.5 * alone, (shared, alone)
-  bandit = StrategyBandit(ARMS, prior_weight=1.0, min_pulls=1)
+  bandit = StrategyBandit(ARMS, BanditSettings(prior_weight=1.0, min_pulls=1))
   bandit.update(1, "chain4", 75.0)
   bandit.update(1, "plain", 40.0)
   pseudo, relative, _ = bandit.prior(2)
-  np.testing.assert_allclose(pseudo, [1.0, 0.0, 0.97, 0.0])  # chain4's pull decayed once
+  np.testing.assert_allclose(pseudo, [1.0, 0.0, 0.99, 0.0])  # chain4's pull decayed once
   np.testing.assert_allclose(relative[[0, 2]], [40 / 75, 1.0])
-  assert StrategyBandit(ARMS, min_pulls=1).prior(2)[0].sum() == 0  # off by default
+  assert StrategyBandit(ARMS, BanditSettings(min_pulls=1)).prior(2)[0].sum() == 0  # off by default
 
 
 def test_a_buckets_own_data_outweighs_a_wrong_prior():
   # The neighbours say chain2; bucket 2's own chunks say chain4 (20% faster). The prior's
   # pseudo-pulls fade with the bucket's own chunks, so chain4 is tried and then kept.
-  bandit = StrategyBandit(ARMS, seed=0, prior_weight=1.0, min_pulls=1, **TUNED)
+  bandit = StrategyBandit(ARMS, BanditSettings(seed=0, prior_weight=1.0, min_pulls=1, **TUNED))
   rng = np.random.default_rng(5)
   wrong = {"plain": 50.0, "chain2": 100.0, "chain4": 60.0, "tree4x2x8": 55.0}
   own = {"plain": 50.0, "chain2": 100.0, "chain4": 120.0, "tree4x2x8": 55.0}
@@ -463,15 +480,15 @@ def test_a_buckets_own_data_outweighs_a_wrong_prior():
 
 
 def test_prior_weight_survives_the_state_round_trip():
-  bandit = StrategyBandit(ARMS, prior_weight=0.5, seed=1)
+  bandit = StrategyBandit(ARMS, BanditSettings(prior_weight=0.5, seed=1))
   _drive(bandit, np.random.default_rng(0), 10)
   restored = StrategyBandit.from_state_dict(json.loads(json.dumps(bandit.state_dict())))
-  assert restored.prior_weight == 0.5
+  assert restored.settings.prior_weight == 0.5
   assert [restored.select(2) for _ in range(3)] == [bandit.select(2) for _ in range(3)]
   with pytest.raises(ValueError, match="prior_weight"):
-    StrategyBandit(ARMS, prior_weight=-1.0)
+    StrategyBandit(ARMS, BanditSettings(prior_weight=-1.0))
   with pytest.raises(ValueError, match="needs discount < 1"):
-    StrategyBandit(ARMS, prior_weight=1.0, discount=1.0)
+    StrategyBandit(ARMS, BanditSettings(prior_weight=1.0, discount=1.0))
 
 
 # --------------------------------------------------------------- shared acceptance
@@ -532,7 +549,7 @@ def _simulate(
 def test_acceptance_curve_is_kaplan_meier_over_censored_rounds():
   """chain4 rounds accepting 0, 0, 1, 4 tokens: hazards 2/4, 1/2, 0, 0; a chain's predicted
   tokens per round is 1 + E[min(L, d)], which for the arm that ran is its empirical mean."""
-  bandit = StrategyBandit(("plain", *CHAINS), discount=1.0, accept_families=CHAINS)
+  bandit = StrategyBandit(("plain", *CHAINS), BanditSettings(discount=1.0, accept_families=CHAINS))
   assert math.isnan(bandit.tokens_per_round("chain4"))
   bandit.update(1, "chain4", 10.0, accepted=[2, 1, 0, 0, 1])
   assert bandit.tokens_per_round("chain4") == pytest.approx(1 + (0 + 0 + 1 + 4) / 4)
@@ -553,7 +570,7 @@ def test_shared_acceptance_predicts_the_frontier_of_a_bucket():
   8 rows is the expected lowest of 8 rows (octile of 8), whose chunk tokens spread by the
   per-round spread over sqrt(8); a bucket of 1 row keeps the mean."""
   bandit = StrategyBandit(
-    ("plain", *CHAINS), discount=1.0, accept_families=CHAINS, frontier=(0.125, 8)
+    ("plain", *CHAINS), BanditSettings(discount=1.0, accept_families=CHAINS, frontier=(0.125, 8))
   )
   for bucket in (1, 8):
     bandit.update(bucket, "chain4", 10.0, accepted=[2, 1, 0, 0, 1])  # min(L, 4): 0, 0, 1, 4
@@ -564,7 +581,7 @@ def test_shared_acceptance_predicts_the_frontier_of_a_bucket():
   assert tokens[1] == pytest.approx(2.25)
   assert tokens[8] == pytest.approx(2.25 + lowest_of_8 * sd / math.sqrt(8), rel=1e-3)
   with pytest.raises(ValueError, match="frontier"):
-    StrategyBandit(("plain", "chain4"), frontier=(1.5, 8))
+    StrategyBandit(("plain", "chain4"), BanditSettings(frontier=(1.5, 8)))
 
 
 def test_shared_acceptance_picks_the_faster_chain_through_text_noise():
@@ -580,7 +597,7 @@ def test_shared_acceptance_picks_the_faster_chain_through_text_noise():
     picks = []
     for seed in range(4):
       bandit = StrategyBandit(
-        arms, discount=0.99, min_pulls=1, accept_families=CHAINS if shared else None
+        arms, BanditSettings(discount=0.99, min_pulls=1, accept_families=CHAINS if shared else None)
       )
       picks += _simulate(bandit, shared, 150, seed)[50:]
     share[shared] = picks.count(best) / len(picks)
@@ -598,7 +615,9 @@ def test_a_noisy_arm_does_not_hold_the_shared_chains_in_exploration():
   arms = ("plain", *CHAINS, "hybrid8")
   picks = []
   for seed in range(4):
-    bandit = StrategyBandit(arms, discount=0.99, min_pulls=1, accept_families=CHAINS)
+    bandit = StrategyBandit(
+      arms, BanditSettings(discount=0.99, min_pulls=1, accept_families=CHAINS)
+    )
     picks += _simulate(bandit, True, 200, seed)[50:]
   share = {arm: picks.count(arm) / len(picks) for arm in arms}
   assert share["chain8"] >= 0.85, share
@@ -618,7 +637,9 @@ def test_an_arm_with_its_own_acceptance_curve_is_told_apart_from_the_chains():
   for families, hybrid in ((own, (1.0, 2.3)), (CHAINS, (1.0, 2.3)), (own, (0.93, 2.6))):
     picks = []
     for seed in range(4):
-      bandit = StrategyBandit(arms, discount=0.99, min_pulls=1, accept_families=families)
+      bandit = StrategyBandit(
+        arms, BanditSettings(discount=0.99, min_pulls=1, accept_families=families)
+      )
       picks += _simulate(bandit, True, 200, seed, hybrid=hybrid)[50:]
     share[families is own, hybrid] = {arm: picks.count(arm) / len(picks) for arm in arms}
   faster, chunks, slower = share.values()
@@ -627,7 +648,9 @@ def test_an_arm_with_its_own_acceptance_curve_is_told_apart_from_the_chains():
 
 
 def test_shared_acceptance_update_checks_and_state():
-  bandit = StrategyBandit(("plain", *CHAINS), accept_families=CHAINS, frontier=(0.125, 8), seed=3)
+  bandit = StrategyBandit(
+    ("plain", *CHAINS), BanditSettings(accept_families=CHAINS, frontier=(0.125, 8), seed=3)
+  )
   with pytest.raises(ValueError, match="accepted"):
     bandit.update(1, "chain4", 1.0)  # a family arm needs its acceptance
   with pytest.raises(ValueError, match="accepted"):
@@ -635,22 +658,22 @@ def test_shared_acceptance_update_checks_and_state():
   with pytest.raises(ValueError, match="accepted must be 5"):
     bandit.update(1, "chain4", 1.0, accepted=[1, 0, 0])
   with pytest.raises(ValueError, match="accept_families"):
-    StrategyBandit(("plain", "chain4"), accept_families={"chain9": ("chain", 9)})
+    StrategyBandit(("plain", "chain4"), BanditSettings(accept_families={"chain9": ("chain", 9)}))
   _simulate(bandit, True, 20, 0)
   restored = StrategyBandit.from_state_dict(json.loads(json.dumps(bandit.state_dict())))
   assert restored.summary() == bandit.summary()
   assert restored.tokens_per_round("chain12") == bandit.tokens_per_round("chain12")
-  assert restored.frontier == (0.125, 8)
+  assert restored.settings.frontier == (0.125, 8) and restored.settings == bandit.settings
   assert [restored.select(1) for _ in range(5)] == [bandit.select(1) for _ in range(5)]
   with pytest.raises(ValueError, match="accept_families"):
-    StrategyBandit(("plain", *CHAINS), seed=3).load_state_dict(bandit.state_dict())
+    StrategyBandit(("plain", *CHAINS), BanditSettings(seed=3)).load_state_dict(bandit.state_dict())
 
 
 def test_acceptance_without_a_reward_refines_the_curve_only():
   """`observe_acceptance` (a chunk cut short): the family's curve moves, no bucket's
   statistics do; it refuses arms outside the families and malformed histograms."""
   families = {"chain2": ("chain", 2), "chain4": ("chain", 4)}
-  b = StrategyBandit(["plain", "chain2", "chain4"], accept_families=families)
+  b = StrategyBandit(["plain", "chain2", "chain4"], BanditSettings(accept_families=families))
   b.update(1, "chain4", 10.0, accepted=[2, 2, 2, 2, 2])
   before = {arm: b.tokens_per_round(arm) for arm in families}
   pulls = b.summary()[1]["chain4"]["pulls"]
@@ -671,9 +694,11 @@ def test_bandit_settings_are_the_engines_for_each_pool():
   arms, settings = bandit_settings(EngineConfig(spec_threshold=8, spec_strategies=pool))
   assert arms == ("plain", *pool)
   # Chains share one acceptance curve; a tree has none unless every arm gets its own.
-  assert settings["accept_families"] == {"chain4": ("chain", 4), "chain8": ("chain", 8)}
-  assert settings["frontier"] == (0.125, 8)
-  StrategyBandit(arms, **settings)  # the keywords are the constructor's
+  assert dict(settings.accept_families) == {"chain4": ("chain", 4), "chain8": ("chain", 8)}
+  assert settings.frontier == (0.125, 8)
+  # The rest are the one set of defaults.
+  assert (settings.discount, settings.min_pulls, settings.seed) == (0.99, 1, 0)
+  StrategyBandit(arms, settings)
   _, own = bandit_settings(
     EngineConfig(
       spec_threshold=8,
@@ -684,16 +709,16 @@ def test_bandit_settings_are_the_engines_for_each_pool():
       spec_rounds=4,
     )
   )
-  assert own["accept_families"]["chain4"] == ("chain4", 4)
-  assert own["accept_families"]["tree5x4x16"][0] == "tree5x4x16"
-  assert own["frontier"] == (0.0, 4)
+  assert dict(own.accept_families)["chain4"] == ("chain4", 4)
+  assert dict(own.accept_families)["tree5x4x16"][0] == "tree5x4x16"
+  assert own.frontier == (0.0, 4)
   _, none = bandit_settings(EngineConfig(spec_threshold=8, spec_strategies=("tree5x4x16",)))
-  assert none["accept_families"] == {} and none["frontier"] is None
+  assert none.accept_families == () and none.frontier is None
   # The UCB bonus's weight and the neighbour prior come from the config.
-  assert settings["exploration"] == 2.0 and settings["prior_weight"] == 0.0
+  assert settings.exploration == 2.0 and settings.prior_weight == 0.0
   tuned = EngineConfig(spec_threshold=8, spec_strategies=pool, bandit_exploration=1, bandit_prior=2)
   _, tuned = bandit_settings(tuned)
-  assert tuned["exploration"] == 1.0 and tuned["prior_weight"] == 2.0
+  assert tuned.exploration == 1.0 and tuned.prior_weight == 2.0
   for bad in (-0.5, float("inf"), True):
     with pytest.raises(ValueError, match="bandit_exploration"):
       EngineConfig(spec_threshold=8, spec_strategies=pool, bandit_exploration=bad)

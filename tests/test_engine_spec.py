@@ -329,8 +329,9 @@ def test_bandit_state_restores_into_a_new_engine(models):
   prior = RolloutEngine(
     tg, MODEL, dataclasses.replace(cfg, bandit_prior=0.5), GREEDY, drafter_graphdef=dg
   )
-  assert engine.bandit.prior_weight == 0.0
-  assert prior.bandit.prior_weight == prior.bandit_for(SAMPLED).prior_weight == 0.5
+  assert engine.bandit.settings.prior_weight == 0.0
+  assert prior.bandit.settings.prior_weight == 0.5
+  assert prior.bandit_for(SAMPLED).settings == prior.bandit.settings
   with pytest.raises(ValueError, match="bandit_prior"):
     dataclasses.replace(cfg, bandit_prior=-1.0)
   with pytest.raises(ValueError, match="bandit_shared_acceptance"):
@@ -357,7 +358,8 @@ def test_shared_acceptance_scores_chains_from_their_rounds(models, pool):
   want["tree3x2x6"] = ("tree3x2x6", 3)
   assert engine.bandit.accept_families == want
   assert engine.bandit_for(GREEDY).accept_families == want
-  assert engine.bandit.frontier == engine.bandit_for(GREEDY).frontier == (0.125, ENGINE.spec_rounds)
+  assert engine.bandit.settings.frontier == (0.125, ENGINE.spec_rounds)
+  assert engine.bandit_for(GREEDY).settings == engine.bandit.settings
   plain = _engine(models, pool, SAMPLED, spec_threshold=0)
   for key in (1, 2):
     got = _run(engine, tp, dp, num_samples=4, key=key)
@@ -503,8 +505,8 @@ def _drafter_overhead(timeline):
 
 
 def _same_drafter_state(a, b):
-  """Two `OnlineDrafter.checkpoint_state()`s (params, optimizer, version, buffer) are equal."""
-  (ta, arr_a, meta_a), (tb, arr_b, meta_b) = a, b
+  """Two `OnlineDrafter.state_dict()`s (params, optimizer, version, buffer) are equal."""
+  (ta, arr_a, meta_a), (tb, arr_b, meta_b) = ((d["train"], d["buffer"], d["meta"]) for d in (a, b))
   assert meta_a == meta_b and sorted(arr_a) == sorted(arr_b)
   assert jax.tree.structure(ta) == jax.tree.structure(tb)
   for x, y in zip(jax.tree.leaves((ta, arr_a)), jax.tree.leaves((tb, arr_b))):
@@ -544,7 +546,7 @@ def test_rl_trainer_trains_the_drafter_online_and_checkpoints_it(models, tmp_pat
     before = first_sched.drafter.version
     done = fill(window, lambda: first_sched.drafter.version < before + 2 or busy(), target)
     assert done >= 2 and first_sched.drafter.version == before + done
-    saved[first.step] = (first_sched.drafter.checkpoint_state(), first_sched.state())
+    saved[first.step] = (first_sched.drafter.state_dict(), first_sched.state_dict())
     return done
 
   first_sched.fill = spy
@@ -579,15 +581,15 @@ def test_rl_trainer_trains_the_drafter_online_and_checkpoints_it(models, tmp_pat
   second_sched = _online(models)
   resumed = _rl_trainer(models, tmp_path, 3, scheduler=second_sched)
   assert resumed.step == 2 and second_sched.drafter.version > 0
-  _same_drafter_state(second_sched.drafter.checkpoint_state(), saved[2][0])
-  assert second_sched.state() == saved[2][1] and saved[2][1]["update_seconds"] > 0
+  _same_drafter_state(second_sched.drafter.state_dict(), saved[2][0])
+  assert second_sched.state_dict() == saved[2][1] and saved[2][1]["update_seconds"] > 0
   # Killed after step 2's policy write, before its drafter write: back to step 1's pair,
   # and step 2's orphaned policy checkpoint goes (its rerun writes it afresh).
   shutil.rmtree(tmp_path / "drafter_checkpoints" / "2")
   third_sched = _online(models)
   fallback = _rl_trainer(models, tmp_path, 3, scheduler=third_sched)
   assert fallback.step == 1 and fallback.checkpoints.policy.all_steps() == [1]
-  _same_drafter_state(third_sched.drafter.checkpoint_state(), saved[1][0])
+  _same_drafter_state(third_sched.drafter.state_dict(), saved[1][0])
   # No drafter checkpoints at all (a workdir from before they existed, or from another
   # mode): the policy resumes, the drafter starts from its warm start, nothing is deleted.
   shutil.rmtree(tmp_path / "drafter_checkpoints")
@@ -822,11 +824,11 @@ def test_bandit_files_each_reward_under_its_answer_phase(models, pool):
   """Each chunk records where in the answers it starts (tokens generated per active row) and
   the bandit files its reward under that phase bin; the position is right (it grows by a
   chunk's tokens per row while no row finishes)."""
-  from tlt_jax.rollout.bandit import StrategyBandit, answer_phase
+  from tlt_jax.rollout.bandit import BanditSettings, StrategyBandit, answer_phase
 
   _, tp, _, dp = models
   engine = _engine(models, pool, spec_adaptive=True, spec_threshold=16, bandit_phase_tokens=2)
-  engine.bandit = StrategyBandit(engine.bandit.arms, discount=1.0, min_pulls=1)
+  engine.bandit = StrategyBandit(engine.bandit.arms, BanditSettings(discount=1.0, min_pulls=1))
   filed: dict[tuple[int, str, int], int] = {}
   followed = 0
   for key in (3, 4):
@@ -936,8 +938,8 @@ def test_warmup_runs_every_chunk_program_through_its_loop(models, pool):
 
     return wrapped
 
-  engine._decode_exe = spy("decode", engine._decode_exe)
-  engine._spec_exe = spy("spec", engine._spec_exe)
+  engine.programs.decode = spy("decode", engine.programs.decode)
+  engine.programs.spec = spy("spec", engine.programs.spec)
   engine.warmup(tp, num_samples=2, drafter_params=dp)
   views, buckets = len(engine.config.view_buckets), len(engine.config.batch_buckets)
   assert buckets == 3 and ran["decode"] == [1] * views * buckets

@@ -147,6 +147,24 @@ def test_blocked_causal_attention_matches_dense_in_values_and_gradients():
     np.testing.assert_allclose(gb, gd, atol=1e-4)
 
 
+def test_causal_block_is_a_parameter_or_a_scoped_setting():
+  from tlt_jax.models import transformer
+
+  b, t, h, kv, e = 1, 40, 2, 1, 8
+  ks = jax.random.split(jax.random.key(6), 3)
+  q = jax.random.normal(ks[0], (b, t, h, e))
+  k, v = (jax.random.normal(x, (b, kv, t, e)) for x in ks[1:])
+  mask = full_mask(jnp.ones((b, t), bool), jnp.ones((b, t), jnp.int32))
+  dense = attend(q, k, v, mask)
+  np.testing.assert_allclose(attend_causal(q, k, v, mask, block=16), dense, atol=1e-5)
+  with transformer.causal_block(8):
+    assert transformer.current_causal_block() == 8
+    np.testing.assert_allclose(attend_causal(q, k, v, mask), dense, atol=1e-5)
+  assert transformer.current_causal_block() == 128
+  with pytest.raises(ValueError, match="causal block"), transformer.causal_block(0):
+    pass
+
+
 def _reference_attention(q, k, v, mask):
   """Per (row, token, head) softmax attention in float64 numpy: the forms' common truth."""
   q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
@@ -161,7 +179,7 @@ def _reference_attention(q, k, v, mask):
   return out
 
 
-@pytest.mark.parametrize("form", ["_attend_dots", "_attend_reduce"])
+@pytest.mark.parametrize("form", ["attend_dots", "attend_reduce"])
 @pytest.mark.parametrize("t", [1, 5])
 def test_attention_forms_match_a_reference(form, t):
   # Decode / verification shapes with per-row visible prefixes, grouped query heads, f32 and
@@ -186,22 +204,28 @@ def test_attention_forms_match_a_reference(form, t):
 
 
 def test_attention_form_rule():
-  from tlt_jax.models.transformer import _reduces
+  from tlt_jax.models.transformer import reduces
 
   # Multiply-reduce: one token over many rows, a few tokens over two or more.
-  assert _reduces(16, 1) and _reduces(128, 1) and _reduces(2, 5) and _reduces(32, 31)
+  assert reduces(16, 1) and reduces(128, 1) and reduces(2, 5) and reduces(32, 31)
   # Dots: one token over few rows, any few tokens of one row, and full sequences (SFT,
   # log-probs, prefill).
-  assert not _reduces(1, 1) and not _reduces(8, 1) and not _reduces(1, 17)
-  assert not _reduces(16, 32) and not _reduces(16, 448)
+  assert not reduces(1, 1) and not reduces(8, 1) and not reduces(1, 17)
+  assert not reduces(16, 32) and not reduces(16, 448)
 
 
-def test_unknown_attention_form_is_an_error(monkeypatch):
+def test_unknown_attention_form_is_an_error():
   from tlt_jax.models import transformer
 
-  monkeypatch.setattr(transformer, "_ATTENTION_FORM", "dot")  # a typo must not time the dots
-  with pytest.raises(ValueError, match="_ATTENTION_FORM"):
-    transformer._reduces(1, 1)
+  # A typo must not time the dots.
+  with pytest.raises(ValueError, match="attention form"), transformer.attention_form("dot"):
+    pass
+  with pytest.raises(ValueError, match="attention form"):
+    transformer.reduces(1, 1, form="dot")
+  assert transformer.current_attention_form() == "auto"
+  with transformer.attention_form("reduce"):
+    assert transformer.reduces(1, 1) and transformer.current_attention_form() == "reduce"
+  assert transformer.current_attention_form() == "auto" and not transformer.reduces(1, 1)
 
 
 def test_return_layers_and_tree_mask():

@@ -147,10 +147,10 @@ def test_online_drafter_dry_run_changes_nothing_and_state_round_trips(online):
   drafter, tp, tokens, hidden = online
   if not drafter.ready():
     drafter.buffer.add(tokens, hidden, np.full((8,), 4), np.full((8,), 24), step=0)
-  tree, arrays, meta = drafter.checkpoint_state()
+  state = drafter.state_dict()
   drafter.dry_run(tp)
-  assert drafter.version == meta["version"]
-  for a, b in zip(jax.tree.leaves(drafter.checkpoint_state()[0]), jax.tree.leaves(tree)):
+  assert drafter.version == state["meta"]["version"]
+  for a, b in zip(jax.tree.leaves(drafter.state_dict()["train"]), jax.tree.leaves(state["train"])):
     np.testing.assert_array_equal(a, b)
   fresh = OnlineDrafter(
     drafter.graphdef,
@@ -160,7 +160,7 @@ def test_online_drafter_dry_run_changes_nothing_and_state_round_trips(online):
     slots=24,
     feature_dim=MODEL.d_model,
   )
-  fresh.load_checkpoint_state(tree, arrays, meta)
+  fresh.load_state_dict(state)
   assert fresh.version == drafter.version and len(fresh.buffer) == len(drafter.buffer)
   a, b = drafter.update(tp), fresh.update(tp)
   assert float(a["loss"]) == float(b["loss"])

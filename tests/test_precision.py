@@ -278,7 +278,7 @@ def test_rollout_programs_trace_under_the_engines_matmul_precision(precision):
   cfg = dataclasses.replace(ENGINE, spec_threshold=0, matmul_precision=precision)
   engine = RolloutEngine(tg, MIXED, cfg)
   x = jnp.ones((4, 8), jnp.float32)
-  text = jax.jit(engine._at_precision(lambda a: a @ a.T)).lower(x).as_text()
+  text = jax.jit(engine.programs.at_precision(lambda a: a @ a.T)).lower(x).as_text()
   # None: the ambient precision (JAX_DEFAULT_MATMUL_PRECISION, which the accelerator
   # script sets to "highest" for the whole suite).
   ambient = jax.config.jax_default_matmul_precision

@@ -8,6 +8,7 @@ import dataclasses
 import numpy as np
 import pytest
 
+from tlt_jax.rollout.acceptance import per_token_acceptance
 from tlt_jax.sim import (
   ArmModel,
   EngineCost,
@@ -20,7 +21,7 @@ from tlt_jax.sim import (
   replay_step,
   speedup_bound,
 )
-from tlt_jax.sim.replay import _per_token_acceptance, chain_acceptance
+from tlt_jax.sim.replay import chain_acceptance
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,7 +73,7 @@ def test_the_replayed_bandit_keeps_plain_decode_where_verification_is_compute_bo
 
 def test_stochastic_acceptance_matches_the_mean_and_the_slowest_row_decides():
   arm = ArmModel("chain8", nodes=9, accept_length=4.0, draft_steps=8)
-  a = _per_token_acceptance(arm)
+  a = per_token_acceptance(arm.accept_length, arm.nodes)
   assert chain_accept_length(a, 8) == pytest.approx(4.0, rel=1e-6)
   policy = EnginePolicy(max_batch=64, spec_threshold=64, spec_rounds=4, compact=False)
   one = replay_rollout([4000], _Cost(), policy, [arm], stochastic=True, seed=1)
@@ -358,7 +359,7 @@ def test_a_replayed_bandit_learns_the_arms_and_pays_for_its_exploration():
   assert bandit.summary()[4]["plain"]["pulls"] >= 1
   # Its settings are the engine's: the exploration weight and prior of the config.
   tuned = _bandit(("chain2", "chain4"), bandit_exploration=0.5, bandit_prior=3.0)
-  assert tuned.exploration == 0.5 and tuned.prior_weight == 3.0
+  assert tuned.settings.exploration == 0.5 and tuned.settings.prior_weight == 3.0
   assert _bandit(("chain4",)).arms == ("plain", "chain4")  # arms without a model left out
   with pytest.raises(ValueError, match="none of the engine's strategies"):
     _bandit(("tree5x4x16",))

@@ -316,7 +316,7 @@ def rl_configs(
 ) -> tuple[GRPOConfig, PolicyLossConfig, UpdateConfig]:
   """The RL loop, loss and optimizer configs; the loss takes the sampling temperature and
   truncation (it scores the distribution the rollout samples)."""
-  # format_reward shapes the reward function (train._reinforce), not the loop.
+  # format_reward shapes the reward function (train.reinforce), not the loop.
   rl = to_dataclass(
     GRPOConfig,
     config.rl,
@@ -387,8 +387,8 @@ def checkpoint(config: ml_collections.ConfigDict) -> ModelConfig | None:
     raise ConfigError(f"{field}: {hf_io.CONFIG_NAME} holds {type(hf).__name__}, not an object")
   try:
     model = hf_io.config_from_hf(hf, config.model.dtype, config.model.param_dtype)
-    files = hf_io._weight_files(Path(path))
-    expected = {e.hf_name: e.hf_shape for e in hf_io._entries(model, hf["model_type"])}
+    files = hf_io.weight_files(Path(path))
+    expected = {e.hf_name: e.hf_shape for e in hf_io.checkpoint_entries(model, hf["model_type"])}
     found: dict[str, tuple[int, ...]] = {}
     for file in files:
       with safe_open(file, framework="numpy") as f:
@@ -414,7 +414,7 @@ def checkpoint(config: ml_collections.ConfigDict) -> ModelConfig | None:
     for n in found
     if n not in expected
     and not (n == "lm_head.weight" and model.tie_embeddings)
-    and not hf_io._HARMLESS.search(n)
+    and not hf_io.IGNORED_BUFFERS.search(n)
   ]
   if extra:
     raise ConfigError(

@@ -21,6 +21,7 @@ from tlt_jax.data.tasks import (
   TaskSpec,
   format_prompt,
   format_target,
+  generate_arithmetic,
   get_task,
   make_split,
 )
@@ -61,6 +62,7 @@ __all__ = [
   "extract_marked_answer",
   "format_prompt",
   "format_target",
+  "generate_arithmetic",
   "get_task",
   "get_tokenizer",
   "load_local_split",

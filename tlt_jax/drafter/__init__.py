@@ -1,6 +1,7 @@
 """EAGLE drafter training: aligned data from rollouts, the loss, the update step, the
 online drafter (buffer + versioned params) and its standalone export."""
 
+from tlt_jax.drafter.acceptance import DrafterAcceptance, DrafterEvalConfig
 from tlt_jax.drafter.buffer import DrafterBuffer
 from tlt_jax.drafter.online import DrafterTrainConfig, OnlineDrafter
 from tlt_jax.drafter.training import (
@@ -11,7 +12,9 @@ from tlt_jax.drafter.training import (
 )
 
 __all__ = [
+  "DrafterAcceptance",
   "DrafterBuffer",
+  "DrafterEvalConfig",
   "DrafterTrainConfig",
   "OnlineDrafter",
   "drafter_loss",

@@ -207,24 +207,24 @@ class OnlineDrafter:
     return params, opt_state, target_params, batch
 
   # ---------------------------------------------------------------- checkpoints
-  def checkpoint_state(self) -> tuple[dict[str, Any], dict[str, np.ndarray], dict[str, int]]:
-    """(params and optimizer state, buffer arrays, meta): host copies of everything resume
-    needs, safe to write asynchronously while training goes on (later updates replace,
-    and donate, the device arrays; the buffer is overwritten in place)."""
+  def state_dict(self) -> dict[str, Any]:
+    """Host copies of everything resume needs: "train" (params and optimizer state),
+    "buffer" (the data buffer's arrays) and "meta" (JSON: version, the buffer's meta); safe
+    to write asynchronously while training goes on (later updates replace, and donate, the
+    device arrays; the buffer is overwritten in place)."""
     tree = {"params": nnx.to_pure_dict(self.params), "opt_state": self.opt_state}
     tree = jax.tree.map(np.array, tree)  # copies (np.asarray may alias a CPU device buffer)
     arrays, meta = self.buffer.state_dict()
-    return tree, arrays, {"version": self.version, "buffer": meta}
+    return {"train": tree, "buffer": arrays, "meta": {"version": self.version, "buffer": meta}}
 
   def abstract_state(self) -> dict[str, Any]:
-    """The shapes, dtypes and shardings `checkpoint_state()[0]` restores into."""
+    """The shapes, dtypes and shardings `state_dict()["train"]` restores into."""
     tree = {"params": nnx.to_pure_dict(self.params), "opt_state": self.opt_state}
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
 
-  def load_checkpoint_state(
-    self, tree: dict[str, Any], arrays: dict[str, np.ndarray], meta: dict[str, Any]
-  ) -> None:
-    nnx.replace_by_pure_dict(self.params, tree["params"])
-    self.opt_state = tree["opt_state"]
-    self.version = int(meta["version"])
-    self.buffer.load_state_dict(arrays, meta["buffer"])
+  def load_state_dict(self, state: dict[str, Any]) -> None:
+    """Restores what `state_dict` saved."""
+    nnx.replace_by_pure_dict(self.params, state["train"]["params"])
+    self.opt_state = state["train"]["opt_state"]
+    self.version = int(state["meta"]["version"])
+    self.buffer.load_state_dict(dict(state["buffer"]), state["meta"]["buffer"])

@@ -1,0 +1,54 @@
+"""The policy and its drafter: `ModelConfig`, the Llama / Qwen2 / Qwen3-family decoder (Flax
+NNX, used functionally), the EAGLE drafter, mixed precision and HF safetensors import/export."""
+
+from tlt_jax.models.config import DTYPES, ROPE_TYPES, ModelConfig
+from tlt_jax.models.drafter import Drafter, check_drafter_matches, init_drafter
+from tlt_jax.models.hf_io import (
+  config_from_hf,
+  config_to_hf,
+  load_hf_checkpoint,
+  save_generation_config,
+  save_hf_checkpoint,
+)
+from tlt_jax.models.precision import cast_floating, compute_model, compute_params
+from tlt_jax.models.transformer import (
+  ATTENTION_FORMS,
+  KVCache,
+  Transformer,
+  attend,
+  attention_form,
+  cache_mask,
+  causal_block,
+  current_attention_form,
+  current_causal_block,
+  init_model,
+  split_model,
+)
+
+__all__ = [
+  "ATTENTION_FORMS",
+  "DTYPES",
+  "ROPE_TYPES",
+  "Drafter",
+  "KVCache",
+  "ModelConfig",
+  "Transformer",
+  "attend",
+  "attention_form",
+  "cache_mask",
+  "cast_floating",
+  "causal_block",
+  "check_drafter_matches",
+  "compute_model",
+  "compute_params",
+  "config_from_hf",
+  "config_to_hf",
+  "current_attention_form",
+  "current_causal_block",
+  "init_drafter",
+  "init_model",
+  "load_hf_checkpoint",
+  "save_generation_config",
+  "save_hf_checkpoint",
+  "split_model",
+]

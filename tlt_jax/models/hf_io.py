@@ -108,7 +108,7 @@ _ROPE_NEEDS = {
   ),
 }
 # Buffers some exporters write that carry no learned state (we recompute RoPE).
-_HARMLESS = re.compile(r"(^|\.)rotary_emb\.inv_freq$")
+IGNORED_BUFFERS = re.compile(r"(^|\.)rotary_emb\.inv_freq$")
 _SHARD_NAME = re.compile(r"^model-\d{5}-of-\d{5}\.safetensors$")
 _TOKENIZER_FILES = (
   "tokenizer.json",
@@ -371,7 +371,7 @@ class _Entry:
     return self.shape[::-1] if self.transpose else self.shape
 
 
-def _entries(config: ModelConfig, model_type: str) -> list[_Entry]:
+def checkpoint_entries(config: ModelConfig, model_type: str) -> list[_Entry]:
   """Every tensor of the HF checkpoint for `config`, in HF's canonical order."""
   c = config
   d, q_dim, kv_dim = c.d_model, c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
@@ -427,7 +427,7 @@ def _raise_problems(what: str, problems: list[str]) -> None:
 # ----------------------------------------------------------------------------- loading
 
 
-def _weight_files(directory: Path) -> list[Path]:
+def weight_files(directory: Path) -> list[Path]:
   """The safetensors files of a checkpoint, following transformers' precedence."""
   single = directory / SINGLE_WEIGHTS_NAME
   if single.is_file():
@@ -483,8 +483,8 @@ def load_hf_checkpoint(
   with config_file.open() as f:
     hf_config = json.load(f)
   config = config_from_hf(hf_config, dtype, param_dtype)
-  files = _weight_files(directory)
-  entries = {e.hf_name: e for e in _entries(config, hf_config["model_type"])}
+  files = weight_files(directory)
+  entries = {e.hf_name: e for e in checkpoint_entries(config, hf_config["model_type"])}
 
   # Pass 1: check names and shapes from the headers only, so errors come before any big read.
   location: dict[str, Path] = {}
@@ -500,7 +500,7 @@ def load_hf_checkpoint(
         if entry is None:
           if name == "lm_head.weight" and config.tie_embeddings:
             tied_head = file  # Allowed only if it equals the embedding, checked below.
-          elif not _HARMLESS.search(name):
+          elif not IGNORED_BUFFERS.search(name):
             problems.append(f"{name}: unexpected tensor in {file.name}")
           continue
         found = tuple(f.get_slice(name).get_shape())
@@ -655,7 +655,7 @@ def save_hf_checkpoint(
   if max_shard_bytes is not None and max_shard_bytes <= 0:
     raise ValueError(f"max_shard_bytes must be positive, got {max_shard_bytes}")
   params = _param_arrays(model_or_state)
-  all_entries = _entries(config, model_type)
+  all_entries = checkpoint_entries(config, model_type)
   entries = [e for e in all_entries if e.path is not None]
   expected_paths = {e.path for e in entries}
   problems = [

@@ -16,7 +16,9 @@ heads, K kv heads, G = H // K, E head dim, V vocabulary, F mlp width.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+import contextvars
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import flax.struct
@@ -111,22 +113,53 @@ def apply_rope(x: Float[Array, "B T N E"], tables) -> Float[Array, "B T N E"]:
   return (x32 * cos + rotated * sin).astype(x.dtype)
 
 
-# The form `attend` takes: "auto" (`_reduces` decides), or always "dots" or "reduce". Read at
-# trace time, so experiments/bench_decode_attention.py can time the forms against each other.
-_ATTENTION_FORM = "auto"
+@contextlib.contextmanager
+def _scoped(var: contextvars.ContextVar, value) -> Iterator[None]:
+  """`var` set to `value` within, restored after (the scoped settings below)."""
+  token = var.set(value)
+  try:
+    yield
+  finally:
+    var.reset(token)
 
 
-def _reduces(batch: int, new_tokens: int) -> bool:
-  """Whether `attend` takes the multiply-reduce form (else the dots): one new token over at
+# The forms `attend` takes: "auto" (`reduces` decides), or always "dots" or "reduce".
+ATTENTION_FORMS = ("auto", "dots", "reduce")
+_FORM = contextvars.ContextVar("attention_form", default="auto")
+
+
+def _checked_form(form: str) -> str:
+  if form not in ATTENTION_FORMS:
+    raise ValueError(f"attention form must be one of {ATTENTION_FORMS}, got {form!r}")
+  return form
+
+
+@contextlib.contextmanager
+def attention_form(form: str) -> Iterator[None]:
+  """Within: `attend` takes `form` (one of ATTENTION_FORMS) wherever its caller passes
+  none, so experiments/bench_decode_attention.py can time whole programs under each form.
+  Read when a program is traced: `rollout.pool.ExecutablePool` keys its programs by
+  `current_attention_form()`, so a program traced under another form is never reused."""
+  with _scoped(_FORM, _checked_form(form)):
+    yield
+
+
+def current_attention_form() -> str:
+  """The form `attend` takes where its caller passes none ("auto" outside `attention_form`)."""
+  return _FORM.get()
+
+
+def reduces(batch: int, new_tokens: int, form: str | None = None) -> bool:
+  """Whether `attend` takes the multiply-reduce form (else the dots) under `form` (default:
+  `current_attention_form()`). "auto": one new token over at
   least 16 rows (decode of a larger batch), or 2-31 new tokens over at least 2 rows (draft
   verification, extends). Measured on XLA:CPU, 50M bench policy shapes, 512 cache slots, all
   16 layers (`experiments/bench_decode_attention.py --parts=attention`), ms per step, dots ->
   reduce: 1 token, batch 1 1.0 -> 1.7, 8 13.0 -> 18.4, 16 32.7 -> 22.4, 64 464 -> 108;
   5 tokens, batch 1 3.0 -> 7.6, 2 7.0 -> 4.8; 17 tokens, batch 1 6.4 -> 12.2, 2 13.2 -> 8.6."""
-  if _ATTENTION_FORM not in ("auto", "dots", "reduce"):
-    raise ValueError(f"_ATTENTION_FORM must be 'auto', 'dots' or 'reduce', got {_ATTENTION_FORM!r}")
-  if _ATTENTION_FORM != "auto":
-    return _ATTENTION_FORM == "reduce"
+  form = _checked_form(current_attention_form() if form is None else form)
+  if form != "auto":
+    return form == "reduce"
   if new_tokens == 1:
     return batch >= 16
   return batch >= 2 and new_tokens < 32
@@ -137,14 +170,16 @@ def attend(
   k: Float[Array, "B K S E"],
   v: Float[Array, "B K S E"],
   mask: Bool[Array, "B T S"],
+  form: str | None = None,
 ) -> Float[Array, "B T H E"]:
-  """Grouped-query attention with a boolean visibility mask, softmax in float32."""
-  if _reduces(q.shape[0], q.shape[1]):
-    return _attend_reduce(q, k, v, mask)
-  return _attend_dots(q, k, v, mask)
+  """Grouped-query attention with a boolean visibility mask, softmax in float32, in the
+  form `reduces` picks under `form` (default: `current_attention_form()`)."""
+  if reduces(q.shape[0], q.shape[1], form):
+    return attend_reduce(q, k, v, mask)
+  return attend_dots(q, k, v, mask)
 
 
-def _attend_dots(
+def attend_dots(
   q: Float[Array, "B T H E"],
   k: Float[Array, "B K S E"],
   v: Float[Array, "B K S E"],
@@ -168,7 +203,7 @@ def _attend_dots(
   return out.transpose(0, 3, 1, 2, 4).reshape(b, t, h, e)
 
 
-def _attend_reduce(
+def attend_reduce(
   q: Float[Array, "B T H E"],
   k: Float[Array, "B K S E"],
   v: Float[Array, "B K S E"],
@@ -195,7 +230,23 @@ def _attend_reduce(
 
 
 # Query block of the causal path: a block attends only to keys up to its own end.
-_CAUSAL_BLOCK = 128
+_CAUSAL_BLOCK = contextvars.ContextVar("causal_block", default=128)
+
+
+@contextlib.contextmanager
+def causal_block(block: int) -> Iterator[None]:
+  """Within: `attend_causal` takes query blocks of `block` tokens (default 128) wherever its
+  caller passes none, so experiments/bench_attention.py can time block sizes. Read when a
+  program is traced (the executable pool keys programs by `current_causal_block()`)."""
+  if not isinstance(block, int) or block < 1:
+    raise ValueError(f"causal block must be a positive int, got {block!r}")
+  with _scoped(_CAUSAL_BLOCK, block):
+    yield
+
+
+def current_causal_block() -> int:
+  """The query block `attend_causal` takes where its caller passes none."""
+  return _CAUSAL_BLOCK.get()
 
 
 def attend_causal(
@@ -203,6 +254,7 @@ def attend_causal(
   k: Float[Array, "B K T E"],
   v: Float[Array, "B K T E"],
   mask: Bool[Array, "B T T"],
+  block: int | None = None,
 ) -> Float[Array, "B T H E"]:
   """`attend` over one causal sequence (mask[:, i, j] is False for j > i), in query blocks.
 
@@ -210,13 +262,14 @@ def attend_causal(
   the result is `attend`'s up to float rounding, at ~(nb + 1) / (2 nb) of its score work for
   nb blocks (SFT rows of 448 tokens: 4 blocks, 10/16). Rows with no visible key (padding)
   differ. Smaller blocks cost more than they save on CPU (experiments/bench_attention.py).
+  `block`: the query block (default: `current_causal_block()`).
   """
-  t = q.shape[1]
-  if t <= _CAUSAL_BLOCK:
+  t, block = q.shape[1], current_causal_block() if block is None else block
+  if t <= block:
     return attend(q, k, v, mask)
   outs = []
-  for s in range(0, t, _CAUSAL_BLOCK):
-    e = min(s + _CAUSAL_BLOCK, t)
+  for s in range(0, t, block):
+    e = min(s + block, t)
     outs.append(attend(q[:, s:e], k[:, :, :e], v[:, :, :e], mask[:, s:e, :e]))
   return jnp.concatenate(outs, axis=1)
 

@@ -4,7 +4,9 @@ Two orbax managers in the workdir: `checkpoints/` (params, optimizer state, KL r
 step, data position, bandit statistics, group-draft history) and `drafter_checkpoints/`
 (the drafter's params, optimizer state, version, data buffer and the scheduler's cost
 estimates), written one after the other at the same step (see `save`). A resume takes the
-newest step present in both, so a kill at any point resumes exactly.
+newest step present in both, so a kill at any point resumes exactly. What goes in them is
+the trainer's `state_dict()` and `drafter_state_dict()`, composed of its components' own
+(`RolloutEngine`, `OnlineDrafter`, `SliceScheduler`), laid out as these files always were.
 """
 
 from __future__ import annotations
@@ -12,12 +14,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import jax
 import orbax.checkpoint as ocp
 from absl import logging
-from flax import nnx
 
 if TYPE_CHECKING:
   from tlt_jax.rl.trainer import GRPOTrainer
@@ -50,14 +51,6 @@ class TrainerCheckpoints:
     self.resumed_at: int | None = None
     self.dropped_rows = 0
 
-  @staticmethod
-  def state(t: GRPOTrainer) -> dict[str, Any]:
-    """The policy's checkpointed arrays: params, optimizer state, KL reference."""
-    tree = {"params": nnx.to_pure_dict(t.params), "opt_state": t.opt_state}
-    if t.ref_params is not None:
-      tree["reference"] = nnx.to_pure_dict(t.ref_params)
-    return tree
-
   def save(self, t: GRPOTrainer) -> None:
     """Writes step, params, optimizer, data position (orbax finalises atomically,
     so a write cut short never replaces the last good checkpoint).
@@ -73,28 +66,29 @@ class TrainerCheckpoints:
     from host copies: it finishes while the next step runs (the next save, or the end of
     `run`, waits for it).
     """
-    meta = {"step": t.step, "cursor": t.cursor}
-    if t.engine.bandit is not None:
-      meta["bandit"] = t.engine.bandit.state_dict()
-    items = {"state": ocp.args.StandardSave(self.state(t))}
-    if t.engine.history is not None:
+    state = t.state_dict()
+    engine = state["engine"]
+    meta = {"step": state["step"], "cursor": state["cursor"]}
+    if "bandit" in engine:
+      meta["bandit"] = engine["bandit"]
+    items = {"state": ocp.args.StandardSave(state["policy"])}
+    if "history" in engine:
       # Group drafts read each prompt's earlier rollouts: a resumed run keeps them.
       meta["history"] = True
-      items["history"] = ocp.args.StandardSave(t.engine.history.state_dict())
+      items["history"] = ocp.args.StandardSave(engine["history"])
     self.policy.save(t.step, args=ocp.args.Composite(meta=ocp.args.JsonSave(meta), **items))
-    if t.scheduler is not None:
+    if self.drafter is not None:
       # The write runs in orbax's threads: a device slice for the drafter.
       t.scheduler.fill("checkpoint", self.policy.is_saving_in_progress, t.params)
     self.policy.wait_until_finished()
-    if t.scheduler is not None:
-      tree, buffer, dmeta = t.scheduler.drafter.checkpoint_state()
-      dmeta["scheduler"] = t.scheduler.state()
+    if self.drafter is not None:
+      d = t.drafter_state_dict()
       self.drafter.save(
         t.step,
         args=ocp.args.Composite(
-          drafter=ocp.args.StandardSave(tree),
-          buffer=ocp.args.StandardSave(buffer),
-          meta=ocp.args.JsonSave(dmeta),
+          drafter=ocp.args.StandardSave(d["drafter"]["train"]),
+          buffer=ocp.args.StandardSave(d["drafter"]["buffer"]),
+          meta=ocp.args.JsonSave({**d["drafter"]["meta"], "scheduler": d["scheduler"]}),
         ),
       )
 
@@ -130,34 +124,34 @@ class TrainerCheckpoints:
         # events past the step it resumes at).
         shutil.rmtree(self.tensorboard_dir)
       return
-    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, self.state(t))
+    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, t.state_dict()["policy"])
     got = self.policy.restore(
       last,
       args=ocp.args.Composite(
         state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()
       ),
     )
-    nnx.replace_by_pure_dict(t.params, got["state"]["params"])
-    if t.ref_params is not None:
-      nnx.replace_by_pure_dict(t.ref_params, got["state"]["reference"])
-    t.opt_state = got["state"]["opt_state"]
-    t.step, t.cursor = int(got["meta"]["step"]), int(got["meta"]["cursor"])
-    if t.engine.bandit is not None and "bandit" in got["meta"]:
-      t.engine.bandit.load_state_dict(got["meta"]["bandit"])
-    if t.engine.history is not None and got["meta"].get("history"):
+    meta = got["meta"]
+    engine = {"bandit": meta["bandit"]} if "bandit" in meta else {}
+    if meta.get("history"):
       hist = self.policy.restore(last, args=ocp.args.Composite(history=ocp.args.StandardRestore()))
-      t.engine.history.load_state_dict(dict(hist["history"]))
+      engine["history"] = dict(hist["history"])
+    t.load_state_dict(
+      {"policy": got["state"], "step": meta["step"], "cursor": meta["cursor"], "engine": engine}
+    )
     if with_drafter:
       d = self.drafter.restore(
         last,
         args=ocp.args.Composite(
-          drafter=ocp.args.StandardRestore(t.scheduler.drafter.abstract_state()),
+          drafter=ocp.args.StandardRestore(t.drafter_abstract_state()),
           buffer=ocp.args.StandardRestore(),
           meta=ocp.args.JsonRestore(),
         ),
       )
-      t.scheduler.drafter.load_checkpoint_state(d["drafter"], dict(d["buffer"]), d["meta"])
-      t.scheduler.load_state(d["meta"]["scheduler"])
+      dmeta = dict(d["meta"])
+      scheduler = dmeta.pop("scheduler")
+      drafter = {"train": d["drafter"], "buffer": d["buffer"], "meta": dmeta}
+      t.load_drafter_state_dict({"drafter": drafter, "scheduler": scheduler})
     # Metrics past the checkpoint belong to the lost tail of the killed run.
     self.dropped_rows = self._truncate(t.step)
     self.resumed_at = t.step

@@ -326,6 +326,49 @@ class GRPOTrainer:
     """Checkpoints the step (`checkpoints.TrainerCheckpoints.save`)."""
     self.checkpoints.save(self)
 
+  def state_dict(self) -> dict[str, Any]:
+    """The trainer's state, by component: "policy" (params, optimizer state, KL reference:
+    arrays), "step", "cursor" (the position in the shuffled training order) and "engine"
+    (`RolloutEngine.state_dict`: the bandit's statistics, the group-draft history)."""
+    policy = {"params": nnx.to_pure_dict(self.params), "opt_state": self.opt_state}
+    if self.ref_params is not None:
+      policy["reference"] = nnx.to_pure_dict(self.ref_params)
+    return {
+      "policy": policy,
+      "step": self.step,
+      "cursor": self.cursor,
+      "engine": self.engine.state_dict(),
+    }
+
+  def load_state_dict(self, state: dict[str, Any]) -> None:
+    """Restores what `state_dict` saved (an "engine" part it lacks stays as it is)."""
+    nnx.replace_by_pure_dict(self.params, state["policy"]["params"])
+    if self.ref_params is not None:
+      nnx.replace_by_pure_dict(self.ref_params, state["policy"]["reference"])
+    self.opt_state = state["policy"]["opt_state"]
+    self.step, self.cursor = int(state["step"]), int(state["cursor"])
+    self.engine.load_state_dict(state.get("engine", {}))
+
+  def drafter_state_dict(self) -> dict[str, Any] | None:
+    """TLT: "drafter" (`OnlineDrafter.state_dict`) and "scheduler"
+    (`SliceScheduler.state_dict`); None without an online drafter."""
+    if self.scheduler is None:
+      return None
+    return {
+      "drafter": self.scheduler.drafter.state_dict(),
+      "scheduler": self.scheduler.state_dict(),
+    }
+
+  def drafter_abstract_state(self) -> dict[str, Any]:
+    """The shapes, dtypes and shardings `drafter_state_dict()["drafter"]["train"]` restores
+    into."""
+    return self.scheduler.drafter.abstract_state()
+
+  def load_drafter_state_dict(self, state: dict[str, Any]) -> None:
+    """Restores what `drafter_state_dict` saved."""
+    self.scheduler.drafter.load_state_dict(state["drafter"])
+    self.scheduler.load_state_dict(state["scheduler"])
+
   # ------------------------------------------------------------------- step
   def _next_examples(self, n: int) -> list[Mapping[str, str]]:
     idx = [int(self.order[(self.cursor + i) % len(self.order)]) for i in range(n)]

@@ -57,7 +57,7 @@ Why a bandit, and why one per batch bucket:
   answer's stretch), but predicts them: the arm's pace (rounds per second, measured per
   bucket and phase like any reward; nearly the same from chunk to chunk) times the tokens
   a round emits, 1 + E[min(L, d)], where L is the number of draft tokens the target would
-  accept from an unbounded chain. L's distribution is one per family (`_AcceptCurve`:
+  accept from an unbounded chain. L's distribution is one per family (`acceptance.AcceptCurve`:
   discounted Kaplan-Meier counts over every bucket's rounds, since acceptance depends on
   the drafter and the text, not on the batch): each chunk of any chain in the family
   refines every chain's prediction, and all are compared on the same rounds. Chunks cut
@@ -85,21 +85,24 @@ continues exactly as the original would.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import operator
 from collections.abc import Mapping, Sequence
-from statistics import NormalDist
 from typing import Any
 
 import numpy as np
+
+from tlt_jax.rollout.acceptance import AcceptCurve, frontier_z
 
 PLAIN = "plain"  # the bandit arm that runs plain decode
 # EngineConfig.bandit_reward -> the rows' quantile whose advance is the reward (None: the mean).
 BANDIT_REWARDS = {"frontier": 0.0, "octile": 0.125, "row": None}
 
 _MAX_PHASE = 15  # answer_phase's last bin (> 500k tokens at 16)
-_STATE_VERSION = 4  # 2: squared rewards (spread-scaled exploration); 3: per-phase cells;
-# 4: acceptance curves of chain families
+# The layout `state_dict` writes (4: per-phase cells, squared rewards, acceptance curves).
+# Older layouts are refused: their checkpoints predate the shared-acceptance bandit.
+_STATE_VERSION = 4
 
 
 def answer_phase(generated: float, phase_tokens: int) -> int:
@@ -145,6 +148,127 @@ def _bucket_key(bucket: int) -> int:
     raise ValueError(f"bucket must be an int, got {bucket!r}") from None
 
 
+@dataclasses.dataclass(frozen=True)
+class BanditSettings:
+  """Every setting of a `StrategyBandit`, with the defaults the engine builds it with.
+
+  The engine (`rollout.config.bandit_settings`: the config's exploration, prior, families
+  and frontier on these defaults), the simulator (`sim.validate.engine_bandit`) and
+  experiments/bench_bandit.py all build their bandit from one of these.
+
+  The defaults: a ~100-chunk memory (discount 0.99), long enough to settle on a steady best
+  arm, short enough to follow a drafter that improves over RL steps; one pull per arm
+  first (min_pulls 1), then UCB with a bonus in units of the measured spread of chunk
+  rewards: a noisy first timing is re-tried, arms that are clearly apart are left alone,
+  and each bucket's warm-up costs one chunk per arm. (Three pulls per arm made the RL runs
+  of experiments/e2e_modes.py spend most of their speculative chunks warming up.)
+
+  Attributes:
+    exploration: Weight of the UCB bonus, in units of the bucket's measured reward spread.
+    discount: Factor applied to a bucket's statistics on each of its updates, in (0, 1]; 1
+      means stationary (plain UCB on normalised rewards).
+    min_pulls: Pulls of every arm in a bucket before UCB takes over.
+    min_spread: Floor of the relative spread (a few equal timings do not end exploration).
+    prior_weight: Pseudo-pulls each neighbouring bucket (nearest below and above with data)
+      lends every arm, at its relative speed there; 0: buckets learn alone.
+    accept_families: (arm, (family, depth)) pairs (a mapping is accepted) for chain arms of
+      one drafter whose drafts are prefixes of each other (module docstring): their
+      `update`s give the chunk's pace and acceptance, and their means are predicted from the
+      family's acceptance curve.
+    frontier: (quantile, rounds per chunk) of the reward the other arms are measured by
+      (`frontier_advance`; quantile None: the mean row). A family arm's prediction is then
+      for that quantile of a bucket's rows over a chunk (`AcceptCurve.frontier_tokens`),
+      not for the mean row.
+    seed: Seed of the generator that breaks exact ties.
+  """
+
+  exploration: float = 2.0
+  discount: float = 0.99
+  min_pulls: int = 1
+  min_spread: float = 0.02
+  prior_weight: float = 0.0
+  accept_families: tuple[tuple[str, tuple[str, int]], ...] = ()
+  frontier: tuple[float | None, int] | None = None
+  seed: int = 0
+
+  def __post_init__(self):
+    def bad(name: str, want: str) -> ValueError:
+      return ValueError(f"BanditSettings.{name} must be {want}, got {getattr(self, name)!r}")
+
+    x = self.exploration
+    if not (_is_real(x) and math.isfinite(x) and x >= 0):
+      raise bad("exploration", "a finite number >= 0")
+    if not (_is_real(self.discount) and 0 < self.discount <= 1):
+      raise bad("discount", "in (0, 1]")
+    n = self.min_pulls
+    if isinstance(n, bool) or not isinstance(n, int | np.integer) or n < 1:
+      raise bad("min_pulls", "an int >= 1")
+    if not (_is_real(self.min_spread) and 0 <= self.min_spread < 1):
+      raise bad("min_spread", "in [0, 1)")
+    if isinstance(self.seed, bool) or not isinstance(self.seed, int | np.integer):
+      raise bad("seed", "an int")
+    w = self.prior_weight
+    if not (_is_real(w) and math.isfinite(w) and w >= 0):
+      raise bad("prior_weight", "a finite number >= 0")
+    if w > 0 and self.discount == 1:
+      raise ValueError(
+        "BanditSettings.prior_weight > 0 needs discount < 1 (the prior fades with the discount)"
+      )
+    # Stored normalised (plain floats and ints, tuples), so that equal settings compare equal.
+    normal = {
+      "accept_families": _families(self.accept_families),
+      "frontier": _frontier(self.frontier),
+    }
+    for name in ("exploration", "discount", "min_spread", "prior_weight"):
+      normal[name] = float(getattr(self, name))
+    normal["min_pulls"], normal["seed"] = int(self.min_pulls), int(self.seed)
+    for name, value in normal.items():
+      object.__setattr__(self, name, value)
+
+  def to_state(self) -> dict[str, Any]:
+    """The settings as `StrategyBandit.state_dict` records them (JSON types)."""
+    state = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+    state["accept_families"] = {a: list(spec) for a, spec in self.accept_families}
+    state["frontier"] = None if self.frontier is None else list(self.frontier)
+    return state
+
+  @classmethod
+  def from_state(cls, state: Mapping[str, Any]) -> BanditSettings:
+    """The settings a `state_dict` records (a setting it lacks: the default)."""
+    return cls(**{f.name: state[f.name] for f in dataclasses.fields(cls) if f.name in state})
+
+
+def _families(spec: Any) -> tuple[tuple[str, tuple[str, int]], ...]:
+  """`BanditSettings.accept_families` as (arm, (family, depth)) pairs, checked."""
+  try:
+    pairs = dict(spec or {})
+  except (TypeError, ValueError):
+    raise ValueError(
+      f"BanditSettings.accept_families must map arms to (family, depth), got {spec!r}"
+    ) from None
+  for arm, fd in pairs.items():
+    ok = isinstance(fd, tuple | list) and len(fd) == 2 and isinstance(fd[0], str)
+    if not (isinstance(arm, str) and ok and isinstance(fd[1], int) and fd[1] >= 1):
+      raise ValueError(
+        f"BanditSettings.accept_families: {arm!r} -> {fd!r} must map an arm to (family, depth >= 1)"
+      )
+  return tuple((a, (str(f), int(d))) for a, (f, d) in pairs.items())
+
+
+def _frontier(spec: Any) -> tuple[float | None, int] | None:
+  """`BanditSettings.frontier` as (quantile or None, rounds), checked."""
+  if spec is None:
+    return None
+  ok = isinstance(spec, tuple | list) and len(spec) == 2
+  q, rounds = spec if ok else (None, 0)
+  q_ok = q is None or (_is_real(q) and 0 <= q < 1)
+  if not (ok and q_ok and isinstance(rounds, int) and rounds >= 1):
+    raise ValueError(
+      f"BanditSettings.frontier must be (quantile in [0, 1) or None, rounds >= 1), got {spec!r}"
+    )
+  return (None if q is None else float(q), int(rounds))
+
+
 class _BucketStats:
   """Statistics of every arm in one bucket, per answer phase (arms x phases cells)."""
 
@@ -159,17 +283,25 @@ class _BucketStats:
     self.last: list[float | None] = [None] * num_arms
     self._fitted: tuple[np.ndarray, np.ndarray] | None = None  # fit() until the next change
 
-  def changed(self) -> None:
-    self._fitted = None
-
-  def ensure_phase(self, phase: int) -> None:
+  def record(self, arm: int, phase: int, value: float, discount: float) -> None:
+    """One chunk's reward. Every arm of the bucket decays, pulled or not: "how long ago" is
+    counted in this bucket's chunks, so an arm that is not being tried loses confidence and
+    its bonus grows."""
     grow = phase + 1 - self.count.shape[1]
     if grow > 0:
       pad = ((0, 0), (0, grow))
       self.count = np.pad(self.count, pad)
       self.reward_sum = np.pad(self.reward_sum, pad)
       self.square_sum = np.pad(self.square_sum, pad)
-      self.changed()
+    self.count *= discount
+    self.reward_sum *= discount
+    self.square_sum *= discount
+    self.count[arm, phase] += 1.0
+    self.reward_sum[arm, phase] += value
+    self.square_sum[arm, phase] += value * value
+    self._fitted = None
+    self.pulls[arm] += 1
+    self.last[arm] = value
 
   def fit(self) -> tuple[np.ndarray, np.ndarray]:
     """Per-arm speed `alpha` and per-phase factor `beta` with cell mean ~ alpha_a * beta_p.
@@ -218,7 +350,9 @@ class _BucketStats:
 
   def relative_spread(self) -> float:
     """Pooled standard deviation of the rewards around the phase-adjusted fit, relative to
-    the fitted value (0 without data)."""
+    the fitted value (0 without data): the unit of the exploration bonus, so that arms
+    whose timings barely vary separate after a few pulls and noisy ones keep being
+    compared."""
     known = self.count > 0
     if not known.any():
       return 0.0
@@ -248,82 +382,48 @@ class _BucketStats:
   def from_state(cls, state: Mapping[str, Any], num_arms: int) -> _BucketStats:
     keys = ("count", "reward_sum", "square_sum", "pulls", "last")
     for key in keys:
-      if key in state and len(state[key]) != num_arms:
+      if len(state[key]) != num_arms:
         raise ValueError(
           f"bucket {state['bucket']}: {key!r} has {len(state[key])} entries, expected {num_arms}"
         )
-    cells: dict[str, np.ndarray] = {}
-    for key in keys[:3]:
-      if key not in state:  # "square_sum", version 1: no spread recorded, read as none
-        r, c = cells["reward_sum"], cells["count"]
-        cells[key] = np.where(c > 0, r * r / np.where(c > 0, c, 1.0), 0.0)
-        continue
-      rows = [r if isinstance(r, list | tuple) else [r] for r in state[key]]  # v1-2: one phase
-      if len({len(r) for r in rows}) != 1 or not rows[0]:
-        raise ValueError(f"bucket {state['bucket']}: {key!r} rows must have one equal length")
-      cells[key] = np.asarray(rows, dtype=np.float64)
-    phases = {c.shape[1] for c in cells.values()}
-    if len(phases) != 1:
-      raise ValueError(f"bucket {state['bucket']}: cell arrays have different phase counts")
-    stats = cls(num_arms, phases.pop())
-    stats.count[:] = cells["count"]
-    stats.reward_sum[:] = cells["reward_sum"]
-    stats.square_sum[:] = cells["square_sum"]
+    cells = {key: state[key] for key in keys[:3]}
+    widths = {len(row) for rows in cells.values() for row in rows}
+    if len(widths) != 1 or not min(widths):
+      raise ValueError(f"bucket {state['bucket']}: cell rows must have one equal length")
+    stats = cls(num_arms, widths.pop())
+    stats.count[:] = np.asarray(cells["count"], dtype=np.float64)
+    stats.reward_sum[:] = np.asarray(cells["reward_sum"], dtype=np.float64)
+    stats.square_sum[:] = np.asarray(cells["square_sum"], dtype=np.float64)
     stats.pulls[:] = np.asarray(state["pulls"], dtype=np.int64)
     stats.last = [None if x is None else float(x) for x in state["last"]]
     return stats
 
 
-class _AcceptCurve:
-  """Discounted Kaplan-Meier counts of how many draft tokens a chain family's rounds accept.
+def _relative_means(
+  means: np.ndarray,
+  own: np.ndarray,
+  own_count: np.ndarray,
+  pseudo: np.ndarray,
+  prior_means: np.ndarray,
+) -> np.ndarray:
+  """Per-arm mean over the bucket's best, blended with the neighbours' prior (`prior`).
 
-  at_risk[k]: row-rounds in which draft token k + 1 was checked (the first k accepted and
-  the chain at least k + 1 deep); rejected[k]: those that rejected it. A chain of depth d
-  accepting a tokens adds to at_risk[0 .. min(a, d - 1)] and, when a < d, to rejected[a].
+  Rewards are normalised within a bucket so that one `exploration` means the same in every
+  bucket, whose speeds differ a lot. With a prior, the bucket's best speed is read on the
+  prior's scale (an arm at 0.7 of the neighbours' best running 70 tokens/s says the best
+  runs 100), also while the bucket has data for its slow arms only; each arm's relative
+  mean is then the count-weighted blend of its own and the prior's.
   """
-
-  def __init__(self, at_risk=(), rejected=()):
-    self.at_risk = np.asarray(at_risk, dtype=np.float64)
-    self.rejected = np.asarray(rejected, dtype=np.float64)
-    if self.at_risk.shape != self.rejected.shape or self.at_risk.ndim != 1:
-      raise ValueError("acceptance curve: at_risk and rejected must be equal 1-D lists")
-
-  def observe(self, accepted: np.ndarray, depth: int, discount: float) -> None:
-    """`accepted[a]`: row-rounds of a depth-`depth` chain that accepted a draft tokens."""
-    hist = np.asarray(accepted, dtype=np.float64)
-    grow = depth - self.at_risk.size
-    if grow > 0:
-      self.at_risk = np.pad(self.at_risk, (0, grow))
-      self.rejected = np.pad(self.rejected, (0, grow))
-    self.at_risk *= discount
-    self.rejected *= discount
-    # Rounds that reached token k + 1: those that accepted k or more (k < depth).
-    self.at_risk[:depth] += np.cumsum(hist[::-1])[::-1][:depth]
-    self.rejected[:depth] += hist[:depth]
-
-  def tokens_per_round(self, depth: int) -> float:
-    """Predicted tokens a depth-`depth` round emits: 1 + E[min(L, depth)]. Depths past the
-    data extrapolate its deepest hazard (NaN without data)."""
-    if not (self.at_risk > 0).any():  # a prefix: a round checking token k + 1 checked k
-      return math.nan
-    return 1.0 + float(self._survival(depth).sum())  # sum of P(L >= k), k = 1..depth
-
-  def tokens_sd(self, depth: int) -> float:
-    """Standard deviation of the tokens a depth-`depth` round emits (NaN without data):
-    E[min(L, d)^2] = sum over k of (2k - 1) P(L >= k)."""
-    if not (self.at_risk > 0).any():
-      return math.nan
-    survival = self._survival(depth)
-    second = float(((2 * np.arange(1, depth + 1) - 1) * survival).sum())
-    return math.sqrt(max(second - float(survival.sum()) ** 2, 0.0))
-
-  def _survival(self, depth: int) -> np.ndarray:
-    """P(L >= k) for k = 1..depth (past the data, its deepest hazard continues)."""
-    seen = self.at_risk > 0
-    known = self.rejected[seen] / self.at_risk[seen]
-    hazard = np.full(depth, known[-1])
-    hazard[: min(depth, known.size)] = known[:depth]
-    return np.cumprod(1.0 - hazard)
+  scale = float(np.max(means[own])) if own.any() else 0.0
+  both = own & (pseudo > 0) & (np.nan_to_num(prior_means) > 0)
+  if both.any():
+    w = own_count[both]
+    scale = float(np.sum(w * means[both] / prior_means[both]) / np.sum(w))
+  normalised = np.where(own, means / scale if scale > 0 else means, 0.0)
+  if pseudo.any():
+    blend = own_count * normalised + pseudo * np.nan_to_num(prior_means)
+    normalised = blend / (own_count + pseudo)
+  return normalised
 
 
 class StrategyBandit:
@@ -333,36 +433,11 @@ class StrategyBandit:
     arms: Strategy names, e.g. ``("plain", "chain4", "tree5x4x16")``. Order matters: warm-up
       goes through the arms in this order, and the first arm is the default of `best` when a
       bucket has no data.
-    exploration: Weight of the UCB bonus, in units of the bucket's measured reward spread.
-    discount: Factor applied to a bucket's statistics on each of its updates, in (0, 1]; 1 means
-      stationary (plain UCB on normalised rewards).
-    min_pulls: Pulls of every arm in a bucket before UCB takes over.
-    min_spread: Floor of the relative spread (a few equal timings do not end exploration).
-    prior_weight: Pseudo-pulls each neighbouring bucket (nearest below and above with data)
-      lends every arm, at its relative speed there; 0: buckets learn alone.
-    accept_families: arm -> (family, depth) for chain arms of one drafter whose drafts are
-      prefixes of each other (module docstring): their `update`s give the chunk's pace and
-      acceptance, and their means are predicted from the family's acceptance curve.
-    frontier: (quantile, rounds per chunk) of the reward the other arms are measured by
-      (`frontier_advance`; quantile None: the mean row). A family arm's prediction is then
-      for that quantile of a bucket's rows over a chunk (normal approximation: rows spread
-      apart by the per-round spread over sqrt(rounds)), not for the mean row.
-    seed: Seed of the generator that breaks exact ties.
+    settings: Everything else (`BanditSettings`; default: the engine's settings without
+      acceptance families).
   """
 
-  def __init__(
-    self,
-    arms: Sequence[str],
-    *,
-    exploration: float = 2.0,
-    discount: float = 0.97,
-    min_pulls: int = 2,
-    min_spread: float = 0.02,
-    prior_weight: float = 0.0,
-    accept_families: Mapping[str, tuple[str, int]] | None = None,
-    frontier: tuple[float | None, int] | None = None,
-    seed: int = 0,
-  ):
+  def __init__(self, arms: Sequence[str], settings: BanditSettings | None = None):
     if isinstance(arms, str):
       raise ValueError(f"arms must be a sequence of strategy names, got the string {arms!r}")
     arms = tuple(arms)
@@ -374,70 +449,28 @@ class StrategyBandit:
     dups = sorted({a for a in arms if arms.count(a) > 1})
     if dups:
       raise ValueError(f"arms must be unique, got duplicates {dups!r} in {list(arms)!r}")
-    if not (_is_real(exploration) and math.isfinite(exploration) and exploration >= 0):
-      raise ValueError(f"exploration must be a finite number >= 0, got {exploration!r}")
-    if not (_is_real(discount) and 0 < discount <= 1):
-      raise ValueError(f"discount must be in (0, 1], got {discount!r}")
-    if isinstance(min_pulls, bool) or not isinstance(min_pulls, int) or min_pulls < 1:
-      raise ValueError(f"min_pulls must be an int >= 1, got {min_pulls!r}")
-    if not (_is_real(min_spread) and 0 <= min_spread < 1):
-      raise ValueError(f"min_spread must be in [0, 1), got {min_spread!r}")
-    if not (_is_real(prior_weight) and math.isfinite(prior_weight) and prior_weight >= 0):
-      raise ValueError(f"prior_weight must be a finite number >= 0, got {prior_weight!r}")
-    if prior_weight > 0 and discount == 1:
-      raise ValueError("prior_weight > 0 needs discount < 1 (the prior fades with the discount)")
-    families = dict(accept_families or {})
-    for arm, spec in families.items():
-      ok = isinstance(spec, tuple | list) and len(spec) == 2 and isinstance(spec[0], str)
-      if not (arm in arms and ok and isinstance(spec[1], int) and spec[1] >= 1):
-        raise ValueError(
-          f"accept_families: {arm!r} -> {spec!r} must map an arm to (family, depth >= 1)"
-        )
-    self._families = {a: (str(f), int(d)) for a, (f, d) in families.items()}
-    if frontier is not None:
-      q, rounds = frontier
-      q_ok = q is None or (_is_real(q) and 0 <= q < 1)
-      if not (q_ok and isinstance(rounds, int) and rounds >= 1):
-        raise ValueError(f"frontier must be (quantile in [0, 1) or None, rounds >= 1): {frontier}")
-      frontier = (None if q is None else float(q), int(rounds))
-    self._frontier = frontier
-    self._curves = {f: _AcceptCurve() for f, _ in self._families.values()}
+    settings = BanditSettings() if settings is None else settings
+    if not isinstance(settings, BanditSettings):
+      raise ValueError(f"settings must be a BanditSettings, got {settings!r}")
+    families = dict(settings.accept_families)
+    stray = [a for a in families if a not in arms]
+    if stray:
+      raise ValueError(f"accept_families: arms {stray!r} are not among {list(arms)!r}")
     self._arms = arms
-    self._prior_weight = float(prior_weight)
     self._index = {a: i for i, a in enumerate(arms)}
-    self._exploration = float(exploration)
-    self._discount = float(discount)
-    self._min_pulls = min_pulls
-    self._min_spread = float(min_spread)
-    self._seed = int(seed)
-    self._rng = np.random.Generator(np.random.PCG64(self._seed))
+    self._settings = settings
+    self._families = families
+    self._curves = {f: AcceptCurve() for f, _ in families.values()}
+    self._rng = np.random.Generator(np.random.PCG64(settings.seed))
     self._buckets: dict[int, _BucketStats] = {}
-
-  # ------------------------------------------------------------------ properties
 
   @property
   def arms(self) -> tuple[str, ...]:
     return self._arms
 
   @property
-  def exploration(self) -> float:
-    return self._exploration
-
-  @property
-  def discount(self) -> float:
-    return self._discount
-
-  @property
-  def min_pulls(self) -> int:
-    return self._min_pulls
-
-  @property
-  def min_spread(self) -> float:
-    return self._min_spread
-
-  @property
-  def prior_weight(self) -> float:
-    return self._prior_weight
+  def settings(self) -> BanditSettings:
+    return self._settings
 
   @property
   def buckets(self) -> list[int]:
@@ -445,89 +478,29 @@ class StrategyBandit:
 
   @property
   def accept_families(self) -> dict[str, tuple[str, int]]:
+    """arm -> (family, depth) of the arms scored from an acceptance curve."""
     return dict(self._families)
-
-  @property
-  def frontier(self) -> tuple[float | None, int] | None:
-    return self._frontier
 
   def tokens_per_round(self, arm: str) -> float:
     """An `accept_families` arm's predicted tokens per row-round (NaN without data)."""
     family, depth = self._families[arm]
     return self._curves[family].tokens_per_round(depth)
 
-  def _means(self, stats: _BucketStats, bucket: int) -> np.ndarray:
-    """Per-arm speed: the phase-adjusted mean reward, times the predicted tokens per round
-    for family arms (whose reward is their pace), at the frontier's quantile of the
-    bucket's rows when one is set."""
-    means = stats.means().copy()
-    z = 0.0
-    if self._frontier is not None and self._frontier[0] is not None and bucket > 1:
-      # The expected k-th smallest of `bucket` standard normals (Blom's approximation),
-      # k as `frontier_advance` picks it.
-      k = int(self._frontier[0] * (bucket - 1))
-      z = NormalDist().inv_cdf((k + 1 - 0.375) / (bucket + 0.25))
-    for arm, (family, depth) in self._families.items():
-      curve = self._curves[family]
-      tokens = curve.tokens_per_round(depth)
-      if z:
-        spread = curve.tokens_sd(depth) / math.sqrt(self._frontier[1])
-        tokens = max(tokens + z * spread, 1.0)
-      means[self._index[arm]] *= tokens
-    return means
-
-  # ------------------------------------------------------------------ core
-
-  def _bucket(self, bucket: int) -> _BucketStats:
-    key = _bucket_key(bucket)
-    stats = self._buckets.get(key)
-    if stats is None:
-      stats = self._buckets[key] = _BucketStats(len(self._arms))
-    return stats
-
-  def _arm_index(self, arm: str) -> int:
-    try:
-      return self._index[arm]
-    except (KeyError, TypeError):
-      raise ValueError(f"unknown arm {arm!r}; known arms: {list(self._arms)!r}") from None
-
-  def prior(self, bucket: int) -> tuple[np.ndarray, np.ndarray, float]:
-    """(pseudo-pulls, relative means, relative spread) per arm that the nearest buckets
-    below and above with data lend `bucket` (zeros, NaNs and 0 without a prior)."""
-    key = _bucket_key(bucket)
-    pseudo = np.zeros(len(self._arms))
-    weighted = np.zeros(len(self._arms))
-    spreads = []
-    if self._prior_weight > 0:
-      below = [k for k in self._buckets if k < key and (self._buckets[k].count > 0).any()]
-      above = [k for k in self._buckets if k > key and (self._buckets[k].count > 0).any()]
-      for k in ([max(below)] if below else []) + ([min(above)] if above else []):
-        stats = self._buckets[k]
-        count, means = stats.count.sum(axis=1), self._means(stats, k)
-        known = (count > 0) & np.isfinite(means)
-        scale = float(np.max(means[known]))
-        if scale <= 0:
-          continue
-        w = self._prior_weight * np.minimum(count, 1.0) * known
-        pseudo += w
-        weighted += w * np.where(known, means / scale, 0.0)
-        spreads.append(stats.relative_spread())
-    with np.errstate(invalid="ignore", divide="ignore"):
-      relative = np.where(pseudo > 0, weighted / pseudo, np.nan)
-    return pseudo, relative, float(np.mean(spreads)) if spreads else 0.0
+  # ------------------------------------------------------------------ choice
 
   def select(self, bucket: int) -> str:
-    """Returns the strategy to run for the next chunk of `bucket`."""
-    stats = self._bucket(bucket)
+    """Returns the strategy to run for the next chunk of `bucket`: the warm-up's next arm,
+    else the discounted UCB's (module docstring)."""
+    s, stats = self._settings, self._bucket(bucket)
     pseudo, prior_means, prior_spread = self.prior(bucket)
     # The prior fades as the bucket's own chunks accumulate (as old data does): a prior that
     # is wrong about an arm the bucket never tries must not hold it back for ever.
-    pseudo = pseudo * self._discount ** float(stats.pulls.sum())
+    pseudo = pseudo * s.discount ** float(stats.pulls.sum())
     # Warm-up, round-robin: the arm with the fewest pulls below min_pulls, first in order on
     # ties (a neighbour's pseudo-pulls count).
     warm = stats.pulls + pseudo
     fewest = int(np.argmin(warm))
-    if warm[fewest] < self._min_pulls:
+    if warm[fewest] < s.min_pulls:
       return self._arms[fewest]
     own_count = stats.count.sum(axis=1)
     arm_count = own_count + pseudo
@@ -537,26 +510,61 @@ class StrategyBandit:
       return self._arms[int(np.argmin(known))]
     means = self._means(stats, _bucket_key(bucket))
     own = (own_count > 0) & np.isfinite(means)
-    scale = float(np.max(means[own])) if own.any() else 0.0
-    both = own & (pseudo > 0) & (np.nan_to_num(prior_means) > 0)
-    if both.any():
-      # The bucket's best speed as the prior sees it (an arm at 0.7 of the neighbours' best
-      # running 70 tokens/s says the best runs 100): the own means on the prior's scale,
-      # also while the bucket has data for its slow arms only.
-      w = own_count[both]
-      scale = float(np.sum(w * means[both] / prior_means[both]) / np.sum(w))
-    # Normalise so that the bonus is relative to this bucket's throughput scale.
-    normalised = np.where(own, means / scale if scale > 0 else means, 0.0)
-    if pseudo.any():
-      blend = own_count * normalised + pseudo * np.nan_to_num(prior_means)
-      normalised = blend / arm_count
+    normalised = _relative_means(means, own, own_count, pseudo, prior_means)
     log_total = max(math.log(float(arm_count.sum())), 0.0)
-    own_spread = stats.relative_spread() if own.any() else prior_spread
-    spread = max(own_spread, self._min_spread)
-    index = normalised + self._exploration * spread * np.sqrt(log_total / arm_count)
+    spread = max(stats.relative_spread() if own.any() else prior_spread, s.min_spread)
+    index = normalised + s.exploration * spread * np.sqrt(log_total / arm_count)
+    return self._arms[self._argmax(index)]
+
+  def _argmax(self, index: np.ndarray) -> int:
+    """The arm of highest index; exact ties go to the seeded generator (so a bandit is
+    deterministic given its seed and history, and `state_dict` keeps the generator)."""
     top = np.flatnonzero(index >= index.max() - 1e-12 * max(1.0, abs(float(index.max()))))
-    choice = int(top[0]) if top.size == 1 else int(self._rng.choice(top))
-    return self._arms[choice]
+    return int(top[0]) if top.size == 1 else int(self._rng.choice(top))
+
+  def _means(self, stats: _BucketStats, bucket: int) -> np.ndarray:
+    """Per-arm speed: the phase-adjusted mean reward, times the predicted tokens per round
+    for family arms (whose reward is their pace), at the frontier's quantile of the
+    bucket's rows when one is set."""
+    means = stats.means().copy()
+    frontier = self._settings.frontier
+    z = frontier_z(frontier[0], bucket) if frontier is not None else 0.0
+    for arm, (family, depth) in self._families.items():
+      rounds = frontier[1] if frontier is not None else 1
+      means[self._index[arm]] *= self._curves[family].frontier_tokens(depth, z, rounds)
+    return means
+
+  def prior(self, bucket: int) -> tuple[np.ndarray, np.ndarray, float]:
+    """(pseudo-pulls, relative means, relative spread) per arm that the nearest buckets
+    below and above with data lend `bucket` (zeros, NaNs and 0 without a prior).
+
+    A rollout's long tail passes through every small bucket for only a few chunks each, and
+    the arms' relative speeds change smoothly with the batch size: a prior spares each such
+    bucket its warm-up and its re-exploration of clearly slow arms."""
+    key = _bucket_key(bucket)
+    weight = self._settings.prior_weight
+    pseudo = np.zeros(len(self._arms))
+    weighted = np.zeros(len(self._arms))
+    spreads = []
+    if weight > 0:
+      below = [k for k in self._buckets if k < key and (self._buckets[k].count > 0).any()]
+      above = [k for k in self._buckets if k > key and (self._buckets[k].count > 0).any()]
+      for k in ([max(below)] if below else []) + ([min(above)] if above else []):
+        stats = self._buckets[k]
+        count, means = stats.count.sum(axis=1), self._means(stats, k)
+        known = (count > 0) & np.isfinite(means)
+        scale = float(np.max(means[known]))
+        if scale <= 0:
+          continue
+        w = weight * np.minimum(count, 1.0) * known
+        pseudo += w
+        weighted += w * np.where(known, means / scale, 0.0)
+        spreads.append(stats.relative_spread())
+    with np.errstate(invalid="ignore", divide="ignore"):
+      relative = np.where(pseudo > 0, weighted / pseudo, np.nan)
+    return pseudo, relative, float(np.mean(spreads)) if spreads else 0.0
+
+  # ------------------------------------------------------------------ learning
 
   def update(
     self,
@@ -589,22 +597,10 @@ class StrategyBandit:
       raise ValueError(f"reward must be a number, got {reward!r}") from None
     if not math.isfinite(value) or value < 0:
       raise ValueError(f"reward must be finite and >= 0, got {reward!r}")
-    stats = self._bucket(bucket)
-    stats.ensure_phase(int(phase))
-    # Decay every arm of this bucket, pulled or not: "how long ago" is counted in this bucket's
-    # chunks, so an arm that is not being tried loses confidence and its bonus grows.
-    stats.count *= self._discount
-    stats.reward_sum *= self._discount
-    stats.square_sum *= self._discount
-    stats.count[i, phase] += 1.0
-    stats.reward_sum[i, phase] += value
-    stats.square_sum[i, phase] += value * value
-    stats.changed()
-    stats.pulls[i] += 1
-    stats.last[i] = value
+    self._bucket(bucket).record(i, int(phase), value, self._settings.discount)
     if accepted is not None:
       family, depth = self._families[arm]
-      self._curves[family].observe(hist, depth, self._discount)
+      self._curves[family].observe(hist, depth, self._settings.discount)
 
   def observe_acceptance(self, arm: str, accepted: Sequence[float]) -> None:
     """Feeds an `accept_families` arm's rounds into its family's acceptance curve without
@@ -614,7 +610,7 @@ class StrategyBandit:
     if arm not in self._families:
       raise ValueError(f"observe_acceptance({arm!r}): not an accept_families arm")
     family, depth = self._families[arm]
-    self._curves[family].observe(self._histogram(arm, accepted), depth, self._discount)
+    self._curves[family].observe(self._histogram(arm, accepted), depth, self._settings.discount)
 
   def _histogram(self, arm: str, accepted: Sequence[float]) -> np.ndarray:
     hist = np.asarray(accepted, dtype=np.float64)
@@ -625,10 +621,25 @@ class StrategyBandit:
       )
     return hist
 
+  def _bucket(self, bucket: int) -> _BucketStats:
+    key = _bucket_key(bucket)
+    stats = self._buckets.get(key)
+    if stats is None:
+      stats = self._buckets[key] = _BucketStats(len(self._arms))
+    return stats
+
+  def _arm_index(self, arm: str) -> int:
+    try:
+      return self._index[arm]
+    except (KeyError, TypeError):
+      raise ValueError(f"unknown arm {arm!r}; known arms: {list(self._arms)!r}") from None
+
+  # ------------------------------------------------------------------ reports
+
   def warmed_up(self, bucket: int) -> bool:
     """True once every arm of `bucket` has had its `min_pulls` warm-up pulls."""
     stats = self._buckets.get(_bucket_key(bucket))
-    return stats is not None and int(stats.pulls.min()) >= self._min_pulls
+    return stats is not None and int(stats.pulls.min()) >= self._settings.min_pulls
 
   def best(self, bucket: int) -> str:
     """Returns the arm with the highest discounted mean (the first arm if there is no data)."""
@@ -656,26 +667,22 @@ class StrategyBandit:
       }
     return out
 
+  def __repr__(self) -> str:
+    return (
+      f"StrategyBandit(arms={list(self._arms)!r}, settings={self._settings!r}, "
+      f"buckets={self.buckets})"
+    )
+
   # ------------------------------------------------------------------ state
 
   def state_dict(self) -> dict[str, Any]:
-    """JSON-serialisable state: arms, hyperparameters, per-bucket statistics, generator state."""
+    """JSON-serialisable state: arms, settings, per-bucket statistics, generator state."""
     rng_state = self._rng.bit_generator.state
     return {
       "version": _STATE_VERSION,
       "arms": list(self._arms),
-      "exploration": self._exploration,
-      "discount": self._discount,
-      "min_pulls": self._min_pulls,
-      "min_spread": self._min_spread,
-      "prior_weight": self._prior_weight,
-      "accept_families": {a: list(v) for a, v in self._families.items()},
-      "frontier": None if self._frontier is None else list(self._frontier),
-      "accept_curves": {
-        f: {"at_risk": c.at_risk.tolist(), "rejected": c.rejected.tolist()}
-        for f, c in self._curves.items()
-      },
-      "seed": self._seed,
+      **self._settings.to_state(),
+      "accept_curves": {f: c.to_state() for f, c in self._curves.items()},
       "buckets": [self._buckets[b].to_state(b) for b in sorted(self._buckets)],
       # PCG64 state is a dict of str and (big) ints; JSON keeps big ints exact.
       "rng": {
@@ -689,20 +696,19 @@ class StrategyBandit:
   @classmethod
   def from_state_dict(cls, state: Mapping[str, Any]) -> StrategyBandit:
     """Builds a bandit that continues exactly where the one that wrote `state` stopped."""
-    bandit = cls(state["arms"], **_settings_of(state))
+    _check_version(state)
+    bandit = cls(state["arms"], BanditSettings.from_state(state))
     bandit.load_state_dict(state)
     return bandit
 
   def load_state_dict(self, state: Mapping[str, Any]) -> None:
-    """Restores statistics, hyperparameters and generator state; the arms must match self's."""
-    version = state.get("version")
-    if version not in (1, 2, 3, _STATE_VERSION):
-      raise ValueError(f"unsupported bandit state version {version!r}, expected {_STATE_VERSION}")
+    """Restores statistics, settings and generator state; the arms must match self's."""
+    _check_version(state)
     arms = tuple(state["arms"])
     if arms != self._arms:
       raise ValueError(f"state has arms {list(arms)!r}, this bandit has {list(self._arms)!r}")
-    # Validate everything through the constructor before touching self.
-    fresh = type(self)(arms, **_settings_of(state))
+    # Validate everything on a fresh bandit before touching self.
+    fresh = type(self)(arms, BanditSettings.from_state(state))
     if fresh._families != self._families:
       raise ValueError(
         f"state has accept_families {fresh._families!r}, this bandit has {self._families!r}"
@@ -710,13 +716,12 @@ class StrategyBandit:
     for family, curve in state.get("accept_curves", {}).items():
       if family not in fresh._curves:
         raise ValueError(f"state has an acceptance curve for unknown family {family!r}")
-      fresh._curves[family] = _AcceptCurve(curve["at_risk"], curve["rejected"])
-    buckets: dict[int, _BucketStats] = {}
+      fresh._curves[family] = AcceptCurve(curve["at_risk"], curve["rejected"])
     for entry in state["buckets"]:
       bucket = _bucket_key(entry["bucket"])
-      if bucket in buckets:
+      if bucket in fresh._buckets:
         raise ValueError(f"bucket {bucket} appears twice in the state")
-      buckets[bucket] = _BucketStats.from_state(entry, len(arms))
+      fresh._buckets[bucket] = _BucketStats.from_state(entry, len(arms))
     rng_state = state["rng"]
     if rng_state.get("bit_generator") != "PCG64":
       raise ValueError(f"expected a PCG64 generator state, got {rng_state.get('bit_generator')!r}")
@@ -726,36 +731,14 @@ class StrategyBandit:
       "has_uint32": int(rng_state["has_uint32"]),
       "uinteger": int(rng_state["uinteger"]),
     }
-    self._exploration = fresh._exploration
-    self._discount = fresh._discount
-    self._min_pulls = fresh._min_pulls
-    self._min_spread = fresh._min_spread
-    self._prior_weight = fresh._prior_weight
-    self._curves = fresh._curves
-    self._frontier = fresh._frontier
-    self._seed = fresh._seed
-    self._rng = fresh._rng
-    self._buckets = buckets
+    self.__dict__.update(fresh.__dict__)
 
-  def __repr__(self) -> str:
-    return (
-      f"StrategyBandit(arms={list(self._arms)!r}, exploration={self._exploration}, "
-      f"discount={self._discount}, min_pulls={self._min_pulls}, min_spread={self._min_spread}, "
-      f"prior_weight={self._prior_weight}, accept_families={self._families}, seed={self._seed}, "
-      f"buckets={self.buckets})"
+
+def _check_version(state: Mapping[str, Any]) -> None:
+  """Refuses a state of another layout in one line (a checkpoint of an older bandit)."""
+  version = state.get("version")
+  if version != _STATE_VERSION:
+    raise ValueError(
+      f"bandit state version {version!r} is not supported: this bandit reads version "
+      f"{_STATE_VERSION} only (versions 1-3 predate 2026-11-25 and have no reader)"
     )
-
-
-def _settings_of(state: Mapping[str, Any]) -> dict[str, Any]:
-  """The constructor's keyword arguments a `state_dict` records (older versions' defaults)."""
-  frontier = state.get("frontier")
-  return {
-    "exploration": state["exploration"],
-    "discount": state["discount"],
-    "min_pulls": state["min_pulls"],
-    "min_spread": state.get("min_spread", 0.02),
-    "prior_weight": state.get("prior_weight", 0.0),
-    "accept_families": {a: (f, d) for a, (f, d) in state.get("accept_families", {}).items()},
-    "frontier": None if frontier is None else (frontier[0], frontier[1]),
-    "seed": state.get("seed", 0),
-  }

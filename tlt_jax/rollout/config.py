@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
 
 from tlt_jax.decode.group_drafts import GroupMatch
-from tlt_jax.rollout.bandit import BANDIT_REWARDS, PLAIN
+from tlt_jax.rollout.bandit import BANDIT_REWARDS, PLAIN, BanditSettings
 from tlt_jax.rollout.speculative import SpecStrategy
 from tlt_jax.rollout.state import power_of_two_buckets
 
@@ -55,16 +54,16 @@ class EngineConfig:
       its early chunks alone, and the ragged ending that costs deep drafts never reaches
       the bandit.
     bandit_prior: pseudo-pulls that each neighbouring batch bucket lends every arm of a
-      bucket at its relative speed there (`StrategyBandit.prior_weight`; 0: every bucket
+      bucket at its relative speed there (`BanditSettings.prior_weight`; 0: every bucket
       learns alone). The tail's small buckets see a few chunks each: with a prior they
       skip the warm-up of arms their neighbours found slow.
     bandit_exploration: the weight of the bandit's UCB bonus, in units of the measured spread
-      of its chunk rewards (`StrategyBandit.exploration`): lower settles sooner on the
+      of its chunk rewards (`BanditSettings.exploration`): lower settles sooner on the
       best-looking arm and spends fewer chunks on close seconds.
     bandit_shared_acceptance: the drafter's chain arms (coupled ones, and "-argmax"
       ones apart) are scored by their measured pace times the tokens a round accepts,
       predicted from one acceptance curve that every chain's rounds feed
-      (`StrategyBandit.accept_families`): chunks of different text no longer decide
+      (`BanditSettings.accept_families`): chunks of different text no longer decide
       between chains of close speed. On by default; plain decoding is scored by its
       chunks' rewards either way, the other arms as `bandit_arm_acceptance` says.
     bandit_arm_acceptance: every other speculative arm (trees, group, hybrid; chains too
@@ -239,18 +238,14 @@ class EngineConfig:
     )
 
 
-def bandit_settings(config: EngineConfig) -> tuple[tuple[str, ...], dict[str, Any]]:
-  """The adaptive engine's bandit for `config`: its arms and `StrategyBandit` keywords.
+def bandit_settings(config: EngineConfig) -> tuple[tuple[str, ...], BanditSettings]:
+  """The adaptive engine's bandit for `config`: its arms and `BanditSettings`.
 
   One place for the settings, so that experiments/bench_bandit.py times, and the simulator
-  (`sim.replay`) replays, the bandit the engine builds.
+  (`sim.replay`) replays, the bandit the engine builds. The config sets the UCB bonus's
+  weight, the neighbours' prior, which arms are scored from an acceptance curve and the
+  frontier their predictions are for; the rest are `BanditSettings`' defaults.
   """
-  # A ~100-chunk memory: long enough to settle on a steady best arm, short enough to
-  # follow a drafter that improves over RL steps. One pull per arm first, then UCB with a
-  # bonus in units of the measured spread of chunk rewards: a noisy first timing is
-  # re-tried, arms that are clearly apart are left alone, and each bucket's warm-up costs
-  # one chunk per arm. (Three pulls per arm made the RL runs of experiments/e2e_modes.py
-  # spend most of their speculative chunks warming up.)
   families = {}
   if config.bandit_shared_acceptance:
     families = {
@@ -262,10 +257,8 @@ def bandit_settings(config: EngineConfig) -> tuple[tuple[str, ...], dict[str, An
     for s in config.strategies:
       families.setdefault(s.name, (s.name, s.depth))
   frontier = (BANDIT_REWARDS[config.bandit_reward], config.spec_rounds) if families else None
-  settings = dict(
+  settings = BanditSettings(
     exploration=float(config.bandit_exploration),
-    discount=0.99,
-    min_pulls=1,
     prior_weight=config.bandit_prior,
     accept_families=families,
     frontier=frontier,

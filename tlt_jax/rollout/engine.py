@@ -18,7 +18,8 @@ target already captured, so switching in either direction never re-runs the
 target; a plain chunk leaves the drafter cache behind and the next
 speculative chunk rebuilds it.
 
-All programs come from an `ExecutablePool`; `warmup()` compiles every bucket
+All programs come from an `ExecutablePool` through `EnginePrograms` (the engine's
+`programs`, which `rollout.run` and `rollout.profile` call); `warmup()` compiles every bucket
 combination before the first rollout (`spec=True` adds the speculative ones),
 otherwise they compile on first use, and the bandit ignores chunks that compiled.
 """
@@ -45,7 +46,7 @@ from tlt_jax.models.precision import compute_params
 from tlt_jax.models.transformer import KVCache
 from tlt_jax.parallel.meshes import BatchPlacement
 from tlt_jax.rollout import programs
-from tlt_jax.rollout.bandit import PLAIN, StrategyBandit
+from tlt_jax.rollout.bandit import StrategyBandit
 from tlt_jax.rollout.config import EngineConfig, bandit_settings
 from tlt_jax.rollout.history import PromptHistory
 from tlt_jax.rollout.pool import ExecutablePool
@@ -55,17 +56,16 @@ from tlt_jax.rollout.speculative import SpecStrategy, spec_decode_chunk
 from tlt_jax.rollout.state import RolloutState, round_up
 
 
-class RolloutEngine:
-  """Generates G samples per prompt with compaction and cache buckets.
+class EnginePrograms:
+  """The rollout engine's compiled programs and where their inputs live.
 
-  Params are arguments of every call, never baked into programs, so a policy
-  update only needs `engine.generate(new_params, ...)`; likewise a new drafter.
-
-  `bandit` (adaptive speculative decoding only) keeps its statistics across
-  rollouts for the engine's own sampling configuration; save `bandit.state_dict()`
-  with checkpoints and restore it with `bandit.load_state_dict`. Calls with another
-  sampling configuration (e.g. greedy evaluation beside sampled rollouts) learn in a
-  bandit of their own, not checkpointed: the best draft differs by temperature.
+  Each program method (`prefill`, `decode`, `spec`, `drafter_prefill`, `take`,
+  `drafter_take`, `harvest`) returns the pool's executable for `args` (compiled on first
+  use; the pool key holds every static input, so engines with different configs can share
+  one pool); call it with the same `args`. `decode` donates the state, `spec` the state and
+  the drafter cache. Placement (identity without a mesh): `rows` puts per-row state on its
+  batch bucket's devices, `replicate` keys, `weights` policy or drafter params. `run_prefill`
+  and `assemble` are a rollout's first and last steps (`rollout.run.RolloutRun` calls them).
   """
 
   def __init__(
@@ -73,62 +73,15 @@ class RolloutEngine:
     graphdef: nnx.GraphDef,
     model_config: ModelConfig,
     config: EngineConfig,
-    sampling: SamplingConfig | None = None,
-    pool: ExecutablePool | None = None,
+    pool: ExecutablePool,
+    placement: BatchPlacement | None = None,
     drafter_graphdef: nnx.GraphDef | None = None,
-    bandit: StrategyBandit | None = None,
-    mesh: Mesh | None = None,
   ):
-    self.graphdef = graphdef
-    # Rows split over the mesh's "data" axis (weights whole, or split over "tensor"); a
-    # compacted bucket moves to fewer devices.
-    self.placement = BatchPlacement(mesh) if mesh is not None else None
-    self.model_config = model_config
-    self.config = config
-    self.sampling = sampling if sampling is not None else SamplingConfig()
-    self.pool = pool if pool is not None else ExecutablePool()
-    self.drafter_graphdef = drafter_graphdef
-    for t in config.stop_tokens:
-      if t >= model_config.vocab_size:
-        raise ValueError(f"stop token {t} outside the vocabulary (size {model_config.vocab_size})")
-    if config.needs_drafter and drafter_graphdef is None:
-      raise ValueError(
-        "speculative decoding with drafter strategies is on (spec_threshold > 0) but no "
-        "drafter_graphdef was given"
-      )
-    # Group drafts: each prompt's earlier rollouts (checkpointed with the bandit).
-    self.history = None
-    if config.uses_group:
-      self.history = PromptHistory(config.group_history, context=config.group_ngram)
-    self.strategies = {s.name: s for s in config.strategies}
-    self.bandit = None
-    if config.spec_threshold and config.spec_adaptive:
-      arms, settings = bandit_settings(config)
-      self.bandit = bandit if bandit is not None else StrategyBandit(arms, **settings)
-      if tuple(self.bandit.arms) != arms:
-        raise ValueError(f"bandit arms {tuple(self.bandit.arms)} != engine arms {arms}")
-    self._other_bandits: dict[SamplingConfig, StrategyBandit] = {}
+    self.graphdef, self.drafter_graphdef = graphdef, drafter_graphdef
+    self.model_config, self.config = model_config, config
+    self.pool, self.placement = pool, placement
 
-  def bandit_for(self, sampling: SamplingConfig) -> StrategyBandit | None:
-    """The bandit learning the draft strategies of `sampling` (None: not adaptive)."""
-    if self.bandit is None or sampling == self.sampling:
-      return self.bandit
-    if sampling not in self._other_bandits:
-      b = self.bandit
-      self._other_bandits[sampling] = StrategyBandit(
-        b.arms,
-        exploration=b.exploration,
-        discount=b.discount,
-        min_pulls=b.min_pulls,
-        min_spread=b.min_spread,
-        prior_weight=b.prior_weight,
-        accept_families=b.accept_families,
-        frontier=b.frontier,
-      )
-    return self._other_bandits[sampling]
-
-  # ---------------------------------------------------------------- programs
-  def _at_precision(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+  def at_precision(self, fn: Callable[..., Any]) -> Callable[..., Any]:
     """`fn` traced under the config's matmul precision (a static part of its program)."""
     precision = self.config.matmul_precision
     if precision is None:
@@ -141,48 +94,51 @@ class RolloutEngine:
 
     return traced
 
-  # Pool keys hold every static input of a program, so engines with different
-  # configs can share one pool (and its compiled programs) safely.
-  def _rows(self, tree: Any) -> Any:
+  def rows(self, tree: Any) -> Any:
     """Per-row state onto its batch bucket's devices (identity without a mesh)."""
     if self.placement is None or tree is None:
       return tree
     batch = jax.tree.leaves(tree)[0].shape[0]
     return self.placement.rows(tree, batch)
 
-  def _rep(self, tree: Any, batch: int) -> Any:
+  def replicate(self, tree: Any, batch: int) -> Any:
     """Keys replicated on the devices of a `batch`-row bucket."""
     if self.placement is None or tree is None:
       return tree
     return self.placement.replicate(tree, batch)
 
-  def _weights(self, tree: Any, batch: int) -> Any:
+  def weights(self, tree: Any, batch: int) -> Any:
     """Policy or drafter params on the devices of a `batch`-row bucket (replicated, or
     split over a tensor group)."""
     if self.placement is None or tree is None:
       return tree
     return self.placement.weights(tree, batch)
 
-  def _static(self, sampling: SamplingConfig) -> programs.DecodeStatic:
+  def static(self, sampling: SamplingConfig) -> programs.DecodeStatic:
+    """The static inputs of the decode programs for `sampling`."""
     return programs.DecodeStatic(
       sampling=sampling,
       stop_tokens=self.config.stop_tokens,
       capture_hidden=self.config.capture_hidden,
     )
 
-  def _prefill_exe(self, sampling, args):
+  def prefill(self, sampling, args):
+    """(params, prompts [P, T], prompt lengths [P], row prompts [B], seq ids [B], max new
+    tokens [B], key) -> the rows' `RolloutState` (`programs.prefill`)."""
     p, tp = args[1].shape
     b = args[3].shape[0]
-    static = self._static(sampling)
+    static = self.static(sampling)
     fn = functools.partial(programs.prefill, self.graphdef, static=static, slots=self.config.slots)
     cfg = self.config
     fn = functools.partial(fn, cache_slots=cfg.cache_slots)
     key = ("prefill", p, tp, b, cfg.slots, cfg.cache_slots, static, self.model_config)
     key += (cfg.matmul_precision,)
-    return self.pool.get(key, self._at_precision(fn), args)
+    return self.pool.get(key, self.at_precision(fn), args)
 
-  def _decode_exe(self, sampling, view_len, args):
-    static = self._static(sampling)
+  def decode(self, sampling, view_len, args):
+    """(params, state, key, steps) -> (state, steps run): plain decode over the first
+    `view_len` cache slots (`programs.decode_chunk`)."""
+    static = self.static(sampling)
     fn = functools.partial(programs.decode_chunk, self.graphdef, static=static, view_len=view_len)
     # The state is donated: the cache is updated in place, never copied.
     key = (
@@ -195,12 +151,15 @@ class RolloutEngine:
       self.model_config,
       self.config.matmul_precision,
     )
-    return self.pool.get(key, self._at_precision(fn), args, donate_argnums=(1,))
+    return self.pool.get(key, self.at_precision(fn), args, donate_argnums=(1,))
 
-  def _spec_exe(self, sampling, strategy: SpecStrategy, view_len: int, args):
+  def spec(self, sampling, strategy: SpecStrategy, view_len: int, args):
+    """(params, drafter params, state, drafter cache, drafter length, corpus, key, rounds)
+    -> (state, drafter cache, drafter length, stats): rounds of `strategy`
+    (`speculative.spec_decode_chunk`)."""
     cfg = self.config
     dview = min(view_len + cfg.drafter_margin, cfg.drafter_slots)
-    static = self._static(sampling)
+    static = self.static(sampling)
 
     def fn(tparams, dparams, state, dcache, dlen, corpus, key, rounds):
       return spec_decode_chunk(
@@ -238,12 +197,12 @@ class RolloutEngine:
       else None,
       cfg.matmul_precision,
     )
-    return self.pool.get(key, self._at_precision(fn), args, donate_argnums=(2, 3))
+    return self.pool.get(key, self.at_precision(fn), args, donate_argnums=(2, 3))
 
-  def _corpus(self, siblings: np.ndarray, reference: np.ndarray) -> GroupCorpus:
+  def corpus(self, siblings: np.ndarray, reference: np.ndarray) -> GroupCorpus:
     """Device corpus of a chunk: siblings [B, W] and per-row reference lines [B, R]."""
     rows = np.where(siblings[:, 0] >= 0, np.arange(len(siblings)), -1).astype(np.int32)
-    return self._rows(
+    return self.rows(
       GroupCorpus(
         siblings=jnp.asarray(siblings, jnp.int32),
         reference=jnp.asarray(reference, jnp.int32),
@@ -251,12 +210,15 @@ class RolloutEngine:
       )
     )
 
-  def _empty_corpus(self, batch: int) -> GroupCorpus:
+  def empty_corpus(self, batch: int) -> GroupCorpus:
+    """A corpus of no siblings and no reference, `batch` rows."""
     cfg = self.config
     sib = np.full((batch, cfg.group_siblings), -1, np.int32)
-    return self._corpus(sib, np.full((batch, cfg.group_reference_len), -1, np.int32))
+    return self.corpus(sib, np.full((batch, cfg.group_reference_len), -1, np.int32))
 
-  def _drafter_prefill_exe(self, width: int, args):
+  def drafter_prefill(self, width: int, args):
+    """(params, drafter params, state) -> (drafter cache, drafter length), built from the
+    features of the first `width` positions."""
     cfg = self.config
 
     def fn(tparams, dparams, state):
@@ -280,9 +242,10 @@ class RolloutEngine:
       *self._shapes(),
       cfg.matmul_precision,
     )
-    return self.pool.get(key, self._at_precision(fn), args)
+    return self.pool.get(key, self.at_precision(fn), args)
 
-  def _drafter_take_exe(self, args):
+  def drafter_take(self, args):
+    """((drafter cache, drafter length), rows) -> the drafter state of `rows`."""
     take = lambda tree, rows: jax.tree.map(lambda x: jnp.take(x, rows, axis=0), tree)
     key = ("drafter_take", args[0][1].shape[0], args[1].shape[0], self.config.drafter_slots)
     key += (self.model_config,)
@@ -293,13 +256,166 @@ class RolloutEngine:
     cfg = self.config
     return (cfg.slots, cfg.cache_slots, cfg.capture_hidden, self.model_config)
 
-  def _take_exe(self, args):
+  def take(self, args):
+    """(state, rows, valid) -> the state of `rows` (compaction; `programs.take_rows`)."""
     key = ("take", args[0].batch, args[1].shape[0], *self._shapes())
     return self.pool.get(key, programs.take_rows, args)
 
-  def _harvest_exe(self, args):
+  def harvest(self, args):
+    """(state, rows) -> the arrays of `rows` to copy to the host (`programs.harvest`)."""
     key = ("harvest", args[0].batch, args[1].shape[0], *self._shapes())
     return self.pool.get(key, programs.harvest, args)
+
+  def run_prefill(
+    self, params, prompts_np, plen_np, num_samples, max_new_rows, seq_ids, sampling, key
+  ) -> RolloutState:
+    """Prefills `prompts_np` [P, T] (true lengths `plen_np`), each prompt's cache broadcast
+    to its `num_samples` rows, padded to the batch and prompt buckets; the state on its
+    bucket's devices."""
+    cfg = self.config
+    p_real, n_rows = prompts_np.shape[0], prompts_np.shape[0] * num_samples
+    b = round_up(n_rows, cfg.batch_buckets)
+    p_bucket = round_up(p_real, cfg.batch_buckets)
+    tp = round_up(prompts_np.shape[1], cfg.prompt_buckets)
+    prompts = np.zeros((p_bucket, tp), np.int32)
+    prompts[:p_real, : prompts_np.shape[1]] = prompts_np
+    plen = np.ones((p_bucket,), np.int32)
+    plen[:p_real] = plen_np
+    row_prompt = np.zeros((b,), np.int32)
+    row_prompt[:n_rows] = np.repeat(np.arange(p_real), num_samples)
+    seq = np.full((b,), -1, np.int32)
+    seq[:n_rows] = seq_ids
+    mx = np.ones((b,), np.int32)
+    mx[:n_rows] = max_new_rows
+    args = (
+      params,
+      jnp.asarray(prompts),
+      jnp.asarray(plen),
+      jnp.asarray(row_prompt),
+      jnp.asarray(seq),
+      jnp.asarray(mx),
+      key,
+    )
+    if self.placement is not None:
+      args = (self.weights(args[0], b), *args[1:6], self.replicate(key, b))
+    return self.rows(self.prefill(sampling, args)(*args))
+
+  def assemble(self, outputs, n_rows, num_samples, timeline, wall) -> RolloutResult:
+    """The result of a rollout from its harvested rows (`outputs`: request row -> arrays)."""
+    missing = [n for n in range(n_rows) if n not in outputs]
+    if missing:
+      raise RuntimeError(f"rollout lost rows {missing[:8]}: engine bug")
+    stack = lambda k: np.stack([outputs[n][k] for n in range(n_rows)])
+    hidden = stack("hidden") if self.config.capture_hidden else None
+    return RolloutResult(
+      tokens=stack("tokens"),
+      logprobs=stack("logprobs"),
+      hidden=hidden,
+      length=stack("length"),
+      prompt_len=stack("prompt_len"),
+      prompt_index=np.arange(n_rows) // num_samples,
+      timeline=timeline,
+      wall_seconds=wall,
+    )
+
+
+class RolloutEngine:
+  """Generates G samples per prompt with compaction and cache buckets.
+
+  Params are arguments of every call, never baked into programs, so a policy
+  update only needs `engine.generate(new_params, ...)`; likewise a new drafter.
+
+  `bandit` (adaptive speculative decoding only) keeps its statistics across
+  rollouts for the engine's own sampling configuration, `history` (group drafts only)
+  each prompt's earlier rollouts; save them with `state_dict()` and restore them with
+  `load_state_dict`. Calls with another sampling configuration (e.g. greedy evaluation
+  beside sampled rollouts) learn in a bandit of their own, not checkpointed: the best
+  draft differs by temperature. `programs` (`EnginePrograms`) holds the compiled programs
+  and the pool they come from.
+  """
+
+  def __init__(
+    self,
+    graphdef: nnx.GraphDef,
+    model_config: ModelConfig,
+    config: EngineConfig,
+    sampling: SamplingConfig | None = None,
+    pool: ExecutablePool | None = None,
+    drafter_graphdef: nnx.GraphDef | None = None,
+    bandit: StrategyBandit | None = None,
+    mesh: Mesh | None = None,
+  ):
+    self.graphdef = graphdef
+    # Rows split over the mesh's "data" axis (weights whole, or split over "tensor"); a
+    # compacted bucket moves to fewer devices.
+    self.placement = BatchPlacement(mesh) if mesh is not None else None
+    self.model_config = model_config
+    self.config = config
+    self.sampling = sampling if sampling is not None else SamplingConfig()
+    self.drafter_graphdef = drafter_graphdef
+    self.programs = EnginePrograms(
+      graphdef,
+      model_config,
+      config,
+      pool if pool is not None else ExecutablePool(),
+      self.placement,
+      drafter_graphdef,
+    )
+    for t in config.stop_tokens:
+      if t >= model_config.vocab_size:
+        raise ValueError(f"stop token {t} outside the vocabulary (size {model_config.vocab_size})")
+    if config.needs_drafter and drafter_graphdef is None:
+      raise ValueError(
+        "speculative decoding with drafter strategies is on (spec_threshold > 0) but no "
+        "drafter_graphdef was given"
+      )
+    # Group drafts: each prompt's earlier rollouts (checkpointed with the bandit).
+    self.history = None
+    if config.uses_group:
+      self.history = PromptHistory(config.group_history, context=config.group_ngram)
+    self.strategies = {s.name: s for s in config.strategies}
+    self.bandit = None
+    if config.spec_threshold and config.spec_adaptive:
+      arms, settings = bandit_settings(config)
+      self.bandit = bandit if bandit is not None else StrategyBandit(arms, settings)
+      if tuple(self.bandit.arms) != arms:
+        raise ValueError(f"bandit arms {tuple(self.bandit.arms)} != engine arms {arms}")
+    self._other_bandits: dict[SamplingConfig, StrategyBandit] = {}
+
+  @property
+  def pool(self) -> ExecutablePool:
+    """The executable pool the engine's programs come from (engines may share one)."""
+    return self.programs.pool
+
+  @pool.setter
+  def pool(self, pool: ExecutablePool) -> None:
+    self.programs.pool = pool
+
+  def state_dict(self) -> dict[str, Any]:
+    """What the engine learns across rollouts: "bandit" (JSON, `StrategyBandit.state_dict`)
+    and "history" (arrays, `PromptHistory.state_dict`), each where the engine has one."""
+    state = {}
+    if self.bandit is not None:
+      state["bandit"] = self.bandit.state_dict()
+    if self.history is not None:
+      state["history"] = self.history.state_dict()
+    return state
+
+  def load_state_dict(self, state: dict[str, Any]) -> None:
+    """Restores what `state_dict` saved; a part it lacks is left as it is."""
+    if self.bandit is not None and "bandit" in state:
+      self.bandit.load_state_dict(state["bandit"])
+    if self.history is not None and "history" in state:
+      self.history.load_state_dict(dict(state["history"]))
+
+  def bandit_for(self, sampling: SamplingConfig) -> StrategyBandit | None:
+    """The bandit learning the draft strategies of `sampling` (None: not adaptive)."""
+    if self.bandit is None or sampling == self.sampling:
+      return self.bandit
+    if sampling not in self._other_bandits:
+      # The engine's bandit's settings, statistics of its own.
+      self._other_bandits[sampling] = StrategyBandit(self.bandit.arms, self.bandit.settings)
+    return self._other_bandits[sampling]
 
   # -------------------------------------------------------------- validation
   def _validate(
@@ -398,12 +514,12 @@ class RolloutEngine:
   def _warmup_walk(
     self, params, sampling, num_prompts, num_samples, prompt_buckets, views, drafter_params
   ) -> None:
-    cfg = self.config
+    cfg, progs = self.config, self.programs
     key = jax.random.key(0)
     counts = num_prompts or sorted({max(1, b // num_samples) for b in cfg.batch_buckets})
     for p in counts:
       for tp in prompt_buckets:
-        self._run_prefill(
+        progs.run_prefill(
           params,
           np.ones((p, tp), np.int32),
           np.full((p,), tp),
@@ -414,32 +530,42 @@ class RolloutEngine:
           key,
         )
     for b in cfg.batch_buckets:
-      state = self._rows(self._dummy_state(b))
+      state = progs.rows(self._dummy_state(b))
       for view in views:
         # One real step: see `_live`.
-        args = (self._weights(params, b), self._live(state), self._rep(key, b), np.int32(1))
-        state, _ = self._decode_exe(sampling, view, args)(*args)
+        args = (
+          progs.weights(params, b),
+          self._live(state),
+          progs.replicate(key, b),
+          np.int32(1),
+        )
+        state, _ = progs.decode(sampling, view, args)(*args)
       for b2 in cfg.batch_buckets:
         if b2 < b:
           rows = jnp.zeros((b2,), jnp.int32)
-          self._take_exe((state, rows, rows > 0))
-      self._harvest_exe((state, jnp.zeros((b,), jnp.int32)))
+          progs.take((state, rows, rows > 0))
+      progs.harvest((state, jnp.zeros((b,), jnp.int32)))
       spec = drafter_params is not None or not cfg.needs_drafter
       if spec and cfg.spec_threshold and b <= cfg.spec_threshold:
         self._warmup_spec(
-          self._weights(params, b), self._weights(drafter_params, b), sampling, state, views
+          progs.weights(params, b),
+          progs.weights(drafter_params, b),
+          sampling,
+          state,
+          views,
         )
     if self.placement is not None:
       self.placement.clear()
 
   def _warmup_spec(self, params, drafter_params, sampling, state: RolloutState, views) -> None:
-    cfg, key = self.config, self._rep(jax.random.key(0), state.batch)
+    cfg, progs = self.config, self.programs
+    key = progs.replicate(jax.random.key(0), state.batch)
     dstate = None
     if cfg.needs_drafter:
       for width in sorted({min(v, cfg.slots) for v in views}):
         args = (params, drafter_params, state)
-        dstate = self._rows(self._drafter_prefill_exe(width, args)(*args))
-    corpus = self._empty_corpus(state.batch) if cfg.uses_group else None
+        dstate = progs.rows(progs.drafter_prefill(width, args)(*args))
+    corpus = progs.empty_corpus(state.batch) if cfg.uses_group else None
     for strategy in cfg.strategies:
       for view in views:
         if view >= strategy.nodes:
@@ -451,18 +577,13 @@ class RolloutEngine:
           else:
             args = (params, None, live, None, None)
           args += (corpus if strategy.uses_group else None, key, np.int32(rounds))
-          state, dcache, dlen, _ = self._spec_exe(sampling, strategy, view, args)(*args)
+          state, dcache, dlen, _ = progs.spec(sampling, strategy, view, args)(*args)
           if strategy.uses_drafter:
             dstate = (dcache, dlen)  # a tuple, as in generate: the pytree types must match
     if dstate is not None:
       for b2 in cfg.batch_buckets:
         if b2 < state.batch:
-          self._drafter_take_exe((dstate, jnp.zeros((b2,), jnp.int32)))
-
-  @staticmethod
-  def _exploits_plain(bandit: StrategyBandit, bucket: int) -> bool:
-    """The bandit's pick for `bucket` is plain decode as exploitation, not exploration."""
-    return bandit.warmed_up(bucket) and bandit.best(bucket) == PLAIN
+          progs.drafter_take((dstate, jnp.zeros((b2,), jnp.int32)))
 
   def _live(self, state: RolloutState) -> RolloutState:
     """The warm-up's rows made active, one token from their end (length 1 of 2).
@@ -479,7 +600,7 @@ class RolloutEngine:
       max_len=jnp.full((b,), 2, jnp.int32),
       done=jnp.zeros((b,), bool),
     )
-    return self._rows(live)
+    return self.programs.rows(live)
 
   def _dummy_state(self, b: int) -> RolloutState:
     cfg, m = self.config, self.model_config
@@ -497,37 +618,6 @@ class RolloutEngine:
     )
 
   # ----------------------------------------------------------------- rollout
-  def _run_prefill(
-    self, params, prompts_np, plen_np, num_samples, max_new_rows, seq_ids, sampling, key
-  ) -> RolloutState:
-    cfg = self.config
-    p_real, n_rows = prompts_np.shape[0], prompts_np.shape[0] * num_samples
-    b = round_up(n_rows, cfg.batch_buckets)
-    p_bucket = round_up(p_real, cfg.batch_buckets)
-    tp = round_up(prompts_np.shape[1], cfg.prompt_buckets)
-    prompts = np.zeros((p_bucket, tp), np.int32)
-    prompts[:p_real, : prompts_np.shape[1]] = prompts_np
-    plen = np.ones((p_bucket,), np.int32)
-    plen[:p_real] = plen_np
-    row_prompt = np.zeros((b,), np.int32)
-    row_prompt[:n_rows] = np.repeat(np.arange(p_real), num_samples)
-    seq = np.full((b,), -1, np.int32)
-    seq[:n_rows] = seq_ids
-    mx = np.ones((b,), np.int32)
-    mx[:n_rows] = max_new_rows
-    args = (
-      params,
-      jnp.asarray(prompts),
-      jnp.asarray(plen),
-      jnp.asarray(row_prompt),
-      jnp.asarray(seq),
-      jnp.asarray(mx),
-      key,
-    )
-    if self.placement is not None:
-      args = (self._weights(args[0], b), *args[1:6], self._rep(key, b))
-    return self._rows(self._prefill_exe(sampling, args)(*args))
-
   def generate(
     self,
     params: nnx.State,
@@ -614,20 +704,3 @@ class RolloutEngine:
       arm, learn = run.choose_arm()
       run.run_chunk(arm, learn)
     return run.finish()
-
-  def _assemble(self, outputs, n_rows, num_samples, timeline, wall) -> RolloutResult:
-    missing = [n for n in range(n_rows) if n not in outputs]
-    if missing:
-      raise RuntimeError(f"rollout lost rows {missing[:8]}: engine bug")
-    stack = lambda k: np.stack([outputs[n][k] for n in range(n_rows)])
-    hidden = stack("hidden") if self.config.capture_hidden else None
-    return RolloutResult(
-      tokens=stack("tokens"),
-      logprobs=stack("logprobs"),
-      hidden=hidden,
-      length=stack("length"),
-      prompt_len=stack("prompt_len"),
-      prompt_index=np.arange(n_rows) // num_samples,
-      timeline=timeline,
-      wall_seconds=wall,
-    )

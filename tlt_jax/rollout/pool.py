@@ -20,9 +20,10 @@ it a miss is lowered on the calling thread, compiled on a worker thread, and ans
 once by a stand-in whose call returns zeros shaped like the program's outputs, so a
 warm-up walks on to the programs those outputs feed; leaving it waits for every compile.
 
-Every key also holds what the program reads from module globals at trace time:
-`transformer._ATTENTION_FORM` (experiments switch it between compiles), so a
-program traced under another form is never handed back. Each compile traces a
+Every key also holds what the program reads from its context at trace time:
+`transformer.current_attention_form()` and `current_causal_block()` (experiments switch
+them with `transformer.attention_form` / `causal_block` between compiles), so a program
+traced under another form is never handed back. Each compile traces a
 fresh wrapper of `fn`: JAX caches traces by function identity across `jax.jit`
 wrappers, and would otherwise hand back the jaxpr traced under the old form.
 """
@@ -64,8 +65,8 @@ class CompiledEntry:
 
 
 def _trace_globals() -> tuple[Any, ...]:
-  """The module globals programs read at trace time (not their arguments)."""
-  return (transformer._ATTENTION_FORM,)
+  """What programs read from their context at trace time (not their arguments)."""
+  return (transformer.current_attention_form(), transformer.current_causal_block())
 
 
 def _fresh(fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -79,7 +79,7 @@ def round_costs(
   key = jax.random.key(0)
   max_new = np.full((len(prompts),), cfg.max_new_tokens, np.int32)
   seq_ids = np.arange(len(prompts), dtype=np.int32)
-  static = dataclasses.replace(engine._static(sampling), stop_tokens=())
+  static = dataclasses.replace(engine.programs.static(sampling), stop_tokens=())
   state = jax.jit(
     functools.partial(
       programs.prefill, engine.graphdef, static=static, slots=cfg.slots, cache_slots=cfg.cache_slots
@@ -113,7 +113,7 @@ def round_costs(
       siblings[i, : min(num_samples, cfg.group_siblings)] = np.concatenate(
         [[i], group[group != i]]
       )[: cfg.group_siblings]
-    corpus = engine._corpus(siblings, np.full((b, cfg.group_reference_len), -1, np.int32))
+    corpus = engine.programs.corpus(siblings, np.full((b, cfg.group_reference_len), -1, np.int32))
   dcache, dlen = jax.jit(
     lambda tp, dp, st: drafting.prefill_drafter_cache(
       engine.drafter_graphdef,

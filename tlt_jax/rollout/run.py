@@ -10,7 +10,8 @@
 
 The run holds the device state, host mirrors of its small per-row arrays, the drafter's
 cache (when a drafter arm keeps it in step), the group-draft corpus, the timeline and the
-harvested rows. The engine owns the compiled programs, the bandits and the history.
+harvested rows. The engine owns the bandits and the history, and its `programs`
+(`EnginePrograms`) the compiled programs and their placement: the run calls only those.
 """
 
 from __future__ import annotations
@@ -28,7 +29,13 @@ from tlt_jax.decode.group_drafts import GroupCorpus
 from tlt_jax.decode.sampling import SamplingConfig
 from tlt_jax.models.drafter import check_drafter_matches
 from tlt_jax.models.precision import compute_params
-from tlt_jax.rollout.bandit import BANDIT_REWARDS, PLAIN, answer_phase, frontier_advance
+from tlt_jax.rollout.bandit import (
+  BANDIT_REWARDS,
+  PLAIN,
+  StrategyBandit,
+  answer_phase,
+  frontier_advance,
+)
 from tlt_jax.rollout.history import reference_line
 from tlt_jax.rollout.state import plain_reach, round_up, spec_reach
 
@@ -40,6 +47,11 @@ if TYPE_CHECKING:
 def completion(harvested: dict[str, np.ndarray]) -> np.ndarray:
   """The generated tokens of one harvested row."""
   return harvested["tokens"][harvested["prompt_len"] : harvested["length"]]
+
+
+def _exploits_plain(bandit: StrategyBandit, bucket: int) -> bool:
+  """The bandit's pick for `bucket` is plain decode as exploitation, not exploration."""
+  return bandit.warmed_up(bucket) and bandit.best(bucket) == PLAIN
 
 
 class RolloutRun:
@@ -72,7 +84,7 @@ class RolloutRun:
       prompts_np[i, : len(p)] = np.asarray(p, np.int32)
     seq_ids = seq_id_offset + np.arange(self.n_rows, dtype=np.int32)
     compile_s = engine.pool.compile_seconds
-    self.state = engine._run_prefill(
+    self.state = engine.programs.run_prefill(
       params,
       prompts_np,
       lens,
@@ -139,10 +151,10 @@ class RolloutRun:
     valid = np.arange(target) < keep.size
     eng = self.engine
     args = (self.state, jnp.asarray(rows), jnp.asarray(valid))
-    self.state = eng._rows(eng._take_exe(args)(*args))
+    self.state = eng.programs.rows(eng.programs.take(args)(*args))
     if self.dstate is not None:
       args = (self.dstate, jnp.asarray(rows))
-      self.dstate = eng._rows(eng._drafter_take_exe(args)(*args))
+      self.dstate = eng.programs.rows(eng.programs.drafter_take(args)(*args))
     self.row_seq = np.where(valid, self.row_seq[rows], -1)
     self.length, self.max_len = self.length[rows], self.max_len[rows]
     self.prompt_len = self.prompt_len[rows]
@@ -170,7 +182,7 @@ class RolloutRun:
     if self.spec_on and batch <= cfg.spec_threshold:
       arm = self.bandit.select(batch) if learn else cfg.strategies[0].name
     settled = learn and arm == PLAIN and self._last_bucket()
-    if settled and self.engine._exploits_plain(self.bandit, batch):
+    if settled and _exploits_plain(self.bandit, batch):
       # The bandit has settled on plain decode for the last bucket: run it to the end in
       # one call, as the plain engine does (no host round trip per chunk). Such a chunk is
       # not chunk-sized, so it does not feed the bandit.
@@ -234,7 +246,7 @@ class RolloutRun:
       for p, prompt in enumerate(self.prompts):
         group = range(p * self.num_samples, (p + 1) * self.num_samples)
         eng.history.add(prompt, [completion(self.outputs[n]) for n in group])
-    return eng._assemble(self.outputs, self.n_rows, self.num_samples, self.timeline, wall)
+    return eng.programs.assemble(self.outputs, self.n_rows, self.num_samples, self.timeline, wall)
 
   def harvest(self, rows: np.ndarray) -> None:
     """Copies finished rows (their tokens, log-probs, features) to the host."""
@@ -243,7 +255,7 @@ class RolloutRun:
     padded = np.zeros((self.state.batch,), np.int32)
     padded[: rows.size] = rows
     args = (self.state, jnp.asarray(padded))
-    got = jax.device_get(self.engine._harvest_exe(args)(*args))
+    got = jax.device_get(self.engine.programs.harvest(args)(*args))
     for j in range(rows.size):
       self.outputs[int(got["seq_id"][j]) - self.seq_id_offset] = {k: v[j] for k, v in got.items()}
     self.group_corpus = None  # finished rows move from the live siblings to the reference
@@ -270,8 +282,13 @@ class RolloutRun:
       # compares arms: it needs chunk-sized samples.
       steps = max(steps, view - int(self.length[active].max()) + 1)
     b = self.state.batch
-    args = (eng._weights(self.params, b), self.state, eng._rep(self.key, b), np.int32(steps))
-    self.state, ran = eng._decode_exe(self.sampling, view, args)(*args)
+    args = (
+      eng.programs.weights(self.params, b),
+      self.state,
+      eng.programs.replicate(self.key, b),
+      np.int32(steps),
+    )
+    self.state, ran = eng.programs.decode(self.sampling, view, args)(*args)
     self.length, self.done, ran = jax.device_get((self.state.length, self.state.done, ran))
     return t0, {"phase": "decode", "steps": int(ran)}, view, ran == steps, (0.0, 0.0)
 
@@ -297,13 +314,13 @@ class RolloutRun:
         self.group_corpus = self._build_corpus()
         corpus_s = time.perf_counter() - t_corpus
       corpus = self.group_corpus
-    params = eng._weights(self.params, b)
+    params = eng.programs.weights(self.params, b)
     if strategy.uses_drafter:
-      args = (params, eng._weights(self.drafter_params, b), self.state, *self.dstate)
+      args = (params, eng.programs.weights(self.drafter_params, b), self.state, *self.dstate)
     else:
       args = (params, None, self.state, None, None)
-    args += (corpus, eng._rep(self.key, b), np.int32(rounds))
-    self.state, dcache, dlen, stats = eng._spec_exe(self.sampling, strategy, view, args)(*args)
+    args += (corpus, eng.programs.replicate(self.key, b), np.int32(rounds))
+    self.state, dcache, dlen, stats = eng.programs.spec(self.sampling, strategy, view, args)(*args)
     if strategy.uses_drafter:
       self.dstate = (dcache, dlen)
     else:  # the drafter's cache did not follow: the next drafter chunk rebuilds it
@@ -329,8 +346,12 @@ class RolloutRun:
     compile_before = eng.pool.compile_seconds
     width = min(view, self.cfg.slots)
     b = self.state.batch
-    args = (eng._weights(self.params, b), eng._weights(self.drafter_params, b), self.state)
-    self.dstate = eng._rows(eng._drafter_prefill_exe(width, args)(*args))
+    args = (
+      eng.programs.weights(self.params, b),
+      eng.programs.weights(self.drafter_params, b),
+      self.state,
+    )
+    self.dstate = eng.programs.rows(eng.programs.drafter_prefill(width, args)(*args))
     jax.block_until_ready(self.dstate)
     switch_s = time.perf_counter() - t0
     rebuild = {
@@ -439,4 +460,4 @@ class RolloutRun:
       for i in rows:
         siblings[i, : min(w, rows.size)] = np.concatenate([[i], rows[rows != i]])[:w]
         reference[i] = line
-    return eng._corpus(siblings, reference)
+    return eng.programs.corpus(siblings, reference)

@@ -386,10 +386,11 @@ class SliceScheduler:
     return self._run_owed(target_params)
 
   # ------------------------------------------------------------------ checkpoints
-  def state(self) -> dict[str, Any]:
-    """The cost estimates the budget decides with (a resumed run re-measures them)."""
+  def state_dict(self) -> dict[str, Any]:
+    """The cost estimates the budget decides with (JSON; the drafter's state is its own,
+    `OnlineDrafter.state_dict`)."""
     return {"update_seconds": self.update_seconds, "rebuild_seconds": self.rebuild_seconds}
 
-  def load_state(self, state: dict[str, Any]) -> None:
+  def load_state_dict(self, state: dict[str, Any]) -> None:
     self.update_seconds = float(state.get("update_seconds", 0.0))
     self.rebuild_seconds = float(state.get("rebuild_seconds", 0.0))

@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from tlt_jax.rollout.acceptance import per_token_acceptance
 from tlt_jax.rollout.bandit import BANDIT_REWARDS, StrategyBandit, answer_phase, frontier_advance
 from tlt_jax.rollout.config import EngineConfig
 from tlt_jax.rollout.state import plain_reach, power_of_two_buckets, round_up, spec_reach
@@ -156,20 +157,6 @@ def chain_acceptance(arms: Sequence[ArmModel]) -> float | None:
   return float(grid[int(np.argmin(error)), 0])
 
 
-def _per_token_acceptance(arm: ArmModel) -> float:
-  """The i.i.d. per-token acceptance a whose chain of depth nodes - 1 emits accept_length
-  per round (bisection on (1 - a^n) / (1 - a))."""
-  n = arm.nodes
-  if arm.accept_length >= n:
-    return 1.0
-  lo, hi = 0.0, 1.0
-  for _ in range(60):
-    mid = (lo + hi) / 2
-    value = n if mid == 1.0 else (1 - mid**n) / (1 - mid)
-    lo, hi = (mid, hi) if value < arm.accept_length else (lo, mid)
-  return (lo + hi) / 2
-
-
 def engine_config(engine: Mapping[str, Any], **changes: Any) -> EngineConfig:
   """The EngineConfig of a run's config.json "engine" entry (lists read as tuples; keys the
   engine no longer has are left out), with `changes` applied."""
@@ -245,7 +232,7 @@ def replay_rollout(
       else a
       for a in arms
     ]
-  accept_p = {a.name: _per_token_acceptance(a) for a in arms}
+  accept_p = {a.name: per_token_acceptance(a.accept_length, a.nodes) for a in arms}
   by_name = {a.name: a for a in arms}
   generated = np.zeros_like(remaining)
   batch = round_up(remaining.size, policy.batch_buckets)

@@ -123,7 +123,7 @@ def engine_bandit(engine: Mapping[str, Any], arms: Sequence[str], seed: int = 0)
   if not kept:
     raise ValueError(f"none of the engine's strategies {pool} in {arms}")
   arm_names, settings = bandit_settings(engine_config(engine, spec_strategies=kept))
-  return StrategyBandit(arm_names, seed=seed, **settings)
+  return StrategyBandit(arm_names, dataclasses.replace(settings, seed=seed))
 
 
 def compare(

@@ -1,0 +1,6 @@
+"""Small shared helpers: clipped AdamW optimisers (per parameter group) and tree paths."""
+
+from tlt_jax.utils.optim import FROZEN, clipped_adamw, grouped_clipped_adamw
+from tlt_jax.utils.trees import path_name
+
+__all__ = ["FROZEN", "clipped_adamw", "grouped_clipped_adamw", "path_name"]
