@@ -123,41 +123,11 @@ def test_speedup_over_the_clean_steps_says_how_many():
   assert "| 2.00x (4) |" in compare.markdown(table)
 
 
-CHATML = (
-  "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-  "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-
-
 def _checkpoint(path, seed=0):
   """A tiny Qwen3-layout checkpoint with a ChatML BPE tokenizer (as tests/test_hf_job.py)."""
-  from bpe_helpers import train_bpe
+  from bpe_helpers import write_qwen3_checkpoint
 
-  from tlt_jax.models.config import ModelConfig
-  from tlt_jax.models.hf_io import save_hf_checkpoint
-  from tlt_jax.models.transformer import init_model
-
-  path.mkdir()
-  tok = train_bpe(
-    ["What is 3 plus 4? 3+4=7. #### 7"] * 8, ["<|endoftext|>", "<|im_start|>", "<|im_end|>"], 320
-  )
-  tok.save(str(path / "tokenizer.json"))
-  (path / "tokenizer_config.json").write_text(
-    json.dumps({"bos_token": None, "eos_token": "<|im_end|>", "chat_template": CHATML})
-  )
-  config = ModelConfig(
-    vocab_size=tok.get_vocab_size(),
-    num_layers=1,
-    d_model=32,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=8,
-    mlp_dim=64,
-    qk_norm=True,
-    tie_embeddings=True,
-  )
-  save_hf_checkpoint(init_model(config, seed=seed), config, path, model_type="qwen3")
-  return path
+  return write_qwen3_checkpoint(path, seed=seed, rope_theta=10000.0)
 
 
 def test_compare_on_a_checkpoint_policy_reuses_its_warm_starts(tmp_path, monkeypatch):

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from bpe_helpers import train_bpe
+from bpe_helpers import write_qwen3_checkpoint
 from flax import nnx
 
 from tlt_jax import configuration
@@ -31,7 +31,7 @@ from tlt_jax.export import (
   rounded_away,
 )
 from tlt_jax.models.config import ModelConfig
-from tlt_jax.models.hf_io import load_hf_checkpoint, save_hf_checkpoint
+from tlt_jax.models.hf_io import load_hf_checkpoint
 from tlt_jax.models.transformer import Transformer, init_model
 from tlt_jax.rl import PolicyLossConfig, UpdateConfig
 from tlt_jax.rl.trainer import GRPOTrainer
@@ -47,11 +47,6 @@ if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
 
 from configs import default, hf_grpo  # noqa: E402
-
-CHATML = (
-  "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-  "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
 
 
 def parity_reward(completion: str, answer: str) -> float:
@@ -86,27 +81,7 @@ def _restored(model_cfg, pure):
 @pytest.fixture(scope="module")
 def checkpoint_dir(tmp_path_factory):
   """A Qwen3-layout random model with a ChatML BPE tokenizer (eos <|im_end|>, no BOS)."""
-  path = tmp_path_factory.mktemp("qwen3_tiny")
-  specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-  tok = train_bpe(["What is 3 plus 4? 3+4=7. #### 7"] * 8, specials, 320)
-  tok.save(str(path / "tokenizer.json"))
-  (path / "tokenizer_config.json").write_text(
-    json.dumps({"bos_token": None, "eos_token": "<|im_end|>", "chat_template": CHATML})
-  )
-  config = ModelConfig(
-    vocab_size=tok.get_vocab_size(),
-    num_layers=1,
-    d_model=32,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=8,
-    mlp_dim=64,
-    qk_norm=True,
-    tie_embeddings=True,
-    rope_theta=1e6,
-  )
-  save_hf_checkpoint(init_model(config, seed=0), config, path, model_type="qwen3")
-  return path
+  return write_qwen3_checkpoint(tmp_path_factory.mktemp("qwen3_tiny"))
 
 
 def _hf_job(checkpoint_dir, data_file):

@@ -12,12 +12,9 @@ import subprocess
 import sys
 
 import pytest
-from bpe_helpers import train_bpe
+from bpe_helpers import write_qwen3_checkpoint
 
 from tlt_jax import configuration
-from tlt_jax.models.config import ModelConfig
-from tlt_jax.models.hf_io import save_hf_checkpoint
-from tlt_jax.models.transformer import init_model
 from tlt_jax.train import train_and_evaluate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -26,36 +23,11 @@ if ROOT not in sys.path:
 
 from configs import default, hf_grpo  # noqa: E402
 
-CHATML = (
-  "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-  "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-
 
 @pytest.fixture(scope="module")
 def checkpoint_dir(tmp_path_factory):
   """A Qwen3-layout random model (q/k norms) with a ChatML BPE tokenizer and no BOS."""
-  path = tmp_path_factory.mktemp("qwen3_tiny")
-  specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-  tok = train_bpe(["What is 3 plus 4? 3+4=7. #### 7"] * 8, specials, 320)
-  tok.save(str(path / "tokenizer.json"))
-  (path / "tokenizer_config.json").write_text(
-    json.dumps({"bos_token": None, "eos_token": "<|im_end|>", "chat_template": CHATML})
-  )
-  config = ModelConfig(
-    vocab_size=tok.get_vocab_size(),
-    num_layers=1,
-    d_model=32,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=8,
-    mlp_dim=64,
-    qk_norm=True,
-    tie_embeddings=True,
-    rope_theta=1e6,
-  )
-  save_hf_checkpoint(init_model(config, seed=0), config, path, model_type="qwen3")
-  return path
+  return write_qwen3_checkpoint(tmp_path_factory.mktemp("qwen3_tiny"))
 
 
 @pytest.fixture
