@@ -31,6 +31,7 @@ from tlt_jax.data import get_task, get_tokenizer  # noqa: E402
 from tlt_jax.data.checkers import CAREFUL, HASTY  # noqa: E402
 from tlt_jax.data.tasks import format_prompt  # noqa: E402
 from tlt_jax.decode.sampling import SamplingConfig  # noqa: E402
+from tlt_jax.evaluation import completions  # noqa: E402
 from tlt_jax.models.transformer import init_model  # noqa: E402
 from tlt_jax.rollout.engine import RolloutEngine  # noqa: E402
 
@@ -90,7 +91,6 @@ def main(argv):
   )
   engine = RolloutEngine(graphdef, model_cfg, engine_cfg)
   examples = list(test_split if _SPLIT.value == "test" else train_split)[: _NUM.value]
-  prompts = [tok.encode(format_prompt(ex), add_bos=True) for ex in examples]
   # A problem's size: its reference solution's length (steps, operations).
   sizes = [len(ex["solution"]) for ex in examples]
   report = {}
@@ -98,18 +98,17 @@ def main(argv):
     ("greedy", 0.0, 1),
     ("sampled", config.sampling.temperature, _SAMPLES.value),
   ):
-    per_call = max(_BATCH.value // k, 1)
-    texts = []
-    for i in range(0, len(prompts), per_call):
-      res = engine.generate(
-        params,
-        prompts[i : i + per_call],
-        k,
-        sampling=SamplingConfig(temperature=temperature),
-        key=1,
-        seq_id_offset=i * k,
-      )
-      texts += [tok.decode(res.completion(n)) for n in range(len(res.length))]
+    texts, _ = completions(
+      engine,
+      params,
+      tok,
+      examples,
+      format_prompt,
+      max(_BATCH.value // k, 1),
+      sampling=SamplingConfig(temperature=temperature),
+      num_samples=k,
+      key=1,
+    )
     answers = [ex["answer"] for ex in examples for _ in range(k)]
     report[name] = summarise(texts, answers, [s for s in sizes for _ in range(k)], task.check)
     report[name]["examples"] = texts[:3]

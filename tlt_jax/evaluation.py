@@ -22,6 +22,44 @@ from tlt_jax.rollout.engine import RolloutEngine
 GREEDY = SamplingConfig(temperature=0.0)
 
 
+def completions(
+  engine: RolloutEngine,
+  params: nnx.State,
+  tokenizer: Tokenizer,
+  examples: Sequence[Mapping[str, str]],
+  format_prompt: Callable[[Mapping[str, str]], str],
+  batch_prompts: int | None = None,
+  *,
+  sampling: SamplingConfig = GREEDY,
+  num_samples: int = 1,
+  key: int = 0,
+  drafter_params: nnx.State | None = None,
+) -> tuple[list[str], list[int]]:
+  """Decodes `num_samples` completions per example (example-major), `batch_prompts`
+  examples a call (default: what the engine's max batch holds), each row keyed by its
+  sequence id so that the batching does not change the tokens. Returns (texts, lengths)."""
+  if num_samples < 1 or (sampling.greedy and num_samples != 1):
+    raise ValueError(f"num_samples must be 1 for greedy and >= 1 otherwise, got {num_samples}")
+  batch_prompts = batch_prompts or max(engine.config.max_batch // num_samples, 1)
+  texts, lengths = [], []
+  for i in range(0, len(examples), batch_prompts):
+    chunk = examples[i : i + batch_prompts]
+    prompts = [tokenizer.encode(format_prompt(ex), add_bos=True) for ex in chunk]
+    res = engine.generate(
+      params,
+      prompts,
+      num_samples,
+      sampling=sampling,
+      key=key,
+      seq_id_offset=i * num_samples,
+      drafter_params=drafter_params,
+    )
+    for n in range(len(chunk) * num_samples):
+      texts.append(tokenizer.decode(res.completion(n)))
+      lengths.append(int(res.num_generated[n]))
+  return texts, lengths
+
+
 def evaluate_pass_at_1(
   engine: RolloutEngine,
   params: nnx.State,
@@ -42,29 +80,24 @@ def evaluate_pass_at_1(
 
   Returns accuracy, num_examples, num_samples, mean_length and a few samples.
   """
-  if num_samples < 1 or (sampling.greedy and num_samples != 1):
-    raise ValueError(f"num_samples must be 1 for greedy and >= 1 otherwise, got {num_samples}")
-  batch_prompts = batch_prompts or max(engine.config.max_batch // num_samples, 1)
-  rewards, lengths, samples = [], [], []
-  for i in range(0, len(examples), batch_prompts):
-    chunk = examples[i : i + batch_prompts]
-    prompts = [tokenizer.encode(format_prompt(ex), add_bos=True) for ex in chunk]
-    res = engine.generate(
-      params,
-      prompts,
-      num_samples,
-      sampling=sampling,
-      key=key,
-      seq_id_offset=i * num_samples,
-      drafter_params=drafter_params,
-    )
-    for n in range(len(chunk) * num_samples):
-      ex = chunk[n // num_samples]
-      text = tokenizer.decode(res.completion(n))
-      rewards.append(check(text, ex["answer"]))
-      lengths.append(int(res.num_generated[n]))
-      if len(samples) < 3:
-        samples.append({"prompt": format_prompt(ex), "completion": text, "answer": ex["answer"]})
+  texts, lengths = completions(
+    engine,
+    params,
+    tokenizer,
+    examples,
+    format_prompt,
+    batch_prompts,
+    sampling=sampling,
+    num_samples=num_samples,
+    key=key,
+    drafter_params=drafter_params,
+  )
+  owners = [ex for ex in examples for _ in range(num_samples)]
+  rewards = [check(text, ex["answer"]) for text, ex in zip(texts, owners)]
+  samples = [
+    {"prompt": format_prompt(ex), "completion": text, "answer": ex["answer"]}
+    for text, ex in zip(texts[:3], owners[:3])
+  ]
   return {
     "accuracy": float(np.mean(rewards)),
     "num_examples": len(examples),
