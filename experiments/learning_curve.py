@@ -115,19 +115,29 @@ class FastEvaluation:
 
 def replay_rewards(engine, params, trainer, steps, drafter_params=None) -> list[float]:
   """The mean reward `params` earn on the prompts, keys and sequence ids of RL `steps`
-  (one rollout a step: no refills), decoded in one call per step: token-for-token what
-  the run's rollout of that step would have been under these params."""
+  (one rollout a step: no refills), decoded in calls of the engine's max_batch:
+  token-for-token what the run's rollout of that step would have been under these
+  params."""
   cfg, p, g = trainer.cfg, trainer.cfg.prompts_per_step, trainer.cfg.group_size
   out = []
+  per_call = max(engine.config.max_batch // g, 1)  # prompts a call of this engine holds
   for k in steps:
-    idx = [int(trainer.order[(k * p + i) % len(trainer.order)]) for i in range(p)]
-    examples = [trainer.train[i] for i in idx]
+    examples = trainer.data.at(k * p, p)
     prompts = [trainer.tokenizer.encode(trainer.format_prompt(ex), add_bos=True) for ex in examples]
     key = jax.random.fold_in(jax.random.key(cfg.seed), k * 64)
-    res = engine.generate(
-      params, prompts, g, key=key, seq_id_offset=k * p * g, drafter_params=drafter_params
-    )
-    texts = [trainer.tokenizer.decode(res.completion(n)) for n in range(p * g)]
+    texts = []
+    for a in range(0, p, per_call):
+      # Sampling is keyed per (seed, sequence id, position): calls reproduce one call.
+      res = engine.generate(
+        params,
+        prompts[a : a + per_call],
+        g,
+        key=key,
+        seq_id_offset=(k * p + a) * g,
+        drafter_params=drafter_params,
+      )
+      texts += [res.completion(n) for n in range(len(prompts[a : a + per_call]) * g)]
+    texts = [trainer.tokenizer.decode(t) for t in texts]
     out.append(
       float(
         np.mean([trainer.reward_fn(t, examples[n // g]["answer"]) for n, t in enumerate(texts)])
@@ -187,6 +197,13 @@ def main(argv):
   )
   host_end = host_line()
   print("host at end:", host_end, flush=True)
+  # The per-step tables first: a rerun starts every run afresh (its workdir is wiped), so
+  # nothing after this point may be the only copy of what the runs measured.
+  for label, rs in rows.items():
+    with open(os.path.join(out, f"steps_{label}.csv"), "w", newline="") as f:
+      w = csv.DictWriter(f, fieldnames=list(rs[0]))
+      w.writeheader()
+      w.writerows(rs)
   with open(os.path.join(out, "shared", "summary.json")) as f:
     warm_eval = json.load(f)["eval"]
   base = next(label for label in rows if label.startswith("baseline"))
@@ -254,11 +271,6 @@ def main(argv):
   print(json.dumps({k: report[k] for k in keys}, indent=1))
   with open(os.path.join(out, "learning_curve.json"), "w") as f:
     json.dump({**report, "rows": rows}, f, indent=1, default=str)
-  for label, rs in rows.items():
-    with open(os.path.join(out, f"steps_{label}.csv"), "w", newline="") as f:
-      w = csv.DictWriter(f, fieldnames=list(rs[0]))
-      w.writeheader()
-      w.writerows(rs)
   sp = report["speed"]
   notes = [
     f"{label}: step {t['step_s']:.1f} s, rollout {t['rollout_s']:.1f} s "

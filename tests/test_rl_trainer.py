@@ -113,6 +113,12 @@ def test_runs_and_resumes_exactly(tmp_path):
   assert full[-1]["eval"] == {"accuracy": want["accuracy"], "mean_length": want["mean_length"]}
   # Interrupted after two steps, resumed by a new trainer on the same workdir.
   first = _trainer(tmp_path / "b", 2).run(progress=False)
+  # Written as checkpoints were before the data cursor had a state of its own: the bare
+  # position under "cursor". It resumes the same.
+  meta_path = tmp_path / "b" / "checkpoints" / "2" / "meta" / "metadata"
+  meta = json.loads(meta_path.read_text())
+  assert set(meta["data"]) == {"position"}  # prompts read, refills included
+  meta_path.write_text(json.dumps({"step": meta["step"], "cursor": meta["data"]["position"]}))
   resumed = _trainer(tmp_path / "b", 4)
   assert resumed.step == 2
   rest = resumed.run(progress=False)

@@ -14,7 +14,8 @@ from tlt_jax.models.config import ModelConfig
 from tlt_jax.models.drafter import init_drafter
 from tlt_jax.models.transformer import init_model
 from tlt_jax.rollout import programs
-from tlt_jax.rollout.speculative import SpecStrategy, spec_decode_chunk
+from tlt_jax.rollout.profile import round_cut_after
+from tlt_jax.rollout.speculative import RoundStages, SpecStrategy, run_rounds, spec_decode_chunk
 
 CFG = ModelConfig(
   vocab_size=40, num_layers=2, d_model=32, num_heads=4, num_kv_heads=2, head_dim=8, mlp_dim=64
@@ -295,35 +296,28 @@ def test_drafter_cache_at_buffer_end(models, strategy, oracle):
 
 
 def test_rounds_cut_after_a_stage_keep_what_they_claim(models):
-  """Profiling cuts (`stop_after`): rounds cut before the commit leave the tokens alone;
-  rounds cut before the drafter-cache extension still commit exactly (verification keeps
-  the output the target's whatever the drafts); an unknown stage is refused."""
+  """The cost profile's cut rounds (`profile.round_cut_after`): rounds cut before the commit
+  leave the tokens alone; rounds cut before the drafter-cache extension still commit
+  exactly (verification keeps the output the target's whatever the drafts); the whole
+  round is `spec_decode_chunk`'s; an unknown stage is refused."""
   tg, tp, dg, dp = models
   static, key = _static(), jax.random.key(0)
   st0 = _prefill_fn(tg, static)(tp, key)
   dcache, dlen = _drafter_prefill_fn(tg, dg)(tp, dp, st0)
 
   def run(stop, rounds=6):
-    fn = jax.jit(
-      lambda tp, dp, st, dc, dl, k: spec_decode_chunk(
-        tg,
-        tp,
-        dg,
-        dp,
-        st,
-        dc,
-        dl,
-        k,
-        jnp.int32(rounds),
-        static=static,
-        strategy=CHAIN,
-        view_len=S,
-        stop_after=stop,
+    def fn(tp, dp, st, dc, dl, k):
+      stages = RoundStages.build(
+        tg, tp, dg, dp, dc, k, static=static, strategy=CHAIN, view_len=S, cache_slots=st.cache.slots
       )
-    )
-    return fn(tp, dp, st0, dcache, dlen, key)
+      return run_rounds(round_cut_after(stages, stop), st, dc, dl, jnp.int32(rounds), 3)
 
-  full, commit = run(None), run("commit")
+    return jax.jit(fn)(tp, dp, st0, dcache, dlen, key)
+
+  full, commit = run("extend"), run("commit")
+  reference = _spec_fn(tg, dg, static, CHAIN, None, S)(tp, dp, st0, dcache, dlen, key, jnp.int32(6))
+  for a, b in zip(jax.tree.leaves(full), jax.tree.leaves(reference), strict=True):
+    np.testing.assert_array_equal(a, b)
   assert (np.asarray(commit[0].length) > np.asarray(st0.length)).all()
   for b in range(3):
     n = int(min(commit[0].length[b], full[0].length[b]))
@@ -333,5 +327,5 @@ def test_rounds_cut_after_a_stage_keep_what_they_claim(models):
     np.testing.assert_array_equal(st.length, st0.length)
     np.testing.assert_array_equal(st.tokens, st0.tokens)
     assert int(stats.rounds) == 6
-  with pytest.raises(ValueError, match="stop_after"):
-    run("extend")
+  with pytest.raises(ValueError, match="stop must be one of"):
+    run("bogus")

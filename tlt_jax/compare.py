@@ -279,6 +279,10 @@ def step_row(label: str, r: dict[str, Any]) -> dict[str, Any]:
     "arm_accept": json.dumps(_per_arm(r, "accept_length")),
     "arm_row_rounds": json.dumps(_per_arm(r, "row_rounds")),
     "data_epoch": r.get("data/epoch", ""),
+    # What RL changes in the responses: their length and how they open (the strategy).
+    "length_mean": r.get("length_mean", ""),
+    "first_token_share": r.get("first_token_share", ""),
+    "drafter_updates": r.get("drafter/updates", ""),
   }
 
 

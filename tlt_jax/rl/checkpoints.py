@@ -68,7 +68,7 @@ class TrainerCheckpoints:
     """
     state = t.state_dict()
     engine = state["engine"]
-    meta = {"step": state["step"], "cursor": state["cursor"]}
+    meta = {"step": state["step"], "data": state["data"]}
     if "bandit" in engine:
       meta["bandit"] = engine["bandit"]
     items = {"state": ocp.args.StandardSave(state["policy"])}
@@ -137,7 +137,13 @@ class TrainerCheckpoints:
       hist = self.policy.restore(last, args=ocp.args.Composite(history=ocp.args.StandardRestore()))
       engine["history"] = dict(hist["history"])
     t.load_state_dict(
-      {"policy": got["state"], "step": meta["step"], "cursor": meta["cursor"], "engine": engine}
+      {
+        "policy": got["state"],
+        "step": meta["step"],
+        # Checkpoints written before the data cursor had its own state: its bare position.
+        "data": meta["data"] if "data" in meta else {"position": meta["cursor"]},
+        "engine": engine,
+      }
     )
     if with_drafter:
       d = self.drafter.restore(

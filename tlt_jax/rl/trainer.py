@@ -48,6 +48,7 @@ from flax import nnx
 from jax.sharding import Mesh
 from tqdm.auto import tqdm
 
+from tlt_jax.data.cursor import DataCursor
 from tlt_jax.data.tokenizer import Tokenizer
 from tlt_jax.drafter.acceptance import DrafterAcceptance, DrafterEvalConfig
 from tlt_jax.evaluation import held_out_metrics
@@ -162,6 +163,49 @@ class GRPOConfig:
       )
 
 
+def _check_setup(
+  config: GRPOConfig,
+  loss_config: PolicyLossConfig,
+  update_config: UpdateConfig,
+  engine: RolloutEngine,
+  drafter_params: nnx.State | None,
+  scheduler: SliceScheduler | None,
+  step_reward_fn: StepRewardFn | None,
+) -> None:
+  """Refuses, naming the fields, what a trainer cannot run: the loss scoring another
+  distribution than the engine samples, a step's rows beyond what its engine calls hold,
+  two drafters, process credit without a step checker, mini-batches that do not divide."""
+  if scheduler is not None and drafter_params is not None:
+    raise ValueError("give drafter_params (frozen drafter) or scheduler (online), not both")
+  if config.process_credit and step_reward_fn is None:
+    raise ValueError(
+      f"process_credit={config.process_credit!r} needs a step_reward_fn (the task's "
+      "per-step checker)"
+    )
+  # The loss scores the distribution the engine samples: same temperature and truncation.
+  for name in ("temperature", "top_k", "top_p"):
+    sampled, scored = getattr(engine.sampling, name), getattr(loss_config, name)
+    if sampled != scored:
+      raise ValueError(
+        f"the engine samples at {name}={sampled!r} but the loss config has "
+        f"{name}={scored!r}: the ratios would refer to a policy that did not generate "
+        f"the data (engine sampling {engine.sampling}, loss {loss_config.sampling})"
+      )
+  rows, max_batch = config.prompts_per_step * config.group_size, engine.config.max_batch
+  if config.rows_per_call > max_batch:
+    raise ValueError(
+      f"GRPOConfig.rows_per_call ({config.rows_per_call}) exceeds the engine's max_batch "
+      f"{max_batch}"
+    )
+  if not config.rows_per_call and rows > max_batch:
+    raise ValueError(
+      f"{config.prompts_per_step} prompts x {config.group_size} samples exceeds the "
+      f"engine's max_batch {max_batch}; set GRPOConfig.rows_per_call (rl.rows_per_call) "
+      "to roll a step out in several calls"
+    )
+  update_config.mini_batch_samples(rows)  # validates mini_batches
+
+
 class GRPOTrainer:
   """Runs GRPO/DAPO on (prompt, answer) examples; resumes from `workdir`."""
 
@@ -212,56 +256,33 @@ class GRPOTrainer:
     scheduler's `initial_params`) on the same held-out prompts
     (`drafter.acceptance.DrafterAcceptance`; drafter_eval/* metrics, in time/eval).
     """
+    _check_setup(
+      config, loss_config, update_config, engine, drafter_params, scheduler, step_reward_fn
+    )
+    if shard_params and mesh is None:
+      raise ValueError("shard_params needs a mesh")
+    if mesh is not None and update_config.micro_batch % mesh.shape[DATA]:
+      raise ValueError(
+        f"a micro-batch of {update_config.micro_batch} rows does not split over the "
+        f"mesh's {mesh.shape[DATA]} data shards"
+      )
     self.graphdef, self.engine, self.tokenizer = graphdef, engine, tokenizer
-    if scheduler is not None and drafter_params is not None:
-      raise ValueError("give drafter_params (frozen drafter) or scheduler (online), not both")
     self.drafter_params, self.scheduler = drafter_params, scheduler
     self.drafter_eval = drafter_eval
     self.eval_check = eval_check or reward_fn
     self.train, self.evals = list(train_examples), list(eval_examples)[: config.eval_examples]
     self.reward_fn, self.format_prompt = reward_fn, format_prompt
-    if config.process_credit and step_reward_fn is None:
-      raise ValueError(
-        f"process_credit={config.process_credit!r} needs a step_reward_fn (the task's "
-        "per-step checker)"
-      )
-    self.process_credit = (
-      ProcessCredit(
+    self.process_credit = None
+    if config.process_credit:
+      self.process_credit = ProcessCredit(
         step_reward_fn, tokenizer, config.process_credit, config.group_size, config.normalize_std
       )
-      if config.process_credit
-      else None
-    )
     self.cfg, self.loss_cfg, self.update_cfg = config, loss_config, update_config
     self.workdir = workdir
     self.metrics_config = metrics or MetricsConfig()  # W&B / MLflow beside TensorBoard
-    # The loss scores the distribution the engine samples: same temperature and truncation.
-    for name in ("temperature", "top_k", "top_p"):
-      sampled, scored = getattr(engine.sampling, name), getattr(loss_config, name)
-      if sampled != scored:
-        raise ValueError(
-          f"the engine samples at {name}={sampled!r} but the loss config has "
-          f"{name}={scored!r}: the ratios would refer to a policy that did not generate "
-          f"the data (engine sampling {engine.sampling}, loss {loss_config.sampling})"
-        )
     self.rows = config.prompts_per_step * config.group_size
     self._tail_batch = max(engine.config.max_batch // 4, 1)
-    max_batch = engine.config.max_batch
-    if config.rows_per_call > max_batch:
-      raise ValueError(
-        f"GRPOConfig.rows_per_call ({config.rows_per_call}) exceeds the engine's max_batch "
-        f"{max_batch}"
-      )
-    if not config.rows_per_call and self.rows > max_batch:
-      raise ValueError(
-        f"{config.prompts_per_step} prompts x {config.group_size} samples exceeds the "
-        f"engine's max_batch {max_batch}; set GRPOConfig.rows_per_call (rl.rows_per_call) "
-        "to roll a step out in several calls"
-      )
     self.optimizer = make_optimizer(update_config)
-    update_config.mini_batch_samples(self.rows)  # validates mini_batches
-    if shard_params and mesh is None:
-      raise ValueError("shard_params needs a mesh")
     self.param_sharding = param_shardings(params, mesh, TRAIN_RULES) if shard_params else None
     # One optimizer step per rollout batch: its old log-probs are the policy's own, so the
     # update takes them from its forward and no separate old-log-prob pass runs.
@@ -285,12 +306,6 @@ class GRPOTrainer:
     self.programs = ExecutablePool()
     self.mesh = mesh
     if mesh is not None:
-      data = mesh.shape[DATA]
-      if update_config.micro_batch % data:
-        raise ValueError(
-          f"a micro-batch of {update_config.micro_batch} rows does not split over the "
-          f"mesh's {data} data shards"
-        )
       layout = replicated(mesh) if self.param_sharding is None else self.param_sharding
       params = jax.device_put(params, layout)
     self.params = params
@@ -299,8 +314,7 @@ class GRPOTrainer:
     self.ref_params = jax.tree.map(jnp.copy, params) if loss_config.kl_coef > 0 else None
     self.opt_state = self.optimizer.init(params)
     self.step = 0
-    self.cursor = 0  # position in the shuffled training order
-    self.order = np.random.default_rng(config.seed).permutation(len(self.train))
+    self.data = DataCursor(self.train, config.seed)
     self.checkpoints = TrainerCheckpoints(workdir, with_drafter=scheduler is not None)
     self.metrics_path = self.checkpoints.metrics_path
     self.lengths_path = self.checkpoints.lengths_path
@@ -328,15 +342,16 @@ class GRPOTrainer:
 
   def state_dict(self) -> dict[str, Any]:
     """The trainer's state, by component: "policy" (params, optimizer state, KL reference:
-    arrays), "step", "cursor" (the position in the shuffled training order) and "engine"
-    (`RolloutEngine.state_dict`: the bandit's statistics, the group-draft history)."""
+    arrays), "step", "data" (`DataCursor.state_dict`: the position in the shuffled
+    training order) and "engine" (`RolloutEngine.state_dict`: the bandit's statistics, the
+    group-draft history)."""
     policy = {"params": nnx.to_pure_dict(self.params), "opt_state": self.opt_state}
     if self.ref_params is not None:
       policy["reference"] = nnx.to_pure_dict(self.ref_params)
     return {
       "policy": policy,
       "step": self.step,
-      "cursor": self.cursor,
+      "data": self.data.state_dict(),
       "engine": self.engine.state_dict(),
     }
 
@@ -346,7 +361,8 @@ class GRPOTrainer:
     if self.ref_params is not None:
       nnx.replace_by_pure_dict(self.ref_params, state["policy"]["reference"])
     self.opt_state = state["policy"]["opt_state"]
-    self.step, self.cursor = int(state["step"]), int(state["cursor"])
+    self.step = int(state["step"])
+    self.data.load_state_dict(state["data"])
     self.engine.load_state_dict(state.get("engine", {}))
 
   def drafter_state_dict(self) -> dict[str, Any] | None:
@@ -370,11 +386,6 @@ class GRPOTrainer:
     self.scheduler.load_state_dict(state["scheduler"])
 
   # ------------------------------------------------------------------- step
-  def _next_examples(self, n: int) -> list[Mapping[str, str]]:
-    idx = [int(self.order[(self.cursor + i) % len(self.order)]) for i in range(n)]
-    self.cursor += n
-    return [self.train[i] for i in idx]
-
   def _call_groups(self, prompts: int) -> list[tuple[int, int]]:
     """[first, end) prompt ranges of a batch of `prompts` prompts, one per engine call."""
     per = self.cfg.rows_per_call // self.cfg.group_size or prompts
@@ -391,7 +402,7 @@ class GRPOTrainer:
     """
     t = time.perf_counter()
     cfg, p, g = self.cfg, len(examples), self.cfg.group_size
-    first = self.cursor - p  # the batch's first example in the data order: its sequence ids
+    first = self.data.position - p  # the batch's first example in the data order: its sequence ids
     # One key for the batch: rows differ by sequence id, so calls reproduce one call.
     key = jax.random.fold_in(jax.random.key(cfg.seed), self.step * 64 + salt)
     calls, between = [], 0.0
@@ -479,7 +490,7 @@ class GRPOTrainer:
     train_compiled = self.programs.compile_seconds
     # batches[i]: the scored engine calls of rollout batch i (the first, then refills).
     batches, waits, got = [], [], None
-    data_epoch = self.cursor // len(self.order)  # which pass over the training set
+    data_epoch = self.data.epoch  # which pass over the training set
     times["old_logp"] = 0.0
     while len(batches) <= (cfg.max_refills if cfg.dynamic_sampling else 0):
       if waits and waits[-1] is not None:
@@ -489,7 +500,7 @@ class GRPOTrainer:
         done = waits[-1]()
         waits[-1] = lambda done=done: done
         times["old_logp"] += time.perf_counter() - t
-      calls, wait, scores = self._rollout(self._next_examples(p), rewards, len(batches), times)
+      calls, wait, scores = self._rollout(self.data.next(p), rewards, len(batches), times)
       batches.append(calls)
       waits.append(wait)
       got = scores if got is None else got  # the first rollout's: the step's reward figures

@@ -337,6 +337,172 @@ def _all_finite(tree: Any) -> jax.Array:
   return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]))
 
 
+def _checked_batch(
+  batch: dict[str, Any], loss_cfg: PolicyLossConfig, on_policy: bool, micro_batch: int
+) -> tuple[dict[str, jax.Array], bool]:
+  """The keys of `batch` the update reads, as arrays, and whether it is packed; raises
+  naming what is missing or inconsistent."""
+  needed = tuple(k for k in BATCH_KEYS if not (on_policy and k == "old_logp"))
+  missing = [k for k in needed if k not in batch]
+  if loss_cfg.tis_cap and ROLLOUT_KEY not in batch:
+    missing.append(ROLLOUT_KEY)  # the truncated IS weights compare against it
+  if missing:
+    raise ValueError(f"batch lacks {missing}; needs {needed}")
+  packed = [k for k in PACKED_KEYS if k in batch]
+  if packed and len(packed) != len(PACKED_KEYS):
+    raise ValueError(f"a packed batch needs all of {PACKED_KEYS}; got only {packed}")
+  keys = needed + (PACKED_KEYS if packed else ()) + ((ROLLOUT_KEY,) * (ROLLOUT_KEY in batch))
+  rows = batch["tokens"].shape[0]
+  if rows % micro_batch:
+    raise ValueError(f"micro_batch ({micro_batch}) must divide the batch rows ({rows})")
+  return {k: jnp.asarray(batch[k]) for k in keys}, bool(packed)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Objective:
+  """What the update differentiates: the policy's log-probs of a set of rows (of the
+  sampled, truncated distribution, as old_logp is), the reference's (untruncated), and
+  `policy_loss` over them. The same for a micro-batch and for the full batch."""
+
+  graphdef: nnx.GraphDef
+  cfg: PolicyLossConfig
+  trainable: str
+  remat: bool
+  on_policy: bool
+  packed: bool
+
+  @property
+  def with_entropy(self) -> bool:
+    """Entropy in the loss, or as a diagnostic (entropy collapse) if entropy_metric."""
+    return self.cfg.entropy_coef > 0 or self.cfg.entropy_metric
+
+  def _layout(self, rows: dict[str, jax.Array]) -> dict[str, jax.Array]:
+    return {k: rows[k] for k in ("positions", "segment_ids")} if self.packed else {}
+
+  def reference_logp(self, ref_params: nnx.State, rows: dict[str, jax.Array]) -> jax.Array:
+    """The reference untruncated (tempered only): it is > 0 everywhere, so KL(sampled
+    policy || reference) is finite; a truncated reference would score tokens outside its
+    own kept set at -30 (and its set is not the policy's)."""
+    logp, _ = token_logprobs(
+      self.graphdef,
+      ref_params,
+      rows["tokens"],
+      self.cfg.temperature,
+      vocab_chunk=self.cfg.vocab_chunk,
+      **self._layout(rows),
+    )
+    return jax.lax.stop_gradient(logp)
+
+  def policy_logp(self, params: nnx.State, rows: dict[str, jax.Array], train_mask: Any):
+    """(logp, entropy or None); frozen parameters (train_mask False) are constants, so no
+    backward pass reaches them."""
+    if train_mask is not None:
+      params = jax.tree.map(lambda x, m: x if m else jax.lax.stop_gradient(x), params, train_mask)
+    logp, ent = token_logprobs(
+      self.graphdef,
+      params,
+      rows["tokens"],
+      self.cfg.temperature,
+      top_k=self.cfg.top_k,
+      top_p=self.cfg.top_p,
+      vocab_chunk=self.cfg.vocab_chunk,
+      with_entropy=self.with_entropy,
+      remat=self.remat,
+      **self._layout(rows),
+    )
+    if ent is not None and self.cfg.entropy_coef == 0:
+      ent = jax.lax.stop_gradient(ent)  # metric only: no backward through it
+    return logp, ent
+
+  def loss(self, logp, ent, ref_logp, rows: dict[str, jax.Array]):
+    """`policy_loss` of these rows; on policy, the old log-probs are logp's own values."""
+    return policy_loss(
+      logp,
+      jax.lax.stop_gradient(logp) if self.on_policy else rows["old_logp"],
+      rows["advantages"],
+      rows["mask"],
+      self.cfg,
+      ref_logp=ref_logp,
+      entropy=ent,
+      token_weights=rows["weights"] if self.packed else None,
+      rollout_logp=rows.get(ROLLOUT_KEY),
+      segment_ids=rows["segment_ids"] if self.packed else None,
+    )
+
+
+def _micro_batch_weights(mask: jax.Array, packed: bool, aggregation: str) -> jax.Array:
+  """[n_mb] weights that make the micro-batches' summed gradients the full batch's:
+  packed batches carry global per-token weights (plain sum); "token-mean" weighs a slice
+  by its share of the masked tokens; per-row aggregations weigh equal slices equally."""
+  n_mb = mask.shape[0]
+  if packed:
+    return jnp.ones((n_mb,))
+  if aggregation == "token-mean":
+    tokens = jnp.sum(mask.astype(jnp.float32), axis=(1, 2))
+    return tokens / jnp.maximum(jnp.sum(tokens), 1.0)
+  return jnp.full((n_mb,), 1.0 / n_mb)
+
+
+def _accumulate_gradients(
+  objective: _Objective,
+  params: nnx.State,
+  ref_params: nnx.State | None,
+  batch: dict[str, jax.Array],
+  micro_batch: int,
+  train_mask: Any,
+):
+  """The full batch's gradient as a weighted sum over slices of `micro_batch` rows (a
+  scan), and every row's (logp, entropy, reference logp) without gradient."""
+  rows = batch["tokens"].shape[0]
+  split = lambda x: x.reshape(rows // micro_batch, micro_batch, *x.shape[1:])
+  slices = {k: split(v) for k, v in batch.items()}
+  weights = _micro_batch_weights(slices["mask"], objective.packed, objective.cfg.aggregation)
+
+  def counted(grad_acc, mb, w):
+    ref_logp = None if ref_params is None else objective.reference_logp(ref_params, mb)
+
+    def loss_fn(p):
+      logp, ent = objective.policy_logp(p, mb, train_mask)
+      return objective.loss(logp, ent, ref_logp, mb)[0], (logp, ent)
+
+    (_, (logp, ent)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+    grad_acc = jax.tree.map(lambda a, g: a + w * g.astype(a.dtype), grad_acc, grads)
+    return grad_acc, (jax.lax.stop_gradient(logp), jax.lax.stop_gradient(ent), ref_logp)
+
+  def padding(grad_acc, mb, w):
+    zero = jnp.zeros(mb["tokens"].shape, jnp.float32)
+    ent = zero if objective.with_entropy else None
+    return grad_acc, (zero, ent, None if ref_params is None else zero)
+
+  def micro_step(grad_acc, xs):
+    mb, w = xs
+    # Rows padded to micro_batch x 2^k (pow2_rows) leave whole micro-batches without a
+    # counted token: their gradient is exactly 0, so their forward and backward are
+    # skipped (a quarter of a regime update's time at 3 -> 4 rows). Their log-probs come
+    # back 0, which the masked metrics never read.
+    return jax.lax.cond(jnp.any(mb["mask"] > 0), counted, padding, grad_acc, mb, w)
+
+  # Gradients accumulate in float32 (whatever the parameters' dtype), then take theirs.
+  zeros = jax.tree.map(
+    lambda x: jnp.zeros(x.shape, jnp.promote_types(x.dtype, jnp.float32)), params
+  )
+  grads, per_row = jax.lax.scan(micro_step, zeros, (slices, weights))
+  grads = jax.tree.map(lambda g, x: g.astype(x.dtype), grads, params)
+  merge = lambda x: None if x is None else x.reshape(rows, *x.shape[2:])
+  return grads, tuple(merge(x) for x in per_row)
+
+
+def _apply_if(ok, optimizer, grads, params, opt_state):
+  """The optimizer step where `ok` (finite loss and gradient); else both unchanged."""
+
+  def apply(operands):
+    p, s = operands
+    updates, s = optimizer.update(grads, s, p)
+    return optax.apply_updates(p, updates), s
+
+  return jax.lax.cond(ok, apply, lambda ops: ops, (params, opt_state))
+
+
 def make_policy_update(
   graphdef: nnx.GraphDef,
   optimizer: optax.GradientTransformation,
@@ -399,7 +565,6 @@ def make_policy_update(
   """
   if not isinstance(micro_batch, int) or micro_batch <= 0:
     raise ValueError(f"micro_batch must be a positive int, got {micro_batch!r}")
-  temp = loss_cfg.temperature
   if on_policy:
     # At ratio exactly 1 a clip bound of 1 (clip_low or clip_high 0) would tie in
     # jnp.clip / jnp.maximum and halve the gradient there; bounds strictly around 1 cannot
@@ -407,140 +572,23 @@ def make_policy_update(
     loss_cfg = dataclasses.replace(
       loss_cfg, clip_low=max(loss_cfg.clip_low, 0.5), clip_high=max(loss_cfg.clip_high, 0.5)
     )
-  # The policy's log-probs are of the sampled (truncated) distribution, as old_logp must be.
-  trunc = dict(top_k=loss_cfg.top_k, top_p=loss_cfg.top_p, vocab_chunk=loss_cfg.vocab_chunk)
   _compile_trainable(trainable)  # a bad pattern fails here, not at the first trace
 
   def step(params, opt_state, batch, ref_params):
     if loss_cfg.kl_coef > 0 and ref_params is None:
       raise ValueError("loss_cfg.kl_coef > 0 needs ref_params")
-    needed = tuple(k for k in BATCH_KEYS if not (on_policy and k == "old_logp"))
-    missing = [k for k in needed if k not in batch]
-    if loss_cfg.tis_cap and ROLLOUT_KEY not in batch:
-      missing.append(ROLLOUT_KEY)  # the truncated IS weights compare against it
-    if missing:
-      raise ValueError(f"batch lacks {missing}; needs {needed}")
-    packed = [k for k in PACKED_KEYS if k in batch]
-    if packed and len(packed) != len(PACKED_KEYS):
-      raise ValueError(f"a packed batch needs all of {PACKED_KEYS}; got only {packed}")
-    keys = (
-      needed + (PACKED_KEYS if packed else ()) + ((ROLLOUT_KEY,) if ROLLOUT_KEY in batch else ())
-    )
-    rows = batch["tokens"].shape[0]
-    if rows % micro_batch:
-      raise ValueError(f"micro_batch ({micro_batch}) must divide the batch rows ({rows})")
-    n_mb = rows // micro_batch
-    batch = {k: jnp.asarray(batch[k]) for k in keys}
-    mask = batch["mask"].astype(jnp.float32)
-    split = lambda x: x.reshape(n_mb, micro_batch, *x.shape[1:])
-    slices = {k: split(v) for k, v in batch.items()}
-    if packed:  # global per-token weights: micro-batch losses simply add up
-      weights = jnp.ones((n_mb,))
-    elif loss_cfg.aggregation == "token-mean":
-      tokens_per_mb = jnp.sum(split(mask), axis=(1, 2))
-      weights = tokens_per_mb / jnp.maximum(jnp.sum(tokens_per_mb), 1.0)
-    else:  # a mean over rows: equal-sized slices weigh equally
-      weights = jnp.full((n_mb,), 1.0 / n_mb)
+    batch, packed = _checked_batch(batch, loss_cfg, on_policy, micro_batch)
+    objective = _Objective(graphdef, loss_cfg, trainable, remat, on_policy, packed)
     train_mask = trainable_mask(params, trainable) if trainable else None
-    layout = lambda mb: (
-      dict(positions=mb["positions"], segment_ids=mb["segment_ids"]) if packed else {}
+    grads, (logp, ent, ref_logp) = _accumulate_gradients(
+      objective, params, ref_params, batch, micro_batch, train_mask
     )
-
-    # Entropy in the loss, or as a diagnostic (entropy collapse) if entropy_metric.
-    with_entropy = loss_cfg.entropy_coef > 0 or loss_cfg.entropy_metric
-
-    def counted(grad_acc, mb, w):
-      ref_logp = None
-      if ref_params is not None:
-        # The reference untruncated (tempered only): it is > 0 everywhere, so KL(sampled
-        # policy || reference) is finite; a truncated reference would score tokens outside
-        # its own kept set at -30 (and its set is not the policy's).
-        ref_logp, _ = token_logprobs(
-          graphdef, ref_params, mb["tokens"], temp, vocab_chunk=loss_cfg.vocab_chunk, **layout(mb)
-        )
-        ref_logp = jax.lax.stop_gradient(ref_logp)
-
-      def loss_fn(p):
-        if trainable:  # frozen parameters are constants: no backward pass reaches them
-          p = jax.tree.map(lambda x, m: x if m else jax.lax.stop_gradient(x), p, train_mask)
-        logp, ent = token_logprobs(
-          graphdef,
-          p,
-          mb["tokens"],
-          temp,
-          with_entropy=with_entropy,
-          remat=remat,
-          **trunc,
-          **layout(mb),
-        )
-        if ent is not None and loss_cfg.entropy_coef == 0:
-          ent = jax.lax.stop_gradient(ent)  # metric only: no backward through it
-        loss, _ = policy_loss(
-          logp,
-          jax.lax.stop_gradient(logp) if on_policy else mb["old_logp"],
-          mb["advantages"],
-          mb["mask"],
-          loss_cfg,
-          ref_logp=ref_logp,
-          entropy=ent,
-          token_weights=mb["weights"] if packed else None,
-          rollout_logp=mb.get(ROLLOUT_KEY),
-          segment_ids=mb["segment_ids"] if packed else None,
-        )
-        return loss, (logp, ent)
-
-      (_, (logp, ent)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
-      grad_acc = jax.tree.map(lambda a, g: a + w * g.astype(a.dtype), grad_acc, grads)
-      return grad_acc, (jax.lax.stop_gradient(logp), jax.lax.stop_gradient(ent), ref_logp)
-
-    def padding(grad_acc, mb, w):
-      zero = jnp.zeros(mb["tokens"].shape, jnp.float32)
-      return grad_acc, (
-        zero,
-        zero if with_entropy else None,
-        zero if ref_params is not None else None,
-      )
-
-    def micro_step(grad_acc, xs):
-      mb, w = xs
-      # Rows padded to micro_batch x 2^k (pow2_rows) leave whole micro-batches without a
-      # counted token: their gradient is exactly 0, so their forward and backward are
-      # skipped (a quarter of a regime update's time at 3 -> 4 rows). Their log-probs
-      # come back 0, which the masked metrics never read.
-      return jax.lax.cond(jnp.any(mb["mask"] > 0), counted, padding, grad_acc, mb, w)
-
-    # Gradients accumulate in float32 (whatever the parameters' dtype), then take theirs.
-    zeros = jax.tree.map(
-      lambda x: jnp.zeros(x.shape, jnp.promote_types(x.dtype, jnp.float32)), params
-    )
-    grads, (logp, ent, ref_logp) = jax.lax.scan(micro_step, zeros, (slices, weights))
-    grads = jax.tree.map(lambda g, x: g.astype(x.dtype), grads, params)
     if param_sharding is not None:
       grads = jax.lax.with_sharding_constraint(grads, param_sharding)
-    merge = lambda x: None if x is None else x.reshape(rows, *x.shape[2:])
-    logp = merge(logp)
     # Loss and metrics once on the full batch: exact whatever the slicing.
-    loss, metrics = policy_loss(
-      logp,
-      logp if on_policy else batch["old_logp"],
-      batch["advantages"],
-      batch["mask"],
-      loss_cfg,
-      ref_logp=merge(ref_logp),
-      entropy=merge(ent),
-      token_weights=batch["weights"] if packed else None,
-      rollout_logp=batch.get(ROLLOUT_KEY),
-      segment_ids=batch["segment_ids"] if packed else None,
-    )
-    grad_norm = optax.global_norm(grads)
+    loss, metrics = objective.loss(logp, ent, ref_logp, batch)
     ok = jnp.isfinite(loss) & _all_finite(grads)
-
-    def apply(operands):
-      p, s = operands
-      updates, s = optimizer.update(grads, s, p)
-      return optax.apply_updates(p, updates), s
-
-    params, opt_state = jax.lax.cond(ok, apply, lambda ops: ops, (params, opt_state))
+    params, opt_state = _apply_if(ok, optimizer, grads, params, opt_state)
     if param_sharding is not None:
       params = jax.lax.with_sharding_constraint(params, param_sharding)
     if ROLLOUT_KEY in batch:
@@ -549,7 +597,7 @@ def make_policy_update(
     metrics = {
       **metrics,
       "loss": loss,
-      "grad_norm": grad_norm,
+      "grad_norm": optax.global_norm(grads),
       "skipped": jnp.logical_not(ok).astype(jnp.int32),
     }
     return params, opt_state, metrics

@@ -2,7 +2,7 @@
 
 `round_costs` prefills real prompts with an engine, decodes a few plain steps so the
 rows have context, then times the engine's own speculative program with every round
-cut after each stage in turn (`spec_decode_chunk(stop_after=...)`): the cumulative
+cut after each stage in turn (`speculative.RoundStages`, composed here): the cumulative
 times, differenced, give each stage's device cost inside the fused round, and a
 plain decode chunk over the same rows gives the unit (one decode step). Host time
 per round is what a real rollout's timeline shows beyond the full round's device
@@ -25,7 +25,7 @@ from flax import nnx
 from tlt_jax.decode import drafting
 from tlt_jax.decode.sampling import SamplingConfig
 from tlt_jax.rollout import programs
-from tlt_jax.rollout.speculative import STAGES, SpecStrategy, spec_decode_chunk
+from tlt_jax.rollout.speculative import STAGES, RoundCarry, RoundStages, SpecStrategy, run_rounds
 from tlt_jax.rollout.state import round_up
 
 
@@ -43,6 +43,40 @@ def _interleaved(calls: dict[str, tuple], reps: int) -> dict[str, list[float]]:
       if rep:
         times[name].append(time.perf_counter() - t)
   return times
+
+
+def round_cut_after(stages: RoundStages, stop: str):
+  """A round of `stages` cut after stage `stop` (the whole round for the last stage). Each
+  cut round carries what it computed into the next (the state's cache, the accepted
+  counts), so no stage is loop-invariant work XLA could hoist; the state is then not a
+  rollout's: only the timing means anything."""
+  if stop not in STAGES:
+    raise ValueError(f"stop must be one of {STAGES}, got {stop!r}")
+  if stop == STAGES[-1]:
+    return stages.full_round
+
+  def round_fn(carry: RoundCarry) -> RoundCarry:
+    st, dcache, dlen, stats = carry
+    counted = lambda accepted: stats.replace(
+      rounds=stats.rounds + 1, accepted=stats.accepted + accepted
+    )
+    dr, dcache = stages.draft(st, dcache, dlen)
+    if stop == "draft":
+      return st, dcache, dlen, counted(dr.tokens[:, -1])
+    h, cache = stages.forward(st, dr)
+    if stop == "forward":
+      return (
+        st.replace(cache=cache),
+        dcache,
+        dlen,
+        counted((h.sum(axis=(1, 2)) > 0).astype(jnp.int32)),
+      )
+    vr = stages.verify(st, dr, h)
+    if stop == "verify":
+      return st.replace(cache=cache), dcache, dlen, counted(vr.num_accepted)
+    return stages.commit(st, h, cache, vr)[0], dcache, dlen, counted(vr.num_accepted)
+
+  return round_fn
 
 
 def round_costs(
@@ -131,25 +165,23 @@ def round_costs(
   calls = {"step": (decode, (params, state, key, np.int32(rounds)))}
   for stage in STAGES:
 
-    def run(tp, dp, st, dc, dl, corpus, k, r, stop=None if stage == STAGES[-1] else stage):
-      return spec_decode_chunk(
+    def run(tp, dp, st, dc, dl, corpus, k, r, stage=stage):
+      stages = RoundStages.build(
         engine.graphdef,
         tp,
         engine.drafter_graphdef,
         dp,
-        st,
         dc,
-        dl,
         k,
-        r,
         static=static,
         strategy=strategy,
         view_len=view,
+        cache_slots=st.cache.slots,
         drafter_view_len=dview,
-        stop_after=stop,
         corpus=corpus,
         group_match=cfg.group_match,
       )
+      return run_rounds(round_cut_after(stages, stage), st, dc, dl, r, strategy.depth)
 
     calls[stage] = (
       jax.jit(run),

@@ -50,7 +50,7 @@ from tlt_jax.decode.group_drafts import (
   hybrid_choice,
 )
 from tlt_jax.decode.tree import ancestor_mask
-from tlt_jax.decode.verify import verify_chain, verify_sampling
+from tlt_jax.decode.verify import VerifyResult, verify_chain, verify_sampling
 from tlt_jax.models.transformer import KVCache, Transformer, tree_cache_mask
 from tlt_jax.rollout import programs
 from tlt_jax.rollout.programs import DecodeStatic
@@ -163,7 +163,7 @@ class SpecStrategy:
     return self.kind in ("group", "hybrid")
 
 
-# The parts of a round, in order (`stop_after` truncates rounds after one for profiling).
+# The stages of a round, in order (`RoundStages`; profiling times rounds cut after each).
 STAGES = ("draft", "forward", "verify", "commit", "extend")
 
 
@@ -184,6 +184,23 @@ class SpecStats:
   emitted: jax.Array
   row_rounds: jax.Array
   accepted_hist: jax.Array
+
+  @classmethod
+  def zeros(cls, batch: int, depth: int) -> SpecStats:
+    zeros = jnp.zeros((batch,), jnp.int32)
+    hist = jnp.zeros((depth + 1,), jnp.int32)
+    return cls(jnp.int32(0), zeros, zeros, zeros, hist)
+
+  def add_round(self, active: jax.Array, accepted: jax.Array, emitted: jax.Array) -> SpecStats:
+    """One more round in which `active` rows accepted and emitted these counts."""
+    act = active.astype(jnp.int32)
+    return SpecStats(
+      rounds=self.rounds + 1,
+      accepted=self.accepted + act * accepted,
+      emitted=self.emitted + emitted,
+      row_rounds=self.row_rounds + act,
+      accepted_hist=self.accepted_hist.at[accepted].add(act, mode="drop"),
+    )
 
 
 def _read_window(buf: jax.Array, start: jax.Array, width: int, axis: int = 1) -> jax.Array:
@@ -268,6 +285,226 @@ def _commit_cache(
   )
 
 
+@dataclasses.dataclass(frozen=True)
+class RoundStages:
+  """One speculative round's stages over a batch, in the order the algorithm reads: draft
+  from the root, one target forward over the draft's N nodes, verify, commit the accepted
+  path, extend the drafter's cache with the new pairs. Built inside a traced program
+  (`RoundStages.build`): `spec_decode_chunk` runs `full_round`; the cost profile
+  (`rollout.profile`) composes a prefix of the stages.
+
+  See `spec_decode_chunk` for the arguments it is built from.
+  """
+
+  model: Transformer
+  dfwd: tuple  # (drafter graphdef, drafter params, target graphdef, target params)
+  static: DecodeStatic
+  strategy: SpecStrategy
+  key: jax.Array
+  view_len: int
+  drafter_view_len: int | None
+  draft_fn: DraftFn | None
+  corpus: GroupCorpus | None
+  group_match: GroupMatch
+
+  @classmethod
+  def build(
+    cls,
+    target_graphdef: nnx.GraphDef,
+    target_params: nnx.State,
+    drafter_graphdef: nnx.GraphDef,
+    drafter_params: nnx.State,
+    drafter_cache: KVCache | None,
+    key: jax.Array,
+    *,
+    static: DecodeStatic,
+    strategy: SpecStrategy,
+    view_len: int,
+    cache_slots: int,
+    drafter_view_len: int | None = None,
+    draft_fn: DraftFn | None = None,
+    corpus: GroupCorpus | None = None,
+    group_match: GroupMatch = DEFAULT_MATCH,
+  ) -> RoundStages:
+    """Checks the arguments (errors name them) and merges the target model."""
+    if strategy.uses_group and corpus is None:
+      raise ValueError(f"strategy {strategy.name} drafts from the group's text: pass a corpus")
+    if not static.capture_hidden:
+      raise ValueError("speculative decoding needs static.capture_hidden (the drafter's input)")
+    if not strategy.nodes <= view_len <= cache_slots:
+      raise ValueError(
+        f"need {strategy.nodes} <= view_len <= {cache_slots}, got view_len={view_len}"
+      )
+    if drafter_view_len is None and drafter_cache is not None:
+      drafter_view_len = drafter_cache.slots
+    return cls(
+      model=nnx.merge(target_graphdef, target_params),
+      dfwd=(drafter_graphdef, drafter_params, target_graphdef, target_params),
+      static=static,
+      strategy=strategy,
+      key=key,
+      view_len=view_len,
+      drafter_view_len=drafter_view_len,
+      draft_fn=draft_fn,
+      corpus=corpus,
+      group_match=group_match,
+    )
+
+  @property
+  def _vectorised_chain(self) -> bool:
+    """Chains from the engine's own drafters: a causal forward, verification of every node
+    at once (`verify_chain`) and accepted nodes already in consecutive cache slots. A
+    plugged-in `draft_fn` may propose any tree, so it takes the general path."""
+    return self.strategy.is_chain and self.draft_fn is None
+
+  def draft(self, st: RolloutState, dcache: KVCache, dlen: jax.Array) -> tuple[Draft, KVCache]:
+    """The round's draft from each row's root (its last committed token)."""
+    strategy = self.strategy
+    if self.draft_fn is not None:
+      return self.draft_fn(st, dcache, dlen)
+    if strategy.uses_group:
+      group, match_len = group_chain(
+        st.tokens, st.length, self.corpus, depth=strategy.depth, match=self.group_match
+      )
+      if strategy.kind == "group":
+        return group, dcache
+    root_tok, root_feat = drafting.draft_roots(st.tokens, st.hidden, st.length)
+    coupling = None
+    if strategy.coupled:
+      coupling = drafting.Coupling(self.key, st.seq_id, st.length - 1, self.static.sampling)
+    common = dict(view_len=self.drafter_view_len, coupling=coupling, depth=strategy.depth)
+    if not strategy.is_chain:
+      return drafting.draft_tree(
+        *self.dfwd,
+        root_tok,
+        root_feat,
+        dcache,
+        dlen,
+        topk=strategy.topk,
+        num_nodes=strategy.num_nodes,
+        **common,
+      )
+    eagle, dcache = drafting.draft_chain(*self.dfwd, root_tok, root_feat, dcache, dlen, **common)
+    if strategy.kind == "hybrid":
+      use_group = hybrid_choice(match_len, group, eagle, self.group_match)
+      return choose_drafts(use_group, group, eagle), dcache
+    return eagle, dcache
+
+  def forward(self, st: RolloutState, dr: Draft) -> tuple[jax.Array, KVCache]:
+    """One target pass over the N nodes at cache slots [length - 1, length - 1 + N):
+    their features [B, N, D] and the cache with their K/V written."""
+    base = st.length - 1  # the root's position and cache slot
+    positions = base[:, None] + dr.depth
+    mask = None  # a chain's ancestor mask is causal: the model's default suffices
+    if not self.strategy.is_chain:
+      mask = tree_cache_mask(base, ancestor_mask(dr.parents), self.view_len)
+    h, cache, _ = self.model(
+      dr.tokens, positions, cache=st.cache, cache_len=base, view_len=self.view_len, mask=mask
+    )
+    return h, cache
+
+  def verify(self, st: RolloutState, dr: Draft, h: jax.Array) -> VerifyResult:
+    """The accepted path and the emitted tokens, as the target alone would sample them."""
+    logits, base = self.model.logits(h), st.length - 1
+    args = (self.static.sampling, self.key, st.seq_id, base)
+    if self._vectorised_chain:
+      return verify_chain(dr.tokens, logits, *args, valid=dr.valid)
+    return verify_sampling(dr.tokens, dr.parents, logits, *args, valid=dr.valid)
+
+  def commit(
+    self, st: RolloutState, h: jax.Array, cache: KVCache, vr: VerifyResult
+  ) -> tuple[RolloutState, jax.Array]:
+    """Appends the emitted tokens, their log-probs and features, truncated at the first stop
+    token and at max_len; moves the accepted path's K/V to consecutive slots. Returns the
+    new state and the tokens committed per row (0 for finished rows)."""
+    active, base, n = ~st.done, st.length - 1, self.strategy.nodes
+    cols = jnp.arange(n)[None]
+    stop = programs.is_stop(vr.emitted, self.static.stop_tokens) & (cols < vr.num_emitted[:, None])
+    first_stop = jnp.where(stop.any(axis=1), jnp.argmax(stop, axis=1), n)
+    count = jnp.minimum(jnp.minimum(vr.num_emitted, first_stop + 1), st.max_len - st.length)
+    count = jnp.where(active, jnp.maximum(count, 0), 0).astype(jnp.int32)
+    length = st.length + count
+    # The features of the root and the kept path nodes: f_base .. f_{length - 2}.
+    feats = jnp.take_along_axis(h, jnp.maximum(vr.path, 0)[:, :, None], axis=1)
+    if self._vectorised_chain:
+      # A chain's accepted nodes already sit in consecutive slots from the root's: nothing
+      # to move. Finished rows keep the forward's writes (module docstring).
+      committed = cache
+    else:
+      committed = _commit_cache(st.cache, cache, vr.path, base, count, active)
+    new_st = st.replace(
+      cache=committed,
+      tokens=_commit_window(st.tokens, vr.emitted, st.length, count),
+      logprobs=_commit_window(st.logprobs, vr.logprobs, st.length, count),
+      hidden=_commit_window(st.hidden, feats.astype(st.hidden.dtype), base, count),
+      length=length,
+      done=st.done | (active & ((first_stop < count) | (length >= st.max_len))),
+    )
+    return new_st, count
+
+  def extend(
+    self,
+    st: RolloutState,
+    new_st: RolloutState,
+    dcache_drafted: KVCache,
+    dcache: KVCache,
+    dlen: jax.Array,
+  ) -> tuple[KVCache, jax.Array]:
+    """Commits the new drafter pairs (x_{t+1}, f_t), t = length_old - 2 .. length - 3, to
+    the drafter cache the draft wrote into; finished rows keep `dcache` bit for bit."""
+    active = ~st.done
+    # The max_emit-wide windows may reach past the buffer end (a row within max_emit of
+    # `slots`): aligned reads keep pair j at drafter position dlen + j.
+    t = self.strategy.max_emit
+    _, dcache_ext = drafting.extend_drafter_cache(
+      *self.dfwd,
+      _read_aligned(new_st.tokens, st.length - 1, t),
+      _read_aligned(new_st.hidden, st.length - 2, t),
+      dcache_drafted,
+      dlen,
+      view_len=self.drafter_view_len,
+    )
+    # Finished rows keep their drafter cache (their writes may have clamped).
+    keep = lambda new, old: jnp.where(active[:, None, None, None], new, old)
+    return jax.tree.map(keep, dcache_ext, dcache), jnp.where(active, new_st.length - 2, dlen)
+
+  def full_round(self, carry: RoundCarry) -> RoundCarry:
+    """Draft, forward, verify, commit, extend; the chunk's statistics updated."""
+    st, dcache, dlen, stats = carry
+    dr, dcache_drafted = self.draft(st, dcache, dlen)
+    h, cache = self.forward(st, dr)
+    vr = self.verify(st, dr, h)
+    new_st, count = self.commit(st, h, cache, vr)
+    stats = stats.add_round(~st.done, vr.num_accepted, count)
+    if not self.strategy.uses_drafter:
+      return new_st, dcache, dlen, stats
+    return new_st, *self.extend(st, new_st, dcache_drafted, dcache, dlen), stats
+
+
+# (state, drafter cache, drafter lengths, statistics so far): a device loop's carry.
+RoundCarry = tuple[RolloutState, KVCache, jax.Array, SpecStats]
+
+
+def run_rounds(
+  round_fn: Callable[[RoundCarry], RoundCarry],
+  state: RolloutState,
+  drafter_cache: KVCache,
+  drafter_len: jax.Array | None,
+  num_rounds: jax.Array,
+  depth: int,
+) -> RoundCarry:
+  """Up to `num_rounds` (traced) applications of `round_fn` in a device loop, stopping
+  once every row is done; statistics start at zero (histogram of depth + 1 bins)."""
+
+  def cond(carry: RoundCarry) -> jax.Array:
+    st, _, _, stats = carry
+    return (stats.rounds < num_rounds) & ~jnp.all(st.done)
+
+  dlen0 = None if drafter_len is None else drafter_len.astype(jnp.int32)
+  init = (state, drafter_cache, dlen0, SpecStats.zeros(state.batch, depth))
+  return lax.while_loop(cond, round_fn, init)
+
+
 def spec_decode_chunk(
   target_graphdef: nnx.GraphDef,
   target_params: nnx.State,
@@ -284,7 +521,6 @@ def spec_decode_chunk(
   view_len: int,
   drafter_view_len: int | None = None,
   draft_fn: DraftFn | None = None,
-  stop_after: str | None = None,
   corpus: GroupCorpus | None = None,
   group_match: GroupMatch = DEFAULT_MATCH,
 ) -> tuple[RolloutState, KVCache, jax.Array, SpecStats]:
@@ -302,10 +538,6 @@ def spec_decode_chunk(
     view_len: target cache slots attention reads (the cache bucket).
     drafter_view_len: drafter cache slots read (default: all).
     draft_fn: replaces the drafter's proposals (tests); None uses the drafter.
-    stop_after: cost profiling only (`tlt_jax.rollout.profile`): each round stops
-      after this stage, one of `STAGES[:-1]`, carrying what it computed so the
-      next round depends on it (no loop-invariant work to hoist). The state is
-      then not a rollout's: only the timing means anything.
     corpus: the group's text (group and hybrid strategies, `decode.group_drafts`).
     group_match: the match settings of group drafts.
 
@@ -315,179 +547,22 @@ def spec_decode_chunk(
   Returns:
     (state, drafter_cache, drafter_len, stats).
   """
-  if strategy.uses_group and corpus is None:
-    raise ValueError(f"strategy {strategy.name} drafts from the group's text: pass a corpus")
-  if not static.capture_hidden:
-    raise ValueError("speculative decoding needs static.capture_hidden (the drafter's input)")
-  if stop_after is not None and stop_after not in STAGES[:-1]:
-    raise ValueError(f"stop_after must be None or one of {STAGES[:-1]}, got {stop_after!r}")
-  n = strategy.nodes
-  if not n <= view_len <= state.cache.slots:
-    raise ValueError(f"need {n} <= view_len <= {state.cache.slots}, got view_len={view_len}")
-  model: Transformer = nnx.merge(target_graphdef, target_params)
-  dview = drafter_view_len
-  if dview is None and drafter_cache is not None:
-    dview = drafter_cache.slots
-  dfwd = (drafter_graphdef, drafter_params, target_graphdef, target_params)
-  cols = jnp.arange(n)[None]
-
-  def draft(st: RolloutState, dcache: KVCache, dlen: jax.Array) -> tuple[Draft, KVCache]:
-    if draft_fn is not None:
-      return draft_fn(st, dcache, dlen)
-    if strategy.uses_group:
-      group, match_len = group_chain(
-        st.tokens, st.length, corpus, depth=strategy.depth, match=group_match
-      )
-      if strategy.kind == "group":
-        return group, dcache
-    root_tok, root_feat = drafting.draft_roots(st.tokens, st.hidden, st.length)
-    coupling = None
-    if strategy.coupled:
-      coupling = drafting.Coupling(key, st.seq_id, st.length - 1, static.sampling)
-    if strategy.is_chain:
-      eagle, dcache = drafting.draft_chain(
-        *dfwd,
-        root_tok,
-        root_feat,
-        dcache,
-        dlen,
-        depth=strategy.depth,
-        view_len=dview,
-        coupling=coupling,
-      )
-      if strategy.kind == "hybrid":
-        use_group = hybrid_choice(match_len, group, eagle, group_match)
-        return choose_drafts(use_group, group, eagle), dcache
-      return eagle, dcache
-    return drafting.draft_tree(
-      *dfwd,
-      root_tok,
-      root_feat,
-      dcache,
-      dlen,
-      depth=strategy.depth,
-      topk=strategy.topk,
-      num_nodes=strategy.num_nodes,
-      view_len=dview,
-      coupling=coupling,
-    )
-
-  def round_(carry):
-    st, dcache, dlen, stats = carry
-    active = ~st.done
-    base = st.length - 1  # the root's position and cache slot
-
-    # 1. Draft from the root.
-    dr, dcache_drafted = draft(st, dcache, dlen)
-    count_round = lambda stats, accepted: stats.replace(
-      rounds=stats.rounds + 1, accepted=stats.accepted + accepted
-    )
-    if stop_after == "draft":
-      return st, dcache_drafted, dlen, count_round(stats, dr.tokens[:, -1])
-
-    # 2. One target pass over the N nodes at slots [base, base + N).
-    positions = base[:, None] + dr.depth
-    if strategy.is_chain:
-      # A chain's ancestor mask is causal: the shared default suffices.
-      h, cache, _ = model(dr.tokens, positions, cache=st.cache, cache_len=base, view_len=view_len)
-    else:
-      mask = tree_cache_mask(base, ancestor_mask(dr.parents), view_len)
-      h, cache, _ = model(
-        dr.tokens, positions, cache=st.cache, cache_len=base, view_len=view_len, mask=mask
-      )
-    if stop_after == "forward":
-      nxt = st.replace(cache=cache)
-      return (
-        nxt,
-        dcache_drafted,
-        dlen,
-        count_round(stats, (h.sum(axis=(1, 2)) > 0).astype(jnp.int32)),
-      )
-
-    # 3. Verify (chains: every node's choice at once, see `verify_chain`).
-    if strategy.is_chain and draft_fn is None:
-      vr = verify_chain(
-        dr.tokens, model.logits(h), static.sampling, key, st.seq_id, base, valid=dr.valid
-      )
-    else:
-      vr = verify_sampling(
-        dr.tokens,
-        dr.parents,
-        model.logits(h),
-        static.sampling,
-        key,
-        st.seq_id,
-        base,
-        valid=dr.valid,
-      )
-    if stop_after == "verify":
-      return st.replace(cache=cache), dcache_drafted, dlen, count_round(stats, vr.num_accepted)
-
-    # 4. Commit, truncated at the first stop token and at max_len.
-    stop = programs.is_stop(vr.emitted, static.stop_tokens) & (cols < vr.num_emitted[:, None])
-    first_stop = jnp.where(stop.any(axis=1), jnp.argmax(stop, axis=1), n)
-    count = jnp.minimum(jnp.minimum(vr.num_emitted, first_stop + 1), st.max_len - st.length)
-    count = jnp.where(active, jnp.maximum(count, 0), 0).astype(jnp.int32)
-    length = st.length + count
-    path = jnp.maximum(vr.path, 0)
-    # The features of the root and the kept path nodes: f_base .. f_{length - 2}.
-    feats = jnp.take_along_axis(h, path[:, :, None], axis=1)
-    if strategy.is_chain and draft_fn is None:
-      # A chain's accepted nodes already sit in consecutive slots from the root's: nothing
-      # to move. Finished rows keep the forward's writes (module docstring).
-      committed = cache
-    else:
-      committed = _commit_cache(st.cache, cache, vr.path, base, count, active)
-    new_st = st.replace(
-      cache=committed,
-      tokens=_commit_window(st.tokens, vr.emitted, st.length, count),
-      logprobs=_commit_window(st.logprobs, vr.logprobs, st.length, count),
-      hidden=_commit_window(st.hidden, feats.astype(st.hidden.dtype), base, count),
-      length=length,
-      done=st.done | (active & ((first_stop < count) | (length >= st.max_len))),
-    )
-    if stop_after == "commit":
-      return new_st, dcache_drafted, dlen, count_round(stats, vr.num_accepted)
-
-    act = active.astype(jnp.int32)
-    stats = SpecStats(
-      rounds=stats.rounds + 1,
-      accepted=stats.accepted + act * vr.num_accepted,
-      emitted=stats.emitted + count,
-      row_rounds=stats.row_rounds + act,
-      accepted_hist=stats.accepted_hist.at[vr.num_accepted].add(act, mode="drop"),
-    )
-    if not strategy.uses_drafter:
-      return new_st, dcache, dlen, stats
-
-    # 5. Commit the new drafter pairs (x_{t+1}, f_t), t = length_old - 2 .. length - 3.
-    # The max_emit-wide windows may reach past the buffer end (a row within max_emit
-    # of `slots`): aligned reads keep pair j at drafter position dlen + j.
-    t = strategy.max_emit
-    _, dcache_ext = drafting.extend_drafter_cache(
-      *dfwd,
-      _read_aligned(new_st.tokens, base, t),
-      _read_aligned(new_st.hidden, st.length - 2, t),
-      dcache_drafted,
-      dlen,
-      view_len=dview,
-    )
-    # Finished rows keep their drafter cache bit for bit (their writes may have clamped).
-    keep = lambda new, old: jnp.where(active[:, None, None, None], new, old)
-    dcache = jax.tree.map(keep, dcache_ext, dcache)
-    dlen = jnp.where(active, length - 2, dlen)
-    return new_st, dcache, dlen, stats
-
-  def cond(carry):
-    st, _, _, stats = carry
-    return (stats.rounds < num_rounds) & ~jnp.all(st.done)
-
-  zeros = jnp.zeros((state.batch,), jnp.int32)
-  hist = jnp.zeros((strategy.depth + 1,), jnp.int32)
-  stats = SpecStats(
-    rounds=jnp.int32(0), accepted=zeros, emitted=zeros, row_rounds=zeros, accepted_hist=hist
+  stages = RoundStages.build(
+    target_graphdef,
+    target_params,
+    drafter_graphdef,
+    drafter_params,
+    drafter_cache,
+    key,
+    static=static,
+    strategy=strategy,
+    view_len=view_len,
+    cache_slots=state.cache.slots,
+    drafter_view_len=drafter_view_len,
+    draft_fn=draft_fn,
+    corpus=corpus,
+    group_match=group_match,
   )
-  dlen0 = None if drafter_len is None else drafter_len.astype(jnp.int32)
-  init = (state, drafter_cache, dlen0, stats)
-  state, drafter_cache, drafter_len, stats = lax.while_loop(cond, round_, init)
-  return state, drafter_cache, drafter_len, stats
+  return run_rounds(
+    stages.full_round, state, drafter_cache, drafter_len, num_rounds, strategy.depth
+  )
