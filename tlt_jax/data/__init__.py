@@ -16,6 +16,7 @@ from tlt_jax.data.checkers import (
   extract_marked_answer,
   normalize_answer,
 )
+from tlt_jax.data.cursor import DataCursor
 from tlt_jax.data.tasks import (
   TASKS,
   TaskSpec,
@@ -47,6 +48,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
   "TASKS",
   "CharTokenizer",
+  "DataCursor",
   "HFTokenizer",
   "LocalQA",
   "SyntheticReasoning",

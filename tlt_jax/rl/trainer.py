@@ -483,35 +483,13 @@ class GRPOTrainer:
     """One RL step: rollouts (refilled under dynamic sampling), the update batch, the
     update; returns the step's metrics row."""
     cfg, g, p = self.cfg, self.cfg.group_size, self.cfg.prompts_per_step
-    times = {"rollout": 0.0, "reward": 0.0}
+    times = {"rollout": 0.0, "reward": 0.0, "old_logp": 0.0}
     if self.process_credit:
       self.process_credit.reset_errors()
     compiled = self.engine.pool.compile_seconds
     train_compiled = self.programs.compile_seconds
-    # batches[i]: the scored engine calls of rollout batch i (the first, then refills).
-    batches, waits, got = [], [], None
     data_epoch = self.data.epoch  # which pass over the training set
-    times["old_logp"] = 0.0
-    while len(batches) <= (cfg.max_refills if cfg.dynamic_sampling else 0):
-      if waits and waits[-1] is not None:
-        # A refill waits for the previous rollout's old log-probs: dispatched, not awaited,
-        # they would run on the device during the refill and be timed as its rollout.
-        t = time.perf_counter()
-        done = waits[-1]()
-        waits[-1] = lambda done=done: done
-        times["old_logp"] += time.perf_counter() - t
-      calls, wait, scores = self._rollout(self.data.next(p), rewards, len(batches), times)
-      batches.append(calls)
-      waits.append(wait)
-      got = scores if got is None else got  # the first rollout's: the step's reward figures
-      if sum(int(r.informative(g).sum()) for b in batches for r in b) >= p:
-        break
-    if not self.skip_old_logp:
-      t = time.perf_counter()
-      for calls, wait in zip(batches, waits):
-        for scored, old_logp in zip(calls, wait()):
-          scored.old_logp = old_logp
-      times["old_logp"] += time.perf_counter() - t
+    batches, got = self._collect_rollouts(rewards, times)
     rollouts = [r for calls in batches for r in calls]
     chosen = chosen_groups(rollouts, g, p, cfg.dynamic_sampling)
     results = [r.result for r in rollouts]
@@ -529,11 +507,72 @@ class GRPOTrainer:
     t = time.perf_counter()
     m = self._optimize(samples, width)
     times["update"] = time.perf_counter() - t
-    # The update's throughput on its compute alone: programs compiled for new shapes out.
-    update_compute = max(times["update"] - m.pop("compile_seconds"), 1e-9)
-    real_tokens = m.pop("real_tokens")
-    update_gap = m.pop("rollout_logp_gap", 0.0)
-    first = batches[0]
+    self.step += 1
+    return {
+      "step": self.step - 1,
+      **self._response_metrics(batches[0], got),
+      "groups_used": len(chosen),
+      "data/epoch": data_epoch,
+      "refills": len(batches) - 1,
+      "rollout_calls": len(rollouts),
+      "samples_rolled_out": int(sum(r.raw_rewards.size for r in rollouts)),
+      "update_tokens": int(samples["mask"].sum()),
+      # The old-log-prob pass's against the engine's, or (no pass) the update forward's.
+      "logp_rollout_vs_trainer_max_abs": (
+        m.pop("rollout_logp_gap", 0.0) if logp_gap is None else logp_gap
+      ),
+      "rollout_tokens": int(sum(r.num_generated.sum() for r in results)),
+      # Each engine call's response lengths (refills and the calls of a batch are rollouts
+      # of their own): the trace the step simulator replays (tlt_jax.sim); MetricsLog moves
+      # it to rollout_lengths.jsonl.
+      "rollout_lengths": [r.num_generated.tolist() for r in results],
+      "rollout_prompt_lengths": [r.prompt_len.tolist() for r in results],  # the rows' prompts
+      **self._update_metrics(m, times["update"]),
+      **{f"time/{k}": v for k, v in times.items()},
+      # Programs the rollouts compiled lazily (inside time/rollout): compare modes without it.
+      "time/rollout_compile": self.engine.pool.compile_seconds - compiled,
+      # Old-log-prob and update programs compiled for new packed shapes (inside
+      # time/reward or time/old_logp, and time/update).
+      "time/train_compile": self.programs.compile_seconds - train_compiled,
+      **spec_metrics(results),
+      # Generation time at batch buckets <= max_batch / 4 (the long tail) and in all:
+      # their ratio caps what speculative decoding can save (1 / (1 - share)).
+      "time/rollout_tail": sum(r.generation_seconds(self._tail_batch) for r in results),
+      "time/rollout_generate": sum(r.generation_seconds() for r in results),
+    }
+
+  def _collect_rollouts(self, rewards: RewardPool, times: dict[str, float]):
+    """The step's rollout batches (each a list of scored engine calls): the first, then,
+    under dynamic sampling, refills until enough groups carry signal (`max_refills` at
+    most), each with its old log-probs unless `skip_old_logp`; and the first batch's
+    pooled reward result (the step's reward figures)."""
+    cfg, g, p = self.cfg, self.cfg.group_size, self.cfg.prompts_per_step
+    batches, waits, got = [], [], None
+    while len(batches) <= (cfg.max_refills if cfg.dynamic_sampling else 0):
+      if waits and waits[-1] is not None:
+        # A refill waits for the previous rollout's old log-probs: dispatched, not awaited,
+        # they would run on the device during the refill and be timed as its rollout.
+        t = time.perf_counter()
+        done = waits[-1]()
+        waits[-1] = lambda done=done: done
+        times["old_logp"] += time.perf_counter() - t
+      calls, wait, scores = self._rollout(self.data.next(p), rewards, len(batches), times)
+      batches.append(calls)
+      waits.append(wait)
+      got = scores if got is None else got
+      if sum(int(r.informative(g).sum()) for b in batches for r in b) >= p:
+        break
+    if not self.skip_old_logp:
+      t = time.perf_counter()
+      for calls, wait in zip(batches, waits):
+        for scored, old_logp in zip(calls, wait()):
+          scored.old_logp = old_logp
+      times["old_logp"] += time.perf_counter() - t
+    return batches, got
+
+  def _response_metrics(self, first: list, got) -> dict[str, Any]:
+    """Rewards, accuracy, lengths and openings of the step's first rollout batch, and the
+    per-step process rewards when process credit is on."""
     generated = np.concatenate([r.result.num_generated for r in first])
     # How the responses open (the share of each first token): where a warm start chooses a
     # strategy at its first token (configs/regime.py's effort), the decision RL moves.
@@ -543,10 +582,7 @@ class GRPOTrainer:
       for n in range(len(r.result.length))
       if r.result.num_generated[n] > 0
     )
-    processes = [r.process for r in first if r.process is not None]
-    self.step += 1
-    return {
-      "step": self.step - 1,
+    out = {
       "reward_mean": float(got.rewards.mean()),
       "accuracy": float((got.rewards > 0.5).mean()),
       "length_mean": float(generated.mean()),
@@ -556,50 +592,30 @@ class GRPOTrainer:
       "first_token_share": json.dumps(
         {t: round(c / max(sum(opens.values()), 1), 4) for t, c in opens.most_common(4)}
       ),
-      "groups_used": len(chosen),
-      "data/epoch": data_epoch,
-      "refills": len(batches) - 1,
-      "rollout_calls": len(rollouts),
       "reward_errors": got.errors,
       "reward_timeouts": got.timeouts,
-      "samples_rolled_out": int(sum(r.raw_rewards.size for r in rollouts)),
-      "update_tokens": int(samples["mask"].sum()),
-      # The old-log-prob pass's against the engine's, or (no pass) the update forward's.
-      "logp_rollout_vs_trainer_max_abs": update_gap if logp_gap is None else logp_gap,
-      "rollout_tokens": int(sum(r.num_generated.sum() for r in results)),
-      # Each engine call's response lengths (refills and the calls of a batch are rollouts
-      # of their own): the trace the step simulator replays (tlt_jax.sim); MetricsLog moves
-      # it to rollout_lengths.jsonl.
-      "rollout_lengths": [r.num_generated.tolist() for r in results],
-      "rollout_prompt_lengths": [r.prompt_len.tolist() for r in results],  # the rows' prompts
+    }
+    processes = [r.process for r in first if r.process is not None]
+    if processes:
+      out["step_reward_mean"] = pooled_step_reward(processes)
+      out["step_reward_errors"] = self.process_credit.errors
+    return out
+
+  def _update_metrics(self, m: dict[str, Any], update_s: float) -> dict[str, Any]:
+    """The update's loss metrics (loss/...) and its throughput: every non-padding token of
+    the packed rows (prompts and responses, each epoch), the model FLOPs they cost (6 x
+    params a token, forward and backward) per second of the update's compute (programs
+    compiled for new shapes left out), and the share of packed cells that are padding."""
+    update_compute = max(update_s - m.pop("compile_seconds"), 1e-9)
+    real_tokens = m.pop("real_tokens")
+    m.pop("rollout_logp_gap", None)
+    return {
       **{f"loss/{k}": v for k, v in m.items()},
-      **{f"time/{k}": v for k, v in times.items()},
-      # Every non-padding token of the update's packed rows (prompts and responses, each
-      # epoch), the model FLOPs they cost (6 x params a token, forward and backward) per
-      # second of the update's compute, and the share of packed cells that are padding.
       "update/real_tokens": real_tokens,
       "update/model_tflops": (
         6.0 * self.num_params * real_tokens / update_compute / 1e12 if real_tokens else 0.0
       ),
       "update/padding_fraction": 1.0 - m.get("update_fill", 1.0),
-      # Programs the rollouts compiled lazily (inside time/rollout): compare modes without it.
-      "time/rollout_compile": self.engine.pool.compile_seconds - compiled,
-      # Old-log-prob and update programs compiled for new packed shapes (inside
-      # time/reward or time/old_logp, and time/update).
-      "time/train_compile": self.programs.compile_seconds - train_compiled,
-      **spec_metrics(results),
-      **(
-        {
-          "step_reward_mean": pooled_step_reward(processes),
-          "step_reward_errors": self.process_credit.errors,
-        }
-        if processes
-        else {}
-      ),
-      # Generation time at batch buckets <= max_batch / 4 (the long tail) and in all:
-      # their ratio caps what speculative decoding can save (1 / (1 - share)).
-      "time/rollout_tail": sum(r.generation_seconds(self._tail_batch) for r in results),
-      "time/rollout_generate": sum(r.generation_seconds() for r in results),
     }
 
   def _rows(self, x: np.ndarray) -> jax.Array:

@@ -79,27 +79,25 @@ def round_cut_after(stages: RoundStages, stop: str):
   return round_fn
 
 
-def round_costs(
-  engine,
-  params: nnx.State,
-  drafter_params: nnx.State,
-  prompts: Sequence[Sequence[int]],
-  sampling: SamplingConfig,
-  strategy: str | SpecStrategy,
-  *,
-  rounds: int = 12,
-  reps: int = 7,
-  context_steps: int = 32,
-  num_samples: int = 1,
-) -> dict[str, Any]:
-  """Per-round device cost of each stage of `strategy` on `prompts` (`num_samples` rows
-  each; group drafts read the sibling rows, no history).
+@dataclasses.dataclass(frozen=True)
+class _Profiled:
+  """Rows ready for profiled rounds: prefilled, decoded `context_steps` plain steps, their
+  drafter cache built, and what the programs are compiled for."""
 
-  Returns ms per decode step, ms per round cumulative up to each stage
-  (`cumulative_ms`), each stage's own ms (`stage_ms`) and its cost in decode steps
-  (`stage_steps`), and the accept length the profiled rounds reached.
-  """
-  strategy = SpecStrategy.parse(strategy)
+  state: Any
+  dcache: Any
+  dlen: Any
+  corpus: Any
+  static: programs.DecodeStatic
+  key: jax.Array
+  view: int
+  dview: int
+  decode: Any  # the jitted plain decode chunk at `view`
+
+
+def _profiled_rows(
+  engine, params, drafter_params, prompts, sampling, strategy, rounds, context_steps, num_samples
+) -> _Profiled:
   # A budget with room for the context and every profiled round (the rounds' programs are
   # the engine's own, at a cache bucket that fits them).
   need = context_steps + rounds * strategy.max_emit + 1
@@ -113,6 +111,8 @@ def round_costs(
   key = jax.random.key(0)
   max_new = np.full((len(prompts),), cfg.max_new_tokens, np.int32)
   seq_ids = np.arange(len(prompts), dtype=np.int32)
+  # Without stop tokens: every row stays active for the whole profile (the stop check's
+  # cost is kept; only its effect is gone).
   static = dataclasses.replace(engine.programs.static(sampling), stop_tokens=())
   state = jax.jit(
     functools.partial(
@@ -127,11 +127,8 @@ def round_costs(
     jnp.asarray(max_new),
     key,
   )
-  # Without stop tokens (above): every row stays active for the whole profile (the stop
-  # check's cost is kept; only its effect is gone).
   longest = int(lens.max()) + context_steps + rounds * strategy.max_emit + strategy.nodes
   view = round_up(min(longest, cfg.cache_slots), cfg.view_buckets)
-
   decode = jax.jit(
     functools.partial(programs.decode_chunk, engine.graphdef, static=static, view_len=view)
   )
@@ -161,8 +158,35 @@ def round_costs(
     )
   )(params, drafter_params, state)
   dview = min(view + cfg.drafter_margin, cfg.drafter_slots)
+  return _Profiled(state, dcache, dlen, corpus, static, key, view, dview, decode)
 
-  calls = {"step": (decode, (params, state, key, np.int32(rounds)))}
+
+def round_costs(
+  engine,
+  params: nnx.State,
+  drafter_params: nnx.State,
+  prompts: Sequence[Sequence[int]],
+  sampling: SamplingConfig,
+  strategy: str | SpecStrategy,
+  *,
+  rounds: int = 12,
+  reps: int = 7,
+  context_steps: int = 32,
+  num_samples: int = 1,
+) -> dict[str, Any]:
+  """Per-round device cost of each stage of `strategy` on `prompts` (`num_samples` rows
+  each; group drafts read the sibling rows, no history).
+
+  Returns ms per decode step, ms per round cumulative up to each stage
+  (`cumulative_ms`), each stage's own ms (`stage_ms`) and its cost in decode steps
+  (`stage_steps`), and the accept length the profiled rounds reached.
+  """
+  strategy = SpecStrategy.parse(strategy)
+  rows = _profiled_rows(
+    engine, params, drafter_params, prompts, sampling, strategy, rounds, context_steps, num_samples
+  )
+  match = engine.config.group_match
+  calls = {"step": (rows.decode, (params, rows.state, rows.key, np.int32(rounds)))}
   for stage in STAGES:
 
     def run(tp, dp, st, dc, dl, corpus, k, r, stage=stage):
@@ -173,20 +197,18 @@ def round_costs(
         dp,
         dc,
         k,
-        static=static,
+        static=rows.static,
         strategy=strategy,
-        view_len=view,
+        view_len=rows.view,
         cache_slots=st.cache.slots,
-        drafter_view_len=dview,
+        drafter_view_len=rows.dview,
         corpus=corpus,
-        group_match=cfg.group_match,
+        group_match=match,
       )
       return run_rounds(round_cut_after(stages, stage), st, dc, dl, r, strategy.depth)
 
-    calls[stage] = (
-      jax.jit(run),
-      (params, drafter_params, state, dcache, dlen, corpus, key, np.int32(rounds)),
-    )
+    args = (params, drafter_params, rows.state, rows.dcache, rows.dlen, rows.corpus)
+    calls[stage] = (jax.jit(run), (*args, rows.key, np.int32(rounds)))
   times = _interleaved(calls, reps)
   ms = {name: 1e3 * float(np.median(t)) / rounds for name, t in times.items()}
   step_ms = ms.pop("step")
@@ -200,9 +222,9 @@ def round_costs(
     prev = cumulative[stage]
   return {
     "strategy": strategy.name,
-    "batch": b,
+    "batch": rows.state.batch,
     "temperature": sampling.temperature,
-    "view": view,
+    "view": rows.view,
     "rounds": rounds,
     "step_ms": step_ms,
     "round_ms": cumulative[STAGES[-1]],

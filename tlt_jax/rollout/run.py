@@ -29,13 +29,8 @@ from tlt_jax.decode.group_drafts import GroupCorpus
 from tlt_jax.decode.sampling import SamplingConfig
 from tlt_jax.models.drafter import check_drafter_matches
 from tlt_jax.models.precision import compute_params
-from tlt_jax.rollout.bandit import (
-  BANDIT_REWARDS,
-  PLAIN,
-  StrategyBandit,
-  answer_phase,
-  frontier_advance,
-)
+from tlt_jax.rollout import decisions
+from tlt_jax.rollout.bandit import BANDIT_REWARDS, PLAIN, answer_phase, frontier_advance
 from tlt_jax.rollout.history import reference_line
 from tlt_jax.rollout.state import plain_reach, round_up, spec_reach
 
@@ -47,11 +42,6 @@ if TYPE_CHECKING:
 def completion(harvested: dict[str, np.ndarray]) -> np.ndarray:
   """The generated tokens of one harvested row."""
   return harvested["tokens"][harvested["prompt_len"] : harvested["length"]]
-
-
-def _exploits_plain(bandit: StrategyBandit, bucket: int) -> bool:
-  """The bandit's pick for `bucket` is plain decode as exploitation, not exploration."""
-  return bandit.warmed_up(bucket) and bandit.best(bucket) == PLAIN
 
 
 class RolloutRun:
@@ -141,8 +131,10 @@ class RolloutRun:
     if not self.cfg.compact:
       return
     active = self.active()
-    target = round_up(int(active.sum()), self.cfg.batch_buckets)
-    if target >= self.state.batch:
+    target = decisions.bucket_after_compaction(
+      int(active.sum()), self.state.batch, self.cfg.batch_buckets
+    )
+    if target == self.state.batch:
       return
     self.harvest(np.nonzero(self.done & (self.row_seq >= 0))[0])
     keep = np.nonzero(active)[0]
@@ -175,19 +167,16 @@ class RolloutRun:
 
   def choose_arm(self) -> tuple[str, bool]:
     """(arm, learn): plain decode above the speculative threshold; below it the bandit's
-    choice (learning from the chunk's reward) or the first strategy when not adaptive."""
+    choice (learning from the chunk's reward) or the first strategy when not adaptive
+    (`decisions.choose_arm`)."""
     cfg, batch = self.cfg, self.state.batch
-    arm = PLAIN
-    learn = self.spec_on and self.bandit is not None and batch <= cfg.spec_threshold
-    if self.spec_on and batch <= cfg.spec_threshold:
-      arm = self.bandit.select(batch) if learn else cfg.strategies[0].name
-    settled = learn and arm == PLAIN and self._last_bucket()
-    if settled and _exploits_plain(self.bandit, batch):
-      # The bandit has settled on plain decode for the last bucket: run it to the end in
-      # one call, as the plain engine does (no host round trip per chunk). Such a chunk is
-      # not chunk-sized, so it does not feed the bandit.
-      learn = False
-    return arm, learn
+    return decisions.choose_arm(
+      self.bandit,
+      batch,
+      speculate=self.spec_on and batch <= cfg.spec_threshold,
+      default=cfg.strategies[0].name if cfg.strategies else PLAIN,
+      last_bucket=self._last_bucket(),
+    )
 
   def run_chunk(self, arm: str, learn: bool) -> None:
     """One device call of `arm`; its timeline entry and, when learning, its reward."""
@@ -208,19 +197,9 @@ class RolloutRun:
     compiled = self.engine.pool.compile_seconds - compile_s
     if compiled:
       entry["compile_s"] = compiled  # lazy pools: this chunk (or its rebuild) compiled
-    if learn and (full or self.cfg.bandit_cut_short) and tokens > 0:
-      charged_s, rebuild_compile = cost
-      run_s = max(dt + charged_s - (compiled - rebuild_compile), 1e-6)
-      if charged_s:
-        entry["switch_s"] = charged_s
-      entry["answer_phase"] = phase
-      entry["reward"] = self._reward(entry, arm, tokens, run_s)
-      # A shared-acceptance chain arm also reports what its rounds accepted (bandit docstring).
-      accepted = entry["accepted_hist"] if arm in self.bandit.accept_families else None
-      self.bandit.update(self.state.batch, arm, entry["reward"], phase=phase, accepted=accepted)
-    elif learn and arm in self.bandit.accept_families and entry["row_rounds"]:
-      # Cut short (its rows finished): no reward, but its rounds refine the curve.
-      self.bandit.observe_acceptance(arm, entry["accepted_hist"])
+    entry["full"] = bool(full)  # ran every step or round it asked for
+    if learn:
+      self._teach(entry, arm, phase, full, tokens, dt, compiled, cost)
     self.timeline.append(
       {
         "t": t0 - self.start,
@@ -273,14 +252,12 @@ class RolloutRun:
     self.dstate = None  # plain decode does not advance the drafter's cache
     self.push_forced = False  # the switch back rebuilds it anyway
     # Every active row may grow by chunk_steps; the cache view must cover it.
-    need = int(plain_reach(self.length, self.max_len, cfg.chunk_steps)[active].max())
-    view = round_up(need, cfg.view_buckets)
-    steps = cfg.chunk_steps
-    if self._last_bucket() and not learn:
-      # Nothing left to compact: run to the end of the cache bucket in one device call
-      # (host round trips cost more than small-batch steps). Not while the bandit
-      # compares arms: it needs chunk-sized samples.
-      steps = max(steps, view - int(self.length[active].max()) + 1)
+    view = decisions.chunk_view(
+      plain_reach(self.length, self.max_len, cfg.chunk_steps)[active].max(), cfg.view_buckets
+    )
+    # In the last bucket, unless the bandit compares arms (it needs chunk-sized samples).
+    run_to_end = self._last_bucket() and not learn
+    steps = decisions.plain_steps(cfg.chunk_steps, view, self.length[active].max(), run_to_end)
     b = self.state.batch
     args = (
       eng.programs.weights(self.params, b),
@@ -290,7 +267,8 @@ class RolloutRun:
     )
     self.state, ran = eng.programs.decode(self.sampling, view, args)(*args)
     self.length, self.done, ran = jax.device_get((self.state.length, self.state.done, ran))
-    return t0, {"phase": "decode", "steps": int(ran)}, view, ran == steps, (0.0, 0.0)
+    entry = {"phase": "decode", "steps": int(ran), "requested": steps}
+    return t0, entry, view, ran == steps, (0.0, 0.0)
 
   def _speculate(self, arm: str, active: np.ndarray):
     """spec_rounds rounds of draft + verify with strategy `arm`, rebuilding the drafter's
@@ -300,7 +278,7 @@ class RolloutRun:
     strategy = eng.strategies[arm]
     rounds = cfg.spec_rounds
     reach = spec_reach(self.length, self.max_len, rounds, strategy.max_emit, strategy.nodes)
-    view = round_up(int(reach[active].max()), cfg.view_buckets)
+    view = decisions.chunk_view(reach[active].max(), cfg.view_buckets)
     charged_s = rebuild_compile = 0.0
     t0 = time.perf_counter()
     if strategy.uses_drafter and self.dstate is None:
@@ -334,6 +312,7 @@ class RolloutRun:
       "row_rounds": int(stats.row_rounds.sum()),
       "accepted": int(stats.accepted.sum()),
       "accepted_hist": [int(x) for x in stats.accepted_hist],
+      "requested": rounds,
     }
     if strategy.uses_group:
       entry["corpus_s"] = corpus_s  # host time building the group corpus (in dt)
@@ -394,32 +373,41 @@ class RolloutRun:
     if q:  # a quantile above the minimum
       entry[f"{self.cfg.bandit_reward}_tokens"] = frontier_advance(before_gen, after_gen, q)
 
-  def _reward(self, entry: dict[str, Any], arm: str, tokens: int, run_s: float) -> float:
-    """The chunk's speed in tokens per second of one row, less any compile it triggered.
-
-    The rollout ends when its longest row does, so a row's speed is what an arm should
-    maximise. "frontier" takes the least-advanced row that ran the whole chunk (a deep
-    draft's rows spread apart, so its mean row outruns its slowest one), "octile"
-    (default) the rows' lower octile (the minimum of 64 rows is too noisy to rank arms
-    by), "row" the mean active row, dividing by the rows active during the chunk (plain:
-    tokens / steps; speculative: row-rounds / rounds), so rows that finish do not credit
-    the arm that ran then. Rows that finish inside the chunk are left out either way, and
-    chunks cut short by the last row finishing (mostly fixed overhead) are not rewarded.
-    A drafter chunk after a plain (or group) one pays for rebuilding the drafter's cache,
-    or leaving the drafter would look free and the bandit would alternate too often.
-    """
-    if arm in self.bandit.accept_families:
-      # Its pace, rounds per second: the bandit predicts the tokens a round emits from the
-      # family's acceptance curve (and the bucket's frontier) itself.
-      return entry["rounds"] / run_s
-    measured = f"{self.cfg.bandit_reward}_tokens"
-    if measured in entry:  # frontier / octile, where some row ran through the chunk
-      return entry[measured] / run_s
-    if arm == PLAIN:  # "row", or no row ran through (every row finished): the mean row
+  def _teach(self, entry, arm, phase, full, tokens, dt, compiled, cost) -> None:
+    """The bandit's lesson from this chunk (`decisions.teach_bandit`), timed as the chunk's
+    seconds plus a drafter-cache rebuild after a switch away (leaving the drafter would
+    otherwise look free and the bandit would alternate too often), less any compile the
+    chunk triggered. The rows that finish inside the chunk are left out of its advance
+    (`_progress`); "row" divides by the rows active during it (plain: tokens / steps;
+    speculative: row-rounds / rounds), so rows that finish do not credit the arm that ran
+    then."""
+    charged_s, rebuild_compile = cost
+    run_s = max(dt + charged_s - (compiled - rebuild_compile), 1e-6)
+    if arm == PLAIN:
       mean_rows = tokens / max(entry["steps"], 1)
     else:
       mean_rows = entry["row_rounds"] / max(entry["rounds"], 1)
-    return tokens / run_s / mean_rows
+    reward = decisions.teach_bandit(
+      self.bandit,
+      self.state.batch,
+      arm,
+      phase=phase,
+      run_s=run_s,
+      full=full,
+      cut_short_rewarded=self.cfg.bandit_cut_short,
+      tokens=tokens,
+      rounds=entry.get("rounds", entry.get("steps", 0)),
+      row_rounds=entry.get("row_rounds", 0),
+      accepted_hist=entry.get("accepted_hist"),
+      quantile_tokens=entry.get(f"{self.cfg.bandit_reward}_tokens"),
+      mean_rows=mean_rows,
+    )
+    if reward is not None:
+      if charged_s:
+        entry["switch_s"] = charged_s
+      entry["answer_phase"] = phase
+      entry["reward"] = reward
+      entry["run_s"] = run_s  # the seconds the reward divides by
 
   # ------------------------------------------------------------------ helpers
   def _call_hook(self, batch: int, active_rows: int):

@@ -13,7 +13,10 @@ from tlt_jax.sim.costs import (
   chain_accept_length,
 )
 from tlt_jax.sim.replay import (
+  ChunkPlan,
   EnginePolicy,
+  RecordedChunk,
+  ReplayRun,
   RolloutPrediction,
   StepPrediction,
   replay_rollout,
@@ -24,6 +27,7 @@ from tlt_jax.sim.validate import (
   Calibration,
   StepRecord,
   compare,
+  decision_mismatch,
   engine_bandit,
   modelled,
   step_record,
@@ -31,10 +35,13 @@ from tlt_jax.sim.validate import (
 
 __all__ = [
   "ArmModel",
+  "ChunkPlan",
   "Calibration",
   "DecodeCost",
   "EngineCost",
   "EnginePolicy",
+  "RecordedChunk",
+  "ReplayRun",
   "RolloutPrediction",
   "RooflineCost",
   "StepPrediction",
@@ -43,6 +50,7 @@ __all__ = [
   "arms_from_accept",
   "chain_accept_length",
   "compare",
+  "decision_mismatch",
   "engine_bandit",
   "modelled",
   "replay_rollout",

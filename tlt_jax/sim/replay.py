@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from tlt_jax.rollout import decisions
 from tlt_jax.rollout.acceptance import per_token_acceptance
 from tlt_jax.rollout.bandit import BANDIT_REWARDS, StrategyBandit, answer_phase, frontier_advance
 from tlt_jax.rollout.config import EngineConfig
@@ -43,7 +44,10 @@ from tlt_jax.rollout.state import plain_reach, power_of_two_buckets, round_up, s
 from tlt_jax.sim.costs import ArmModel, DecodeCost, EngineCost, chain_accept_length
 
 __all__ = [
+  "ChunkPlan",
   "EnginePolicy",
+  "RecordedChunk",
+  "ReplayRun",
   "RolloutPrediction",
   "StepPrediction",
   "replay_rollout",
@@ -166,8 +170,9 @@ def engine_config(engine: Mapping[str, Any], **changes: Any) -> EngineConfig:
 
 
 def _view(policy: EnginePolicy, reach: float) -> int:
-  """The cache view the engine compiles a chunk for: the bucket covering `reach` slots."""
-  return round_up(int(min(reach, policy.views[-1])), policy.views)
+  """The cache view the engine compiles a chunk for (`decisions.chunk_view`); the replay's
+  rows have no token budget of their own, so their reach is capped at the largest view."""
+  return decisions.chunk_view(min(reach, policy.views[-1]), policy.views)
 
 
 def replay_rollout(
@@ -194,167 +199,293 @@ def replay_rollout(
 
   `bandit` (its arms: plain and some of `arms`; `stochastic` replays only) replaces the
   converged bandit with the engine's own: it picks each eligible chunk's arm and is updated
-  with the chunk's reward as `rollout.run.RolloutRun` does (its answer phase; a chain
-  family's pace and acceptance histogram, or the rows' advance per second; chunks cut short
-  by their rows finishing feed only the acceptance curve). The bandit keeps what it learnt,
-  so one bandit replayed over a run's rollouts in order learns as the run's did. Each
-  reward's seconds carry a log-normal measurement noise of relative spread `reward_noise`
-  (the replay's times do not).
+  with the chunk's reward as `rollout.run.RolloutRun` does (`rollout.decisions`). The
+  bandit keeps what it learnt, so one bandit replayed over a run's rollouts in order learns
+  as the run's did. Each reward's seconds carry a log-normal measurement noise of relative
+  spread `reward_noise` (the replay's times do not).
+
+  The loop is the engine's (`rollout.run`): compact, choose an arm, run a chunk.
   """
-  remaining = np.asarray(lengths, dtype=float)
-  if remaining.ndim != 1 or not remaining.size or np.any(remaining < 1):
-    raise ValueError("lengths must be a non-empty list of positive token counts")
-  if remaining.size > policy.max_batch:
-    raise ValueError(f"{remaining.size} rows exceed max_batch={policy.max_batch}")
-  prompts = np.full(remaining.shape, float(policy.prompt_len))
-  if prompt_lens is not None:
-    prompts = np.asarray(prompt_lens, dtype=float)
-    if prompts.shape != remaining.shape:
-      raise ValueError(f"{prompts.size} prompt lengths for {remaining.size} rows")
-  if bandit is not None:
-    if arm_mix is not None:
-      raise ValueError("replay_rollout takes a bandit or an arm_mix, not both")
-    if not stochastic:
-      raise ValueError("a replayed bandit needs stochastic=True (per-row acceptance draws)")
-    names = sorted(a.name for a in arms)
-    unknown = sorted(set(bandit.arms) - set(names) - {PLAIN})
-    if unknown:
-      raise ValueError(f"bandit arms {unknown} have no ArmModel among {names}")
-  if not 0.0 <= reward_noise < 1.0:
-    raise ValueError(f"reward_noise must be in [0, 1), got {reward_noise!r}")
-  engine = isinstance(cost, EngineCost)
-  rng = np.random.default_rng(seed)
-  shared = chain_acceptance(arms) if stochastic else None
-  if shared is not None:  # the chains' accept lengths as the one curve has them
-    arms = [
-      dataclasses.replace(a, accept_length=chain_accept_length(shared, a.nodes - 1))
-      if a.name.startswith("chain")
-      else a
-      for a in arms
-    ]
-  accept_p = {a.name: per_token_acceptance(a.accept_length, a.nodes) for a in arms}
-  by_name = {a.name: a for a in arms}
-  generated = np.zeros_like(remaining)
-  batch = round_up(remaining.size, policy.batch_buckets)
-  seconds, chunks, by_bucket = 0.0, {}, {}
-  if engine:
-    n_prompts = round_up(-(-remaining.size // policy.samples), policy.batch_buckets)
-    longest = int(prompts.max())
-    if policy.prompt_buckets:
-      longest = round_up(longest, policy.prompt_buckets)
-    seconds += cost.prefill_seconds(n_prompts, longest)
-    # The prefill samples every row's first token.
-    remaining -= 1.0
-    generated += 1.0
-  drafter_cache = False  # the drafter's cache is in step with the rows
-  switched_away = False  # a chunk left the drafter's cache behind (its rebuild is charged)
-  mix = {k: float(v) for k, v in (arm_mix or {}).items() if k == PLAIN or k in by_name}
-  if arm_mix is not None and (not mix or sum(mix.values()) <= 0):
-    raise ValueError(f"arm_mix {dict(arm_mix)} names none of the arms {sorted(by_name)} or plain")
-  total = sum(mix.values())
-  mixed: dict[str, int] = {}  # eligible chunks run per arm, under arm_mix
-  quantile = BANDIT_REWARDS[policy.bandit_reward]  # None: "row", the mean active row
-  while np.any(remaining > 0):
-    active = remaining > 0
+  run = ReplayRun(
+    lengths,
+    cost,
+    policy,
+    arms,
+    prompt_lens=prompt_lens,
+    arm_mix=arm_mix,
+    bandit=bandit,
+    reward_noise=reward_noise,
+    stochastic=stochastic,
+    seed=seed,
+  )
+  while run.active().any():
+    run.compact()
+    run.run_chunk(run.choose_arm())
+  return run.finish()
+
+
+@dataclasses.dataclass(frozen=True)
+class RecordedChunk:
+  """What one engine chunk did (its timeline entry and the rows' lengths after it).
+
+  Attributes:
+    generated: tokens generated per request row after the chunk.
+    seconds: the seconds the engine's bandit reward divided by (`run_s`; any value for a
+      chunk it did not reward).
+    full: it ran every step or round it asked for.
+    steps: the steps or rounds it ran.
+    accepted: row-rounds by draft tokens accepted (speculative chunks), or None.
+  """
+
+  generated: np.ndarray
+  seconds: float
+  full: bool
+  steps: int
+  accepted: np.ndarray | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ChunkPlan:
+  """What the replay decided for its next chunk: the arm (`ArmModel` None for plain), whether
+  the bandit learns from it, and the program's cache view and steps (rounds)."""
+
+  name: str
+  arm: ArmModel | None
+  learn: bool
+  view: int
+  steps: int
+
+
+class ReplayRun:
+  """One replayed rollout, in the engine's steps (`rollout.run.RolloutRun`): `compact`,
+  `choose_arm`, `run_chunk`, `finish`. The rows are held in request order: `generated`
+  tokens so far and `remaining` ones of their `lengths`.
+
+  `max_new_tokens` (> 0: the engine's budget, one for all rows or one per row) caps a
+  row's reach as the engine's cache views do; 0 leaves it unbounded (a chunk's view is
+  then capped at the largest).
+  """
+
+  def __init__(
+    self,
+    lengths: Sequence[int],
+    cost: DecodeCost,
+    policy: EnginePolicy,
+    arms: Sequence[ArmModel] = (),
+    *,
+    prompt_lens: Sequence[int] | None = None,
+    arm_mix: Mapping[str, float] | None = None,
+    bandit: StrategyBandit | None = None,
+    reward_noise: float = 0.0,
+    stochastic: bool = False,
+    seed: int = 0,
+    max_new_tokens: int | Sequence[int] = 0,
+  ):
+    self.lengths = np.asarray(lengths, dtype=float)
+    remaining = self.lengths.copy()
+    if remaining.ndim != 1 or not remaining.size or np.any(remaining < 1):
+      raise ValueError("lengths must be a non-empty list of positive token counts")
+    if remaining.size > policy.max_batch:
+      raise ValueError(f"{remaining.size} rows exceed max_batch={policy.max_batch}")
+    prompts = np.full(remaining.shape, float(policy.prompt_len))
+    if prompt_lens is not None:
+      prompts = np.asarray(prompt_lens, dtype=float)
+      if prompts.shape != remaining.shape:
+        raise ValueError(f"{prompts.size} prompt lengths for {remaining.size} rows")
+    if bandit is not None:
+      if arm_mix is not None:
+        raise ValueError("replay_rollout takes a bandit or an arm_mix, not both")
+      if not stochastic:
+        raise ValueError("a replayed bandit needs stochastic=True (per-row acceptance draws)")
+      names = sorted(a.name for a in arms)
+      unknown = sorted(set(bandit.arms) - set(names) - {PLAIN})
+      if unknown:
+        raise ValueError(f"bandit arms {unknown} have no ArmModel among {names}")
+    if not 0.0 <= reward_noise < 1.0:
+      raise ValueError(f"reward_noise must be in [0, 1), got {reward_noise!r}")
+    self.cost, self.policy, self.bandit = cost, policy, bandit
+    self.stochastic, self.reward_noise = stochastic, reward_noise
+    self.engine = isinstance(cost, EngineCost)
+    self.rng = np.random.default_rng(seed)
+    shared = chain_acceptance(arms) if stochastic else None
+    if shared is not None:  # the chains' accept lengths as the one curve has them
+      arms = [
+        dataclasses.replace(a, accept_length=chain_accept_length(shared, a.nodes - 1))
+        if a.name.startswith("chain")
+        else a
+        for a in arms
+      ]
+    self.arms = list(arms)
+    self.accept_p = {a.name: per_token_acceptance(a.accept_length, a.nodes) for a in arms}
+    self.by_name = {a.name: a for a in arms}
+    self.prompts = prompts
+    budget = np.broadcast_to(np.asarray(max_new_tokens, dtype=float), prompts.shape)
+    self.max_len = np.where(budget > 0, prompts + budget, np.inf)
+    self.generated = np.zeros_like(remaining)
+    self.batch = round_up(remaining.size, policy.batch_buckets)
+    self.seconds, self.chunks, self.by_bucket = 0.0, {}, {}
+    if self.engine:
+      n_prompts = round_up(-(-remaining.size // policy.samples), policy.batch_buckets)
+      longest = int(prompts.max())
+      if policy.prompt_buckets:
+        longest = round_up(longest, policy.prompt_buckets)
+      self.seconds += cost.prefill_seconds(n_prompts, longest)
+      # The prefill samples every row's first token.
+      remaining -= 1.0
+      self.generated += 1.0
+    self.remaining = remaining
+    self.drafter_cache = False  # the drafter's cache is in step with the rows
+    self.switched_away = False  # a chunk left the drafter's cache behind (its rebuild is charged)
+    mix = {k: float(v) for k, v in (arm_mix or {}).items() if k == PLAIN or k in self.by_name}
+    if arm_mix is not None and (not mix or sum(mix.values()) <= 0):
+      raise ValueError(
+        f"arm_mix {dict(arm_mix)} names none of the arms {sorted(self.by_name)} or plain"
+      )
+    self.mix, self.mixed = mix, {}  # the mix, and eligible chunks run per arm under it
+    self.quantile = BANDIT_REWARDS[policy.bandit_reward]  # None: "row", the mean active row
+
+  # ------------------------------------------------------------------ the steps
+  def active(self) -> np.ndarray:
+    return self.remaining > 0
+
+  def compact(self) -> None:
+    """Between chunks: the rows move to a smaller bucket when they fit (charging the move,
+    or the host gap between calls, with an `EngineCost`)."""
+    policy, cost = self.policy, self.cost
     if policy.compact:
-      smaller = min(batch, round_up(int(active.sum()), policy.batch_buckets))
-      if engine:
-        seconds += cost.compact_s if smaller < batch else cost.gap_s
-      batch = smaller
-    elif engine:
-      seconds += cost.gap_s
-    context = float((prompts + generated)[active].mean())
-    reach = float((prompts + generated)[active].max())  # the engine's longest row length
+      smaller = decisions.bucket_after_compaction(
+        int(self.active().sum()), self.batch, policy.batch_buckets
+      )
+      if self.engine:
+        self.seconds += cost.compact_s if smaller < self.batch else cost.gap_s
+      self.batch = smaller
+    elif self.engine:
+      self.seconds += cost.gap_s
 
-    def chunk_view(arm, reach=reach):
-      """The view the engine compiles the chunk for (a plain one: arm None); a chain
-      emits at most its nodes a round."""
-      if arm is None:
-        return _view(policy, plain_reach(reach, math.inf, policy.chunk_steps))
-      rounds = policy.spec_rounds
-      return _view(policy, spec_reach(reach, math.inf, rounds, arm.nodes, arm.nodes))
+  def _reach(self) -> np.ndarray:
+    return (self.prompts + self.generated)[self.active()]
 
-    name, arm, learn = (PLAIN, None, False)
-    if arms and batch <= policy.spec_threshold:
-      if mix:
-        done = sum(mixed.values()) + 1
-        name = max(mix, key=lambda k: mix[k] / total - mixed.get(k, 0) / done)
-        mixed[name] = mixed.get(name, 0) + 1
-        arm = by_name.get(name)
-      elif bandit is not None:
-        name = bandit.select(batch)
-        arm = by_name.get(name)
-        # As the engine: plain in the last bucket, once the bandit exploits it, runs to the
-        # end in one call and teaches the bandit nothing.
+  def view(self, arm: ArmModel | None) -> int:
+    """The cache view the engine compiles the next chunk of `arm` (None: plain) for."""
+    policy, active = self.policy, self.active()
+    length, max_len = (self.prompts + self.generated)[active], self.max_len[active]
+    if arm is None:
+      reach = plain_reach(length, max_len, policy.chunk_steps)
+    else:  # a chain emits at most its nodes a round
+      reach = spec_reach(length, max_len, policy.spec_rounds, arm.nodes, arm.nodes)
+    return decisions.chunk_view(min(float(reach.max()), policy.views[-1]), policy.views)
+
+  def choose_arm(self) -> ChunkPlan:
+    """The next chunk's arm (an `arm_mix`'s, the replayed bandit's, or the converged
+    bandit's best predicted), whether the bandit learns from it, its view and steps."""
+    policy, batch = self.policy, self.batch
+    name, arm, learn = PLAIN, None, False
+    if self.arms and batch <= policy.spec_threshold:
+      if self.mix:
+        done, total = sum(self.mixed.values()) + 1, sum(self.mix.values())
+        name = max(self.mix, key=lambda k: self.mix[k] / total - self.mixed.get(k, 0) / done)
+        self.mixed[name] = self.mixed.get(name, 0) + 1
+      elif self.bandit is not None:
         last = batch == policy.batch_buckets[0]
-        learn = not (
-          arm is None and last and bandit.warmed_up(batch) and bandit.best(batch) == PLAIN
+        name, learn = decisions.choose_arm(
+          self.bandit, batch, speculate=True, default=PLAIN, last_bucket=last
         )
       else:
-        views = chunk_view if policy.views else None
-        name, arm = _best_arm(arms, cost, batch, context, views)
-    chunks[name] = chunks.get(name, 0) + 1
-    start = seconds
-    phase = answer_phase(float(generated[active].mean()), policy.bandit_phase_tokens)
-    before, started = generated.copy(), remaining > 0
+        context = float(self._reach().mean())
+        views = self.view if policy.views else None
+        name, _ = _best_arm(self.arms, self.cost, batch, context, views)
+      arm = self.by_name.get(name)
     steps = policy.chunk_steps if arm is None else policy.spec_rounds
-    view = chunk_view(arm) if policy.views else 0
-    if policy.views and arm is None and batch == policy.batch_buckets[0] and not learn:
-      # The last bucket runs plain decode to the end of its view in one call.
-      steps = max(steps, int(view - reach) + 1)
+    view = self.view(arm) if policy.views else 0
+    if policy.views and arm is None:
+      run_to_end = batch == policy.batch_buckets[0] and not learn
+      steps = decisions.plain_steps(policy.chunk_steps, view, self._reach().max(), run_to_end)
+    return ChunkPlan(name, arm, learn, view, steps)
+
+  def run_chunk(self, plan: ChunkPlan, recorded: RecordedChunk | None = None) -> None:
+    """Runs `plan`: each step or round charged at the bucket's batch and the chunk's view
+    (without views, the active rows' mean context), rows advancing by their arm's accept
+    length or draws; then the bandit's lesson when it learns.
+
+    A `recorded` chunk (a real engine's) gives what the chunk did: the replay takes it
+    instead of its own model's, and only decides and learns (`decision_mismatch`)."""
+    policy, cost, name, arm = self.policy, self.cost, plan.name, plan.arm
+    active = self.active()
+    self.chunks[name] = self.chunks.get(name, 0) + 1
+    start = self.seconds
+    phase = answer_phase(float(self.generated[active].mean()), policy.bandit_phase_tokens)
+    before, started = self.generated.copy(), active
     charged = 0.0  # a rebuild after a switch away, charged to the chunk's reward
-    if engine and arm is not None and arm.draft_steps and not drafter_cache:
-      width = min(view, policy.slots) if policy.slots else view
-      rebuild = cost.rebuild_seconds(batch, width)
-      seconds += rebuild
-      charged = rebuild if switched_away else 0.0
-      switched_away = False
+    if self.engine and arm is not None and arm.draft_steps and not self.drafter_cache:
+      width = min(plan.view, policy.slots) if policy.slots else plan.view
+      rebuild = cost.rebuild_seconds(self.batch, width)
+      self.seconds += rebuild
+      charged = rebuild if self.switched_away else 0.0
+      self.switched_away = False
     if arm is None or not arm.draft_steps:
-      switched_away = switched_away or drafter_cache
-    drafter_cache = arm is not None and arm.draft_steps > 0
-    ran = 0
+      self.switched_away = self.switched_away or self.drafter_cache
+    self.drafter_cache = arm is not None and arm.draft_steps > 0
     depth = 0 if arm is None else arm.nodes - 1
-    accepted = np.zeros(depth + 1)  # row-rounds that accepted a draft tokens, a = 0..depth
-    for _ in range(steps):
-      active = remaining > 0
+    if recorded is None:
+      ran, accepted = self._advance(plan, depth)
+      full = ran == plan.steps
+      run_s = self.seconds - start + charged
+    else:
+      self.generated = np.asarray(recorded.generated, dtype=float)
+      self.remaining = self.lengths - self.generated
+      ran, full, run_s = recorded.steps, recorded.full, recorded.seconds
+      accepted = np.asarray(recorded.accepted if recorded.accepted is not None else [0])
+      self.seconds += run_s
+    if plan.learn:
+      through = started & (self.remaining > 0)  # the rows that ran the whole chunk
+      chunk = _Chunk(name, phase, bool(full), run_s, ran, accepted)
+      _teach(
+        self.bandit,
+        self.batch,
+        chunk,
+        before[started],
+        self.generated[started],
+        through[started],
+        self.quantile,
+        self.reward_noise,
+        self.rng,
+      )
+    self.by_bucket[self.batch] = self.by_bucket.get(self.batch, 0.0) + self.seconds - start
+
+  def _advance(self, plan: ChunkPlan, depth: int) -> tuple[int, np.ndarray]:
+    """The chunk's steps on the cost model: returns the steps run and the row-rounds that
+    accepted a = 0..depth draft tokens."""
+    cost, arm = self.cost, plan.arm
+    ran = 0
+    accepted = np.zeros(depth + 1)
+    for _ in range(plan.steps):
+      active = self.active()
       if not active.any():
         break
       ran += 1
-      context = view or float((prompts + generated)[active].mean())
+      context = plan.view or float(self._reach().mean())
       if arm is None:
-        seconds += cost.seconds(batch, 1, context)
+        self.seconds += cost.seconds(self.batch, 1, context)
         gain = np.ones(active.sum())
       else:
-        seconds += arm.round_seconds(cost, batch, context)
-        if stochastic:
+        self.seconds += arm.round_seconds(cost, self.batch, context)
+        if self.stochastic:
           # Leading accepted draft tokens of a chain of nodes - 1, plus the bonus token.
-          draws = rng.random((int(active.sum()), depth)) < accept_p[name]
+          draws = self.rng.random((int(active.sum()), depth)) < self.accept_p[plan.name]
           taken = np.cumprod(draws, axis=1).sum(axis=1)
           accepted += np.bincount(taken.astype(int), minlength=depth + 1)
           gain = taken + 1.0
         else:
           gain = np.full(active.sum(), arm.accept_length)
-      step = np.minimum(gain, remaining[active])
-      remaining[active] -= step
-      generated[active] += step
-    if learn:
-      through = started & (remaining > 0)  # the rows that ran the whole chunk
-      chunk = _Chunk(name, phase, ran == steps, seconds - start + charged, ran, accepted)
-      _teach(
-        bandit,
-        batch,
-        chunk,
-        before[started],
-        generated[started],
-        through[started],
-        quantile,
-        reward_noise,
-        rng,
-      )
-    by_bucket[batch] = by_bucket.get(batch, 0.0) + seconds - start
-  if engine:
-    seconds += cost.finish_s
-  return RolloutPrediction(seconds, int(np.sum(lengths)), chunks, by_bucket)
+      step = np.minimum(gain, self.remaining[active])
+      self.remaining[active] -= step
+      self.generated[active] += step
+    return ran, accepted
+
+  def finish(self) -> RolloutPrediction:
+    if self.engine:
+      self.seconds += self.cost.finish_s
+    return RolloutPrediction(self.seconds, int(np.sum(self.lengths)), self.chunks, self.by_bucket)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -370,25 +501,31 @@ class _Chunk:
 
 
 def _teach(bandit, batch, chunk, before, after, through, quantile, noise, rng) -> None:
-  """The engine's bandit update for one replayed chunk (`rollout.run.RolloutRun.run_chunk`
-  and `_reward`): `before` / `after` are the generated tokens of the rows active at its
-  start, `through` those that ran it to the end."""
-  family = chunk.arm in bandit.accept_families
+  """The engine's bandit update for one replayed chunk (`decisions.teach_bandit`, as
+  `rollout.run.RolloutRun` calls it): `before` / `after` are the generated tokens of the
+  rows active at its start, `through` those that ran it to the end; the chunk's seconds
+  carry a log-normal measurement noise of relative spread `noise`."""
   tokens = float((after - before).sum())
-  if not chunk.full or tokens <= 0:
-    if family and chunk.accepted.sum():
-      bandit.observe_acceptance(chunk.arm, chunk.accepted)  # its rounds refine the curve
-    return
-  run_s = chunk.seconds * (math.exp(noise * rng.standard_normal()) if noise else 1.0)
-  if family:  # its pace; the bandit predicts the tokens a round emits
-    bandit.update(batch, chunk.arm, chunk.steps / run_s, phase=chunk.phase, accepted=chunk.accepted)
-    return
+  quantile_tokens = None
   if quantile is not None and through.any():
-    advance = frontier_advance(before[through], after[through], quantile)
-  else:  # "row", or every row finished: the mean active row
-    row_steps = tokens if chunk.arm == PLAIN else float(chunk.accepted.sum())
-    advance = tokens / max(row_steps / max(chunk.steps, 1), 1e-9)
-  bandit.update(batch, chunk.arm, advance / run_s, phase=chunk.phase)
+    quantile_tokens = frontier_advance(before[through], after[through], quantile)
+  row_steps = tokens if chunk.arm == PLAIN else float(chunk.accepted.sum())
+  run_s = chunk.seconds * (math.exp(noise * rng.standard_normal()) if noise else 1.0)
+  decisions.teach_bandit(
+    bandit,
+    batch,
+    chunk.arm,
+    phase=chunk.phase,
+    run_s=run_s,
+    full=chunk.full,
+    cut_short_rewarded=False,
+    tokens=tokens,
+    rounds=chunk.steps,
+    row_rounds=int(chunk.accepted.sum()),
+    accepted_hist=chunk.accepted,
+    quantile_tokens=quantile_tokens,
+    mean_rows=row_steps / max(chunk.steps, 1),
+  )
 
 
 @dataclasses.dataclass

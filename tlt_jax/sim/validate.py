@@ -17,8 +17,14 @@ import numpy as np
 
 from tlt_jax.rollout.bandit import StrategyBandit
 from tlt_jax.rollout.config import bandit_settings
-from tlt_jax.sim.costs import DecodeCost, arms_from_accept
-from tlt_jax.sim.replay import EnginePolicy, engine_config, replay_rollout
+from tlt_jax.sim.costs import ArmModel, DecodeCost, EngineCost, arms_from_accept
+from tlt_jax.sim.replay import (
+  EnginePolicy,
+  RecordedChunk,
+  ReplayRun,
+  engine_config,
+  replay_rollout,
+)
 
 # A calibrated prediction should be within 15% of the measured time.
 TOLERANCE = 0.15
@@ -207,3 +213,65 @@ def compare(
     abs(out[k] - 1.0) <= TOLERANCE for k in ("rollout_ratio", "step_ratio")
   )
   return out
+
+
+# The decisions the replay must take as the engine took them (`decision_mismatch`).
+DECISIONS = ("batch", "arm", "learn", "view", "steps")
+
+
+def decision_mismatch(
+  chunks: Sequence[Mapping[str, Any]],
+  lengths: Sequence[int],
+  policy: EnginePolicy,
+  arms: Sequence[ArmModel],
+  bandit: StrategyBandit | None,
+  *,
+  prompt_lens: Sequence[int],
+  max_new_tokens: int | Sequence[int],
+) -> str | None:
+  """Replays a real rollout's recorded chunks through the simulator's `ReplayRun` and
+  returns the first decision it takes differently from the engine, or None.
+
+  `chunks`: per engine chunk, in order, its decisions (`DECISIONS`: the batch bucket after
+  compaction, the arm, whether the bandit learnt from it, the cache view, the steps or
+  rounds asked for) and what it did: "generated" (tokens per request row after it), "ran"
+  (steps or rounds run), "full", "run_s" (when rewarded) and "accepted_hist" (speculative).
+  `bandit`: a copy of the engine's bandit as it was before the rollout (the replay teaches
+  it the chunks' lessons as the engine taught its own). `lengths`: the rows' final
+  completion lengths. The replay charges no cost of its own: only decisions are compared.
+  """
+  unit = ((1, 1, 1.0),)
+  cells = {"plain": unit, "prefill": unit, "drafter_prefill": unit}
+  cost = EngineCost({**cells, **{a.name: unit for a in arms}})  # the prefill's first token
+  run = ReplayRun(
+    lengths,
+    cost,
+    policy,
+    arms,
+    prompt_lens=prompt_lens,
+    bandit=bandit,
+    stochastic=bandit is not None,
+    max_new_tokens=max_new_tokens,
+  )
+  for i, chunk in enumerate(chunks):
+    if not run.active().any():
+      return f"chunk {i}: every replayed row has finished"
+    run.compact()
+    plan = run.choose_arm()
+    got = {"batch": run.batch, "arm": plan.name, "learn": plan.learn}
+    got |= {"view": plan.view, "steps": plan.steps}
+    want = {k: chunk[k] for k in DECISIONS}
+    if got != want:
+      return f"chunk {i}: the engine took {want}, the replay {got}"
+    accepted = chunk.get("accepted_hist")
+    recorded = RecordedChunk(
+      np.asarray(chunk["generated"]),
+      float(chunk.get("run_s", 0.0)),
+      bool(chunk["full"]),
+      int(chunk["ran"]),
+      None if accepted is None else np.asarray(accepted),
+    )
+    run.run_chunk(plan, recorded)
+  if run.active().any():
+    return "rows remain in the replay after the engine's last chunk"
+  return None

@@ -1,0 +1,428 @@
+r"""Real model sizes on an accelerator: decode steps, speculative rounds and the policy update
+at Qwen3-8B and Qwen2.5-1.5B layer shapes, with random bfloat16 weights (shapes, bytes and
+kernels are what is measured; acceptance is not), in stages of a few minutes. Each stage
+writes its results to <out>/real_sizes.json as it ends, and each measured cell is kept, so a
+sitting returns what it reached and the next one resumes where it stopped.
+
+  python experiments/real_sizes.py --out=runs/real_sizes                  # a GPU sitting
+  python experiments/real_sizes.py --out=/tmp/rs --shapes=tiny --copy_gb=0.05   # CPU rehearsal
+
+Stages, in priority order (`--stages`; finished ones are skipped):
+  decode_b1    batch-1 decode of the first shape at the first context: ms a step inside one
+               device loop and one step a call (the difference is launches and host round
+               trips), a profiler trace of a few looped steps (<out>/trace)
+  bandwidth    the device's copy bandwidth (read + write of a `--copy_gb` array): the HBM
+               bound of a decode step is its weight and KV bytes over it; the spec sheet's
+               figure is printed beside
+  decode_grid  per shape: one forward by batch (1 .. the largest whose KV cache fits beside
+               the weights) x new tokens per row (1: a decode step; 5 / 9 / 17: verifying a
+               chain of 4 / 8 / 16) at each context; compile seconds per program
+  rounds       a chain round's cost in decode steps (depth drafter steps of a random
+               one-layer drafter + one verify forward) by batch, and the batch where a round
+               of depth 4 / 8 stops paying at `--accept` (this project's measured accept
+               lengths)
+  update       the 1.5B shape's policy update (float32 masters, bfloat16 products,
+               rematerialised layers): model FLOPs utilisation over the spec sheet's (or, on
+               a CPU, the measured matmul) rate; peak memory beside parallel.memory's plan
+
+A stage stops adding cells once it has run `--stage_s` seconds (the cells it measured are
+kept; the rest wait for the next sitting).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import app, flags
+from flax import nnx
+from jax import lax
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from experiments.host import matmul_flops  # noqa: E402
+from tlt_jax.models.config import ModelConfig  # noqa: E402
+from tlt_jax.models.transformer import KVCache, Transformer  # noqa: E402
+from tlt_jax.parallel.memory import measured_bytes, plan_memory, qwen25  # noqa: E402
+
+_OUT = flags.DEFINE_string("out", "runs/real_sizes", "output folder (results resume from it)")
+_STAGES = flags.DEFINE_list(
+  "stages", ["decode_b1", "bandwidth", "decode_grid", "rounds", "update"], "stages, in order"
+)
+_SHAPES = flags.DEFINE_list("shapes", ["qwen3-8b", "qwen2.5-1.5b"], "decode shapes (or tiny)")
+_UPDATE_SHAPE = flags.DEFINE_string("update_shape", "", "update stage's shape (default: last)")
+_CONTEXTS = flags.DEFINE_list("contexts", ["1024", "4096"], "cache lengths of the grid")
+_TOKENS = flags.DEFINE_list("tokens", ["1", "5", "9", "17"], "new tokens per row")
+_MAX_BATCH = flags.DEFINE_integer("max_batch", 256, "largest batch tried")
+_STEPS = flags.DEFINE_integer("steps", 16, "forwards per device loop")
+_REPS = flags.DEFINE_integer("reps", 5, "timed repetitions (median kept)")
+_COPY_GB = flags.DEFINE_float("copy_gb", 4.0, "bandwidth stage's array size, GB")
+_STAGE_S = flags.DEFINE_float("stage_s", 300.0, "seconds a stage may add cells for")
+_ACCEPT = flags.DEFINE_list("accept", ["chain4=3.93", "chain8=6.13"], "accept lengths")
+_UPDATE_ROWS = flags.DEFINE_integer("update_rows", 8, "update rows (micro-batches of 2)")
+_UPDATE_WIDTH = flags.DEFINE_integer("update_width", 1024, "update row length")
+_MEMORY_GIB = flags.DEFINE_float("memory_gib", 0.0, "device memory where it cannot be read")
+
+# Spec-sheet figures by device kind (HBM TB/s, dense bf16 TFLOP/s): NVIDIA H100 SXM and H200.
+SPEC = {"H100": (3.35, 989.0), "H200": (4.8, 989.0)}
+
+
+def shape(name: str) -> ModelConfig:
+  """Published layer shapes (the models' config.json), bfloat16 weights and products."""
+  bf16 = dict(dtype="bfloat16", param_dtype="bfloat16")
+  if name == "qwen3-8b":
+    return ModelConfig(
+      vocab_size=151936,
+      num_layers=36,
+      d_model=4096,
+      num_heads=32,
+      num_kv_heads=8,
+      head_dim=128,
+      mlp_dim=12288,
+      qk_norm=True,
+      tie_embeddings=False,
+      rope_theta=1e6,
+      max_position=40960,
+      **bf16,
+    )
+  if name == "qwen2.5-1.5b":
+    return dataclasses.replace(qwen25("1.5B"), **bf16)
+  if name == "tiny":
+    return ModelConfig(
+      vocab_size=512,
+      num_layers=2,
+      d_model=64,
+      num_heads=2,
+      num_kv_heads=1,
+      head_dim=32,
+      mlp_dim=128,
+      **bf16,
+    )
+  raise ValueError(f"unknown shape {name!r}: qwen3-8b, qwen2.5-1.5b or tiny")
+
+
+def random_params(cfg: ModelConfig) -> tuple[nnx.GraphDef, nnx.State]:
+  """Random weights initialised on the default device (one program: no host round trip
+  for gigabytes)."""
+  abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
+  graphdef, _ = nnx.split(abstract)
+  params = jax.jit(lambda: nnx.split(Transformer(cfg, rngs=nnx.Rngs(0)))[1])()
+  return graphdef, jax.block_until_ready(params)
+
+
+def kv_bytes(cfg: ModelConfig, batch: int, slots: int) -> int:
+  return cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * slots * batch * 2
+
+
+def weight_bytes(params) -> int:
+  return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
+
+
+def device_memory() -> float:
+  """Bytes the default device can hold (`--memory_gib` where the runtime does not say)."""
+  stats = jax.devices()[0].memory_stats() or {}
+  if "bytes_limit" in stats:
+    return float(stats["bytes_limit"])
+  return _MEMORY_GIB.value * 2**30 if _MEMORY_GIB.value else 8 * 2**30
+
+
+def spec_sheet() -> tuple[float, float] | None:
+  kind = jax.devices()[0].device_kind
+  return next((v for k, v in SPEC.items() if k in kind), None)
+
+
+class Forward:
+  """`n` cached forwards of `tokens` new tokens per row in one device loop (each feeding
+  its argmax to the next, so none is loop-invariant), at a cache view covering `context`
+  and every new token; compile seconds recorded."""
+
+  def __init__(self, graphdef, cfg, batch, tokens, context, n):
+    self.view = 1 << math.ceil(math.log2(context + n * tokens))
+    self.batch, self.tokens, self.context, self.n = batch, tokens, context, n
+
+    def run(params, cache, toks):
+      model = nnx.merge(graphdef, params)
+
+      def body(i, carry):
+        cache, toks = carry
+        start = context + i * tokens
+        pos = start + jnp.broadcast_to(jnp.arange(tokens), (batch, tokens))
+        h, cache, _ = model(
+          toks, pos, cache=cache, cache_len=jnp.full((batch,), start), view_len=self.view
+        )
+        nxt = jnp.argmax(model.logits(h), axis=-1).astype(jnp.int32)
+        return cache, nxt
+
+      return lax.fori_loop(0, n, body, (cache, toks))
+
+    cache = jax.eval_shape(lambda: KVCache.zeros(cfg, batch, self.view))
+    toks = jax.ShapeDtypeStruct((batch, tokens), jnp.int32)
+    self.cfg, self.fn = cfg, jax.jit(run, donate_argnums=1)
+    self.abstract = (cache, toks)
+
+  def compile(self, params) -> float:
+    t = time.perf_counter()
+    self.compiled = self.fn.lower(params, *self.abstract).compile()
+    return time.perf_counter() - t
+
+  def ms(self, params, reps: int) -> float:
+    """Median ms per forward."""
+    cache = jax.tree.map(
+      lambda x: jax.random.normal(jax.random.key(1), x.shape, x.dtype),
+      KVCache.zeros(self.cfg, self.batch, self.view),
+    )
+    toks = jnp.ones((self.batch, self.tokens), jnp.int32)
+    cache, toks = jax.block_until_ready(self.compiled(params, cache, toks))
+    times = []
+    for _ in range(reps):
+      t = time.perf_counter()
+      cache, toks = jax.block_until_ready(self.compiled(params, cache, toks))
+      times.append(time.perf_counter() - t)
+    return 1e3 * float(np.median(times)) / self.n
+
+
+class Stages:
+  """The results file and each stage's measurements (see the module docstring)."""
+
+  def __init__(self, out: str):
+    self.out, self.path = out, os.path.join(out, "real_sizes.json")
+    self.results = {}
+    if os.path.exists(self.path):
+      with open(self.path) as f:
+        self.results = json.load(f)
+    self.results.setdefault("devices", [str(d) for d in jax.devices()])
+    self.models = {}
+
+  def save(self) -> None:
+    with open(self.path, "w") as f:
+      json.dump(self.results, f, indent=1)
+
+  def model(self, name):
+    if name not in self.models:
+      self.models.clear()  # one shape's weights on the device at a time
+      cfg = shape(name)
+      self.models[name] = (cfg, *random_params(cfg))
+    return self.models[name]
+
+  def run(self, stage: str) -> None:
+    done = self.results.setdefault("done", [])
+    if stage in done:
+      print(f"{stage}: done in an earlier sitting", flush=True)
+      return
+    start = time.perf_counter()
+    complete = getattr(self, stage)(start)
+    self.results.setdefault("stage_s", {})[stage] = time.perf_counter() - start
+    if complete:
+      done.append(stage)
+    self.save()
+    print(f"{stage}: {'done' if complete else 'partial'}", flush=True)
+
+  def _late(self, start) -> bool:
+    return time.perf_counter() - start > _STAGE_S.value
+
+  # ------------------------------------------------------------------ stages
+  def decode_b1(self, start) -> bool:
+    name, context = _SHAPES.value[0], int(_CONTEXTS.value[0])
+    cfg, graphdef, params = self.model(name)
+    looped = Forward(graphdef, cfg, 1, 1, context, _STEPS.value)
+    single = Forward(graphdef, cfg, 1, 1, context, 1)
+    compile_s = looped.compile(params) + single.compile(params)
+    out = {
+      "shape": name,
+      "context": context,
+      "ms_in_loop": looped.ms(params, _REPS.value),
+      "ms_per_call": single.ms(params, _REPS.value * _STEPS.value),
+      "weight_bytes": weight_bytes(params),
+      "kv_bytes": kv_bytes(cfg, 1, context),
+      "compile_s": compile_s,
+    }
+    trace = os.path.join(self.out, "trace")
+    with jax.profiler.trace(trace):
+      looped.ms(params, 2)
+    out["trace"] = trace
+    self.results["decode_b1"] = out
+    print(json.dumps(out, indent=1), flush=True)
+    return True
+
+  def bandwidth(self, start) -> bool:
+    n = int(_COPY_GB.value * 1e9) // 2
+    x = jnp.ones((n,), jnp.bfloat16)
+    copy = jax.jit(lambda x: x + jnp.bfloat16(1))
+    jax.block_until_ready(copy(x))
+    times = []
+    for _ in range(_REPS.value):
+      t = time.perf_counter()
+      jax.block_until_ready(copy(x))
+      times.append(time.perf_counter() - t)
+    gbs = 2 * n * 2 / float(np.median(times)) / 1e9  # read and write
+    self.results["bandwidth"] = {"copy_gb": _COPY_GB.value, "gb_per_s": gbs, "spec": spec_sheet()}
+    b1 = self.results.get("decode_b1")
+    if b1:
+      bound_ms = (b1["weight_bytes"] + b1["kv_bytes"]) / (gbs * 1e9) * 1e3
+      b1["bound_ms"], b1["bound_fraction"] = bound_ms, bound_ms / b1["ms_in_loop"]
+    print(json.dumps(self.results["bandwidth"]), flush=True)
+    return True
+
+  def decode_grid(self, start) -> bool:
+    grid = self.results.setdefault("decode_grid", {})
+    for name in _SHAPES.value:
+      cfg, graphdef, params = self.model(name)
+      room = 0.85 * device_memory() - weight_bytes(params)
+      for context in map(int, _CONTEXTS.value):
+        batch = 1
+        while batch <= _MAX_BATCH.value:
+          if kv_bytes(cfg, batch, 2 * context) > room:
+            break
+          for tokens in map(int, _TOKENS.value):
+            key = f"{name}/{context}/{batch}/{tokens}"
+            if key in grid:
+              continue
+            if self._late(start):
+              return False
+            fwd = Forward(graphdef, cfg, batch, tokens, context, _STEPS.value)
+            compile_s = fwd.compile(params)
+            grid[key] = {"ms": fwd.ms(params, _REPS.value), "compile_s": compile_s}
+            print(key, grid[key], flush=True)
+            self.save()
+          batch *= 2
+    return True
+
+  def rounds(self, start) -> bool:
+    """Round ms = depth x drafter step + the verify forward of depth + 1 tokens, both from
+    this sitting's measurements (the drafter as a one-layer model of the target's width)."""
+    grid = self.results.get("decode_grid", {})
+    accept = {k: float(v) for k, v in (a.split("=") for a in _ACCEPT.value)}
+    drafter = self.results.setdefault("drafter_step", {})
+    out = self.results.setdefault("rounds", {})
+    for name in _SHAPES.value:
+      cfg = shape(name)
+      one = dataclasses.replace(cfg, num_layers=1)
+      dgraph, dparams = random_params(one)
+      context = int(_CONTEXTS.value[0])
+      batches = sorted({int(k.split("/")[2]) for k in grid if k.startswith(f"{name}/{context}/")})
+      for batch in batches:
+        key = f"{name}/{batch}"
+        if key not in drafter:
+          if self._late(start):
+            return False
+          fwd = Forward(dgraph, one, batch, 1, context, _STEPS.value)
+          fwd.compile(dparams)
+          drafter[key] = fwd.ms(dparams, _REPS.value)
+        step = grid.get(f"{name}/{context}/{batch}/1", {}).get("ms")
+        for arm, length in accept.items():
+          depth = int(arm.removeprefix("chain"))
+          verify = grid.get(f"{name}/{context}/{batch}/{depth + 1}", {}).get("ms")
+          if step and verify:
+            steps = (depth * drafter[key] + verify) / step
+            out[f"{name}/{arm}/{batch}"] = {"round_steps": steps, "pays": steps < length}
+      self.save()
+      for arm in accept:
+        paying = [b for b in batches if out.get(f"{name}/{arm}/{b}", {}).get("pays")]
+        out[f"{name}/{arm}/crossover"] = max(paying) if paying else None
+    return True
+
+  def update(self, start) -> bool:
+    from tlt_jax.rl import PolicyLossConfig, UpdateConfig, make_optimizer, make_policy_update
+
+    name = _UPDATE_SHAPE.value or _SHAPES.value[-1]
+    cfg = dataclasses.replace(shape(name), param_dtype="float32")  # float32 master weights
+    self.models.clear()
+    graphdef, params = random_params(cfg)
+    rows, width, micro = _UPDATE_ROWS.value, _UPDATE_WIDTH.value, 2
+    ucfg = UpdateConfig(micro_batch=micro, remat=True)
+    opt = make_optimizer(ucfg)
+    update = make_policy_update(
+      graphdef, opt, PolicyLossConfig(), micro, remat=True, on_policy=True
+    )
+    batch = {
+      "tokens": jax.random.randint(jax.random.key(0), (rows, width), 0, cfg.vocab_size),
+      "mask": jnp.ones((rows, width), jnp.float32),
+      "advantages": jnp.linspace(-1.0, 1.0, rows),
+    }
+    state = opt.init(params)
+    t = time.perf_counter()
+    compiled = update.lower(params, state, batch, None).compile()
+    compile_s = time.perf_counter() - t
+    params, state, _ = jax.block_until_ready(compiled(params, state, batch, None))
+    times = []
+    for _ in range(max(_REPS.value // 2, 2)):
+      t = time.perf_counter()
+      params, state, _ = jax.block_until_ready(compiled(params, state, batch, None))
+      times.append(time.perf_counter() - t)
+    seconds = float(np.median(times))
+    spec = spec_sheet()
+    peak = spec[1] * 1e12 if spec else matmul_flops()
+    stats = jax.devices()[0].memory_stats() or {}
+    plan = plan_memory(
+      cfg,
+      devices=1,
+      micro_batch_rows=micro,
+      row_len=width,
+      rollout_rows=0,
+      slots=width,
+      remat=True,
+    )
+    self.results["update"] = {
+      "shape": name,
+      "rows": rows,
+      "width": width,
+      "seconds": seconds,
+      "mfu": 6 * cfg.num_params * rows * width / seconds / peak,
+      "peak_flops": peak,
+      "peak_bytes": stats.get("peak_bytes_in_use", measured_bytes(compiled)),
+      "planned_bytes": plan.update_peak,
+      "compile_s": compile_s,
+    }
+    print(json.dumps(self.results["update"], indent=1), flush=True)
+    return True
+
+
+def summary(results: dict) -> str:
+  """The README's "at real sizes" rows from what the stages measured so far."""
+  lines = ["| figure | value |", "|---|---|"]
+  b1 = results.get("decode_b1")
+  if b1:
+    bound = (
+      f", {100 * b1['bound_fraction']:.0f}% of the HBM bound" if "bound_fraction" in b1 else ""
+    )
+    lines.append(
+      f"| {b1['shape']} batch-1 decode step, context {b1['context']} | {b1['ms_in_loop']:.2f} ms "
+      f"in a device loop{bound}; {b1['ms_per_call']:.2f} ms a call |"
+    )
+  bw = results.get("bandwidth")
+  if bw:
+    spec = f" (spec sheet {bw['spec'][0]} TB/s)" if bw.get("spec") else ""
+    lines.append(f"| copy bandwidth | {bw['gb_per_s']:.0f} GB/s{spec} |")
+  for key, value in results.get("rounds", {}).items():
+    if key.endswith("/crossover"):
+      lines.append(f"| {key.removesuffix('/crossover')}: last batch where a round pays | {value} |")
+  up = results.get("update")
+  if up:
+    lines.append(
+      f"| {up['shape']} update, {up['rows']} x {up['width']} tokens | MFU {up['mfu']:.2f}, "
+      f"peak {up['peak_bytes'] / 2**30:.1f} GiB (planned {up['planned_bytes'] / 2**30:.1f}) |"
+    )
+  return "\n".join(lines)
+
+
+def main(argv):
+  del argv
+  os.makedirs(_OUT.value, exist_ok=True)
+  stages = Stages(_OUT.value)
+  print(f"devices: {jax.devices()}", flush=True)
+  for stage in _STAGES.value:
+    if not hasattr(Stages, stage) or stage.startswith("_"):
+      raise app.UsageError(f"unknown stage {stage!r}")
+    stages.run(stage)
+  print(summary(stages.results), flush=True)
+
+
+if __name__ == "__main__":
+  app.run(main)

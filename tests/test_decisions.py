@@ -1,0 +1,188 @@
+"""The rollout's decisions are written once (`rollout.decisions`): the engine's and the
+simulator's replay take the same ones. A real engine rollout is recorded chunk by chunk and
+its chunks' results fed to the simulator's `ReplayRun`, which must choose every bucket,
+arm, view and step count as the engine did and teach its bandit the same lessons."""
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+from flax import nnx
+from tiny_models import TINY_UNTIED
+
+from tlt_jax.decode.sampling import SamplingConfig
+from tlt_jax.models.drafter import init_drafter
+from tlt_jax.models.transformer import init_model
+from tlt_jax.rollout import RolloutEngine, decisions
+from tlt_jax.rollout.bandit import PLAIN, StrategyBandit
+from tlt_jax.rollout.config import EngineConfig
+from tlt_jax.rollout.pool import ExecutablePool
+from tlt_jax.rollout.run import RolloutRun
+from tlt_jax.sim import ArmModel, EnginePolicy, decision_mismatch
+
+ENGINE = EngineConfig(
+  max_prompt_len=8,
+  max_new_tokens=40,
+  max_batch=16,
+  chunk_steps=4,
+  min_batch_bucket=2,
+  min_cache_bucket=16,
+  min_prompt_bucket=8,
+  spec_threshold=8,
+  spec_strategies=("chain2", "chain4"),
+  spec_adaptive=True,
+  spec_rounds=2,
+)
+PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8], [9], [10, 11, 12, 13, 14, 15, 16, 17]]
+LIMITS = [5, 37, 12, 20]  # per-prompt token budgets: a long tail
+SAMPLES = 4
+
+
+def _generated(run: RolloutRun) -> np.ndarray:
+  """Tokens generated so far per request row (harvested rows included)."""
+  out = np.zeros(run.n_rows, np.int64)
+  for n, row in run.outputs.items():
+    out[n] = row["length"] - row["prompt_len"]
+  for i, seq in enumerate(run.row_seq):
+    if seq >= 0:
+      out[seq - run.seq_id_offset] = run.length[i] - run.prompt_len[i]
+  return out
+
+
+def _recorded_rollouts(monkeypatch, cfg, keys):
+  """Sampled rollouts with one adaptive engine (its bandit learning across them), each
+  rollout's chunks recorded as they ran, and a copy of the bandit from before the first."""
+  tg, tp = nnx.split(init_model(TINY_UNTIED, seed=3))
+  dg, dp = nnx.split(init_drafter(TINY_UNTIED, seed=4))
+  sampling = SamplingConfig(temperature=1.0)
+  engine = RolloutEngine(tg, TINY_UNTIED, cfg, sampling, ExecutablePool(), drafter_graphdef=dg)
+  before = None
+  if engine.bandit is not None:
+    before = StrategyBandit.from_state_dict(json.loads(json.dumps(engine.bandit.state_dict())))
+  chunks, run_chunk = [], RolloutRun.run_chunk
+
+  def recording(run, arm, learn):
+    batch = run.state.batch
+    run_chunk(run, arm, learn)
+    entry = run.timeline[-1]
+    chunks[-1].append(
+      {
+        "batch": batch,
+        "arm": arm,
+        "learn": learn,
+        "view": entry["view"],
+        "steps": entry["requested"],
+        "ran": entry["rounds"] if entry["phase"] == "spec" else entry["steps"],
+        "full": entry["full"],
+        "run_s": entry.get("run_s", 0.0),
+        "accepted_hist": entry.get("accepted_hist"),
+        "generated": _generated(run),
+      }
+    )
+
+  monkeypatch.setattr(RolloutRun, "run_chunk", recording)
+  results = []
+  for key in keys:
+    chunks.append([])
+    results.append(
+      engine.generate(tp, PROMPTS, SAMPLES, key=key, max_new_tokens=LIMITS, drafter_params=dp)
+    )
+  return engine, before, chunks, results
+
+
+def _policy(cfg: EngineConfig) -> EnginePolicy:
+  return EnginePolicy.from_engine(
+    {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}, samples=SAMPLES
+  )
+
+
+def _mismatch(rollouts, results, policy, bandit):
+  """The first decision of `rollouts` (recorded chunks, in order) the replay takes
+  differently, one replay per rollout with `bandit` learning across them."""
+  rows = len(PROMPTS) * SAMPLES
+  arms = [
+    ArmModel(s, nodes=int(s[5:]) + 1, accept_length=1.0, draft_steps=int(s[5:]))
+    for s in ENGINE.spec_strategies
+  ]
+  for i, (chunks, result) in enumerate(zip(rollouts, results, strict=True)):
+    found = decision_mismatch(
+      chunks,
+      [len(result.completion(n)) for n in range(rows)],
+      policy,
+      arms,
+      bandit,
+      prompt_lens=[len(PROMPTS[n // SAMPLES]) for n in range(rows)],
+      max_new_tokens=[LIMITS[n // SAMPLES] for n in range(rows)],
+    )
+    if found:
+      return f"rollout {i}, {found}"
+  return None
+
+
+def test_the_replay_takes_the_engines_decisions_on_its_recorded_chunks(monkeypatch):
+  engine, bandit, rollouts, results = _recorded_rollouts(monkeypatch, ENGINE, keys=range(3))
+  chunks = [c for r in rollouts for c in r]
+  # The rollouts exercised what is decided: moves to smaller buckets, both kinds of chunk,
+  # chunks the bandit learnt from and chunks above the threshold it did not.
+  assert len({c["batch"] for c in chunks}) >= 3
+  assert any(c["arm"] != PLAIN for c in chunks) and any(c["run_s"] for c in chunks)
+  assert any(c["learn"] for c in chunks) and any(not c["learn"] for c in chunks)
+  replayed = StrategyBandit.from_state_dict(bandit.state_dict())
+  found = _mismatch(rollouts, results, _policy(ENGINE), replayed)
+  assert found is None, found
+  # Same lessons, so the same beliefs: the replayed bandit ends where the engine's did.
+  assert replayed.state_dict() == engine.bandit.state_dict()
+  # The check can fail: a replay whose policy differs from the engine's in one setting.
+  for change in (dict(chunk_steps=5), dict(spec_threshold=4), dict(min_batch_bucket=4)):
+    other = _policy(dataclasses.replace(ENGINE, **change))
+    fresh = StrategyBandit.from_state_dict(bandit.state_dict())
+    assert _mismatch(rollouts, results, other, fresh) is not None, change
+
+
+def test_the_replay_runs_the_plain_engines_last_bucket_to_the_end_as_it_does(monkeypatch):
+  plain = dataclasses.replace(ENGINE, spec_threshold=0, min_batch_bucket=4)  # its tail: 4 rows
+  _, _, rollouts, results = _recorded_rollouts(monkeypatch, plain, keys=[0])
+  last = [c for c in rollouts[0] if c["batch"] == plain.min_batch_bucket]
+  assert last and max(c["steps"] for c in last) > plain.chunk_steps  # ran to its view's end
+  found = _mismatch(rollouts, results, _policy(plain), None)
+  assert found is None, found
+  longer = _policy(dataclasses.replace(plain, chunk_steps=5))
+  assert _mismatch(rollouts, results, longer, None) is not None
+
+
+def test_decisions():
+  buckets = (2, 4, 8, 16)
+  assert decisions.bucket_after_compaction(5, 16, buckets) == 8
+  assert decisions.bucket_after_compaction(9, 8, buckets) == 8  # never grows
+  assert decisions.chunk_view(33, (16, 32, 64)) == 64
+  with pytest.raises(ValueError, match="exceeds the largest bucket"):
+    decisions.chunk_view(65, (16, 32, 64))
+  assert decisions.plain_steps(4, view=32, reach=20, run_to_end=True) == 13
+  assert decisions.plain_steps(4, view=32, reach=20, run_to_end=False) == 4
+  # Above the threshold plain, learning nothing; without a bandit the default arm.
+  assert decisions.choose_arm(None, 8, speculate=False, default="chain4", last_bucket=True) == (
+    PLAIN,
+    False,
+  )
+  assert decisions.choose_arm(None, 8, speculate=True, default="chain4", last_bucket=True) == (
+    "chain4",
+    False,
+  )
+  # Rewards: a pace family by rounds per second; others by a quantile's or the mean row's
+  # advance per second.
+  kw = dict(rounds=4, tokens=30.0, mean_rows=3.0)
+  assert decisions.chunk_reward("chain4", True, 2.0, quantile_tokens=7.0, **kw) == 2.0
+  assert decisions.chunk_reward("plain", False, 2.0, quantile_tokens=7.0, **kw) == 3.5
+  assert decisions.chunk_reward("plain", False, 2.0, quantile_tokens=None, **kw) == 5.0
+
+
+def test_a_settled_bandit_runs_the_last_bucket_plain_to_the_end():
+  bandit = StrategyBandit((PLAIN, "chain4"))
+  for _ in range(20):
+    bandit.update(2, PLAIN, 10.0)
+    bandit.update(2, "chain4", 1.0)
+  arm, learn = decisions.choose_arm(bandit, 2, speculate=True, default="chain4", last_bucket=True)
+  assert (arm, learn) == (PLAIN, False)
+  arm, learn = decisions.choose_arm(bandit, 2, speculate=True, default="chain4", last_bucket=False)
+  assert (arm, learn) == (PLAIN, True)

@@ -1,0 +1,52 @@
+"""experiments/real_sizes.py rehearsed on tiny shapes: every stage runs, writes its results,
+and a second sitting resumes (finished stages skipped, a stage out of time kept partial)."""
+
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = [
+  "--shapes=tiny",
+  "--contexts=16",
+  "--tokens=1,5",
+  "--accept=chain4=3.0",
+  "--max_batch=2",
+  "--copy_gb=0.01",
+  "--update_rows=4",
+  "--update_width=16",
+  "--reps=2",
+  "--steps=2",
+]
+
+
+def _run(out, *flags):
+  cmd = [sys.executable, "experiments/real_sizes.py", f"--out={out}", *TINY, *flags]
+  done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+  assert done.returncode == 0, done.stderr[-3000:]
+  with open(os.path.join(out, "real_sizes.json")) as f:
+    return json.load(f), done.stdout
+
+
+def test_every_stage_runs_on_tiny_shapes_and_a_second_sitting_resumes(tmp_path):
+  out = str(tmp_path)
+  # First sitting: out of time in the grid (no cell may start), so later stages wait.
+  first, _ = _run(out, "--stages=decode_b1,bandwidth,decode_grid", "--stage_s=0")
+  assert first["done"] == ["decode_b1", "bandwidth"]
+  b1 = first["decode_b1"]
+  assert b1["ms_in_loop"] > 0 and b1["ms_per_call"] > 0 and b1["bound_fraction"] > 0
+  assert os.path.isdir(b1["trace"]) and not first.get("decode_grid")
+  # Second sitting: the finished stages are skipped, the rest run.
+  second, printed = _run(out)
+  assert "decode_b1: done in an earlier sitting" in printed
+  assert second["decode_b1"] == b1
+  assert second["done"] == ["decode_b1", "bandwidth", "decode_grid", "rounds", "update"]
+  assert set(second["decode_grid"]) == {f"tiny/16/{b}/{t}" for b in (1, 2) for t in (1, 5)}
+  assert all(c["ms"] > 0 and c["compile_s"] > 0 for c in second["decode_grid"].values())
+  rounds = second["rounds"]
+  assert {"tiny/chain4/1", "tiny/chain4/2", "tiny/chain4/crossover"} <= set(rounds)
+  assert rounds["tiny/chain4/1"]["round_steps"] > 1
+  update = second["update"]
+  assert 0 < update["mfu"] < 1 and update["peak_bytes"] > 0 and update["planned_bytes"] > 0
+  assert "| tiny update, 4 x 16 tokens | MFU" in printed
