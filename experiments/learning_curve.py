@@ -54,6 +54,9 @@ _EVAL_BATCH = flags.DEFINE_integer(
   "eval_batch", 32, "rows per held-out evaluation call (its own engine; 0: the trainer's)"
 )
 _PREPARE = flags.DEFINE_bool("prepare_only", False, "build the warm starts and stop")
+_RESUME = flags.DEFINE_bool(
+  "resume", False, "continue the runs in --out from their checkpoints (a comparison cut short)"
+)
 _KEEP = flags.DEFINE_string(
   "keep", "", "a folder (e.g. experiments/results/curve_s0) to copy the per-step tables into"
 )
@@ -176,8 +179,29 @@ def speed_table(rows: dict[str, list[dict]], modes: list[str]) -> dict:
   return table
 
 
+def warn_on_map_count(limit_path: str = "/proc/sys/vm/max_map_count") -> str | None:
+  """A warning when the kernel's per-process memory-map limit is Linux's default: each
+  compiled XLA CPU program holds memory maps, and three modes' lazily compiled programs in
+  one process passed 65,530 maps after ~45 minutes on host G (2026-11-27; the run died in
+  LLVM with "Cannot allocate memory" and a segfault)."""
+  try:
+    with open(limit_path) as f:
+      limit = int(f.read())
+  except (OSError, ValueError):
+    return None
+  if limit >= 262_144:
+    return None
+  return (
+    f"vm.max_map_count is {limit}: a long comparison's compiled programs may exhaust it; "
+    "raise it (sysctl -w vm.max_map_count=1048576), or continue a crashed comparison "
+    "with --resume"
+  )
+
+
 def main(argv):
   del argv
+  if warning := warn_on_map_count():
+    print(f"warning: {warning}", flush=True)
   out = _OUT.value
   os.makedirs(out, exist_ok=True)
   config = _CONFIG.value
@@ -194,6 +218,7 @@ def main(argv):
     _SEED.value,
     _BLOCK.value,
     evaluate=fast,
+    resume=_RESUME.value,
   )
   host_end = host_line()
   print("host at end:", host_end, flush=True)

@@ -130,11 +130,8 @@ def _checkpoint(path, seed=0):
   return write_qwen3_checkpoint(path, seed=seed, rope_theta=10000.0)
 
 
-def test_compare_on_a_checkpoint_policy_reuses_its_warm_starts(tmp_path, monkeypatch):
-  """--compare with --config.model.checkpoint: the policy is the checkpoint (no SFT warm
-  start is written, none is copied), the drafter's warm start is built once in
-  <out>/shared and reused by a rerun, and another checkpoint's comparison is refused there."""
-  ckpt = _checkpoint(tmp_path / "ckpt")
+def _checkpoint_config(tmp_path, ckpt):
+  """A comparison of a few seconds a step: the tiny checkpoint policy on sums."""
   data = tmp_path / "sums.jsonl"
   rows = [
     {"question": f"What is {a} plus {b}?", "answer": f"{a}+{b}={a + b}. #### {a + b}"}
@@ -155,6 +152,15 @@ def test_compare_on_a_checkpoint_policy_reuses_its_warm_starts(tmp_path, monkeyp
   c.rl_update.update(micro_batch=2, warmup_steps=0)
   c.drafter.update(warmup_prompts=4, offline_steps=2, batch_rows=2, buffer_rows=32)
   c.scheduler.long_tail_batch = 4
+  return c
+
+
+def test_compare_on_a_checkpoint_policy_reuses_its_warm_starts(tmp_path, monkeypatch):
+  """--compare with --config.model.checkpoint: the policy is the checkpoint (no SFT warm
+  start is written, none is copied), the drafter's warm start is built once in
+  <out>/shared and reused by a rerun, and another checkpoint's comparison is refused there."""
+  ckpt = _checkpoint(tmp_path / "ckpt")
+  c = _checkpoint_config(tmp_path, ckpt)
   out = tmp_path / "out"
   # One mode shows it (each mode's folder was given a copy of the missing policy warm start).
   results, _ = compare.run_modes(c, str(out), ["tlt"], [0], progress=False)
@@ -176,3 +182,18 @@ def test_compare_on_a_checkpoint_policy_reuses_its_warm_starts(tmp_path, monkeyp
   other.model.checkpoint = str(_checkpoint(tmp_path / "other", seed=1))
   with pytest.raises(configuration.ConfigError, match="holds the warm starts of another policy"):
     compare.prepare_shared(other, str(out))
+
+
+def test_an_interleaved_comparison_cut_short_resumes_from_its_checkpoints(tmp_path):
+  """run_interleaved(resume=True) continues each run from its last checkpoint: the steps
+  measured before keep their rows (times included), the rest run; without resume the runs
+  start afresh."""
+  c = _checkpoint_config(tmp_path, _checkpoint(tmp_path / "ckpt"))
+  c.rl.update(steps=2, checkpoint_every=1)
+  out = str(tmp_path / "out")
+  _, first, _ = compare.run_interleaved(c, out, ["baseline"], 0, 1, progress=False)
+  c.rl.steps = 3
+  _, resumed, _ = compare.run_interleaved(c, out, ["baseline"], 0, 1, progress=False, resume=True)
+  rows = resumed["baseline_s0"]
+  assert [r["step"] for r in rows] == [0, 1, 2]
+  assert rows[:2] == first["baseline_s0"]  # not rerun: the same measured seconds

@@ -200,6 +200,7 @@ def run_interleaved(
   *,
   evaluate: Callable[[dict[str, Any]], Callable[[Any], dict[str, Any]] | None] | None = None,
   progress: bool = True,
+  resume: bool = False,
 ) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]], SharedEvaluation]:
   """Runs the modes in one process, interleaved in blocks of `block` RL steps (all modes'
   steps 0..block-1, then the next block, ...), so that the host's drift over the
@@ -207,7 +208,9 @@ def run_interleaved(
   (`SharedEvaluation`); every mode checks that its parameters equal the evaluated ones.
 
   Warm starts come from <out>/shared (`prepare_shared`); runs go to <out>/<mode>_s<seed>,
-  fresh. `evaluate(runs)` (given the runs as returned) may return the function that
+  fresh, or with `resume` continuing from the runs' last checkpoints (a comparison cut
+  short: the steps it measured keep their rows, the steps after a checkpoint rerun).
+  `evaluate(runs)` (given the runs as returned) may return the function that
   evaluates a trainer (e.g. on a faster engine); by default each trainer evaluates with
   its own.
 
@@ -223,10 +226,11 @@ def run_interleaved(
   for mode in modes:
     label = f"{mode}_s{seed}"
     workdir = os.path.join(out, label)
-    if os.path.isdir(workdir):
-      shutil.rmtree(workdir)  # a fresh run: resuming would skip the steps we time
-    os.makedirs(workdir)
-    _copy_warm_starts(shared, workdir)
+    if not (resume and os.path.isdir(workdir)):
+      if os.path.isdir(workdir):
+        shutil.rmtree(workdir)  # a fresh run: resuming would skip the steps we time
+      os.makedirs(workdir)
+      _copy_warm_starts(shared, workdir)
     cfg = config.copy_and_resolve_references()
     cfg.mode, cfg.seed = mode, seed
     cfg.rollout.num_prompts = 0
