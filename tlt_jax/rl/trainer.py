@@ -270,7 +270,7 @@ class GRPOTrainer:
     self.drafter_params, self.scheduler = drafter_params, scheduler
     self.drafter_eval = drafter_eval
     self.eval_check = eval_check or reward_fn
-    self.train, self.evals = list(train_examples), list(eval_examples)[: config.eval_examples]
+    self.evals = list(eval_examples)[: config.eval_examples]
     self.reward_fn, self.format_prompt = reward_fn, format_prompt
     self.process_credit = None
     if config.process_credit:
@@ -314,7 +314,7 @@ class GRPOTrainer:
     self.ref_params = jax.tree.map(jnp.copy, params) if loss_config.kl_coef > 0 else None
     self.opt_state = self.optimizer.init(params)
     self.step = 0
-    self.data = DataCursor(self.train, config.seed)
+    self.data = DataCursor(train_examples, config.seed)  # the training examples, in order
     self.checkpoints = TrainerCheckpoints(workdir, with_drafter=scheduler is not None)
     self.metrics_path = self.checkpoints.metrics_path
     self.lengths_path = self.checkpoints.lengths_path

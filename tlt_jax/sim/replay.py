@@ -169,12 +169,6 @@ def engine_config(engine: Mapping[str, Any], **changes: Any) -> EngineConfig:
   return EngineConfig(**{**kwargs, **changes})
 
 
-def _view(policy: EnginePolicy, reach: float) -> int:
-  """The cache view the engine compiles a chunk for (`decisions.chunk_view`); the replay's
-  rows have no token budget of their own, so their reach is capped at the largest view."""
-  return decisions.chunk_view(min(reach, policy.views[-1]), policy.views)
-
-
 def replay_rollout(
   lengths: Sequence[int],
   cost: DecodeCost,
