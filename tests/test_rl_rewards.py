@@ -4,6 +4,7 @@ rl.rewards holds, and the job's reward function from its config section."""
 from __future__ import annotations
 
 import ml_collections
+import numpy as np
 import pytest
 
 from tlt_jax.configuration import ConfigError
@@ -106,3 +107,26 @@ def test_job_reward_from_the_rl_section():
   bad_bonus = ml_collections.ConfigDict({"rewards": "", "format_reward": 0.7})
   with pytest.raises(ConfigError, match="config.rl.format_reward"):
     job_reward(bad_bonus, check_arithmetic)
+
+
+def test_a_reward_batch_scores_samples_as_they_are_added():
+  """Samples added one by one (a rollout's rows as they are harvested) score as a whole
+  batch does; a sample added twice or never is an error, not a silent zero."""
+  pool = RewardPool(lambda c, a: float(c == a), workers=2)
+  try:
+    whole = pool.submit(["1", "2", "3"], ["1", "0", "3"])()
+    batch = pool.batch(["1", "0", "3"])
+    batch.add(2, "3")
+    assert not batch.done() and batch.missing() == [0, 1]
+    with pytest.raises(ValueError, match="never added"):
+      batch()
+    batch.add(0, "1")
+    with pytest.raises(ValueError, match="already added"):
+      batch.add(0, "1")
+    batch.add(1, "2")
+    got = batch()
+    assert batch.done()
+    np.testing.assert_array_equal(got.rewards, whole.rewards)
+    np.testing.assert_array_equal(got.rewards, [1.0, 0.0, 1.0])
+  finally:
+    pool.close()

@@ -140,6 +140,33 @@ def test_stop_tokens_end_sequences(model, pool):
   assert stopped > 0
 
 
+def test_finished_rows_are_reported_as_they_are_harvested(model, pool):
+  """on_finished gets each row once, with its completion, as compaction drops it: the
+  short rows before the long tail's last chunks (where the trainer starts their rewards).
+  The output is the same as without the callback."""
+  _, _, params = model
+  sampling = SamplingConfig(temperature=1.0)
+  chunks, got = [], {}
+
+  def on_finished(n, tokens):
+    assert n not in got
+    got[n] = (np.array(tokens), len(chunks))
+
+  def on_chunk(batch, rebuild_s):
+    chunks.append(batch)
+
+  res = _engine(model, pool, sampling).generate(
+    params, PROMPTS, 2, key=5, max_new_tokens=LIMITS, on_finished=on_finished, on_chunk=on_chunk
+  )
+  plain = _engine(model, pool, sampling).generate(params, PROMPTS, 2, key=5, max_new_tokens=LIMITS)
+  assert sorted(got) == list(range(8))
+  for n, (tokens, _) in got.items():
+    np.testing.assert_array_equal(tokens, res.completion(n))
+    np.testing.assert_array_equal(tokens, plain.completion(n))
+  # The rows of the 5-token prompt were reported while the 37-token ones still decoded.
+  assert got[0][1] < len(chunks) and got[1][1] < len(chunks)
+
+
 def test_no_recompiles_after_warmup(model):
   _, _, params = model
   eng = _engine(

@@ -193,34 +193,66 @@ class RewardPool:
       return 0.0, False
     return (r, True) if math.isfinite(r) else (0.0, False)
 
-  def submit(
-    self, completions: Sequence[str], answers: Sequence[str]
-  ) -> Callable[[], RewardResult]:
-    """Starts scoring; returns a function that waits for and returns the result."""
+  def batch(self, answers: Sequence[str]) -> RewardBatch:
+    """A batch of len(answers) samples, each scored from the moment it is `add`ed: a
+    rollout adds its rows as the engine harvests them, so the threads score the finished
+    rows while the device decodes the long tail."""
+    return RewardBatch(self, answers)
+
+  def submit(self, completions: Sequence[str], answers: Sequence[str]) -> RewardBatch:
+    """Starts scoring every sample; the returned batch, called, waits for the result."""
     if len(completions) != len(answers):
       raise ValueError(f"{len(completions)} completions but {len(answers)} answers")
-    start = time.perf_counter()
-    futures = [self._pool.submit(self._safe, c, a) for c, a in zip(completions, answers)]
-
-    # Each sample gets timeout_s of a worker: the batch's deadline budgets the queue.
-    waves = -(-len(futures) // self.workers)
-
-    def collect() -> RewardResult:
-      rewards = np.zeros(len(futures), np.float32)
-      errors = timeouts = 0
-      deadline = start + self.timeout_s * max(waves, 1)
-      for i, fut in enumerate(futures):
-        try:
-          value, ok = fut.result(timeout=max(deadline - time.perf_counter(), 0.0))
-        except cf.TimeoutError:
-          timeouts += 1
-          continue
-        rewards[i] = value
-        errors += not ok
-      return RewardResult(rewards, errors, timeouts, time.perf_counter() - start)
-
-    collect.done = lambda: all(f.done() for f in futures)  # type: ignore[attr-defined]
-    return collect
+    batch = self.batch(answers)
+    for i, c in enumerate(completions):
+      batch.add(i, c)
+    return batch
 
   def close(self) -> None:
     self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+class RewardBatch:
+  """Samples of one batch, scored as they are added; calling it waits for all of them.
+
+  Each sample gets `timeout_s` of a worker: the deadline counts the waves of the queue from
+  the last `add` (when the batch was complete), so a sample added early is not cut short by
+  the rows still decoding.
+  """
+
+  def __init__(self, pool: RewardPool, answers: Sequence[str]):
+    self._pool, self._answers = pool, list(answers)
+    self._futures: list[cf.Future | None] = [None] * len(self._answers)
+    self._start = self._last_add = time.perf_counter()
+
+  def add(self, i: int, completion: str) -> None:
+    """Starts scoring sample i (once)."""
+    if self._futures[i] is not None:
+      raise ValueError(f"sample {i} was already added to this reward batch")
+    self._futures[i] = self._pool._pool.submit(self._pool._safe, completion, self._answers[i])
+    self._last_add = time.perf_counter()
+
+  def missing(self) -> list[int]:
+    """The samples not added yet."""
+    return [i for i, f in enumerate(self._futures) if f is None]
+
+  def done(self) -> bool:
+    """Every sample added and scored."""
+    return all(f is not None and f.done() for f in self._futures)
+
+  def __call__(self) -> RewardResult:
+    if missing := self.missing():
+      raise ValueError(f"reward batch collected with samples {missing[:8]} never added")
+    rewards = np.zeros(len(self._futures), np.float32)
+    errors = timeouts = 0
+    waves = -(-len(self._futures) // self._pool.workers)
+    deadline = self._last_add + self._pool.timeout_s * max(waves, 1)
+    for i, fut in enumerate(self._futures):
+      try:
+        value, ok = fut.result(timeout=max(deadline - time.perf_counter(), 0.0))
+      except cf.TimeoutError:
+        timeouts += 1
+        continue
+      rewards[i] = value
+      errors += not ok
+    return RewardResult(rewards, errors, timeouts, time.perf_counter() - self._start)

@@ -5,10 +5,11 @@ One step:
    or, with `rows_per_call`, in several sequential calls of whole groups (D devices each
    decoding rows_per_call rows); sampling is keyed per (seed, sequence id, position), so
    the tokens are the same either way;
-2. rewards on the host (`RewardPool`, worker threads): each call's while the next call
-   decodes; meanwhile the device recomputes the old log-probs of the batch, only when
-   the update takes several optimizer steps on it (one on-policy step uses the update
-   forward's own log-probs, `make_policy_update(on_policy=True)`);
+2. rewards on the host (`RewardPool`, worker threads): each row's from the moment the
+   engine harvests it, while the long tail decodes; meanwhile the device recomputes the
+   old log-probs of the batch, only when the update takes several optimizer steps on it
+   (one on-policy step uses the update forward's own log-probs,
+   `make_policy_update(on_policy=True)`);
 3. advantages per group; with DAPO dynamic sampling, groups whose rewards are
    all equal carry no signal: they are dropped and more prompts are rolled out
    (up to `max_refills` times) to fill the batch;
@@ -393,8 +394,8 @@ class GRPOTrainer:
 
   def _rollout(self, examples, rewards: RewardPool, salt: int, times: dict[str, float]):
     """Rolls out G samples of each example, one engine call per `_call_groups` range, each
-    call's rewards scored (host threads) while the next decodes; then dispatches the
-    batch's old log-probs (unless `skip_old_logp`) and waits for the scores.
+    row's reward scored (host threads) from its harvest on, while the rest decode; then
+    dispatches the batch's old log-probs (unless `skip_old_logp`) and waits for the scores.
 
     Returns the calls' scored rollouts, a function that waits for their old log-probs
     (one array per call; None when skipped) and the batch's pooled reward result; adds to
@@ -415,6 +416,9 @@ class GRPOTrainer:
           between += self.scheduler.between_calls(self.params)
         drafter_params = self.scheduler.begin_rollout(self.params)
         hook = self.scheduler.on_chunk
+      rows = len(part) * g
+      # Rows are scored from the moment the engine harvests them (the long tail decodes).
+      pending = rewards.batch([part[n // g]["answer"] for n in range(rows)])
       result = self.engine.generate(
         self.params,
         prompts,
@@ -423,13 +427,14 @@ class GRPOTrainer:
         seq_id_offset=(first + a) * g,
         drafter_params=drafter_params,
         on_chunk=hook,
+        on_finished=lambda n, toks, pending=pending: pending.add(n, self.tokenizer.decode(toks)),
       )
       if self.scheduler is not None:
         self.scheduler.end_rollout()
         self.scheduler.drafter.observe(result, self.step)
-      rows = len(part) * g
       texts = [self.tokenizer.decode(result.completion(n)) for n in range(rows)]
-      pending = rewards.submit(texts, [part[n // g]["answer"] for n in range(rows)])
+      for n in pending.missing():  # an engine that did not report the row (none here)
+        pending.add(n, texts[n])
       calls.append((part, result, texts, pending))
     # Drafter updates between calls are the drafter's phase, not the rollout's.
     times["rollout"] += time.perf_counter() - t - between

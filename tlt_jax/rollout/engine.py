@@ -630,6 +630,7 @@ class RolloutEngine:
     seq_id_offset: int = 0,
     drafter_params: nnx.State | None = None,
     on_chunk: Callable[[int, float], nnx.State | None] | None = None,
+    on_finished: Callable[[int, np.ndarray], None] | None = None,
   ) -> RolloutResult:
     """Samples `num_samples` completions for each prompt.
 
@@ -656,6 +657,10 @@ class RolloutEngine:
         left (its return is ignored). Each call is timed in the timeline
         ("drafter_hook"), each push-forced rebuild marked (`forced_by_push`). Never
         changes the output: verification is exact whatever the drafter.
+      on_finished: called as `on_finished(n, completion_tokens)` once per row n, when the
+        row is copied to the host: at the compaction that drops it, or at the end. The
+        trainer starts scoring its reward there, so the reward threads work while the
+        device decodes the long tail. Never changes the output.
     """
     cfg = self.config
     sampling = sampling or self.sampling
@@ -697,6 +702,7 @@ class RolloutEngine:
       seq_id_offset=seq_id_offset,
       drafter_params=drafter_params,
       on_chunk=on_chunk,
+      on_finished=on_finished,
     )
     while run.active().any():
       run.compact()

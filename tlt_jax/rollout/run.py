@@ -60,12 +60,13 @@ class RolloutRun:
     seq_id_offset: int,
     drafter_params: nnx.State | None,
     on_chunk: Callable[[int, float], nnx.State | None] | None,
+    on_finished: Callable[[int, np.ndarray], None] | None = None,
   ):
     self.engine, self.cfg = engine, engine.config
     self.params, self.drafter_params = params, drafter_params
     self.prompts, self.num_samples = prompts, num_samples
     self.key, self.sampling, self.seq_id_offset = key, sampling, seq_id_offset
-    self.on_chunk = on_chunk
+    self.on_chunk, self.on_finished = on_chunk, on_finished
     self.n_rows = len(prompts) * num_samples
     self.start = time.perf_counter()
     lens = np.array([len(p) for p in prompts], np.int32)
@@ -236,7 +237,10 @@ class RolloutRun:
     args = (self.state, jnp.asarray(padded))
     got = jax.device_get(self.engine.programs.harvest(args)(*args))
     for j in range(rows.size):
-      self.outputs[int(got["seq_id"][j]) - self.seq_id_offset] = {k: v[j] for k, v in got.items()}
+      n = int(got["seq_id"][j]) - self.seq_id_offset
+      self.outputs[n] = {k: v[j] for k, v in got.items()}
+      if self.on_finished is not None:
+        self.on_finished(n, completion(self.outputs[n]))
     self.group_corpus = None  # finished rows move from the live siblings to the reference
 
   # ------------------------------------------------------------------ chunk kinds
