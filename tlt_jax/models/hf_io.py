@@ -656,22 +656,7 @@ def save_hf_checkpoint(
     raise ValueError(f"max_shard_bytes must be positive, got {max_shard_bytes}")
   params = _param_arrays(model_or_state)
   all_entries = checkpoint_entries(config, model_type)
-  entries = [e for e in all_entries if e.path is not None]
-  expected_paths = {e.path for e in entries}
-  problems = [
-    f"{_fmt_path(e.path)}: missing (expected shape {e.shape})"
-    for e in entries
-    if e.path not in params
-  ]
-  problems += [
-    f"{_fmt_path(e.path)}: expected shape {e.shape}, found {tuple(np.shape(params[e.path]))}"
-    for e in entries
-    if e.path in params and tuple(np.shape(params[e.path])) != e.shape
-  ]
-  problems += [
-    f"{_fmt_path(p)}: not a parameter of this config" for p in params if p not in expected_paths
-  ]
-  _raise_problems("params do not match the config", problems)
+  _check_params(params, [e for e in all_entries if e.path is not None])
 
   tokenizer_files: list[Path] = []
   if tokenizer_dir is not None:
@@ -691,41 +676,10 @@ def save_hf_checkpoint(
     # safetensors needs C-contiguous buffers; the transpose is a view.
     tensors[e.hf_name] = np.ascontiguousarray(array.T if e.transpose else array)
 
-  # Greedy packing in canonical order keeps each layer's tensors together.
-  shards: list[dict[str, np.ndarray]] = [{}]
-  shard_bytes = 0
-  for name, array in tensors.items():
-    if max_shard_bytes is not None and shards[-1] and shard_bytes + array.nbytes > max_shard_bytes:
-      shards.append({})
-      shard_bytes = 0
-    shards[-1][name] = array
-    shard_bytes += array.nbytes
-
   directory = Path(path)
   directory.mkdir(parents=True, exist_ok=True)
   _remove_stale_weights(directory)
-  written: list[Path] = []
-  # Declares torch layout; transformers sends "tf"/"flax" files through its converters.
-  metadata = {"format": "pt"}
-  if len(shards) == 1:
-    file = directory / SINGLE_WEIGHTS_NAME
-    save_file(shards[0], str(file), metadata=metadata)
-    written.append(file)
-  else:
-    weight_map = {}
-    for i, shard in enumerate(shards):
-      file = directory / f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-      save_file(shard, str(file), metadata=metadata)
-      written.append(file)
-      weight_map.update(dict.fromkeys(shard, file.name))
-    index = {
-      "metadata": {"total_size": sum(a.nbytes for a in tensors.values())},
-      "weight_map": weight_map,
-    }
-    file = directory / INDEX_NAME
-    file.write_text(json.dumps(index, indent=2) + "\n")
-    written.append(file)
-
+  written = _write_weights(directory, tensors, max_shard_bytes)
   file = directory / CONFIG_NAME
   file.write_text(json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
   written.append(file)
@@ -735,6 +689,59 @@ def save_hf_checkpoint(
       shutil.copyfile(src, dst)
     written.append(dst)
   return written
+
+
+def _check_params(params: Mapping[tuple[str, ...], Any], entries: Sequence[Any]) -> None:
+  """Raises with every path missing, misshapen or unknown to the config's entries."""
+  expected_paths = {e.path for e in entries}
+  problems = [
+    f"{_fmt_path(e.path)}: missing (expected shape {e.shape})"
+    for e in entries
+    if e.path not in params
+  ]
+  problems += [
+    f"{_fmt_path(e.path)}: expected shape {e.shape}, found {tuple(np.shape(params[e.path]))}"
+    for e in entries
+    if e.path in params and tuple(np.shape(params[e.path])) != e.shape
+  ]
+  problems += [
+    f"{_fmt_path(p)}: not a parameter of this config" for p in params if p not in expected_paths
+  ]
+  _raise_problems("params do not match the config", problems)
+
+
+def _write_weights(
+  directory: Path, tensors: dict[str, np.ndarray], max_shard_bytes: int | None
+) -> list[Path]:
+  """One safetensors file, or shards of at most `max_shard_bytes` and their index."""
+  # Greedy packing in canonical order keeps each layer's tensors together.
+  shards: list[dict[str, np.ndarray]] = [{}]
+  shard_bytes = 0
+  for name, array in tensors.items():
+    if max_shard_bytes is not None and shards[-1] and shard_bytes + array.nbytes > max_shard_bytes:
+      shards.append({})
+      shard_bytes = 0
+    shards[-1][name] = array
+    shard_bytes += array.nbytes
+  # Declares torch layout; transformers sends "tf"/"flax" files through its converters.
+  metadata = {"format": "pt"}
+  if len(shards) == 1:
+    file = directory / SINGLE_WEIGHTS_NAME
+    save_file(shards[0], str(file), metadata=metadata)
+    return [file]
+  written, weight_map = [], {}
+  for i, shard in enumerate(shards):
+    file = directory / f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+    save_file(shard, str(file), metadata=metadata)
+    written.append(file)
+    weight_map.update(dict.fromkeys(shard, file.name))
+  index = {
+    "metadata": {"total_size": sum(a.nbytes for a in tensors.values())},
+    "weight_map": weight_map,
+  }
+  file = directory / INDEX_NAME
+  file.write_text(json.dumps(index, indent=2) + "\n")
+  return [*written, file]
 
 
 def save_generation_config(
