@@ -388,9 +388,16 @@ def draft_tree(
       own = jax.nn.one_hot(1 + d * topk + k_idx, r, dtype=bool)
       front_vis = jnp.take_along_axis(front_vis, parent[:, :, None], axis=1) | own[None]
 
+  pool = [jnp.concatenate(x, axis=1) for x in (pool_tok, pool_lp, pool_score, pool_parent)]
+  return _keep_best(root_token, *pool, jnp.concatenate(pool_depth, axis=1), num_nodes), cache
+
+
+def _keep_best(root_token, pool_tok, pool_lp, pool_score, pool_parent, pool_depth, num_nodes):
+  """EAGLE-2's reranking: the `num_nodes - 1` best proposed nodes by score, in descending
+  order (parents before children), their parents re-indexed into the kept set, after the
+  root."""
+  b, pool_size = pool_tok.shape
   cat = lambda xs: jnp.concatenate(xs, axis=1)
-  pool_tok, pool_lp, pool_score = cat(pool_tok), cat(pool_lp), cat(pool_score)
-  pool_parent, pool_depth = cat(pool_parent), cat(pool_depth)
   keep = jnp.argsort(-pool_score, axis=1, stable=True)[:, : num_nodes - 1]  # [B, N-1]
   rows = jnp.arange(b)[:, None]
   out_index = (
@@ -403,7 +410,7 @@ def draft_tree(
   parents = jnp.where(par < 0, 0, jnp.take_along_axis(out_index, jnp.maximum(par, 0), axis=1))
   score = sel(pool_score)
   ones = jnp.ones((b, 1), jnp.float32)
-  draft = Draft(
+  return Draft(
     tokens=cat([root_token[:, None].astype(jnp.int32), sel(pool_tok)]),
     parents=cat([jnp.full((b, 1), -1, jnp.int32), parents]),
     valid=cat([jnp.ones((b, 1), bool), jnp.isfinite(score)]),
@@ -411,4 +418,3 @@ def draft_tree(
     probs=cat([ones, jnp.exp(sel(pool_lp))]),
     scores=cat([ones, jnp.exp(score)]),
   )
-  return draft, cache
