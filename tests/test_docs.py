@@ -56,6 +56,10 @@ def _check_rewards(scope):
   assert callable(scope["reward"]) and callable(scope["same"])
 
 
+def _check_reward_batch(scope):
+  assert scope["batch"].done() and not scope["batch"].missing()
+
+
 def _check_export(scope):
   assert scope["summary"]["model_type"] == "llama"
   assert pathlib.Path("runs/my_policy_hf/generation_config.json").is_file()
@@ -66,6 +70,7 @@ CHECKS = {
   "The trainer, with TLT": _check_trainer,
   "Loss options": _check_losses,
   "Rewards": _check_rewards,
+  "Rewards scored as rows finish": _check_reward_batch,
   "Taking the trained policy away": _check_export,
 }
 

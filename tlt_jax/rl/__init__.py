@@ -4,7 +4,13 @@ rewards and the trainer."""
 from tlt_jax.rl.advantages import group_advantages, informative_groups, overlong_penalty
 from tlt_jax.rl.loss import AGGREGATIONS, KL_TYPES, PolicyLossConfig, kl_penalty, policy_loss
 from tlt_jax.rl.metrics import MetricsConfig
-from tlt_jax.rl.rewards import format_reward, rewards_from_spec, weighted_rewards
+from tlt_jax.rl.rewards import (
+  RewardBatch,
+  RewardPool,
+  format_reward,
+  rewards_from_spec,
+  weighted_rewards,
+)
 from tlt_jax.rl.trainer import GRPOConfig, GRPOTrainer
 from tlt_jax.rl.update import (
   UpdateConfig,
@@ -20,6 +26,8 @@ __all__ = [
   "GRPOConfig",
   "GRPOTrainer",
   "PolicyLossConfig",
+  "RewardBatch",
+  "RewardPool",
   "UpdateConfig",
   "group_advantages",
   "informative_groups",
