@@ -159,10 +159,11 @@ def _small(c: ml_collections.ConfigDict) -> None:
   warm-starts in minutes: a gate for the learning alone. Its weights sit in cache, so it is
   outside TLT's regime (a decode step costs in proportion to its rows) and its step times
   say nothing about TLT. The recipe the learning gates found (experiments/RESULTS.md,
-  2026-11-27/28): a demonstrator 80% hasty, whose hasty solutions jump three steps a line
-  (right only when the count is a multiple of 3, so care pays more than twice as often);
-  outcome rewards only (process credit slowed the effort choice); 16 prompts x 8 samples a
-  step in two engine calls of 64 rows; 60 steps, evaluated every 15."""
+  2026-11-27): a demonstrator 80% hasty (hasty solutions jump two steps a line: right only
+  for even counts); outcome rewards only (process credit slowed the effort choice); 16
+  prompts x 8 samples a step in two engine calls of 64 rows; 60 steps, evaluated every 15.
+  (Three-step jumps, which make hasty answers wronger, also made the careful ones too
+  unreliable when sampled for RL to choose them: RESULTS.md, 2026-11-28.)"""
   c.model.num_layers = 4
   c.model.d_model = 128
   c.model.num_heads = 4
@@ -180,7 +181,6 @@ def _small(c: ml_collections.ConfigDict) -> None:
   c.rl_update.learning_rate = 3e-5
   c.rl_update.micro_batch = 8
   c.task.params.hasty_fraction = 0.8
-  c.task.params.hasty_jump = 3
   c.rl.process_credit = ""
   c.rl.prompts_per_step = 16
   c.rl.rows_per_call = 64
