@@ -170,7 +170,7 @@ class RewardResult:
   rewards: np.ndarray  # [N] float32
   errors: int  # samples whose reward function raised or returned a non-number
   timeouts: int  # samples whose reward function ran past the timeout
-  seconds: float
+  seconds: float  # from the batch's creation (its first rows' scoring) to the result
 
 
 class RewardPool:

@@ -417,8 +417,15 @@ class GRPOTrainer:
         drafter_params = self.scheduler.begin_rollout(self.params)
         hook = self.scheduler.on_chunk
       rows = len(part) * g
-      # Rows are scored from the moment the engine harvests them (the long tail decodes).
+      # Rows are scored from the moment the engine harvests them (the long tail decodes);
+      # the engine reports every row once, so a missing one fails the batch's collection.
       pending = rewards.batch([part[n // g]["answer"] for n in range(rows)])
+      texts: list[str] = [""] * rows
+
+      def finished(n, tokens, texts=texts, pending=pending):
+        texts[n] = self.tokenizer.decode(tokens)
+        pending.add(n, texts[n])
+
       result = self.engine.generate(
         self.params,
         prompts,
@@ -427,14 +434,11 @@ class GRPOTrainer:
         seq_id_offset=(first + a) * g,
         drafter_params=drafter_params,
         on_chunk=hook,
-        on_finished=lambda n, toks, pending=pending: pending.add(n, self.tokenizer.decode(toks)),
+        on_finished=finished,
       )
       if self.scheduler is not None:
         self.scheduler.end_rollout()
         self.scheduler.drafter.observe(result, self.step)
-      texts = [self.tokenizer.decode(result.completion(n)) for n in range(rows)]
-      for n in pending.missing():  # an engine that did not report the row (none here)
-        pending.add(n, texts[n])
       calls.append((part, result, texts, pending))
     # Drafter updates between calls are the drafter's phase, not the rollout's.
     times["rollout"] += time.perf_counter() - t - between
