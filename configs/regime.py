@@ -45,8 +45,9 @@ MEDIAN_STEPS, MAX_STEPS = 12, 125
 
 
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
-  """Variants: "" (the CPU regime above), "gpu" (the same learning on a GPU, sized for one
-  ~9-minute device sitting: experiments/gpu_curve.sh), "tiny" (a seconds-long rehearsal of
+  """Variants: "" (the CPU regime above), "small" (the learning recipe on the 0.8M policy),
+  "gpu" (that recipe at a GPU's batch, sized for one ~9-minute device sitting:
+  experiments/gpu_curve.sh), "tiny" (a seconds-long rehearsal of
   either on a CPU: the same script, program count and compile seconds on tiny shapes)."""
   if arg not in ("", "gpu", "tiny", "small"):
     raise ValueError(f"configs/regime.py: unknown variant {arg!r}; allowed: '', gpu, small, tiny")
@@ -134,11 +135,17 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
 
 
 def _gpu(c: ml_collections.ConfigDict) -> None:
-  """On a GPU a decode step of this policy costs the same for one row as for hundreds (b* >
-  512 rows on an H200: experiments/RESULTS.md, its recorded cost surface), so one call
-  holds the step's 32 prompts x 8 samples and the long tail is where speculation runs. The
-  programs are capped (few batch and cache buckets, two chains, one packed width) so that
-  compiles fit a sitting; float32 products at "highest" so the modes' curves coincide."""
+  """The small variant's learning recipe (its 0.8M policy, 80% hasty demonstrator, outcome
+  rewards, lr 3e-5: what learnt on the CPU, RESULTS.md 2026-11-28) at a GPU's batch. On a
+  GPU a decode step costs the same for one row as for hundreds (b* > 512 rows on an H200:
+  experiments/RESULTS.md, its recorded cost surface), so one call holds the step's 32
+  prompts x 8 samples, and the long tail is where speculation runs. The programs are capped
+  (few batch and cache buckets, two chains, one packed width) and the policy is small so
+  that compiles fit a ~9-minute sitting; float32 products at "highest" (gpu_curve.sh) so
+  the modes' curves coincide."""
+  _small(c)
+  c.rl.steps = 40
+  c.rl.eval_every = 10
   c.rl.prompts_per_step = 32
   c.rl.group_size = 8
   c.rl.rows_per_call = 0
@@ -149,9 +156,7 @@ def _gpu(c: ml_collections.ConfigDict) -> None:
   c.engine.spec_strategies = ("chain4", "chain8")
   c.rl_update.micro_batch = 8
   c.rl_update.pack_width = 2048
-  c.rl.eval_every = 10
   c.rl.checkpoint_every = 40
-  c.sft.batch_rows = 16
 
 
 def _small(c: ml_collections.ConfigDict) -> None:

@@ -3,9 +3,9 @@
 # interleaved (experiments/learning_curve.py), reward and held-out accuracy against
 # wall-clock time, with the program count and compile seconds printed.
 #
-# Sized for ~9 minutes of device time with its compiles (configs/regime.py:gpu: 32 prompts
-# x 8 samples in one call, 40 RL steps, programs capped by few batch and cache buckets, two
-# chains and one packed update width). Float32 products at "highest" and XLA's
+# Sized for ~9 minutes of device time with its compiles (configs/regime.py:gpu: the 0.8M
+# policy's learning recipe, 32 prompts x 8 samples in one call, 40 RL steps, programs capped
+# by few batch and cache buckets, two chains and one packed update width). Float32 products at "highest" and XLA's
 # deterministic GPU ops, so the three modes' curves coincide step by step. Programs are
 # cached on disk (JAX_COMPILATION_CACHE_DIR), so a second process in the sitting (a rerun
 # after a failure) compiles nothing it already compiled. Nothing is downloaded: the warm
@@ -27,8 +27,22 @@ export PYTHONUNBUFFERED=1
 export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-$OUT/xla_cache}
 export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0
 export JAX_DEFAULT_MATMUL_PRECISION=highest
-export XLA_FLAGS="--xla_gpu_deterministic_ops=true ${XLA_FLAGS:-}"
+# Deterministic GPU reductions (the modes' parameters stay bit-equal) and no GEMM autotuning
+# (cuBLAS's heuristics pick the kernels: compiles, not runs, fill a sitting). An XLA that
+# does not know a flag refuses to start, so each is kept only if a jitted add still runs.
 start=$SECONDS
+if command -v nvidia-smi >/dev/null; then
+  for flag in --xla_gpu_deterministic_ops=true --xla_gpu_autotune_level=0; do
+    if XLA_FLAGS="${XLA_FLAGS:-} $flag" $PY -c "import jax; jax.jit(lambda x: x + 1)(1)" \
+      >/dev/null 2>&1; then
+      export XLA_FLAGS="${XLA_FLAGS:-} $flag"
+    else
+      echo "XLA does not take $flag: left out"
+    fi
+  done
+  nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+fi
+echo "XLA_FLAGS=${XLA_FLAGS:-}"
 echo "$(date -u +%H:%M:%S) devices: $($PY -c 'import jax; print(jax.devices())')"
 $PY experiments/learning_curve.py --config="configs/regime.py:$VARIANT" --out="$OUT" \
   --eval_batch=256 --block=10 "$@" 2>&1 | tee "$OUT/gpu_curve.log"

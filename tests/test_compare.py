@@ -197,3 +197,30 @@ def test_an_interleaved_comparison_cut_short_resumes_from_its_checkpoints(tmp_pa
   rows = resumed["baseline_s0"]
   assert [r["step"] for r in rows] == [0, 1, 2]
   assert rows[:2] == first["baseline_s0"]  # not rerun: the same measured seconds
+
+
+def test_a_shared_folder_built_from_another_recipe_is_refused(tmp_path, monkeypatch):
+  """prepare_shared reuses finished warm starts only when they were built from the same
+  model, task, SFT and drafter settings (shared/config.json): a changed SFT step count or
+  demonstrator is named in the error instead of silently starting from the old policy."""
+  from configs import default
+
+  c = default.get_config("tiny")
+  shared = tmp_path / "shared"
+  for piece in ("warm_start", "drafter_warm_start"):
+    (shared / piece).mkdir(parents=True)
+  built = c.copy_and_resolve_references()
+  built.task.data_dir = str(shared / "tfds")
+  (shared / "config.json").write_text(built.to_json_best_effort(indent=2))
+
+  def rebuilt(*args, **kwargs):
+    raise AssertionError("the shared warm starts were built again")
+
+  monkeypatch.setattr(compare.train, "train_and_evaluate", rebuilt)
+  same = c.copy_and_resolve_references()
+  same.rl.steps += 5  # RL settings are not part of the warm start
+  assert compare.prepare_shared(same, str(tmp_path)) == str(shared)
+  other = c.copy_and_resolve_references()
+  other.sft.steps += 1
+  with pytest.raises(configuration.ConfigError, match=r"sft\.steps: \d+ there, \d+ here"):
+    compare.prepare_shared(other, str(tmp_path))
