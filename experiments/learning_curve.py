@@ -87,7 +87,7 @@ class FastEvaluation:
   def __call__(self, runs: dict):
     drafted = [r for r in runs.values() if r["job"].drafter is not None]
     job = (drafted or list(runs.values()))[0]["job"]
-    cfg = dataclasses.replace(job.engine.config, max_batch=self.eval_batch)
+    cfg = dataclasses.replace(job.engine.config, max_batch=self.eval_batch, harvest_hidden=False)
     if job.drafter is None:
       cfg = dataclasses.replace(cfg, spec_threshold=0, capture_hidden=False)
     self.engine = RolloutEngine(

@@ -168,6 +168,31 @@ def test_online_drafter_dry_run_changes_nothing_and_state_round_trips(online):
     np.testing.assert_array_equal(x, y)
 
 
+def test_update_compiles_once_per_layout_and_counts_its_seconds(online):
+  """The first update on a layout compiles (its seconds in `compile_seconds`, which the
+  trainer leaves out of step times); later ones on the same layout compile nothing. A
+  buffer may hold hidden states narrower than its token rows (the engine copies only as
+  wide as the rows reach): the rest is zero."""
+  drafter, tp, tokens, hidden = online
+  fresh = OnlineDrafter(
+    drafter.graphdef,
+    nnx.split(init_drafter(MODEL, seed=2))[1],
+    nnx.split(init_model(MODEL, seed=0))[0],
+    drafter.config,
+    slots=24,
+    feature_dim=MODEL.d_model,
+  )
+  fresh.buffer.add(tokens, hidden[:, :20], np.full((8,), 4), np.full((8,), 20), step=0)
+  assert not fresh.buffer.features[:8, 20:].any()
+  assert fresh.compile_seconds == 0.0
+  fresh.update(tp)
+  first = fresh.compile_seconds
+  assert first > 0
+  fresh.update(tp)
+  fresh.dry_run(tp)
+  assert fresh.compile_seconds == first and fresh.version == 2
+
+
 class _FakeDrafter:
   """Counts updates; each one advances the fake clock by its cost (`cost`: seconds, or a
   list cycled through, update by update). A dry run costs as much and changes nothing."""

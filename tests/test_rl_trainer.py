@@ -521,6 +521,7 @@ class _FakeScheduler:
   def __init__(self):
     self.log = []
     self.drafter = self
+    self.compile_seconds = 0.0  # the drafter's update compiles
 
   def begin_rollout(self, params):
     self.log.append("begin")

@@ -167,6 +167,28 @@ def test_finished_rows_are_reported_as_they_are_harvested(model, pool):
   assert got[0][1] < len(chunks) and got[1][1] < len(chunks)
 
 
+def test_hidden_states_are_copied_only_as_wide_as_the_rows_reach(model, pool):
+  """With harvest_hidden the result's hidden states cover every row's positions (the
+  smallest cache bucket that holds the longest row, not all slots); without, none are
+  copied to the host. Tokens and log-probs are the same either way."""
+  _, _, params = model
+  sampling = SamplingConfig(temperature=1.0)
+  short = [3, 5, 2, 4]  # rows end by position 13: the 16-slot bucket, of 48 slots
+  kept = _engine(model, pool, sampling).generate(params, PROMPTS, 2, key=5, max_new_tokens=short)
+  dropped = _engine(model, pool, sampling, harvest_hidden=False).generate(
+    params, PROMPTS, 2, key=5, max_new_tokens=short
+  )
+  assert dropped.hidden is None
+  np.testing.assert_array_equal(kept.tokens, dropped.tokens)
+  np.testing.assert_array_equal(kept.logprobs, dropped.logprobs)
+  assert kept.hidden.shape == (8, 16, MODEL.d_model) and ENGINE.slots == 48
+  assert int(kept.length.max()) <= 16
+  full = _engine(model, pool, sampling).generate(params, PROMPTS, 2, key=5, max_new_tokens=LIMITS)
+  assert full.hidden.shape[1] == ENGINE.slots
+  assert ENGINE.harvest_widths == (16, 32, 48)
+  assert dataclasses.replace(ENGINE, harvest_hidden=False).harvest_widths == (0,)
+
+
 def test_no_recompiles_after_warmup(model):
   _, _, params = model
   eng = _engine(

@@ -134,6 +134,11 @@ def test_every_tlt_step_trains_the_drafter_and_resumes_exactly(models, pool, tmp
     )
   evaluated = [r["step"] for r in rows if "drafter_eval/accept_online" in r]
   assert evaluated == [1, 3]  # after steps 2 and 4 of every=2
+  # The drafter update's compiles count as compiles (left out of the modes' step times).
+  compiled = sum(r["time/rollout_compile"] + r["time/train_compile"] for r in rows)
+  assert full.scheduler.drafter.compile_seconds > 0
+  assert compiled >= full.scheduler.drafter.compile_seconds
+  assert rows[0]["time/train_compile"] >= rows[0]["drafter/step_min_s"] * 0.5
   assert all("drafter_eval/accept_frozen" not in r for r in rows if r["step"] not in evaluated)
   for r in rows:
     if r["step"] in evaluated:

@@ -239,6 +239,9 @@ def prepare(config: ml_collections.ConfigDict, workdir: str, progress: bool = Tr
     drafter, drafter_info = build_drafter(
       config, workdir, model_cfg, graphdef, params, plain, tokenizer, train, progress, prompt
     )
+    # Only the online drafter (tlt) trains on the rollouts' hidden states: in sd they stay
+    # on the device, where the drafter's cache is rebuilt from them.
+    engine_cfg = dataclasses.replace(engine_cfg, harvest_hidden=mode == "tlt")
     engine = RolloutEngine(
       graphdef,
       model_cfg,

@@ -66,7 +66,8 @@ class DrafterBuffer:
   ) -> int:
     """Copies the rows that have a response pair (length - 2 >= prompt_len); returns how many.
 
-    `tokens` [N, W], `hidden` [N, W, D] with W <= slots (a RolloutResult's arrays).
+    `tokens` [N, W], `hidden` [N, W', D] with W' <= W <= slots (a RolloutResult's arrays:
+    the engine copies hidden states only as wide as the rows reach).
     """
     if hidden is None:
       raise ValueError("the rollout has no hidden states: build the engine with capture_hidden")
@@ -75,7 +76,8 @@ class DrafterBuffer:
     n, w = tokens.shape
     if w > self.slots:
       raise ValueError(f"rollout rows have {w} columns, more than the buffer's {self.slots}")
-    if hidden.shape[:2] != (n, w) or hidden.shape[2] != self.features.shape[2]:
+    wh = hidden.shape[1]
+    if hidden.shape[0] != n or wh > w or hidden.shape[2] != self.features.shape[2]:
       raise ValueError(
         f"hidden {hidden.shape} does not match tokens {tokens.shape} and feature dim "
         f"{self.features.shape[2]}"
@@ -89,7 +91,8 @@ class DrafterBuffer:
     dst = (self._next + np.arange(k)) % self.capacity
     self.tokens[dst] = 0
     self.tokens[dst, :w] = tokens[keep]
-    self.features[dst, :w] = hidden[keep]
+    self.features[dst, :wh] = hidden[keep]
+    self.features[dst, wh:] = 0
     self.prompt_len[dst] = prompt_len[keep]
     self.length[dst] = length[keep]
     self.step[dst] = step

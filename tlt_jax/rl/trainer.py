@@ -414,6 +414,7 @@ class GRPOTrainer:
       if self.scheduler is not None:
         if calls:  # TLT between two calls: the drafter's updates due, before the next drafts
           between += self.scheduler.between_calls(self.params)
+        compiled = self.scheduler.drafter.compile_seconds
         drafter_params = self.scheduler.begin_rollout(self.params)
         hook = self.scheduler.on_chunk
       rows = len(part) * g
@@ -438,6 +439,8 @@ class GRPOTrainer:
       )
       if self.scheduler is not None:
         self.scheduler.end_rollout()
+        # The drafter's update compiled while priming or inside the call: a compile.
+        times["rollout_drafter_compile"] += self.scheduler.drafter.compile_seconds - compiled
         self.scheduler.drafter.observe(result, self.step)
       calls.append((part, result, texts, pending))
     # Drafter updates between calls are the drafter's phase, not the rollout's.
@@ -473,6 +476,9 @@ class GRPOTrainer:
     )
     return scored, old_logp, pooled
 
+  def _drafter_compile_seconds(self) -> float:
+    return 0.0 if self.scheduler is None else self.scheduler.drafter.compile_seconds
+
   def _old_logp(self, results: Sequence[Any]) -> Callable[[], list[np.ndarray]]:
     """Dispatches the old log-probs of a batch's samples (the calls' results together) on
     packed rows; the returned function waits and gives them per call, [rows, slots]."""
@@ -492,11 +498,11 @@ class GRPOTrainer:
     """One RL step: rollouts (refilled under dynamic sampling), the update batch, the
     update; returns the step's metrics row."""
     cfg, g, p = self.cfg, self.cfg.group_size, self.cfg.prompts_per_step
-    times = {"rollout": 0.0, "reward": 0.0, "old_logp": 0.0}
+    times = {"rollout": 0.0, "reward": 0.0, "old_logp": 0.0, "rollout_drafter_compile": 0.0}
     if self.process_credit:
       self.process_credit.reset_errors()
     compiled = self.engine.pool.compile_seconds
-    train_compiled = self.programs.compile_seconds
+    train_compiled = self.programs.compile_seconds + self._drafter_compile_seconds()
     data_epoch = self.data.epoch  # which pass over the training set
     batches, got = self._collect_rollouts(rewards, times)
     rollouts = [r for calls in batches for r in calls]
@@ -537,12 +543,21 @@ class GRPOTrainer:
       "rollout_lengths": [r.num_generated.tolist() for r in results],
       "rollout_prompt_lengths": [r.prompt_len.tolist() for r in results],  # the rows' prompts
       **self._update_metrics(m, times["update"]),
-      **{f"time/{k}": v for k, v in times.items()},
-      # Programs the rollouts compiled lazily (inside time/rollout): compare modes without it.
-      "time/rollout_compile": self.engine.pool.compile_seconds - compiled,
+      **{f"time/{k}": v for k, v in times.items() if k != "rollout_drafter_compile"},
+      # Programs the rollouts compiled lazily (inside time/rollout), the drafter's update
+      # primed for them included: compare modes without it.
+      "time/rollout_compile": (
+        self.engine.pool.compile_seconds - compiled + times["rollout_drafter_compile"]
+      ),
       # Old-log-prob and update programs compiled for new packed shapes (inside
-      # time/reward or time/old_logp, and time/update).
-      "time/train_compile": self.programs.compile_seconds - train_compiled,
+      # time/reward or time/old_logp, and time/update), and the drafter's update compiled
+      # outside the rollout (time/drafter).
+      "time/train_compile": (
+        self.programs.compile_seconds
+        + self._drafter_compile_seconds()
+        - train_compiled
+        - times["rollout_drafter_compile"]
+      ),
       **spec_metrics(results),
       # Generation time at batch buckets <= max_batch / 4 (the long tail) and in all:
       # their ratio caps what speculative decoding can save (1 / (1 - share)).

@@ -26,6 +26,10 @@ class EngineConfig:
     compact: move the unfinished rows into smaller batch buckets as rows finish.
     cache_buckets: attend only to the smallest cache bucket that fits.
     capture_hidden: keep every position's last-layer hidden state.
+    harvest_hidden: copy a finished row's hidden states to the host (the result's
+      `hidden`: the online drafter's training data). Off, they stay on the device, where
+      speculative decoding rebuilds the drafter's cache from them: a frozen drafter has
+      no use for the copy, which at a GPU's batch costs more than the decoding.
     stop_tokens: token ids that end a sequence (the stop token is kept).
     spec_threshold: speculative decoding is considered for batch buckets at or
       below this many rows (0: never). Needs capture_hidden.
@@ -92,6 +96,7 @@ class EngineConfig:
   compact: bool = True
   cache_buckets: bool = True
   capture_hidden: bool = True
+  harvest_hidden: bool = True
   stop_tokens: tuple[int, ...] = ()
   spec_threshold: int = 0
   spec_strategies: tuple[str, ...] = ("chain4",)
@@ -173,7 +178,7 @@ class EngineConfig:
       raise ValueError(
         f"EngineConfig.matmul_precision must be one of {precisions}, got {self.matmul_precision!r}"
       )
-    for name in ("bandit_shared_acceptance", "bandit_arm_acceptance"):
+    for name in ("bandit_shared_acceptance", "bandit_arm_acceptance", "harvest_hidden"):
       value = getattr(self, name)
       if not isinstance(value, bool):
         raise ValueError(f"EngineConfig.{name} must be a bool, got {value!r}")
@@ -182,6 +187,15 @@ class EngineConfig:
   def slots(self) -> int:
     """Cache / buffer length: room for the longest prompt plus generation."""
     return self.max_prompt_len + self.max_new_tokens
+
+  @property
+  def harvest_widths(self) -> tuple[int, ...]:
+    """Widths at which finished rows' hidden states are copied to the host: the smallest
+    that holds the harvested rows' lengths (few programs; most rows are far shorter than
+    `slots`), or (0,) when they are not copied."""
+    if not (self.capture_hidden and self.harvest_hidden):
+      return (0,)
+    return tuple(sorted({min(v, self.slots) for v in self.view_buckets}))
 
   @property
   def strategies(self) -> tuple[SpecStrategy, ...]:

@@ -261,10 +261,11 @@ class EnginePrograms:
     key = ("take", args[0].batch, args[1].shape[0], *self._shapes())
     return self.pool.get(key, programs.take_rows, args)
 
-  def harvest(self, args):
-    """(state, rows) -> the arrays of `rows` to copy to the host (`programs.harvest`)."""
-    key = ("harvest", args[0].batch, args[1].shape[0], *self._shapes())
-    return self.pool.get(key, programs.harvest, args)
+  def harvest(self, args, width: int):
+    """(state, rows) -> the arrays of `rows` to copy to the host, hidden states `width`
+    positions wide (`programs.harvest`; one of `config.harvest_widths`)."""
+    key = ("harvest", args[0].batch, args[1].shape[0], width, *self._shapes())
+    return self.pool.get(key, functools.partial(programs.harvest, width=width), args)
 
   def run_prefill(
     self, params, prompts_np, plen_np, num_samples, max_new_rows, seq_ids, sampling, key
@@ -306,7 +307,14 @@ class EnginePrograms:
     if missing:
       raise RuntimeError(f"rollout lost rows {missing[:8]}: engine bug")
     stack = lambda k: np.stack([outputs[n][k] for n in range(n_rows)])
-    hidden = stack("hidden") if self.config.capture_hidden else None
+    hidden = None
+    if self.config.harvest_widths != (0,):  # rows harvested at several widths: pad
+      width = max(outputs[n]["hidden"].shape[0] for n in range(n_rows))
+      first = outputs[0]["hidden"]
+      hidden = np.zeros((n_rows, width, first.shape[1]), first.dtype)
+      for n in range(n_rows):
+        h = outputs[n]["hidden"]
+        hidden[n, : h.shape[0]] = h
     return RolloutResult(
       tokens=stack("tokens"),
       logprobs=stack("logprobs"),
@@ -544,7 +552,8 @@ class RolloutEngine:
         if b2 < b:
           rows = jnp.zeros((b2,), jnp.int32)
           progs.take((state, rows, rows > 0))
-      progs.harvest((state, jnp.zeros((b,), jnp.int32)))
+      for width in cfg.harvest_widths:
+        progs.harvest((state, jnp.zeros((b,), jnp.int32)), width)
       spec = drafter_params is not None or not cfg.needs_drafter
       if spec and cfg.spec_threshold and b <= cfg.spec_threshold:
         self._warmup_spec(

@@ -172,14 +172,17 @@ def take_rows(state: RolloutState, rows: Int[Array, " B2"], valid: jax.Array) ->
   return out.replace(done=out.done | ~valid, seq_id=jnp.where(valid, out.seq_id, -1))
 
 
-def harvest(state: RolloutState, rows: Int[Array, " N"]) -> dict[str, jax.Array]:
-  """The per-sequence outputs of the given rows (no cache), for transfer to host."""
+def harvest(state: RolloutState, rows: Int[Array, " N"], width: int) -> dict[str, jax.Array]:
+  """The per-sequence outputs of the given rows (no cache), for transfer to host; their
+  hidden states' first `width` positions (none when 0)."""
   pick = lambda x: jnp.take(x, rows, axis=0)
-  return {
+  out = {
     "tokens": pick(state.tokens),
     "logprobs": pick(state.logprobs),
-    "hidden": pick(state.hidden),
     "length": pick(state.length),
     "prompt_len": pick(state.prompt_len),
     "seq_id": pick(state.seq_id),
   }
+  if width:
+    out["hidden"] = pick(state.hidden[:, :width])
+  return out

@@ -235,7 +235,9 @@ class RolloutRun:
     padded = np.zeros((self.state.batch,), np.int32)
     padded[: rows.size] = rows
     args = (self.state, jnp.asarray(padded))
-    got = jax.device_get(self.engine.programs.harvest(args)(*args))
+    widths = self.cfg.harvest_widths
+    width = round_up(int(self.length[rows].max()), widths) if widths[-1] else 0
+    got = jax.device_get(self.engine.programs.harvest(args, width)(*args))
     for j in range(rows.size):
       n = int(got["seq_id"][j]) - self.seq_id_offset
       self.outputs[n] = {k: v[j] for k, v in got.items()}
