@@ -4,11 +4,12 @@
 # wall-clock time, with the program count and compile seconds printed.
 #
 # Sized for ~9 minutes of device time with its compiles (configs/regime.py:gpu: the 0.8M
-# policy's learning recipe, 32 prompts x 8 samples in one call, 40 RL steps, programs capped
-# by few batch and cache buckets, two chains and one packed update width). Float32 products at "highest" and XLA's
-# deterministic GPU ops, so the three modes' curves coincide step by step. Programs are
-# cached on disk (JAX_COMPILATION_CACHE_DIR), so a second process in the sitting (a rerun
-# after a failure) compiles nothing it already compiled. Nothing is downloaded: the warm
+# policy's learning recipe, 32 prompts x 8 samples in one call, 40 RL steps, programs
+# capped by few batch and cache buckets, two chains and one packed update width). Float32
+# products at "highest" and XLA's deterministic GPU ops, so the three modes' curves
+# coincide step by step. Programs are cached on disk (JAX_COMPILATION_CACHE_DIR), so a
+# second process in the sitting (a rerun after a failure) compiles nothing it already
+# compiled. Nothing is downloaded: the warm
 # starts are built here (the SFT from random weights, then the drafter's).
 #
 #   pip install -U "jax[cuda12]"; pip install -e .

@@ -140,6 +140,18 @@ def test_online_drafter_learns_from_its_buffer(online):
     DrafterTrainConfig(batch_rows=0)
 
 
+def _fresh_like(drafter, seed):
+  """A new drafter with `drafter`'s settings and other initial weights."""
+  return OnlineDrafter(
+    drafter.graphdef,
+    nnx.split(init_drafter(MODEL, seed=seed))[1],
+    nnx.split(init_model(MODEL, seed=0))[0],
+    drafter.config,
+    slots=24,
+    feature_dim=MODEL.d_model,
+  )
+
+
 def test_online_drafter_dry_run_changes_nothing_and_state_round_trips(online):
   """`dry_run` (compiling and timing before a rollout) leaves the drafter as it was; the
   checkpoint state (params, optimizer state, version, buffer) restores into a fresh
@@ -152,14 +164,7 @@ def test_online_drafter_dry_run_changes_nothing_and_state_round_trips(online):
   assert drafter.version == state["meta"]["version"]
   for a, b in zip(jax.tree.leaves(drafter.state_dict()["train"]), jax.tree.leaves(state["train"])):
     np.testing.assert_array_equal(a, b)
-  fresh = OnlineDrafter(
-    drafter.graphdef,
-    nnx.split(init_drafter(MODEL, seed=5))[1],
-    nnx.split(init_model(MODEL, seed=0))[0],
-    drafter.config,
-    slots=24,
-    feature_dim=MODEL.d_model,
-  )
+  fresh = _fresh_like(drafter, seed=5)
   fresh.load_state_dict(state)
   assert fresh.version == drafter.version and len(fresh.buffer) == len(drafter.buffer)
   a, b = drafter.update(tp), fresh.update(tp)
@@ -174,14 +179,7 @@ def test_update_compiles_once_per_layout_and_counts_its_seconds(online):
   buffer may hold hidden states narrower than its token rows (the engine copies only as
   wide as the rows reach): the rest is zero."""
   drafter, tp, tokens, hidden = online
-  fresh = OnlineDrafter(
-    drafter.graphdef,
-    nnx.split(init_drafter(MODEL, seed=2))[1],
-    nnx.split(init_model(MODEL, seed=0))[0],
-    drafter.config,
-    slots=24,
-    feature_dim=MODEL.d_model,
-  )
+  fresh = _fresh_like(drafter, seed=2)
   fresh.buffer.add(tokens, hidden[:, :20], np.full((8,), 4), np.full((8,), 20), step=0)
   assert not fresh.buffer.features[:8, 20:].any()
   assert fresh.compile_seconds == 0.0

@@ -502,9 +502,14 @@ class GRPOTrainer:
     if self.process_credit:
       self.process_credit.reset_errors()
     compiled = self.engine.pool.compile_seconds
-    train_compiled = self.programs.compile_seconds + self._drafter_compile_seconds()
+    train_compiled = self.programs.compile_seconds
+    drafter_compiled = self._drafter_compile_seconds()
     data_epoch = self.data.epoch  # which pass over the training set
     batches, got = self._collect_rollouts(rewards, times)
+    # The drafter's update compiled outside the rollouts (its fills, time/drafter).
+    drafter_outside = (
+      self._drafter_compile_seconds() - drafter_compiled - times["rollout_drafter_compile"]
+    )
     rollouts = [r for calls in batches for r in calls]
     chosen = chosen_groups(rollouts, g, p, cfg.dynamic_sampling)
     results = [r.result for r in rollouts]
@@ -550,14 +555,8 @@ class GRPOTrainer:
         self.engine.pool.compile_seconds - compiled + times["rollout_drafter_compile"]
       ),
       # Old-log-prob and update programs compiled for new packed shapes (inside
-      # time/reward or time/old_logp, and time/update), and the drafter's update compiled
-      # outside the rollout (time/drafter).
-      "time/train_compile": (
-        self.programs.compile_seconds
-        + self._drafter_compile_seconds()
-        - train_compiled
-        - times["rollout_drafter_compile"]
-      ),
+      # time/reward or time/old_logp, and time/update), and the drafter's outside rollouts.
+      "time/train_compile": self.programs.compile_seconds - train_compiled + drafter_outside,
       **spec_metrics(results),
       # Generation time at batch buckets <= max_batch / 4 (the long tail) and in all:
       # their ratio caps what speculative decoding can save (1 / (1 - share)).

@@ -236,7 +236,7 @@ class RolloutRun:
     padded[: rows.size] = rows
     args = (self.state, jnp.asarray(padded))
     widths = self.cfg.harvest_widths
-    width = round_up(int(self.length[rows].max()), widths) if widths[-1] else 0
+    width = round_up(int(self.length[rows].max()), widths) if widths != (0,) else 0
     got = jax.device_get(self.engine.programs.harvest(args, width)(*args))
     for j in range(rows.size):
       n = int(got["seq_id"][j]) - self.seq_id_offset
