@@ -68,8 +68,9 @@ def _snapshot(top):
 
 def test_runs_that_fail_their_checks_leave_a_finished_workdir_byte_for_byte(finished, tmp_path):
   """A bad checkpoint path, a checkpoint whose RoPE is not supported, a malformed data file,
-  a negative step count: each fails in one line (exit status 2) before the job writes
-  anything: config.json, summary.json, the log and the lock file stay as they were."""
+  a negative step count, warm starts built from another SFT recipe: each fails in one line
+  (exit status 2) before the job writes anything: config.json, summary.json, the log and
+  the lock file stay as they were."""
   rope = tmp_path / "rope_ckpt"
   config = ModelConfig(
     vocab_size=100, num_layers=1, d_model=16, num_heads=2, num_kv_heads=1, head_dim=8, mlp_dim=32
@@ -87,6 +88,8 @@ def test_runs_that_fail_their_checks_leave_a_finished_workdir_byte_for_byte(fini
     f"--config.model.checkpoint={rope}": "rope_type 'yarn' is not supported",
     f"--config.task.path={data}": "gsm8k.jsonl: row 2: invalid JSON",
     "--config.rl.steps=-1": "config.rl.steps must be an int >= 0",
+    # The workdir's warm starts were built from other SFT settings: not silently reused.
+    "--config.sft.steps=1234": "1234 here); use another --workdir",
   }
   for override, message in failing.items():
     extra = ["--config.task.name=local"] if "task.path" in override else []

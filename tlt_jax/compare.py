@@ -56,7 +56,9 @@ def _shared_is_ready(config: ml_collections.ConfigDict, shared: str) -> bool:
   for it, each run loads it). A shared folder of another checkpoint is refused."""
   if not os.path.isdir(os.path.join(shared, "drafter_warm_start")):
     return False
-  _check_same_recipe(config, shared)
+  configuration.check_same_recipe(
+    config, shared, "give this comparison another output folder or delete that one"
+  )
   ckpt = config.model.get("checkpoint", "")
   if not ckpt:
     return os.path.isdir(os.path.join(shared, "warm_start"))
@@ -71,41 +73,6 @@ def _shared_is_ready(config: ml_collections.ConfigDict, shared: str) -> bool:
       f"({source}); give this comparison another --workdir"
     )
   return True
-
-
-# The config sections a warm start is made from: reusing one built from other values would
-# silently start every run from the wrong policy or drafter.
-_RECIPE = ("model", "task", "sft", "drafter")
-
-
-def _recipe(config: dict) -> dict:
-  out = {k: dict(config.get(k, {})) for k in _RECIPE}
-  out["task"].pop("data_dir", None)  # where the data lies, not what it is
-  out["model"].pop("checkpoint", None)  # checked against the summary's source instead
-  return out
-
-
-def _check_same_recipe(config: ml_collections.ConfigDict, shared: str) -> None:
-  """Refuses a shared folder whose warm starts were built from other model, task, SFT or
-  drafter settings (its config.json), naming the first settings that differ."""
-  path = os.path.join(shared, "config.json")
-  if not os.path.isfile(path):
-    return
-  with open(path) as f:
-    built = _recipe(json.load(f))
-  wanted = _recipe(json.loads(config.to_json_best_effort()))
-  differ = [
-    f"{section}.{key}: {built[section].get(key)!r} there, {wanted[section].get(key)!r} here"
-    for section in _RECIPE
-    for key in sorted(set(built[section]) | set(wanted[section]))
-    if built[section].get(key) != wanted[section].get(key)
-  ]
-  if differ:
-    raise configuration.ConfigError(
-      f"{shared} holds warm starts built from other settings ({'; '.join(differ[:3])}"
-      f"{'; ...' if len(differ) > 3 else ''}); give this comparison another output folder "
-      "or delete that one"
-    )
 
 
 def prepare_shared(config: ml_collections.ConfigDict, out: str, progress: bool = True) -> str:

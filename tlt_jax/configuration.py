@@ -70,6 +70,7 @@ __all__ = [
   "SchedulerConfig",
   "UpdateConfig",
   "UserError",
+  "check_same_recipe",
   "checkpoint",
   "drafter_config",
   "drafter_eval_config",
@@ -422,6 +423,44 @@ def checkpoint(config: ml_collections.ConfigDict) -> ModelConfig | None:
       f"config.json that does not match the weights): {', '.join(extra[:5])}"
     )
   return model
+
+
+# The config sections a warm start is made from: reusing one built from other values would
+# silently start every run from the wrong policy or drafter.
+_RECIPE = ("model", "task", "sft", "drafter")
+
+
+def _recipe(config: dict) -> dict:
+  out = {k: dict(config.get(k, {})) for k in _RECIPE}
+  out["task"].pop("data_dir", None)  # where the data lies, not what it is
+  out["model"].pop("checkpoint", None)  # checked against the summary's source instead
+  return out
+
+
+def check_same_recipe(config: ml_collections.ConfigDict, folder: str, instead: str) -> None:
+  """Refuses a folder whose warm starts (`warm_start`, `drafter_warm_start`) were built from
+  other model, task, SFT or drafter settings than `config` (by the config.json written
+  beside them), naming the first settings that differ; `instead` says what to do."""
+  path = os.path.join(folder, "config.json")
+  built_here = any(
+    os.path.isdir(os.path.join(folder, w)) for w in ("warm_start", "drafter_warm_start")
+  )
+  if not (built_here and os.path.isfile(path)):
+    return
+  with open(path) as f:
+    built = _recipe(json.load(f))
+  wanted = _recipe(json.loads(config.to_json_best_effort()))
+  differ = [
+    f"{section}.{key}: {built[section].get(key)!r} there, {wanted[section].get(key)!r} here"
+    for section in _RECIPE
+    for key in sorted(set(built[section]) | set(wanted[section]))
+    if built[section].get(key) != wanted[section].get(key)
+  ]
+  if differ:
+    raise ConfigError(
+      f"{folder} holds warm starts built from other settings ({'; '.join(differ[:3])}"
+      f"{'; ...' if len(differ) > 3 else ''}); {instead}"
+    )
 
 
 def task_data(config: ml_collections.ConfigDict) -> None:
