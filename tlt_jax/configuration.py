@@ -428,6 +428,8 @@ def checkpoint(config: ml_collections.ConfigDict) -> ModelConfig | None:
 # The config sections a warm start is made from: reusing one built from other values would
 # silently start every run from the wrong policy or drafter.
 _RECIPE = ("model", "task", "sft", "drafter")
+# What `check_same_recipe` tells a job whose workdir holds another recipe's warm starts.
+OTHER_WORKDIR = "use another --workdir or delete that one"
 
 
 def _recipe(config: dict) -> dict:

@@ -124,6 +124,7 @@ def main(argv):
         compare.check_inputs(config, _COMPARE.value)
       else:
         configuration.job_inputs(config)
+        configuration.check_same_recipe(config, workdir, configuration.OTHER_WORKDIR)
   except (compare.ModesError, UserError) as e:
     _fail(e)
   try:

@@ -217,7 +217,7 @@ def prepare(config: ml_collections.ConfigDict, workdir: str, progress: bool = Tr
   """
   inputs = configuration.job_inputs(config)
   # Warm starts are reused from the workdir by name only: refuse another recipe's.
-  configuration.check_same_recipe(config, workdir, "use another --workdir or delete that one")
+  configuration.check_same_recipe(config, workdir, configuration.OTHER_WORKDIR)
   os.makedirs(workdir, exist_ok=True)
   with open(os.path.join(workdir, "config.json"), "w") as f:
     f.write(config.to_json_best_effort(indent=2))
