@@ -4,6 +4,7 @@ import os
 import sys
 from types import SimpleNamespace
 
+import jax
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -25,3 +26,30 @@ def test_call_phases_ms_splits_each_call_into_its_phases_and_host_time():
   assert sum(got.values()) == pytest.approx(750.0)  # the calls' mean wall time
   with pytest.raises(ValueError, match="at least one"):
     call_phases_ms([])
+
+
+def test_update_parts_counts_the_products_and_attention_the_update_runs():
+  """experiments/update_parts.py: the dense products are every 2-D weight once (the tied
+  embedding as the head's [d, vocab] product), and attention's FLOPs are those of the
+  causal query blocks `attend_causal` computes."""
+  from flax import nnx
+
+  from experiments.update_parts import attention_flops, dense_shapes
+  from tlt_jax.models.config import ModelConfig
+  from tlt_jax.models.transformer import causal_block, init_model
+
+  cfg = ModelConfig(
+    vocab_size=50, num_layers=2, d_model=16, num_heads=4, num_kv_heads=2, head_dim=8, mlp_dim=24
+  )
+  _, params = nnx.split(init_model(cfg, seed=0))
+  shapes = dense_shapes(params)
+  assert (16, 50) in shapes  # the head, not the [vocab, d] lookup table
+  matrices = sum(x.size for x in jax.tree.leaves(params) if x.ndim == 2)
+  assert sum(i * o for i, o in shapes) == matrices
+  # One block covers the row: every query against every key (4 FLOPs a pair, head dim,
+  # heads, x3 forward and backward, per layer).
+  full = 3 * 4 * 3 * 64 * 64 * cfg.num_heads * cfg.head_dim * cfg.num_layers
+  with causal_block(64):
+    assert attention_flops(cfg, rows=3, width=64) == full
+  with causal_block(32):  # blocks of 32: the first sees 32 keys, the second 64
+    assert attention_flops(cfg, rows=3, width=64) == full * (32 * 32 + 32 * 64) / (64 * 64)

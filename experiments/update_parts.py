@@ -1,0 +1,275 @@
+r"""Where the policy update's time goes, part by part, against the host's matmul rate.
+
+The learning curve reports the update's throughput as model FLOPs (6 x params a real
+token, forward and backward) per second over the rate of a large square float32 matmul.
+This script takes that figure apart at the run's own shapes, so a low fraction says why:
+
+  square       a 2048^3 float32 matmul: the host's arithmetic rate (the denominator);
+  products     the model's own dense products, alone, at one micro-batch's token count:
+               for every weight [i, o], x @ w, dy @ w.T and x.T @ dy (6 x i x o FLOPs a
+               token): the rate the 6 x params count could reach if nothing else ran;
+  attention    attention's forward and backward alone (`attend_causal` on the layer's
+               query, key and value shapes, times the layers) at one micro-batch;
+  forward      the policy's log-probs of one micro-batch (`token_logprobs`, no gradient);
+  micro step   one jitted update of a single micro-batch (forward, backward, AdamW);
+  update       the same update over `--rows` rows (a scan over micro-batches);
+  optimizer    AdamW (with clipping and the run's learning-rate groups) alone.
+
+Attention is not in the 6 x params count: its FLOPs (scores and values over the packed
+width, causal query blocks) are given beside, as a share of the model FLOPs. All tokens
+are real here; a run's padding (`update/padding_fraction` in its metrics) divides its rate
+by 1 / (1 - padding) more, and `--run` reads it from a run's metrics.jsonl.
+
+  python experiments/update_parts.py --config=configs/regime.py:small --columns=512,1024 \
+      --run=runs/small/curve_s2/baseline_s2/metrics.jsonl
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import app, flags
+from flax import nnx
+from ml_collections import config_flags
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from experiments.host import cpu_model, matmul_flops  # noqa: E402
+from tlt_jax import configuration  # noqa: E402
+from tlt_jax.data import get_tokenizer  # noqa: E402
+from tlt_jax.models.transformer import (  # noqa: E402
+  attend_causal,
+  current_causal_block,
+  init_model,
+)
+from tlt_jax.rl.update import make_optimizer, make_policy_update, token_logprobs  # noqa: E402
+
+_CONFIG = config_flags.DEFINE_config_file(
+  "config", "configs/regime.py:small", "the policy and its update settings"
+)
+_COLUMNS = flags.DEFINE_list("columns", ["512", "1024"], "packed row widths to measure")
+_ROWS = flags.DEFINE_integer("rows", 32, "rows of the full update (a multiple of micro_batch)")
+_REPS = flags.DEFINE_integer("reps", 5, "timed calls per part, interleaved; medians reported")
+_RUN = flags.DEFINE_string("run", "", "a run's metrics.jsonl: its padding and update rate")
+_OUT = flags.DEFINE_string("out", "", "write the results as JSON here too")
+
+
+def dense_shapes(params: nnx.State) -> list[tuple[int, int]]:
+  """(inputs, outputs) of every product the policy runs per token: each 2-D weight (the
+  tied embedding as the output head's [d, vocab] product; its lookup is a gather)."""
+  shapes = []
+  for path, leaf in jax.tree_util.tree_leaves_with_path(params):
+    if leaf.ndim == 2:
+      name = jax.tree_util.keystr(path)
+      i, o = leaf.shape
+      shapes.append((o, i) if "embed" in name else (i, o))
+  return shapes
+
+
+def products_fn(shapes: list[tuple[int, int]]) -> Callable:
+  """One jitted call running, per weight, the forward product and the backward's two."""
+
+  def run(xs, dys, ws):
+    out = []
+    for x, dy, w in zip(xs, dys, ws, strict=True):
+      out += [x @ w, dy @ w.T, x.T @ dy]
+    return out
+
+  return jax.jit(run)
+
+
+def attention_flops(model_cfg, rows: int, width: int) -> float:
+  """Forward + backward FLOPs of attention's two products (scores q k^T and the weighted
+  values) over `rows` packed rows, as `attend_causal` computes them: each query block
+  against the keys up to its end, whatever the segments."""
+  block = current_causal_block()
+  pairs = sum(min(block, width - s) * min(s + block, width) for s in range(0, width, block))
+  per_layer = 2 * 2 * rows * pairs * model_cfg.num_heads * model_cfg.head_dim
+  return 3.0 * per_layer * model_cfg.num_layers
+
+
+def _batch(rng, rows: int, width: int, vocab: int) -> dict[str, np.ndarray]:
+  """A packed batch with every cell real: one sample a row, a 32-token prompt."""
+  mask = np.zeros((rows, width), np.float32)
+  mask[:, 32:] = 1.0
+  return dict(
+    tokens=rng.integers(3, vocab, (rows, width)).astype(np.int32),
+    mask=mask,
+    advantages=rng.normal(size=(rows, width)).astype(np.float32) * mask,
+    positions=np.broadcast_to(np.arange(width, dtype=np.int32), (rows, width)).copy(),
+    segment_ids=np.ones((rows, width), np.int32),
+    weights=mask / mask.sum(),
+  )
+
+
+def _time(fn: Callable[[], object]) -> float:
+  start = time.perf_counter()
+  jax.block_until_ready(fn())
+  return time.perf_counter() - start
+
+
+def _run_stats(path: str) -> dict[str, float]:
+  """Median padding fraction and update rate of a run's RL steps."""
+  with open(path) as f:
+    rows = [json.loads(line) for line in f]
+  rows = [r for r in rows if r.get("update/real_tokens")]
+  pick = lambda key: statistics.median(r[key] for r in rows)  # noqa: E731
+  return {
+    "steps": len(rows),
+    "padding_fraction": pick("update/padding_fraction"),
+    "model_gflops": 1e3 * pick("update/model_tflops"),
+  }
+
+
+def measure(config, width: int, rows: int, reps: int) -> dict[str, object]:
+  """Every part's median seconds at one packed width."""
+  tok = get_tokenizer(config.task.tokenizer)
+  model_cfg = configuration.model_config(config, tok)
+  graphdef, params = nnx.split(init_model(model_cfg, seed=0))
+  num_params = sum(x.size for x in jax.tree.leaves(params))
+  micro = config.rl_update.micro_batch
+  if rows % micro:
+    raise app.UsageError(f"--rows={rows} is not a multiple of micro_batch {micro}")
+  _, loss_cfg, update_cfg = configuration.rl_configs(config)
+  optimizer = make_optimizer(update_cfg)
+  rng = np.random.default_rng(0)
+  tokens = micro * width
+  shapes = dense_shapes(params)
+  key = jax.random.key(0)
+  xs = [
+    jax.random.normal(jax.random.fold_in(key, 3 * n), (tokens, i))
+    for n, (i, _) in enumerate(shapes)
+  ]
+  dys = [
+    jax.random.normal(jax.random.fold_in(key, 3 * n + 1), (tokens, o))
+    for n, (_, o) in enumerate(shapes)
+  ]
+  ws = [jax.random.normal(jax.random.fold_in(key, 3 * n + 2), s) for n, s in enumerate(shapes)]
+  products = products_fn(shapes)
+  one = {k: jnp.asarray(v) for k, v in _batch(rng, micro, width, model_cfg.vocab_size).items()}
+  full = {k: jnp.asarray(v) for k, v in _batch(rng, rows, width, model_cfg.vocab_size).items()}
+  heads, kv, dim = model_cfg.num_heads, model_cfg.num_kv_heads, model_cfg.head_dim
+  q = jax.random.normal(jax.random.fold_in(key, 10**6), (micro, width, heads, dim))
+  k, v = (
+    jax.random.normal(jax.random.fold_in(key, 10**6 + i), (micro, kv, width, dim)) for i in (1, 2)
+  )
+  causal = jnp.broadcast_to(jnp.tril(jnp.ones((width, width), bool)), (micro, width, width))
+  attention = jax.jit(
+    jax.grad(lambda q, k, v: jnp.sum(attend_causal(q, k, v, causal) ** 2), argnums=(0, 1, 2))
+  )
+  forward = jax.jit(
+    lambda p, t, pos, seg: token_logprobs(graphdef, p, t, 1.0, positions=pos, segment_ids=seg)[0]
+  )
+  step = make_policy_update(graphdef, optimizer, loss_cfg, micro, on_policy=True)
+  states = {
+    name: (jax.tree.map(jnp.copy, params), optimizer.init(params)) for name in ("micro", "full")
+  }
+  grads = jax.tree.map(lambda x: 1e-3 * jnp.ones_like(x), params)
+
+  @jax.jit
+  def opt_only(p, s, g):
+    updates, s = optimizer.update(g, s, p)
+    return jax.tree.map(jnp.add, p, updates), s
+
+  opt_state = optimizer.init(params)
+
+  def run_step(name, batch):
+    p, s = states[name]
+    p, s, _ = step(p, s, batch, None)
+    states[name] = (p, s)
+    return p
+
+  parts = {
+    "products": lambda: products(xs, dys, ws),
+    "attention": lambda: [attention(q, k, v) for _ in range(model_cfg.num_layers)],
+    "forward": lambda: forward(params, one["tokens"], one["positions"], one["segment_ids"]),
+    "micro step": lambda: run_step("micro", one),
+    "update": lambda: run_step("full", full),
+    "optimizer": lambda: opt_only(params, opt_state, grads),
+  }
+  first = {name: _time(fn) for name, fn in parts.items()}  # compiles
+  times = {name: [] for name in parts}
+  for _ in range(reps):
+    for name, fn in parts.items():
+      times[name].append(_time(fn))
+  median = {name: statistics.median(v) for name, v in times.items()}
+  dense = sum(i * o for i, o in shapes)
+  return {
+    "width": width,
+    "rows": rows,
+    "micro_batch": micro,
+    "params": int(num_params),
+    "dense_params": int(dense),
+    "first_call_s": first,
+    "median_s": median,
+    "range_s": {name: (min(v), max(v)) for name, v in times.items()},
+    "flops": {
+      "products": 6.0 * dense * tokens,
+      "micro step": 6.0 * num_params * tokens,
+      "update": 6.0 * num_params * rows * width,
+      "attention_share": attention_flops(model_cfg, micro, width) / (6.0 * num_params * tokens),
+    },
+  }
+
+
+def main(argv):
+  del argv
+  config = _CONFIG.value
+  square = matmul_flops()
+  print(
+    f"host: {cpu_model()}, {os.cpu_count()} cores, jax {jax.__version__}; "
+    f"square matmul {square / 1e9:.1f} GFLOP/s",
+    flush=True,
+  )
+  results = {"cpu": cpu_model(), "square_gflops": square / 1e9, "widths": []}
+  for width in (int(c) for c in _COLUMNS.value):
+    r = measure(config, width, _ROWS.value, _REPS.value)
+    results["widths"].append(r)
+    m, f = r["median_s"], r["flops"]
+    print(
+      f"\nwidth {width}, {r['rows']} rows, micro-batch {r['micro_batch']} "
+      f"({r['params'] / 1e6:.2f}M params, {r['dense_params'] / 1e6:.2f}M in products); "
+      f"attention adds {f['attention_share']:.2f} of the model FLOPs"
+    )
+    print("| part | ms [min-max] | GFLOP/s | of square |")
+    print("|---|---|---|---|")
+    for name in ("products", "attention", "forward", "micro step", "update", "optimizer"):
+      lo, hi = r["range_s"][name]
+      g = f[name] / m[name] / 1e9 if name in f else None
+      cells = f"{g:.1f} | {g / (square / 1e9):.2f}" if g else "- | -"
+      print(f"| {name} | {1e3 * m[name]:.1f} [{1e3 * lo:.1f}-{1e3 * hi:.1f}] | {cells} |")
+    step = m["micro step"]
+    rest = step - m["products"] - m["attention"] - m["optimizer"]
+    print(
+      f"one micro step: products {m['products'] / step:.2f}, attention "
+      f"{m['attention'] / step:.2f}, optimizer {m['optimizer'] / step:.2f}, the rest "
+      f"(norms, rotary, activations, log-softmax, embedding) {rest / step:.2f}"
+    )
+    n_micro = r["rows"] // r["micro_batch"]
+    print(
+      f"backward / forward: {(m['micro step'] - m['optimizer']) / m['forward'] - 1:.2f}; "
+      f"scan of {n_micro} micro-batches vs {n_micro} x one: "
+      f"{(m['update'] - m['optimizer']) / (n_micro * (m['micro step'] - m['optimizer'])):.2f}"
+    )
+  if _RUN.value:
+    results["run"] = _run_stats(_RUN.value)
+    run = results["run"]
+    print(
+      f"\nthe run ({run['steps']} steps): padding {run['padding_fraction']:.2f}, update "
+      f"{run['model_gflops']:.1f} GFLOP/s = {run['model_gflops'] / (square / 1e9):.2f} of square"
+    )
+  if _OUT.value:
+    with open(_OUT.value, "w") as fh:
+      json.dump(results, fh, indent=2)
+
+
+if __name__ == "__main__":
+  app.run(main)
