@@ -25,6 +25,9 @@ Stages, in priority order (`--stages`; finished ones are skipped):
                rematerialised layers): model FLOPs utilisation over the spec sheet's (or, on
                a CPU, the measured matmul) rate; peak memory beside parallel.memory's plan
 
+The decode grid is the simulator's measured cost table (`sim.TableCost.from_decode_grid`):
+  python experiments/simulate.py --surface=runs/real_sizes/real_sizes.json:qwen3-8b
+
 A stage stops adding cells once it has run `--stage_s` seconds (the cells it measured are
 kept; the rest wait for the next sitting).
 """

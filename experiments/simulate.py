@@ -66,7 +66,12 @@ from tlt_jax.sim import (  # noqa: E402
 )
 
 _PROJECT = flags.DEFINE_bool("project", False, "H100 projection in the paper's settings")
-_SURFACE = flags.DEFINE_string("surface", "", "cost_surface.json of this host")
+_SURFACE = flags.DEFINE_string(
+  "surface",
+  "",
+  "cost_surface.json of this host, or <real_sizes.json>:<shape> (experiments/real_sizes.py's "
+  "decode grid of that shape, e.g. runs/real_sizes/real_sizes.json:qwen3-8b)",
+)
 _LENGTHS = flags.DEFINE_string("lengths", "", "a run's rollout_lengths.jsonl")
 _LOGNORMAL = flags.DEFINE_list(
   "lognormal", ["470", "1000", "32768", "128"], "median, p90, cap, rows (without --lengths)"
@@ -415,6 +420,22 @@ def validate(run_dir: str, cost) -> dict:
   return results
 
 
+def surface_table(value: str) -> TableCost:
+  """--surface: a cost_surface.json, or a real_sizes.json and the shape to take from its
+  decode grid ("path:shape")."""
+  path, shape = value, ""
+  if not os.path.isfile(value) and ":" in value:
+    path, shape = value.rsplit(":", 1)
+  with open(path) as f:
+    table = json.load(f)
+  if "decode_grid" in table:
+    if not shape:
+      shapes = sorted({k.rsplit("/", 3)[0] for k in table["decode_grid"]})
+      raise app.UsageError(f"--surface={value}: name the shape, as {path}:<one of {shapes}>")
+    return TableCost.from_decode_grid(table["decode_grid"], shape)
+  return TableCost.from_dict(table)
+
+
 def _counts(chunks) -> str:
   return ", ".join(f"{k} {v}" for k, v in sorted(chunks.items(), key=lambda kv: -kv[1]))
 
@@ -428,8 +449,7 @@ def main(argv):
       with open(_ENGINE_COSTS.value) as f:
         cost = EngineCost.from_dict(json.load(f))
     elif _SURFACE.value:
-      with open(_SURFACE.value) as f:
-        cost = TableCost.from_dict(json.load(f))
+      cost = surface_table(_SURFACE.value)
     else:
       raise app.UsageError(
         "--validate needs --engine_costs (experiments/engine_costs.py) or --surface "
@@ -453,8 +473,7 @@ def main(argv):
       policy = dataclasses.replace(policy, prompt_len=_PROMPT.value)
       source = _ENGINE_COSTS.value
     elif _SURFACE.value:
-      with open(_SURFACE.value) as f:
-        cost = TableCost.from_dict(json.load(f))
+      cost = surface_table(_SURFACE.value)
       policy = EnginePolicy(
         max_batch=_MAX_BATCH.value,
         min_batch_bucket=_MIN_BUCKET.value,

@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+from tlt_jax.sim import TableCost
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = [
   "--shapes=tiny",
@@ -50,3 +52,15 @@ def test_every_stage_runs_on_tiny_shapes_and_a_second_sitting_resumes(tmp_path):
   update = second["update"]
   assert 0 < update["mfu"] < 1 and update["peak_bytes"] > 0 and update["planned_bytes"] > 0
   assert "| tiny update, 4 x 16 tokens | MFU" in printed
+  # The grid is the simulator's measured table: its cells come back as they were measured,
+  # and experiments/simulate.py projects from it.
+  table = TableCost.from_decode_grid(second["decode_grid"], "tiny")
+  assert table.batches == (1, 2) and table.tokens == (1, 5) and table.context == 16
+  cell = second["decode_grid"]["tiny/16/2/5"]["ms"]
+  assert abs(table.seconds(2, 5, 16) - cell / 1e3) < 1e-12
+  surface = f"--surface={os.path.join(out, 'real_sizes.json')}:tiny"
+  lengths = ["--lognormal=20,40,100,4", "--engine_max_batch=4", "--steps=1"]
+  cmd = [sys.executable, "experiments/simulate.py", surface, *lengths]
+  done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert "| tlt |" in done.stdout

@@ -102,6 +102,29 @@ def test_table_cost_interpolates_in_log2_and_grows_past_the_grid():
   assert TableCost.from_dict(dataclasses.asdict(table)) == table
 
 
+def test_a_real_sizes_decode_grid_becomes_a_table():
+  """experiments/real_sizes.py's grid ("shape/context/batch/tokens" -> ms): the batches
+  measured at every token count at the shortest context, the decode step's growth per
+  context token where a longer context was measured too; other shapes left out."""
+  grid = {
+    "8b/1024/1/1": {"ms": 6.0},
+    "8b/1024/1/5": {"ms": 7.0},
+    "8b/1024/2/1": {"ms": 6.2},
+    "8b/1024/2/5": {"ms": 7.5},
+    "8b/1024/4/1": {"ms": 6.5},  # no 5-token forward at batch 4: left out
+    "8b/4096/1/1": {"ms": 9.0},
+    "1.5b/1024/1/1": {"ms": 2.0},
+  }
+  table = TableCost.from_decode_grid(grid, "8b")
+  assert table.batches == (1, 2) and table.tokens == (1, 5) and table.context == 1024
+  assert table.ms == ((6.0, 6.2), (7.0, 7.5))
+  assert table.ms_per_context_token == pytest.approx((3.0 / 3072, 0.0))
+  assert table.seconds(1, 1, 4096) == pytest.approx(0.009)
+  assert TableCost.from_decode_grid(grid, "1.5b").ms_per_context_token == ()
+  with pytest.raises(ValueError, match="no decode_grid cell of shape '70b'"):
+    TableCost.from_decode_grid(grid, "70b")
+
+
 def test_roofline_cost_is_flat_while_memory_bound_and_linear_once_compute_bound():
   h100_7b = RooflineCost(
     params=7.6e9,

@@ -4,9 +4,10 @@ A decode cost model answers one question, `seconds(batch, tokens, context)`: the
 forward of the policy over `batch` rows with `tokens` new tokens each (1: a decode step;
 depth + 1: verifying a chain draft) at a mean cache length of `context` tokens. Two forms:
 
-* `TableCost`: measured on a host (experiments/cost_surface.py writes the table): ms per
-  forward on a grid of batch sizes and new tokens per row at one context length, plus the
-  measured growth per context token; interpolated linearly in log2(batch) and log2(tokens).
+* `TableCost`: measured on a host (experiments/cost_surface.py writes the table, and
+  experiments/real_sizes.py's decode grid converts to one): ms per forward on a grid of
+  batch sizes and new tokens per row at one context length, plus the measured growth per
+  context token; interpolated linearly in log2(batch) and log2(tokens).
 * `RooflineCost`: from a model's size and a device's published peak figures, for hosts one
   cannot measure on: a forward costs the larger of its arithmetic (2 x params FLOPs a token,
   at a sustained fraction of peak) and its memory traffic (the weights once, each row's KV
@@ -102,6 +103,44 @@ class TableCost:
       ms=tuple(tuple(float(x) for x in row) for row in d["ms"]),
       context=float(d["context"]),
       ms_per_context_token=tuple(float(x) for x in d.get("ms_per_context_token", ())),
+    )
+
+  @classmethod
+  def from_decode_grid(cls, grid: Mapping[str, Mapping], shape: str) -> TableCost:
+    """From experiments/real_sizes.py's `decode_grid` ("shape/context/batch/tokens" ->
+    {"ms": a forward's median ms}): the batches measured at every token count at the
+    smallest context, and, at the batches also measured at a larger one, the decode step's
+    ms per context token between the two (0 elsewhere)."""
+    cells = {}
+    for key, cell in grid.items():
+      name, context, batch, tokens = key.rsplit("/", 3)
+      if name == shape:
+        cells[int(context), int(batch), int(tokens)] = float(cell["ms"])
+    if not cells:
+      shapes = sorted({k.rsplit("/", 3)[0] for k in grid})
+      raise ValueError(f"no decode_grid cell of shape {shape!r}; measured: {shapes}")
+    base = min(c for c, _, _ in cells)
+    tokens = sorted({t for c, _, t in cells if c == base})
+    batches = sorted(
+      b for b in {b for c, b, _ in cells if c == base} if all((base, b, t) in cells for t in tokens)
+    )
+    if not batches:
+      raise ValueError(f"{shape}: no batch measured at every token count {tokens}")
+    step = min(tokens)
+
+    def slope(b: int) -> float:
+      longer = sorted(c for c, bb, t in cells if bb == b and t == step and c > base)
+      if not longer:
+        return 0.0
+      return (cells[longer[-1], b, step] - cells[base, b, step]) / (longer[-1] - base)
+
+    slopes = tuple(slope(b) for b in batches)
+    return cls(
+      batches=tuple(batches),
+      tokens=tuple(tokens),
+      ms=tuple(tuple(cells[base, b, t] for b in batches) for t in tokens),
+      context=float(base),
+      ms_per_context_token=slopes if any(slopes) else (),
     )
 
   def seconds(self, batch: int, tokens: int, context: float) -> float:
