@@ -26,13 +26,17 @@ def test_engine_costs_times_every_bucket_view_and_arm_of_a_tiny_engine(tmp_path)
   cmd = [
     sys.executable,
     str(ROOT / "experiments" / "engine_costs.py"),
-    "--config=configs/default.py",
+    # The tiny policy (compiles in a fraction of the default's time) in the default
+    # engine's buckets.
+    "--config=configs/default.py:tiny",
+    "--config.engine.min_batch_bucket=1",
+    "--config.engine.min_prompt_bucket=32",
     "--config.engine.max_batch=4",
     "--config.engine.spec_threshold=4",
     "--config.engine.max_prompt_len=64",
     "--config.engine.max_new_tokens=96",
     "--config.rl.group_size=2",
-    "--arms=chain3",
+    "--arms=chain2",
     "--reps=2",
     "--stage_tokens=32",
     f"--out={out}",
@@ -44,16 +48,16 @@ def test_engine_costs_times_every_bucket_view_and_arm_of_a_tiny_engine(tmp_path)
   # Rows end a half at a time: every batch bucket ran plain chunks after the first
   # repetition compiled them, and prompts of every view started them in every view. (A
   # random tiny drafter is accepted often: its chunks end stages early and vary in view, so
-  # only the full batch is sure to have run chain3 without a compile.)
+  # only the full batch is sure to have run chain2 without a compile.)
   assert {b for b, _, _ in cost.cells["plain"]} == {1, 2, 4}
   assert {v for _, v, _ in cost.cells["plain"]} == {64, 128, 160}  # views of a 160-slot cache
-  assert 4 in {b for b, _, _ in cost.cells["chain3"]}
+  assert 4 in {b for b, _, _ in cost.cells["chain2"]}
   assert {b for b, _, _ in cost.cells["prefill"]} == {1, 2}  # prompts per rollout
   assert cost.cells["drafter_prefill"] and cost.gap_s > 0 and cost.finish_s > 0
-  assert "plain: ms per step" in run.stdout and "chain3: ms per round" in run.stdout
+  assert "plain: ms per step" in run.stdout and "chain2: ms per round" in run.stdout
   # The replay runs on them: a lone long row costs more than a short one.
   policy = EnginePolicy.from_engine(got["config"]["engine"], samples=2)
-  arms = arms_from_accept({"chain3": 2.5}, 0.0)
+  arms = arms_from_accept({"chain2": 2.0}, 0.0)
   short = replay_rollout([8, 8], cost, policy, arms, prompt_lens=[10, 10])
   long = replay_rollout([8, 90], cost, policy, arms, prompt_lens=[10, 10])
   assert 0 < short.seconds < long.seconds
