@@ -98,7 +98,8 @@ _REWARDS = flags.DEFINE_list(
   "+separate score chain arms from one acceptance curve / by their own chunks' rewards "
   "(EngineConfig.bandit_shared_acceptance; neither: the config's setting); +own / +chunks "
   "score the other speculative arms by their own acceptance curves / chunk rewards "
-  "(EngineConfig.bandit_arm_acceptance)",
+  "(EngineConfig.bandit_arm_acceptance); +nophase compares arms without the answer-phase fit "
+  "(EngineConfig.bandit_phase_tokens=0)",
 )
 _CONTROL = flags.DEFINE_string(
   "control", "", "a fixed arm run twice (mode 'control'): the noise floor of the comparison"
@@ -173,7 +174,7 @@ def _engine_config(base: EngineConfig, b: int, strategies, mode: str) -> EngineC
     mode = _CONTROL.value
   if mode in _adaptive_modes():
     reward, *options = _adaptive_modes()[mode].split("+")
-    unknown = set(options) - {"cut", "prior", "shared", "separate", "own", "chunks"}
+    unknown = set(options) - {"cut", "prior", "shared", "separate", "own", "chunks", "nophase"}
     if unknown:
       raise app.UsageError(f"--adaptive_rewards: unknown option(s) {sorted(unknown)} in {mode}")
     if {"shared", "separate"} <= set(options):
@@ -195,6 +196,7 @@ def _engine_config(base: EngineConfig, b: int, strategies, mode: str) -> EngineC
       bandit_prior=1.0 if "prior" in options else 0.0,
       bandit_shared_acceptance=shared,
       bandit_arm_acceptance=own,
+      bandit_phase_tokens=0 if "nophase" in options else base.bandit_phase_tokens,
     )
   return dataclasses.replace(cfg, spec_threshold=b, spec_strategies=(mode,), spec_adaptive=False)
 
