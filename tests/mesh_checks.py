@@ -1,7 +1,8 @@
 """Checks that need several devices; run by tests/test_parallel.py in a subprocess.
 
-`python tests/mesh_checks.py NAME` with XLA_FLAGS=--xla_force_host_platform_device_count=8
-(set by the caller before JAX starts), or as one of two jax.distributed processes:
+`python tests/mesh_checks.py NAME [NAME ...]` with
+XLA_FLAGS=--xla_force_host_platform_device_count=8 (set by the caller before JAX starts), or
+as one of two jax.distributed processes:
 `python tests/mesh_checks.py distributed PROCESS_ID PORT OUT_DIR`.
 """
 
@@ -517,9 +518,10 @@ def distributed(process_id: int, port: int, out_dir: str):
 
 
 if __name__ == "__main__":
-  name = sys.argv[1]
-  if name == "distributed":
+  if sys.argv[1] == "distributed":
     distributed(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
+    print("ok distributed")
   else:
-    globals()[f"check_{name}"]()
-  print("ok", name)
+    for name in sys.argv[1:]:  # several checks share one start of JAX and its compiles
+      globals()[f"check_{name}"]()
+      print("ok", name, flush=True)
