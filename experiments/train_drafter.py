@@ -41,7 +41,7 @@ from tlt_jax.drafter.online import DrafterTrainConfig, OnlineDrafter  # noqa: E4
 from tlt_jax.models.drafter import init_drafter  # noqa: E402
 from tlt_jax.rollout.engine import RolloutEngine  # noqa: E402
 from tlt_jax.rollout.pool import ExecutablePool  # noqa: E402
-from tlt_jax.warmstart.drafter import collect_rollouts, fit_drafter  # noqa: E402
+from tlt_jax.warmstart.drafter import collect_rollouts, fit_drafter, stack_rollouts  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/sd_bench.py", "policy config")
 _WORKDIR = flags.DEFINE_string("workdir", "runs/sd_policy", "holds warm_start/ and outputs")
@@ -67,18 +67,10 @@ def encode_prompts(tokenizer, examples):
 
 
 def rollout_arrays(engine, params, prompts):
-  """Half greedy, half temperature 1 (`warmstart.drafter.collect_rollouts`); stacked
-  numpy arrays (hidden trimmed to the longest row), saved so that drafters trained with
-  other losses reuse them."""
-  parts = collect_rollouts(engine, params, prompts, temperatures=(0.0, 1.0))
-  width = int(max(r.length.max() for r in parts))
-  cat = lambda f: np.concatenate([f(r) for r in parts])
-  return {
-    "tokens": cat(lambda r: r.tokens[:, :width]),
-    "hidden": cat(lambda r: r.hidden[:, :width]),
-    "prompt_len": cat(lambda r: r.prompt_len),
-    "length": cat(lambda r: r.length),
-  }
+  """Half greedy, half temperature 1 (`warmstart.drafter.collect_rollouts`), stacked
+  (`warmstart.drafter.stack_rollouts`); saved so that drafters trained with other losses
+  reuse them."""
+  return stack_rollouts(collect_rollouts(engine, params, prompts, temperatures=(0.0, 1.0)))
 
 
 def acceptance(engine, params, dparams, prompts, temperature, strategy):

@@ -5,6 +5,7 @@ import sys
 from types import SimpleNamespace
 
 import jax
+import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -53,3 +54,24 @@ def test_update_parts_counts_the_products_and_attention_the_update_runs():
     assert attention_flops(cfg, rows=3, width=64) == full
   with causal_block(32):  # blocks of 32: the first sees 32 keys, the second 64
     assert attention_flops(cfg, rows=3, width=64) == full * (32 * 32 + 32 * 64) / (64 * 64)
+
+
+def test_train_drafter_stacks_rollouts_of_different_hidden_widths():
+  """`warmstart.drafter.stack_rollouts` (experiments/train_drafter.py's data): a rollout's
+  hidden states are only as wide as its rows reach, so rollouts' arrays are padded to the
+  longest row before they are stacked."""
+  from tlt_jax.warmstart.drafter import stack_rollouts
+
+  def rollout(lengths, width):
+    rows = len(lengths)
+    return SimpleNamespace(
+      tokens=np.ones((rows, 40), np.int32),
+      hidden=np.ones((rows, width, 3), np.float32),
+      prompt_len=np.full(rows, 2),
+      length=np.asarray(lengths),
+    )
+
+  got = stack_rollouts([rollout([5, 9], 16), rollout([20], 32)])
+  assert got["tokens"].shape == (3, 20) and got["hidden"].shape == (3, 20, 3)
+  assert got["hidden"][:2, 16:].sum() == 0 and got["hidden"][:2, :16].all()
+  np.testing.assert_array_equal(got["length"], [5, 9, 20])

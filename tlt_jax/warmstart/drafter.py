@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
+import numpy as np
 from flax import nnx
 from tqdm.auto import tqdm
 
@@ -46,6 +47,25 @@ def collect_rollouts(
       )
     )
   return results
+
+
+def stack_rollouts(parts) -> dict[str, np.ndarray]:
+  """Several rollouts' rows as one set of arrays, `tokens` and `hidden` cut or zero-padded
+  to the longest row: each rollout's hidden states come back only as wide as its own rows
+  reach (`EngineConfig.harvest_widths`)."""
+  width = int(max(r.length.max() for r in parts))
+
+  def columns(x):
+    x = x[:, :width]
+    return np.pad(x, [(0, 0), (0, width - x.shape[1])] + [(0, 0)] * (x.ndim - 2))
+
+  cat = lambda f: np.concatenate([f(r) for r in parts])  # noqa: E731
+  return {
+    "tokens": cat(lambda r: columns(r.tokens)),
+    "hidden": cat(lambda r: columns(r.hidden)),
+    "prompt_len": cat(lambda r: r.prompt_len),
+    "length": cat(lambda r: r.length),
+  }
 
 
 def fit_drafter(
