@@ -1,5 +1,5 @@
 """What the experiment scripts share: the warm-started policy of a workdir; row comparison;
-where a rollout call's time goes."""
+where a rollout call's time goes; the FLOPs of a policy update's products and attention."""
 
 from __future__ import annotations
 
@@ -7,12 +7,14 @@ import os
 import sys
 from typing import Any
 
+import jax
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from tlt_jax import train  # noqa: E402
 from tlt_jax.data import get_tokenizer  # noqa: E402
+from tlt_jax.models.transformer import current_causal_block  # noqa: E402
 
 
 def load_policy(config, workdir: str) -> dict[str, Any]:
@@ -51,3 +53,25 @@ def call_phases_ms(results) -> dict[str, float]:
     outside = r.wall_seconds - sum(e["dt"] for e in r.timeline)
     total["outside"] = total.get("outside", 0.0) + outside
   return {k: round(1e3 * v / len(results), 3) for k, v in total.items()}
+
+
+def dense_shapes(params: Any) -> list[tuple[int, int]]:
+  """(inputs, outputs) of every product the policy runs per token: each 2-D weight (the
+  tied embedding as the output head's [d, vocab] product; its lookup is a gather)."""
+  shapes = []
+  for path, leaf in jax.tree_util.tree_leaves_with_path(params):
+    if leaf.ndim == 2:
+      name = jax.tree_util.keystr(path)
+      i, o = leaf.shape
+      shapes.append((o, i) if "embed" in name else (i, o))
+  return shapes
+
+
+def attention_flops(model_cfg, rows: int, width: int) -> float:
+  """Forward + backward FLOPs of attention's two products (scores q k^T and the weighted
+  values) over `rows` packed rows, as `attend_causal` computes them: each query block
+  against the keys up to its end, whatever the segments."""
+  block = current_causal_block()
+  pairs = sum(min(block, width - s) * min(s + block, width) for s in range(0, width, block))
+  per_layer = 2 * 2 * rows * pairs * model_cfg.num_heads * model_cfg.head_dim
+  return 3.0 * per_layer * model_cfg.num_layers

@@ -42,14 +42,11 @@ from ml_collections import config_flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from experiments.common import attention_flops, dense_shapes  # noqa: E402
 from experiments.host import cpu_model, matmul_flops  # noqa: E402
 from tlt_jax import configuration  # noqa: E402
 from tlt_jax.data import get_tokenizer  # noqa: E402
-from tlt_jax.models.transformer import (  # noqa: E402
-  attend_causal,
-  current_causal_block,
-  init_model,
-)
+from tlt_jax.models.transformer import attend_causal, init_model  # noqa: E402
 from tlt_jax.rl.update import make_optimizer, make_policy_update, token_logprobs  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -62,18 +59,6 @@ _RUN = flags.DEFINE_string("run", "", "a run's metrics.jsonl: its padding and up
 _OUT = flags.DEFINE_string("out", "", "write the results as JSON here too")
 
 
-def dense_shapes(params: nnx.State) -> list[tuple[int, int]]:
-  """(inputs, outputs) of every product the policy runs per token: each 2-D weight (the
-  tied embedding as the output head's [d, vocab] product; its lookup is a gather)."""
-  shapes = []
-  for path, leaf in jax.tree_util.tree_leaves_with_path(params):
-    if leaf.ndim == 2:
-      name = jax.tree_util.keystr(path)
-      i, o = leaf.shape
-      shapes.append((o, i) if "embed" in name else (i, o))
-  return shapes
-
-
 def products_fn(shapes: list[tuple[int, int]]) -> Callable:
   """One jitted call running, per weight, the forward product and the backward's two."""
 
@@ -84,16 +69,6 @@ def products_fn(shapes: list[tuple[int, int]]) -> Callable:
     return out
 
   return jax.jit(run)
-
-
-def attention_flops(model_cfg, rows: int, width: int) -> float:
-  """Forward + backward FLOPs of attention's two products (scores q k^T and the weighted
-  values) over `rows` packed rows, as `attend_causal` computes them: each query block
-  against the keys up to its end, whatever the segments."""
-  block = current_causal_block()
-  pairs = sum(min(block, width - s) * min(s + block, width) for s in range(0, width, block))
-  per_layer = 2 * 2 * rows * pairs * model_cfg.num_heads * model_cfg.head_dim
-  return 3.0 * per_layer * model_cfg.num_layers
 
 
 def _batch(rng, rows: int, width: int, vocab: int) -> dict[str, np.ndarray]:

@@ -30,12 +30,12 @@ def test_call_phases_ms_splits_each_call_into_its_phases_and_host_time():
 
 
 def test_update_parts_counts_the_products_and_attention_the_update_runs():
-  """experiments/update_parts.py: the dense products are every 2-D weight once (the tied
+  """experiments/update_parts.py's counts: the dense products are every 2-D weight once (the tied
   embedding as the head's [d, vocab] product), and attention's FLOPs are those of the
   causal query blocks `attend_causal` computes."""
   from flax import nnx
 
-  from experiments.update_parts import attention_flops, dense_shapes
+  from experiments.common import attention_flops, dense_shapes
   from tlt_jax.models.config import ModelConfig
   from tlt_jax.models.transformer import causal_block, init_model
 
