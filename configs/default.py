@@ -136,9 +136,6 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   # batches a chunk is one answer's stretch, and its text moves acceptance more than the
   # chains' depths do).
   c.engine.bandit_shared_acceptance = True
-  # The other speculative arms (trees, group and hybrid drafts) scored likewise, each by a
-  # curve of its own rounds (False: by their chunks' token rates).
-  c.engine.bandit_arm_acceptance = False
   # Float32 products of the rollout at "highest": on GPUs the default (TF32) rounds a decode
   # step and a verification apart, and speculative rows stop being plain's token for token.
   c.engine.matmul_precision = "highest"

@@ -91,14 +91,12 @@ _PROFILE_ARMS = flags.DEFINE_list(
 _REWARDS = flags.DEFINE_list(
   "adaptive_rewards",
   ["octile"],
-  "bandit rewards: adaptive, then adaptive_<reward> for more; <reward>+cut also rewards "
-  "chunks cut short by their rows finishing (EngineConfig.bandit_cut_short); +prior lends "
+  "bandit rewards: adaptive, then adaptive_<reward> for more; <reward>+prior lends "
   "each batch bucket its neighbours' statistics (EngineConfig.bandit_prior=1; one bandit "
   "per mode and temperature learns over all --batches, in their order, as in RL); +shared / "
   "+separate score chain arms from one acceptance curve / by their own chunks' rewards "
-  "(EngineConfig.bandit_shared_acceptance; neither: the config's setting); +own / +chunks "
-  "score the other speculative arms by their own acceptance curves / chunk rewards "
-  "(EngineConfig.bandit_arm_acceptance); +nophase compares arms without the answer-phase fit "
+  "(EngineConfig.bandit_shared_acceptance; neither: the config's setting); +nophase "
+  "compares arms without the answer-phase fit "
   "(EngineConfig.bandit_phase_tokens=0)",
 )
 _CONTROL = flags.DEFINE_string(
@@ -174,28 +172,22 @@ def _engine_config(base: EngineConfig, b: int, strategies, mode: str) -> EngineC
     mode = _CONTROL.value
   if mode in _adaptive_modes():
     reward, *options = _adaptive_modes()[mode].split("+")
-    unknown = set(options) - {"cut", "prior", "shared", "separate", "own", "chunks", "nophase"}
+    unknown = set(options) - {"prior", "shared", "separate", "nophase"}
     if unknown:
       raise app.UsageError(f"--adaptive_rewards: unknown option(s) {sorted(unknown)} in {mode}")
     if {"shared", "separate"} <= set(options):
       raise app.UsageError(f"--adaptive_rewards: +shared and +separate together in {mode}")
-    if {"own", "chunks"} <= set(options):
-      raise app.UsageError(f"--adaptive_rewards: +own and +chunks together in {mode}")
-    shared, own = base.bandit_shared_acceptance, base.bandit_arm_acceptance
+    shared = base.bandit_shared_acceptance
     if "shared" in options or "separate" in options:
       shared = "shared" in options
-    if "own" in options or "chunks" in options:
-      own = "own" in options
     return dataclasses.replace(
       cfg,
       spec_threshold=b,
       spec_strategies=tuple(strategies),
       spec_adaptive=True,
       bandit_reward=reward,
-      bandit_cut_short="cut" in options,
       bandit_prior=1.0 if "prior" in options else 0.0,
       bandit_shared_acceptance=shared,
-      bandit_arm_acceptance=own,
       bandit_phase_tokens=0 if "nophase" in options else base.bandit_phase_tokens,
     )
   return dataclasses.replace(cfg, spec_threshold=b, spec_strategies=(mode,), spec_adaptive=False)
@@ -475,7 +467,6 @@ def main(argv):
           row["bandit_reward"] = _adaptive_modes()[row["config"]]
           cfg, bandit = engines[row["config"]].config, engines[row["config"]].bandit
           row["bandit_shared_acceptance"] = cfg.bandit_shared_acceptance
-          row["bandit_arm_acceptance"] = cfg.bandit_arm_acceptance
           # What the bandit believed after the timed runs, per bucket it used at this batch
           # size (its means include the acceptance curves' predictions), to read its picks.
           row["bandit_view"] = {

@@ -624,29 +624,6 @@ def test_a_noisy_arm_does_not_hold_the_shared_chains_in_exploration():
   assert share["hybrid8"] <= 0.05 and share["chain4"] + share["chain12"] <= 0.1, share
 
 
-def test_an_arm_with_its_own_acceptance_curve_is_told_apart_from_the_chains():
-  """EngineConfig.bandit_arm_acceptance: the hybrid as a family of one, scored by its pace
-  times its own rounds' acceptance. Where it is 9% faster than chain8 (the same acceptance,
-  a round of 2.3 steps against 2.5) the bandit runs it in more chunks than when it judges
-  the hybrid by its chunks' tokens per step (0.62 against 0.48 of chunks 50-200 here; its
-  curve has only its own rounds, so an unlucky first chunk can keep it on chain8 a while);
-  where it is slower (0.93 of the acceptance, 2.6 steps) it leaves it as often."""
-  arms = ("plain", *CHAINS, "hybrid8")
-  own = {**CHAINS, "hybrid8": ("hybrid8", 8)}
-  share = {}
-  for families, hybrid in ((own, (1.0, 2.3)), (CHAINS, (1.0, 2.3)), (own, (0.93, 2.6))):
-    picks = []
-    for seed in range(4):
-      bandit = StrategyBandit(
-        arms, BanditSettings(discount=0.99, min_pulls=1, accept_families=families)
-      )
-      picks += _simulate(bandit, True, 200, seed, hybrid=hybrid)[50:]
-    share[families is own, hybrid] = {arm: picks.count(arm) / len(picks) for arm in arms}
-  faster, chunks, slower = share.values()
-  assert faster["hybrid8"] >= 0.55 and faster["hybrid8"] > chunks["hybrid8"] + 0.1, share
-  assert slower["hybrid8"] <= 0.05 and slower["chain8"] >= 0.9, share
-
-
 def test_shared_acceptance_update_checks_and_state():
   bandit = StrategyBandit(
     ("plain", *CHAINS), BanditSettings(accept_families=CHAINS, frontier=(0.125, 8), seed=3)
@@ -693,25 +670,21 @@ def test_bandit_settings_are_the_engines_for_each_pool():
   pool = ("chain4", "chain8", "tree5x4x16")
   arms, settings = bandit_settings(EngineConfig(spec_threshold=8, spec_strategies=pool))
   assert arms == ("plain", *pool)
-  # Chains share one acceptance curve; a tree has none unless every arm gets its own.
+  # Chains share one acceptance curve (their frontier: the reward's quantile and the
+  # chunk's rounds); a tree is scored by its chunks.
   assert dict(settings.accept_families) == {"chain4": ("chain", 4), "chain8": ("chain", 8)}
   assert settings.frontier == (0.125, 8)
   # The rest are the one set of defaults.
   assert (settings.discount, settings.min_pulls, settings.seed) == (0.99, 1, 0)
   StrategyBandit(arms, settings)
-  _, own = bandit_settings(
-    EngineConfig(
-      spec_threshold=8,
-      spec_strategies=pool,
-      bandit_shared_acceptance=False,
-      bandit_arm_acceptance=True,
-      bandit_reward="frontier",
-      spec_rounds=4,
-    )
+  _, frontier = bandit_settings(
+    EngineConfig(spec_threshold=8, spec_strategies=pool, bandit_reward="frontier", spec_rounds=4)
   )
-  assert dict(own.accept_families)["chain4"] == ("chain4", 4)
-  assert dict(own.accept_families)["tree5x4x16"][0] == "tree5x4x16"
-  assert own.frontier == (0.0, 4)
+  assert frontier.frontier == (0.0, 4)
+  _, separate = bandit_settings(
+    EngineConfig(spec_threshold=8, spec_strategies=pool, bandit_shared_acceptance=False)
+  )
+  assert separate.accept_families == () and separate.frontier is None
   _, none = bandit_settings(EngineConfig(spec_threshold=8, spec_strategies=("tree5x4x16",)))
   assert none.accept_families == () and none.frontier is None
   # The UCB bonus's weight and the neighbour prior come from the config.

@@ -53,10 +53,6 @@ class EngineConfig:
       for the rows' lower octile (steadier than the minimum of many rows); "row": tokens per
       second of the mean active row (throughput; deep drafts look better by it than they
       finish, since their rows spread apart).
-    bandit_cut_short: also reward chunks cut short by their rows finishing (a bucket's
-      last chunk). Without it an arm that finishes a bucket in few chunks is rewarded on
-      its early chunks alone, and the ragged ending that costs deep drafts never reaches
-      the bandit.
     bandit_prior: pseudo-pulls that each neighbouring batch bucket lends every arm of a
       bucket at its relative speed there (`BanditSettings.prior_weight`; 0: every bucket
       learns alone). The tail's small buckets see a few chunks each: with a prior they
@@ -69,13 +65,8 @@ class EngineConfig:
       predicted from one acceptance curve that every chain's rounds feed
       (`BanditSettings.accept_families`): chunks of different text no longer decide
       between chains of close speed. On by default; plain decoding is scored by its
-      chunks' rewards either way, the other arms as `bandit_arm_acceptance` says.
-    bandit_arm_acceptance: every other speculative arm (trees, group, hybrid; chains too
-      when `bandit_shared_acceptance` is off) is scored likewise by its pace times the
-      tokens a round accepts, from an acceptance curve of its own rounds (a family of one,
-      pooled over the batch buckets), instead of by its chunks' token rates, which vary
-      with the stretch of text each chunk ran on (and, pooled into one bucket's spread,
-      keep the bucket exploring).
+      chunks' rewards either way, the other arms (trees, group, hybrid) by their
+      chunks' token rates.
     matmul_precision: the precision the rollout programs' float32 matrix products run at
       (`jax.default_matmul_precision`; None: the platform's default). "highest" keeps
       speculative and plain decoding token-identical on GPUs, whose default (TF32) rounds
@@ -111,11 +102,9 @@ class EngineConfig:
   group_history: int = 4
   bandit_phase_tokens: int = 16
   bandit_reward: str = "octile"
-  bandit_cut_short: bool = False
   bandit_prior: float = 0.0
   bandit_exploration: float = 2.0
   bandit_shared_acceptance: bool = True
-  bandit_arm_acceptance: bool = False
   matmul_precision: str | None = "highest"
 
   def __post_init__(self):
@@ -178,7 +167,7 @@ class EngineConfig:
       raise ValueError(
         f"EngineConfig.matmul_precision must be one of {precisions}, got {self.matmul_precision!r}"
       )
-    for name in ("bandit_shared_acceptance", "bandit_arm_acceptance", "harvest_hidden"):
+    for name in ("bandit_shared_acceptance", "harvest_hidden"):
       value = getattr(self, name)
       if not isinstance(value, bool):
         raise ValueError(f"EngineConfig.{name} must be a bool, got {value!r}")
@@ -267,9 +256,6 @@ def bandit_settings(config: EngineConfig) -> tuple[tuple[str, ...], BanditSettin
       for s in config.strategies
       if s.kind == "chain"
     }
-  if config.bandit_arm_acceptance:  # the rest: a family of one each (names are unique)
-    for s in config.strategies:
-      families.setdefault(s.name, (s.name, s.depth))
   frontier = (BANDIT_REWARDS[config.bandit_reward], config.spec_rounds) if families else None
   settings = BanditSettings(
     exploration=float(config.bandit_exploration),

@@ -103,7 +103,6 @@ def teach_bandit(
   phase: int,
   run_s: float,
   full: bool,
-  cut_short_rewarded: bool,
   tokens: float,
   rounds: int,
   row_rounds: int,
@@ -112,12 +111,12 @@ def teach_bandit(
   mean_rows: float,
 ) -> float | None:
   """What the bandit learns from a chunk it chose (`choose_arm`'s learn): a reward
-  (`chunk_reward`) when the chunk ran all its steps (or `cut_short_rewarded`) and emitted
-  tokens, with a chain family's acceptance histogram; a chunk cut short by its rows
-  finishing (mostly fixed overhead) only refines the family's acceptance curve. Returns
-  the reward given, or None."""
+  (`chunk_reward`) when the chunk ran all its steps and emitted tokens, with a chain
+  family's acceptance histogram; a chunk cut short by its rows finishing (mostly fixed
+  overhead, and an arm that ends a bucket sooner would be rewarded less for it) only
+  refines the family's acceptance curve. Returns the reward given, or None."""
   family = arm in bandit.accept_families
-  if (full or cut_short_rewarded) and tokens > 0:
+  if full and tokens > 0:
     reward = chunk_reward(
       arm,
       family,

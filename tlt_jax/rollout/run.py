@@ -400,7 +400,6 @@ class RolloutRun:
       phase=phase,
       run_s=run_s,
       full=full,
-      cut_short_rewarded=self.cfg.bandit_cut_short,
       tokens=tokens,
       rounds=entry.get("rounds", entry.get("steps", 0)),
       row_rounds=entry.get("row_rounds", 0),

@@ -512,7 +512,6 @@ def _teach(bandit, batch, chunk, before, after, through, quantile, noise, rng) -
     phase=chunk.phase,
     run_s=run_s,
     full=chunk.full,
-    cut_short_rewarded=False,
     tokens=tokens,
     rounds=chunk.steps,
     row_rounds=int(chunk.accepted.sum()),
