@@ -125,9 +125,6 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   # falling behind bound when a bucket ends), "frontier" (the least-advanced row) or "row"
   # (the mean active row's tokens/s).
   c.engine.bandit_reward = "octile"
-  # Pseudo-pulls each neighbouring batch bucket lends a bucket's arms at their relative
-  # speed there (0: every bucket learns alone).
-  c.engine.bandit_prior = 0.0
   # The UCB bonus's weight, in spreads of the chunk rewards (lower: fewer chunks on close
   # seconds, a slower response to a change).
   c.engine.bandit_exploration = 2.0

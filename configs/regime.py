@@ -88,9 +88,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.engine.min_prompt_bucket = 16
   c.engine.spec_threshold = 4  # the whole call is at or below b*
   # A 40-step run passes each (batch bucket, answer phase) cell a few dozen chunks: the
-  # bandit must settle quickly (a narrower UCB bonus and the neighbouring buckets' prior).
+  # bandit must settle quickly (a narrower UCB bonus).
   c.engine.bandit_exploration = 1.0
-  c.engine.bandit_prior = 2.0
 
   c.drafter.warmup_prompts = 128
   c.drafter.offline_steps = 300

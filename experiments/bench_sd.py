@@ -91,9 +91,8 @@ _PROFILE_ARMS = flags.DEFINE_list(
 _REWARDS = flags.DEFINE_list(
   "adaptive_rewards",
   ["octile"],
-  "bandit rewards: adaptive, then adaptive_<reward> for more; <reward>+prior lends "
-  "each batch bucket its neighbours' statistics (EngineConfig.bandit_prior=1; one bandit "
-  "per mode and temperature learns over all --batches, in their order, as in RL); +shared / "
+  "bandit rewards: adaptive, then adaptive_<reward> for more (one bandit per mode and "
+  "temperature learns over all --batches, in their order, as in RL); <reward>+shared / "
   "+separate score chain arms from one acceptance curve / by their own chunks' rewards "
   "(EngineConfig.bandit_shared_acceptance; neither: the config's setting); +nophase "
   "compares arms without the answer-phase fit "
@@ -172,7 +171,7 @@ def _engine_config(base: EngineConfig, b: int, strategies, mode: str) -> EngineC
     mode = _CONTROL.value
   if mode in _adaptive_modes():
     reward, *options = _adaptive_modes()[mode].split("+")
-    unknown = set(options) - {"prior", "shared", "separate", "nophase"}
+    unknown = set(options) - {"shared", "separate", "nophase"}
     if unknown:
       raise app.UsageError(f"--adaptive_rewards: unknown option(s) {sorted(unknown)} in {mode}")
     if {"shared", "separate"} <= set(options):
@@ -186,7 +185,6 @@ def _engine_config(base: EngineConfig, b: int, strategies, mode: str) -> EngineC
       spec_strategies=tuple(strategies),
       spec_adaptive=True,
       bandit_reward=reward,
-      bandit_prior=1.0 if "prior" in options else 0.0,
       bandit_shared_acceptance=shared,
       bandit_phase_tokens=0 if "nophase" in options else base.bandit_phase_tokens,
     )
@@ -303,7 +301,7 @@ def main(argv):
   compiles = compile_s = 0.0
   pool = ExecutablePool()
   # One bandit per adaptive mode and temperature over all batch sizes (its buckets), as in
-  # an RL run whose rollouts pass through every bucket; a prior (+prior) reads neighbours.
+  # an RL run whose rollouts pass through every bucket.
   bandits: dict[tuple[str, float], Any] = {}
   for b in batches:
     # A fresh pool per batch size: the executables of a 50M model add up (LLVM ran out of

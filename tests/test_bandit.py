@@ -418,79 +418,6 @@ def test_update_rejects_bad_phases():
       bandit.update(1, "plain", 1.0, phase=phase)
 
 
-# Bucket 2 between buckets 1 and 4 of a cost model whose arms keep their order: the prior
-# from the neighbours is right about which arms are slow.
-NEIGHBOURS = {
-  1: {"plain": 40.0, "chain2": 60.0, "chain4": 75.0, "tree4x2x8": 66.0},
-  2: {"plain": 70.0, "chain2": 100.0, "chain4": 120.0, "tree4x2x8": 104.0},
-  4: {"plain": 110.0, "chain2": 150.0, "chain4": 170.0, "tree4x2x8": 140.0},
-}
-
-
-def _regret_in_new_bucket(prior_weight: float, seed: int, chunks: int = 12) -> float:
-  """Tokens/s lost in bucket 2's first `chunks` chunks after buckets 1 and 4 have learnt."""
-  bandit = StrategyBandit(ARMS, BanditSettings(seed=seed, prior_weight=prior_weight, min_pulls=1))
-  rng = np.random.default_rng(seed)
-  for _ in range(40):
-    for bucket in (1, 4):
-      arm = bandit.select(bucket)
-      bandit.update(bucket, arm, _noisy(rng, NEIGHBOURS[bucket][arm]))
-  rates = NEIGHBOURS[2]
-  lost = 0.0
-  for _ in range(chunks):
-    arm = bandit.select(2)
-    lost += max(rates.values()) - rates[arm]
-    bandit.update(2, arm, _noisy(rng, rates[arm]))
-  return lost / chunks / max(rates.values())
-
-
-def test_prior_from_neighbouring_buckets_cuts_a_new_buckets_exploration():
-  alone = np.mean([_regret_in_new_bucket(0.0, s) for s in range(8)])
-  shared = np.mean([_regret_in_new_bucket(1.0, s) for s in range(8)])
-  # Alone, bucket 2 pulls every arm once and re-tries the slow ones; with the prior it starts
-  # on the neighbours' best arm.
-  assert shared < 0.5 * alone, (shared, alone)
-  bandit = StrategyBandit(ARMS, BanditSettings(prior_weight=1.0, min_pulls=1))
-  bandit.update(1, "chain4", 75.0)
-  bandit.update(1, "plain", 40.0)
-  pseudo, relative, _ = bandit.prior(2)
-  np.testing.assert_allclose(pseudo, [1.0, 0.0, 0.99, 0.0])  # chain4's pull decayed once
-  np.testing.assert_allclose(relative[[0, 2]], [40 / 75, 1.0])
-  assert StrategyBandit(ARMS, BanditSettings(min_pulls=1)).prior(2)[0].sum() == 0  # off by default
-
-
-def test_a_buckets_own_data_outweighs_a_wrong_prior():
-  # The neighbours say chain2; bucket 2's own chunks say chain4 (20% faster). The prior's
-  # pseudo-pulls fade with the bucket's own chunks, so chain4 is tried and then kept.
-  bandit = StrategyBandit(ARMS, BanditSettings(seed=0, prior_weight=1.0, min_pulls=1, **TUNED))
-  rng = np.random.default_rng(5)
-  wrong = {"plain": 50.0, "chain2": 100.0, "chain4": 60.0, "tree4x2x8": 55.0}
-  own = {"plain": 50.0, "chain2": 100.0, "chain4": 120.0, "tree4x2x8": 55.0}
-  for _ in range(40):
-    for bucket in (1, 4):
-      arm = bandit.select(bucket)
-      bandit.update(bucket, arm, _noisy(rng, wrong[arm]))
-  chosen = []
-  for _ in range(250):
-    arm = bandit.select(2)
-    chosen.append(arm)
-    bandit.update(2, arm, _noisy(rng, own[arm]))
-  assert bandit.best(2) == "chain4"
-  assert chosen[-50:].count("chain4") >= 35, chosen[-50:]
-
-
-def test_prior_weight_survives_the_state_round_trip():
-  bandit = StrategyBandit(ARMS, BanditSettings(prior_weight=0.5, seed=1))
-  _drive(bandit, np.random.default_rng(0), 10)
-  restored = StrategyBandit.from_state_dict(json.loads(json.dumps(bandit.state_dict())))
-  assert restored.settings.prior_weight == 0.5
-  assert [restored.select(2) for _ in range(3)] == [bandit.select(2) for _ in range(3)]
-  with pytest.raises(ValueError, match="prior_weight"):
-    StrategyBandit(ARMS, BanditSettings(prior_weight=-1.0))
-  with pytest.raises(ValueError, match="needs discount < 1"):
-    StrategyBandit(ARMS, BanditSettings(prior_weight=1.0, discount=1.0))
-
-
 # --------------------------------------------------------------- shared acceptance
 
 CHAINS = {"chain4": ("chain", 4), "chain8": ("chain", 8), "chain12": ("chain", 12)}
@@ -687,11 +614,11 @@ def test_bandit_settings_are_the_engines_for_each_pool():
   assert separate.accept_families == () and separate.frontier is None
   _, none = bandit_settings(EngineConfig(spec_threshold=8, spec_strategies=("tree5x4x16",)))
   assert none.accept_families == () and none.frontier is None
-  # The UCB bonus's weight and the neighbour prior come from the config.
-  assert settings.exploration == 2.0 and settings.prior_weight == 0.0
-  tuned = EngineConfig(spec_threshold=8, spec_strategies=pool, bandit_exploration=1, bandit_prior=2)
+  # The UCB bonus's weight comes from the config.
+  assert settings.exploration == 2.0
+  tuned = EngineConfig(spec_threshold=8, spec_strategies=pool, bandit_exploration=1)
   _, tuned = bandit_settings(tuned)
-  assert tuned.exploration == 1.0 and tuned.prior_weight == 2.0
+  assert tuned.exploration == 1.0
   for bad in (-0.5, float("inf"), True):
     with pytest.raises(ValueError, match="bandit_exploration"):
       EngineConfig(spec_threshold=8, spec_strategies=pool, bandit_exploration=bad)

@@ -325,15 +325,15 @@ def test_bandit_state_restores_into_a_new_engine(models):
     RolloutEngine(
       tg, MODEL, cfg, GREEDY, drafter_graphdef=dg, bandit=StrategyBandit(("plain", "chain3"))
     )
-  # EngineConfig.bandit_prior reaches the engine's bandits, the per-sampling ones included.
-  prior = RolloutEngine(
-    tg, MODEL, dataclasses.replace(cfg, bandit_prior=0.5), GREEDY, drafter_graphdef=dg
+  # EngineConfig.bandit_exploration reaches the engine's bandits, the per-sampling ones too.
+  tuned = RolloutEngine(
+    tg, MODEL, dataclasses.replace(cfg, bandit_exploration=0.5), GREEDY, drafter_graphdef=dg
   )
-  assert engine.bandit.settings.prior_weight == 0.0
-  assert prior.bandit.settings.prior_weight == 0.5
-  assert prior.bandit_for(SAMPLED).settings == prior.bandit.settings
-  with pytest.raises(ValueError, match="bandit_prior"):
-    dataclasses.replace(cfg, bandit_prior=-1.0)
+  assert engine.bandit.settings.exploration == 2.0
+  assert tuned.bandit.settings.exploration == 0.5
+  assert tuned.bandit_for(SAMPLED).settings == tuned.bandit.settings
+  with pytest.raises(ValueError, match="bandit_exploration"):
+    dataclasses.replace(cfg, bandit_exploration=-1.0)
   with pytest.raises(ValueError, match="bandit_shared_acceptance"):
     dataclasses.replace(cfg, bandit_shared_acceptance=1)
 

@@ -380,9 +380,9 @@ def test_a_replayed_bandit_learns_the_arms_and_pays_for_its_exploration():
   bandit, row = _bandit(("chain2", "chain4")), dataclasses.replace(policy, bandit_reward="row")
   replay_rollout([300, 80, 120, 200], _Cost(), row, arms, bandit=bandit, stochastic=True)
   assert bandit.summary()[4]["plain"]["pulls"] >= 1
-  # Its settings are the engine's: the exploration weight and prior of the config.
-  tuned = _bandit(("chain2", "chain4"), bandit_exploration=0.5, bandit_prior=3.0)
-  assert tuned.settings.exploration == 0.5 and tuned.settings.prior_weight == 3.0
+  # Its settings are the engine's: the exploration weight of the config.
+  tuned = _bandit(("chain2", "chain4"), bandit_exploration=0.5)
+  assert tuned.settings.exploration == 0.5
   assert _bandit(("chain4",)).arms == ("plain", "chain4")  # arms without a model left out
   with pytest.raises(ValueError, match="none of the engine's strategies"):
     _bandit(("tree5x4x16",))

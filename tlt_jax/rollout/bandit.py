@@ -37,16 +37,6 @@ Why a bandit, and why one per batch bucket:
   barely vary separate after a few pulls and are then rarely retried; noisy ones keep being
   compared.
 
-* Neighbouring buckets inform each other (`prior_weight` > 0). A rollout's long tail passes
-  through every small bucket for only a few chunks each, so a bucket learning from scratch
-  pays its warm-up and its re-exploration of clearly slow arms in every one of them. The
-  arms' relative speeds change smoothly with the batch size, so the nearest bucket below
-  and above with data each lend every arm `prior_weight` pseudo-pulls (fewer while the arm
-  has less than a pull there) at their relative mean (the arm's speed over that bucket's
-  best). An arm so covered skips its warm-up, and the bonus of a slow arm no longer
-  explodes when its own pulls decay. The pseudo-pulls fade by `discount` per chunk of the
-  bucket's own, so its own data takes over (a prior needs discount < 1).
-
 * Chains of one drafter can share what they accept (`accept_families`). A chain's draft of
   depth d is the first d tokens of a deeper chain's from the same state (greedy drafts are
   the drafter's argmax chain; coupled ones its Gumbel-max under the verifier's noise,
@@ -75,9 +65,7 @@ then the arm maximising
 
 is chosen, where mean_a is the phase-adjusted discounted mean, n_a the discounted count and
 spread (at least min_spread) the pooled relative standard deviation of the rewards around the
-fit (a Gaussian UCB with the bucket's noise). With a prior, mean_a / M and n_a are the
-count-weighted blend of the bucket's own relative means and the neighbours' (pulls in the
-warm-up count the pseudo-pulls too).
+fit (a Gaussian UCB with the bucket's noise).
 Exact ties are broken by a seeded numpy Generator, so a bandit is deterministic given its seed
 and its history; `state_dict` includes the generator's state so that a restored bandit
 continues exactly as the original would.
@@ -152,8 +140,8 @@ def _bucket_key(bucket: int) -> int:
 class BanditSettings:
   """Every setting of a `StrategyBandit`, with the defaults the engine builds it with.
 
-  The engine (`rollout.config.bandit_settings`: the config's exploration, prior, families
-  and frontier on these defaults), the simulator (`sim.validate.engine_bandit`) and
+  The engine (`rollout.config.bandit_settings`: the config's exploration, families and
+  frontier on these defaults), the simulator (`sim.validate.engine_bandit`) and
   experiments/bench_bandit.py all build their bandit from one of these.
 
   The defaults: a ~100-chunk memory (discount 0.99), long enough to settle on a steady best
@@ -169,8 +157,6 @@ class BanditSettings:
       means stationary (plain UCB on normalised rewards).
     min_pulls: Pulls of every arm in a bucket before UCB takes over.
     min_spread: Floor of the relative spread (a few equal timings do not end exploration).
-    prior_weight: Pseudo-pulls each neighbouring bucket (nearest below and above with data)
-      lends every arm, at its relative speed there; 0: buckets learn alone.
     accept_families: (arm, (family, depth)) pairs (a mapping is accepted) for chain arms of
       one drafter whose drafts are prefixes of each other (module docstring): their
       `update`s give the chunk's pace and acceptance, and their means are predicted from the
@@ -186,7 +172,6 @@ class BanditSettings:
   discount: float = 0.99
   min_pulls: int = 1
   min_spread: float = 0.02
-  prior_weight: float = 0.0
   accept_families: tuple[tuple[str, tuple[str, int]], ...] = ()
   frontier: tuple[float | None, int] | None = None
   seed: int = 0
@@ -207,19 +192,12 @@ class BanditSettings:
       raise bad("min_spread", "in [0, 1)")
     if isinstance(self.seed, bool) or not isinstance(self.seed, int | np.integer):
       raise bad("seed", "an int")
-    w = self.prior_weight
-    if not (_is_real(w) and math.isfinite(w) and w >= 0):
-      raise bad("prior_weight", "a finite number >= 0")
-    if w > 0 and self.discount == 1:
-      raise ValueError(
-        "BanditSettings.prior_weight > 0 needs discount < 1 (the prior fades with the discount)"
-      )
     # Stored normalised (plain floats and ints, tuples), so that equal settings compare equal.
     normal = {
       "accept_families": _families(self.accept_families),
       "frontier": _frontier(self.frontier),
     }
-    for name in ("exploration", "discount", "min_spread", "prior_weight"):
+    for name in ("exploration", "discount", "min_spread"):
       normal[name] = float(getattr(self, name))
     normal["min_pulls"], normal["seed"] = int(self.min_pulls), int(self.seed)
     for name, value in normal.items():
@@ -399,33 +377,6 @@ class _BucketStats:
     return stats
 
 
-def _relative_means(
-  means: np.ndarray,
-  own: np.ndarray,
-  own_count: np.ndarray,
-  pseudo: np.ndarray,
-  prior_means: np.ndarray,
-) -> np.ndarray:
-  """Per-arm mean over the bucket's best, blended with the neighbours' prior (`prior`).
-
-  Rewards are normalised within a bucket so that one `exploration` means the same in every
-  bucket, whose speeds differ a lot. With a prior, the bucket's best speed is read on the
-  prior's scale (an arm at 0.7 of the neighbours' best running 70 tokens/s says the best
-  runs 100), also while the bucket has data for its slow arms only; each arm's relative
-  mean is then the count-weighted blend of its own and the prior's.
-  """
-  scale = float(np.max(means[own])) if own.any() else 0.0
-  both = own & (pseudo > 0) & (np.nan_to_num(prior_means) > 0)
-  if both.any():
-    w = own_count[both]
-    scale = float(np.sum(w * means[both] / prior_means[both]) / np.sum(w))
-  normalised = np.where(own, means / scale if scale > 0 else means, 0.0)
-  if pseudo.any():
-    blend = own_count * normalised + pseudo * np.nan_to_num(prior_means)
-    normalised = blend / (own_count + pseudo)
-  return normalised
-
-
 class StrategyBandit:
   """Discounted-UCB bandit over draft strategies, with separate statistics per batch bucket.
 
@@ -492,28 +443,23 @@ class StrategyBandit:
     """Returns the strategy to run for the next chunk of `bucket`: the warm-up's next arm,
     else the discounted UCB's (module docstring)."""
     s, stats = self._settings, self._bucket(bucket)
-    pseudo, prior_means, prior_spread = self.prior(bucket)
-    # The prior fades as the bucket's own chunks accumulate (as old data does): a prior that
-    # is wrong about an arm the bucket never tries must not hold it back for ever.
-    pseudo = pseudo * s.discount ** float(stats.pulls.sum())
     # Warm-up, round-robin: the arm with the fewest pulls below min_pulls, first in order on
-    # ties (a neighbour's pseudo-pulls count).
-    warm = stats.pulls + pseudo
-    fewest = int(np.argmin(warm))
-    if warm[fewest] < s.min_pulls:
+    # ties.
+    fewest = int(np.argmin(stats.pulls))
+    if stats.pulls[fewest] < s.min_pulls:
       return self._arms[fewest]
-    own_count = stats.count.sum(axis=1)
-    arm_count = own_count + pseudo
-    known = arm_count > 0
-    if not known.all():
+    count = stats.count.sum(axis=1)
+    if not (count > 0).all():
       # Data decayed to nothing (or state edited by hand): such an arm's bonus is infinite.
-      return self._arms[int(np.argmin(known))]
-    means = self._means(stats, _bucket_key(bucket))
-    own = (own_count > 0) & np.isfinite(means)
-    normalised = _relative_means(means, own, own_count, pseudo, prior_means)
-    log_total = max(math.log(float(arm_count.sum())), 0.0)
-    spread = max(stats.relative_spread() if own.any() else prior_spread, s.min_spread)
-    index = normalised + s.exploration * spread * np.sqrt(log_total / arm_count)
+      return self._arms[int(np.argmin(count > 0))]
+    # Rewards are normalised by the bucket's best mean, so that one `exploration` means the
+    # same in every bucket, whose speeds differ a lot.
+    means = np.nan_to_num(self._means(stats, _bucket_key(bucket)))
+    best = float(np.max(means))
+    normalised = means / best if best > 0 else means
+    log_total = max(math.log(float(count.sum())), 0.0)
+    spread = max(stats.relative_spread(), s.min_spread)
+    index = normalised + s.exploration * spread * np.sqrt(log_total / count)
     return self._arms[self._argmax(index)]
 
   def _argmax(self, index: np.ndarray) -> int:
@@ -533,36 +479,6 @@ class StrategyBandit:
       rounds = frontier[1] if frontier is not None else 1
       means[self._index[arm]] *= self._curves[family].frontier_tokens(depth, z, rounds)
     return means
-
-  def prior(self, bucket: int) -> tuple[np.ndarray, np.ndarray, float]:
-    """(pseudo-pulls, relative means, relative spread) per arm that the nearest buckets
-    below and above with data lend `bucket` (zeros, NaNs and 0 without a prior).
-
-    A rollout's long tail passes through every small bucket for only a few chunks each, and
-    the arms' relative speeds change smoothly with the batch size: a prior spares each such
-    bucket its warm-up and its re-exploration of clearly slow arms."""
-    key = _bucket_key(bucket)
-    weight = self._settings.prior_weight
-    pseudo = np.zeros(len(self._arms))
-    weighted = np.zeros(len(self._arms))
-    spreads = []
-    if weight > 0:
-      below = [k for k in self._buckets if k < key and (self._buckets[k].count > 0).any()]
-      above = [k for k in self._buckets if k > key and (self._buckets[k].count > 0).any()]
-      for k in ([max(below)] if below else []) + ([min(above)] if above else []):
-        stats = self._buckets[k]
-        count, means = stats.count.sum(axis=1), self._means(stats, k)
-        known = (count > 0) & np.isfinite(means)
-        scale = float(np.max(means[known]))
-        if scale <= 0:
-          continue
-        w = weight * np.minimum(count, 1.0) * known
-        pseudo += w
-        weighted += w * np.where(known, means / scale, 0.0)
-        spreads.append(stats.relative_spread())
-    with np.errstate(invalid="ignore", divide="ignore"):
-      relative = np.where(pseudo > 0, weighted / pseudo, np.nan)
-    return pseudo, relative, float(np.mean(spreads)) if spreads else 0.0
 
   # ------------------------------------------------------------------ learning
 

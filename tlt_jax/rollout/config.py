@@ -53,10 +53,6 @@ class EngineConfig:
       for the rows' lower octile (steadier than the minimum of many rows); "row": tokens per
       second of the mean active row (throughput; deep drafts look better by it than they
       finish, since their rows spread apart).
-    bandit_prior: pseudo-pulls that each neighbouring batch bucket lends every arm of a
-      bucket at its relative speed there (`BanditSettings.prior_weight`; 0: every bucket
-      learns alone). The tail's small buckets see a few chunks each: with a prior they
-      skip the warm-up of arms their neighbours found slow.
     bandit_exploration: the weight of the bandit's UCB bonus, in units of the measured spread
       of its chunk rewards (`BanditSettings.exploration`): lower settles sooner on the
       best-looking arm and spends fewer chunks on close seconds.
@@ -102,7 +98,6 @@ class EngineConfig:
   group_history: int = 4
   bandit_phase_tokens: int = 16
   bandit_reward: str = "octile"
-  bandit_prior: float = 0.0
   bandit_exploration: float = 2.0
   bandit_shared_acceptance: bool = True
   matmul_precision: str | None = "highest"
@@ -154,9 +149,6 @@ class EngineConfig:
         f"EngineConfig.bandit_reward must be one of {tuple(BANDIT_REWARDS)}, got "
         f"{self.bandit_reward!r}"
       )
-    prior = self.bandit_prior
-    if isinstance(prior, bool) or not isinstance(prior, int | float) or not 0 <= prior < math.inf:
-      raise ValueError(f"EngineConfig.bandit_prior must be a number >= 0, got {prior!r}")
     weight = self.bandit_exploration
     if (
       isinstance(weight, bool) or not isinstance(weight, int | float) or not 0 <= weight < math.inf
@@ -246,7 +238,7 @@ def bandit_settings(config: EngineConfig) -> tuple[tuple[str, ...], BanditSettin
 
   One place for the settings, so that experiments/bench_bandit.py times, and the simulator
   (`sim.replay`) replays, the bandit the engine builds. The config sets the UCB bonus's
-  weight, the neighbours' prior, which arms are scored from an acceptance curve and the
+  weight, which arms are scored from an acceptance curve and the
   frontier their predictions are for; the rest are `BanditSettings`' defaults.
   """
   families = {}
@@ -259,7 +251,6 @@ def bandit_settings(config: EngineConfig) -> tuple[tuple[str, ...], BanditSettin
   frontier = (BANDIT_REWARDS[config.bandit_reward], config.spec_rounds) if families else None
   settings = BanditSettings(
     exploration=float(config.bandit_exploration),
-    prior_weight=config.bandit_prior,
     accept_families=families,
     frontier=frontier,
   )
