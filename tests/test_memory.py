@@ -75,8 +75,8 @@ def test_remat_keeps_only_layer_inputs_and_the_plan_follows():
   them) are kept for the backward pass; with it only each layer's input. The plan's remat
   estimate (layer inputs + one layer's activations live at a time) lies between the two.
   XLA's CPU compiler does not turn this into a smaller compiled update (experiments/
-  RESULTS.md, stop 25), so the check is on what the program keeps, not on the CPU
-  compiler's temporaries."""
+  RESULTS.md, 2026-11-25, remat on XLA CPU), so the check is on what the program keeps,
+  not on the CPU compiler's temporaries."""
   rows, width = 8, 512
   plain = _saved_for_backward(SMALL, rows, width, remat=False)
   remat = _saved_for_backward(SMALL, rows, width, remat=True)

@@ -68,9 +68,9 @@ class EngineConfig:
       speculative and plain decoding token-identical on GPUs, whose default (TF32) rounds
       a one-token decode step and a k-token verification differently: on an H200, 6 of
       216 greedy rows of the 50M policy differed at the default; at "highest" every float32
-      exactness test passed (experiments/RESULTS.md, stop 34). CPUs compute float32
-      products in float32 either way. bfloat16 compute is exact in distribution but not
-      token-identical on GPUs (near ties round apart).
+      exactness test passed (experiments/RESULTS.md, 2026-11-26, the second H200
+      sitting). CPUs compute float32 products in float32 either way. bfloat16 compute is
+      exact in distribution but not token-identical on GPUs (near ties round apart).
   """
 
   max_prompt_len: int = 64
