@@ -118,9 +118,6 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.engine.group_siblings = 8
   c.engine.group_reference_len = 2048
   c.engine.group_history = 4
-  # The bandit compares draft strategies at equal phase of the answers (bins doubling from
-  # this many generated tokens; 0: one phase).
-  c.engine.bandit_phase_tokens = 16
   # A chunk's speed, for the bandit: "octile" (tokens/s of the rows' lower octile: the rows
   # falling behind bound when a bucket ends), "frontier" (the least-advanced row) or "row"
   # (the mean active row's tokens/s).
@@ -128,11 +125,6 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   # The UCB bonus's weight, in spreads of the chunk rewards (lower: fewer chunks on close
   # seconds, a slower response to a change).
   c.engine.bandit_exploration = 2.0
-  # Chain arms scored from one acceptance curve that all their rounds feed (their speeds
-  # predicted on the same rounds, not compared across chunks of different text: at small
-  # batches a chunk is one answer's stretch, and its text moves acceptance more than the
-  # chains' depths do).
-  c.engine.bandit_shared_acceptance = True
   # Float32 products of the rollout at "highest": on GPUs the default (TF32) rounds a decode
   # step and a verification apart, and speculative rows stop being plain's token for token.
   c.engine.matmul_precision = "highest"

@@ -87,8 +87,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.engine.min_cache_bucket = 128
   c.engine.min_prompt_bucket = 16
   c.engine.spec_threshold = 4  # the whole call is at or below b*
-  # A 40-step run passes each (batch bucket, answer phase) cell a few dozen chunks: the
-  # bandit must settle quickly (a narrower UCB bonus).
+  # A 40-step run passes each batch bucket's bandit a few dozen chunks: it must settle
+  # quickly (a narrower UCB bonus).
   c.engine.bandit_exploration = 1.0
 
   c.drafter.warmup_prompts = 128

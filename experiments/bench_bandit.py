@@ -3,9 +3,8 @@
 The adaptive engine calls both between device calls, so on an accelerator (a chunk of 8
 rounds of the 50M policy takes ~20 ms on an H200) their cost shows in the rollout. The
 bandit is the one the engine builds for a chain pool (`rollout.config.bandit_settings`:
-plain and chain arms sharing an acceptance curve, the octile frontier), fed synthetic
-chunks in several buckets and phases, then timed over many select / update pairs,
-interleaved in repetitions.
+plain and chain arms), fed synthetic chunks in several buckets, then timed over many
+select / update pairs, interleaved in repetitions.
 
   python experiments/bench_bandit.py --chains=4,8,12 --buckets=1,2,4,8,16 --pairs=300
   python experiments/bench_bandit.py --compare=/tmp/old_bandit.py   # another version, same run
@@ -47,9 +46,7 @@ def _bandit(module, arms, settings):
   them as keywords."""
   if hasattr(module, "BanditSettings"):
     return module.StrategyBandit(arms, module.BanditSettings(**dataclasses.asdict(settings)))
-  kwargs = dataclasses.asdict(settings)
-  kwargs["accept_families"] = dict(settings.accept_families)
-  return module.StrategyBandit(arms, **kwargs)
+  return module.StrategyBandit(arms, **dataclasses.asdict(settings))
 
 
 def _time(module, seed: int) -> tuple[float, float]:
@@ -57,18 +54,13 @@ def _time(module, seed: int) -> tuple[float, float]:
   depths = [int(d) for d in _CHAINS.value]
   config = EngineConfig(spec_threshold=64, spec_strategies=tuple(f"chain{d}" for d in depths))
   arms, settings = bandit_settings(config)
-  families = dict(settings.accept_families)
   b = _bandit(module, arms, settings)
   rng = np.random.default_rng(seed)
 
   def feed(bucket: int):
     arm = b.select(bucket)
-    hist = None
-    if arm in families:
-      depth = families[arm][1]
-      hist = np.bincount(np.minimum(rng.geometric(0.15, 8) - 1, depth), minlength=depth + 1)
     t = time.perf_counter()
-    b.update(bucket, arm, float(rng.uniform(50, 60)), phase=int(rng.integers(0, 4)), accepted=hist)
+    b.update(bucket, arm, float(rng.uniform(50, 60)))
     return time.perf_counter() - t
 
   buckets = [int(x) for x in _BUCKETS.value]

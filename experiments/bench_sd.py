@@ -92,11 +92,7 @@ _REWARDS = flags.DEFINE_list(
   "adaptive_rewards",
   ["octile"],
   "bandit rewards: adaptive, then adaptive_<reward> for more (one bandit per mode and "
-  "temperature learns over all --batches, in their order, as in RL); <reward>+shared / "
-  "+separate score chain arms from one acceptance curve / by their own chunks' rewards "
-  "(EngineConfig.bandit_shared_acceptance; neither: the config's setting); +nophase "
-  "compares arms without the answer-phase fit "
-  "(EngineConfig.bandit_phase_tokens=0)",
+  "temperature learns over all --batches, in their order, as in RL)",
 )
 _CONTROL = flags.DEFINE_string(
   "control", "", "a fixed arm run twice (mode 'control'): the noise floor of the comparison"
@@ -170,23 +166,13 @@ def _engine_config(base: EngineConfig, b: int, strategies, mode: str) -> EngineC
   if mode == "control":
     mode = _CONTROL.value
   if mode in _adaptive_modes():
-    reward, *options = _adaptive_modes()[mode].split("+")
-    unknown = set(options) - {"shared", "separate", "nophase"}
-    if unknown:
-      raise app.UsageError(f"--adaptive_rewards: unknown option(s) {sorted(unknown)} in {mode}")
-    if {"shared", "separate"} <= set(options):
-      raise app.UsageError(f"--adaptive_rewards: +shared and +separate together in {mode}")
-    shared = base.bandit_shared_acceptance
-    if "shared" in options or "separate" in options:
-      shared = "shared" in options
+    reward = _adaptive_modes()[mode]
     return dataclasses.replace(
       cfg,
       spec_threshold=b,
       spec_strategies=tuple(strategies),
       spec_adaptive=True,
       bandit_reward=reward,
-      bandit_shared_acceptance=shared,
-      bandit_phase_tokens=0 if "nophase" in options else base.bandit_phase_tokens,
     )
   return dataclasses.replace(cfg, spec_threshold=b, spec_strategies=(mode,), spec_adaptive=False)
 
@@ -390,7 +376,6 @@ def main(argv):
           first += [
             [
               e.get("strategy", "plain"),
-              e["answer_phase"],
               round(e["reward"], 2),
               round(e["dt"], 4),
             ]
@@ -463,19 +448,15 @@ def main(argv):
           vs_best = tps[row["config"]] / tps[best["config"]]
           row["learning"] = learning[(b, temp, row["config"])]
           row["bandit_reward"] = _adaptive_modes()[row["config"]]
-          cfg, bandit = engines[row["config"]].config, engines[row["config"]].bandit
-          row["bandit_shared_acceptance"] = cfg.bandit_shared_acceptance
+          bandit = engines[row["config"]].bandit
           # What the bandit believed after the timed runs, per bucket it used at this batch
-          # size (its means include the acceptance curves' predictions), to read its picks.
+          # size, to read its picks.
           row["bandit_view"] = {
             str(bucket): {
               arm: (v["pulls"], v["mean"] and round(v["mean"], 3)) for arm, v in arms.items()
             }
             for bucket, arms in bandit.summary().items()
             if bucket <= b
-          }
-          row["tokens_per_round"] = {
-            arm: round(bandit.tokens_per_round(arm), 3) for arm in bandit.accept_families
           }
           row["best_fixed"] = best["config"]
           row["vs_best_fixed"] = {k: round(v, 3) for k, v in _spread(vs_best).items()}

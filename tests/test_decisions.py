@@ -76,7 +76,7 @@ def _recorded_rollouts(monkeypatch, cfg, keys):
         "ran": entry["rounds"] if entry["phase"] == "spec" else entry["steps"],
         "full": entry["full"],
         "run_s": entry.get("run_s", 0.0),
-        "accepted_hist": entry.get("accepted_hist"),
+        "row_rounds": entry.get("row_rounds", 0),
         "generated": _generated(run),
       }
     )
@@ -169,12 +169,18 @@ def test_decisions():
     "chain4",
     False,
   )
-  # Rewards: a pace family by rounds per second; others by a quantile's or the mean row's
-  # advance per second.
-  kw = dict(rounds=4, tokens=30.0, mean_rows=3.0)
-  assert decisions.chunk_reward("chain4", True, 2.0, quantile_tokens=7.0, **kw) == 2.0
-  assert decisions.chunk_reward("plain", False, 2.0, quantile_tokens=7.0, **kw) == 3.5
-  assert decisions.chunk_reward("plain", False, 2.0, quantile_tokens=None, **kw) == 5.0
+  # Rewards: a quantile's or the mean row's advance per second.
+  kw = dict(tokens=30.0, mean_rows=3.0)
+  assert decisions.chunk_reward(2.0, quantile_tokens=7.0, **kw) == 3.5
+  assert decisions.chunk_reward(2.0, quantile_tokens=None, **kw) == 5.0
+  # A chunk cut short, or one that emitted nothing, teaches nothing.
+  bandit = StrategyBandit((PLAIN, "chain4"))
+  lesson = dict(run_s=2.0, quantile_tokens=7.0, **kw)
+  assert decisions.teach_bandit(bandit, 2, "chain4", full=False, **lesson) is None
+  assert decisions.teach_bandit(bandit, 2, "chain4", full=True, **{**lesson, "tokens": 0}) is None
+  assert bandit.buckets == []
+  assert decisions.teach_bandit(bandit, 2, "chain4", full=True, **lesson) == 3.5
+  assert bandit.summary()[2]["chain4"] == {"pulls": 1, "mean": 3.5, "last": 3.5}
 
 
 def test_a_settled_bandit_runs_the_last_bucket_plain_to_the_end():

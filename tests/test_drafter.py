@@ -440,7 +440,8 @@ def test_teacher_temperature_sets_the_logit_targets(s):
 
 
 def test_a_shallower_chain_accepts_the_prefix_of_a_deeper_ones_acceptance(s):
-  """What the bandit's shared acceptance curve rests on: from one state, a depth-d chain
+  """What the simulator's one acceptance for all chains (`sim.replay.chain_acceptance`)
+  rests on: from one state, a depth-d chain
   (greedy or coupled) is the first d tokens of a deeper one, and the verifier accepts
   min(a, d) of it where the deeper chain got a (whatever the target's logits are)."""
   _, _, chain, _ = _jitted_drafting(s.dg, s.tg)

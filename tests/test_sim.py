@@ -8,7 +8,6 @@ import dataclasses
 import numpy as np
 import pytest
 
-from tlt_jax.rollout.acceptance import per_token_acceptance
 from tlt_jax.sim import (
   ArmModel,
   EngineCost,
@@ -21,6 +20,7 @@ from tlt_jax.sim import (
   replay_step,
   speedup_bound,
 )
+from tlt_jax.sim.costs import per_token_acceptance
 from tlt_jax.sim.replay import chain_acceptance
 
 

@@ -45,8 +45,6 @@ class EngineConfig:
     group_reference_len: tokens of each row's reference line (its prompt's earlier
       rollouts and finished siblings, newest kept).
     group_history: rollouts per prompt the engine remembers for group drafts (0: none).
-    bandit_phase_tokens: the bandit compares arms at equal phase of the answers, in bins
-      doubling from this many generated tokens (`bandit.answer_phase`; 0: one phase).
     bandit_reward: what a chunk's speed is measured by. "frontier": tokens per second by
       which the least-advanced row moved (`bandit.frontier_advance`; the rows of a bucket
       run to the same budget and the bucket ends with its slowest row); "octile": the same
@@ -56,13 +54,6 @@ class EngineConfig:
     bandit_exploration: the weight of the bandit's UCB bonus, in units of the measured spread
       of its chunk rewards (`BanditSettings.exploration`): lower settles sooner on the
       best-looking arm and spends fewer chunks on close seconds.
-    bandit_shared_acceptance: the drafter's chain arms (coupled ones, and "-argmax"
-      ones apart) are scored by their measured pace times the tokens a round accepts,
-      predicted from one acceptance curve that every chain's rounds feed
-      (`BanditSettings.accept_families`): chunks of different text no longer decide
-      between chains of close speed. On by default; plain decoding is scored by its
-      chunks' rewards either way, the other arms (trees, group, hybrid) by their
-      chunks' token rates.
     matmul_precision: the precision the rollout programs' float32 matrix products run at
       (`jax.default_matmul_precision`; None: the platform's default). "highest" keeps
       speculative and plain decoding token-identical on GPUs, whose default (TF32) rounds
@@ -96,10 +87,8 @@ class EngineConfig:
   group_siblings: int = 8
   group_reference_len: int = 2048
   group_history: int = 4
-  bandit_phase_tokens: int = 16
   bandit_reward: str = "octile"
   bandit_exploration: float = 2.0
-  bandit_shared_acceptance: bool = True
   matmul_precision: str | None = "highest"
 
   def __post_init__(self):
@@ -141,9 +130,6 @@ class EngineConfig:
     h = self.group_history
     if isinstance(h, bool) or not isinstance(h, int) or h < 0:
       raise ValueError(f"EngineConfig.group_history must be an int >= 0, got {h!r}")
-    p = self.bandit_phase_tokens
-    if isinstance(p, bool) or not isinstance(p, int) or p < 0:
-      raise ValueError(f"EngineConfig.bandit_phase_tokens must be an int >= 0, got {p!r}")
     if self.bandit_reward not in BANDIT_REWARDS:
       raise ValueError(
         f"EngineConfig.bandit_reward must be one of {tuple(BANDIT_REWARDS)}, got "
@@ -159,10 +145,8 @@ class EngineConfig:
       raise ValueError(
         f"EngineConfig.matmul_precision must be one of {precisions}, got {self.matmul_precision!r}"
       )
-    for name in ("bandit_shared_acceptance", "harvest_hidden"):
-      value = getattr(self, name)
-      if not isinstance(value, bool):
-        raise ValueError(f"EngineConfig.{name} must be a bool, got {value!r}")
+    if not isinstance(self.harvest_hidden, bool):
+      raise ValueError(f"EngineConfig.harvest_hidden must be a bool, got {self.harvest_hidden!r}")
 
   @property
   def slots(self) -> int:
@@ -238,20 +222,7 @@ def bandit_settings(config: EngineConfig) -> tuple[tuple[str, ...], BanditSettin
 
   One place for the settings, so that experiments/bench_bandit.py times, and the simulator
   (`sim.replay`) replays, the bandit the engine builds. The config sets the UCB bonus's
-  weight, which arms are scored from an acceptance curve and the
-  frontier their predictions are for; the rest are `BanditSettings`' defaults.
+  weight; the rest are `BanditSettings`' defaults.
   """
-  families = {}
-  if config.bandit_shared_acceptance:
-    families = {
-      s.name: ("chain" if s.coupled else "chain-argmax", s.depth)
-      for s in config.strategies
-      if s.kind == "chain"
-    }
-  frontier = (BANDIT_REWARDS[config.bandit_reward], config.spec_rounds) if families else None
-  settings = BanditSettings(
-    exploration=float(config.bandit_exploration),
-    accept_families=families,
-    frontier=frontier,
-  )
+  settings = BanditSettings(exploration=float(config.bandit_exploration))
   return (PLAIN, *(s.name for s in config.strategies)), settings

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
-
 from tlt_jax.rollout.bandit import PLAIN, StrategyBandit
 from tlt_jax.rollout.state import round_up
 
@@ -70,26 +68,13 @@ def plain_steps(chunk_steps: int, view: int, reach: float, run_to_end: bool) -> 
 
 
 def chunk_reward(
-  arm: str,
-  pace_family: bool,
-  run_s: float,
-  *,
-  rounds: int,
-  quantile_tokens: float | None,
-  tokens: float,
-  mean_rows: float,
+  run_s: float, *, quantile_tokens: float | None, tokens: float, mean_rows: float
 ) -> float:
-  """The bandit's reward for one chunk that ran `run_s` seconds.
-
-  A chain family's arm (`pace_family`: the bandit predicts the tokens a round emits from
-  the family's acceptance curve itself) is rewarded by its pace, rounds per second. The
-  others by how fast a row advances: the rows' configured quantile of tokens gained
-  (`quantile_tokens`, over the rows that ran the whole chunk: a rollout ends with its
-  slowest row), or, where there is none ("row", or every row finished), the mean active
-  row: tokens per second over the rows active during the chunk (`mean_rows`).
-  """
-  if pace_family:
-    return rounds / run_s
+  """The bandit's reward for one chunk that ran `run_s` seconds: how fast a row advanced.
+  The rows' configured quantile of tokens gained (`quantile_tokens`, over the rows that ran
+  the whole chunk: a rollout ends with its slowest row), or, where there is none ("row", or
+  every row finished), the mean active row: tokens per second over the rows active during
+  the chunk (`mean_rows`)."""
   if quantile_tokens is not None:
     return quantile_tokens / run_s
   return tokens / run_s / max(mean_rows, 1e-9)
@@ -100,34 +85,18 @@ def teach_bandit(
   batch: int,
   arm: str,
   *,
-  phase: int,
   run_s: float,
   full: bool,
   tokens: float,
-  rounds: int,
-  row_rounds: int,
-  accepted_hist: Sequence[int] | np.ndarray | None,
   quantile_tokens: float | None,
   mean_rows: float,
 ) -> float | None:
   """What the bandit learns from a chunk it chose (`choose_arm`'s learn): a reward
-  (`chunk_reward`) when the chunk ran all its steps and emitted tokens, with a chain
-  family's acceptance histogram; a chunk cut short by its rows finishing (mostly fixed
-  overhead, and an arm that ends a bucket sooner would be rewarded less for it) only
-  refines the family's acceptance curve. Returns the reward given, or None."""
-  family = arm in bandit.accept_families
-  if full and tokens > 0:
-    reward = chunk_reward(
-      arm,
-      family,
-      run_s,
-      rounds=rounds,
-      quantile_tokens=quantile_tokens,
-      tokens=tokens,
-      mean_rows=mean_rows,
-    )
-    bandit.update(batch, arm, reward, phase=phase, accepted=accepted_hist if family else None)
-    return reward
-  if family and row_rounds:
-    bandit.observe_acceptance(arm, accepted_hist)
-  return None
+  (`chunk_reward`) when the chunk ran all its steps and emitted tokens; nothing from a
+  chunk cut short by its rows finishing (mostly fixed overhead, and an arm that ends a
+  bucket sooner would be rewarded less for it). Returns the reward given, or None."""
+  if not (full and tokens > 0):
+    return None
+  reward = chunk_reward(run_s, quantile_tokens=quantile_tokens, tokens=tokens, mean_rows=mean_rows)
+  bandit.update(batch, arm, reward)
+  return reward

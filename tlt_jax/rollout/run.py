@@ -30,7 +30,7 @@ from tlt_jax.decode.sampling import SamplingConfig
 from tlt_jax.models.drafter import check_drafter_matches
 from tlt_jax.models.precision import compute_params
 from tlt_jax.rollout import decisions
-from tlt_jax.rollout.bandit import BANDIT_REWARDS, PLAIN, answer_phase, frontier_advance
+from tlt_jax.rollout.bandit import BANDIT_REWARDS, PLAIN, frontier_advance
 from tlt_jax.rollout.history import reference_line
 from tlt_jax.rollout.state import plain_reach, round_up, spec_reach
 
@@ -185,9 +185,7 @@ class RolloutRun:
     compile_s = self.engine.pool.compile_seconds
     before = int(self.length[active].sum())
     start_length = self.length  # the host mirror is replaced, not updated, by the chunk
-    # Where in the answers this chunk starts: the bandit compares arms at equal phase.
     generated = float((self.length - self.prompt_len)[active].mean())
-    phase = answer_phase(generated, self.cfg.bandit_phase_tokens)
     if arm == PLAIN:
       t0, entry, view, full, cost = self._decode(active, learn)
     else:
@@ -200,7 +198,7 @@ class RolloutRun:
       entry["compile_s"] = compiled  # lazy pools: this chunk (or its rebuild) compiled
     entry["full"] = bool(full)  # ran every step or round it asked for
     if learn:
-      self._teach(entry, arm, phase, full, tokens, dt, compiled, cost)
+      self._teach(entry, arm, full, tokens, dt, compiled, cost)
     self.timeline.append(
       {
         "t": t0 - self.start,
@@ -379,7 +377,7 @@ class RolloutRun:
     if q:  # a quantile above the minimum
       entry[f"{self.cfg.bandit_reward}_tokens"] = frontier_advance(before_gen, after_gen, q)
 
-  def _teach(self, entry, arm, phase, full, tokens, dt, compiled, cost) -> None:
+  def _teach(self, entry, arm, full, tokens, dt, compiled, cost) -> None:
     """The bandit's lesson from this chunk (`decisions.teach_bandit`), timed as the chunk's
     seconds plus a drafter-cache rebuild after a switch away (leaving the drafter would
     otherwise look free and the bandit would alternate too often), less any compile the
@@ -397,20 +395,15 @@ class RolloutRun:
       self.bandit,
       self.state.batch,
       arm,
-      phase=phase,
       run_s=run_s,
       full=full,
       tokens=tokens,
-      rounds=entry.get("rounds", entry.get("steps", 0)),
-      row_rounds=entry.get("row_rounds", 0),
-      accepted_hist=entry.get("accepted_hist"),
       quantile_tokens=entry.get(f"{self.cfg.bandit_reward}_tokens"),
       mean_rows=mean_rows,
     )
     if reward is not None:
       if charged_s:
         entry["switch_s"] = charged_s
-      entry["answer_phase"] = phase
       entry["reward"] = reward
       entry["run_s"] = run_s  # the seconds the reward divides by
 

@@ -11,6 +11,7 @@ from tlt_jax.sim.costs import (
   TableCost,
   arms_from_accept,
   chain_accept_length,
+  per_token_acceptance,
 )
 from tlt_jax.sim.replay import (
   ChunkPlan,
@@ -53,6 +54,7 @@ __all__ = [
   "decision_mismatch",
   "engine_bandit",
   "modelled",
+  "per_token_acceptance",
   "replay_rollout",
   "replay_step",
   "speedup_bound",

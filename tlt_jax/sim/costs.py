@@ -41,6 +41,7 @@ __all__ = [
   "TableCost",
   "arms_from_accept",
   "chain_accept_length",
+  "per_token_acceptance",
 ]
 
 
@@ -338,6 +339,21 @@ def chain_accept_length(per_token: float, depth: int) -> float:
   if per_token == 1.0:
     return float(depth + 1)
   return (1.0 - per_token ** (depth + 1)) / (1.0 - per_token)
+
+
+def per_token_acceptance(accept_length: float, nodes: int) -> float:
+  """The i.i.d. per-token acceptance a whose chain of depth nodes - 1 emits `accept_length`
+  tokens per round (bisection on (1 - a^n) / (1 - a)): `chain_accept_length`'s inverse,
+  from which the replay draws each row's accepted tokens."""
+  n = nodes
+  if accept_length >= n:
+    return 1.0
+  lo, hi = 0.0, 1.0
+  for _ in range(60):
+    mid = (lo + hi) / 2
+    value = n if mid == 1.0 else (1 - mid**n) / (1 - mid)
+    lo, hi = (mid, hi) if value < accept_length else (lo, mid)
+  return (lo + hi) / 2
 
 
 @dataclasses.dataclass(frozen=True)

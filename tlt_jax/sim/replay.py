@@ -37,11 +37,16 @@ from typing import Any
 import numpy as np
 
 from tlt_jax.rollout import decisions
-from tlt_jax.rollout.acceptance import per_token_acceptance
-from tlt_jax.rollout.bandit import BANDIT_REWARDS, StrategyBandit, answer_phase, frontier_advance
+from tlt_jax.rollout.bandit import BANDIT_REWARDS, StrategyBandit, frontier_advance
 from tlt_jax.rollout.config import EngineConfig
 from tlt_jax.rollout.state import plain_reach, power_of_two_buckets, round_up, spec_reach
-from tlt_jax.sim.costs import ArmModel, DecodeCost, EngineCost, chain_accept_length
+from tlt_jax.sim.costs import (
+  ArmModel,
+  DecodeCost,
+  EngineCost,
+  chain_accept_length,
+  per_token_acceptance,
+)
 
 __all__ = [
   "ChunkPlan",
@@ -71,8 +76,7 @@ class EnginePolicy:
     prompt_buckets: the engine's prompt buckets (the prefill's shape; () = exact).
     samples: rows per prompt (G); the prefill runs once per prompt.
     slots: the engine's `slots` (a drafter-cache rebuild is at most this wide).
-    bandit_phase_tokens / bandit_reward: what a replayed bandit is told of a chunk (its
-      answer phase, and which rows' advance is its reward), as the engine's.
+    bandit_reward: which rows' advance a replayed bandit is rewarded by, as the engine's.
   """
 
   max_batch: int
@@ -86,7 +90,6 @@ class EnginePolicy:
   prompt_buckets: tuple[int, ...] = ()
   samples: int = 1
   slots: int = 0
-  bandit_phase_tokens: int = 16
   bandit_reward: str = "octile"
 
   @property
@@ -109,7 +112,6 @@ class EnginePolicy:
       prompt_buckets=cfg.prompt_buckets,
       samples=samples,
       slots=cfg.slots,
-      bandit_phase_tokens=cfg.bandit_phase_tokens,
       bandit_reward=cfg.bandit_reward,
     )
 
@@ -144,8 +146,7 @@ def chain_acceptance(arms: Sequence[ArmModel]) -> float | None:
   least squares to the chain arms' accept lengths (1 + a + ... + a^depth), each weighted by
   the row-rounds that measured it (equal weights where none are known). Each arm's own
   accept length is biased by where it ran (a bandit runs a deep chain where acceptance is
-  high), and one measured on a few rounds is noise: one curve for all, as the engine's
-  bandit pools every chain's rounds into one acceptance curve."""
+  high), and one measured on a few rounds is noise: one curve for all."""
   chains = [a for a in arms if a.name.startswith("chain")]
   if not chains:
     return None
@@ -228,14 +229,15 @@ class RecordedChunk:
       chunk it did not reward).
     full: it ran every step or round it asked for.
     steps: the steps or rounds it ran.
-    accepted: row-rounds by draft tokens accepted (speculative chunks), or None.
+    row_rounds: rows x rounds it ran, summed over its rounds (speculative chunks; 0 for
+      plain ones).
   """
 
   generated: np.ndarray
   seconds: float
   full: bool
   steps: int
-  accepted: np.ndarray | None = None
+  row_rounds: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -407,7 +409,6 @@ class ReplayRun:
     active = self.active()
     self.chunks[name] = self.chunks.get(name, 0) + 1
     start = self.seconds
-    phase = answer_phase(float(self.generated[active].mean()), policy.bandit_phase_tokens)
     before, started = self.generated.copy(), active
     charged = 0.0  # a rebuild after a switch away, charged to the chunk's reward
     if self.engine and arm is not None and arm.draft_steps and not self.drafter_cache:
@@ -421,18 +422,18 @@ class ReplayRun:
     self.drafter_cache = arm is not None and arm.draft_steps > 0
     depth = 0 if arm is None else arm.nodes - 1
     if recorded is None:
-      ran, accepted = self._advance(plan, depth)
+      ran, row_rounds = self._advance(plan, depth)
       full = ran == plan.steps
       run_s = self.seconds - start + charged
     else:
       self.generated = np.asarray(recorded.generated, dtype=float)
       self.remaining = self.lengths - self.generated
       ran, full, run_s = recorded.steps, recorded.full, recorded.seconds
-      accepted = np.asarray(recorded.accepted if recorded.accepted is not None else [0])
+      row_rounds = recorded.row_rounds
       self.seconds += run_s
     if plan.learn:
       through = started & (self.remaining > 0)  # the rows that ran the whole chunk
-      chunk = _Chunk(name, phase, bool(full), run_s, ran, accepted)
+      chunk = _Chunk(name, bool(full), run_s, ran, row_rounds)
       _teach(
         self.bandit,
         self.batch,
@@ -446,17 +447,17 @@ class ReplayRun:
       )
     self.by_bucket[self.batch] = self.by_bucket.get(self.batch, 0.0) + self.seconds - start
 
-  def _advance(self, plan: ChunkPlan, depth: int) -> tuple[int, np.ndarray]:
-    """The chunk's steps on the cost model: returns the steps run and the row-rounds that
-    accepted a = 0..depth draft tokens."""
+  def _advance(self, plan: ChunkPlan, depth: int) -> tuple[int, int]:
+    """The chunk's steps on the cost model: returns the steps (rounds) run and the
+    row-rounds."""
     cost, arm = self.cost, plan.arm
-    ran = 0
-    accepted = np.zeros(depth + 1)
+    ran = row_rounds = 0
     for _ in range(plan.steps):
       active = self.active()
       if not active.any():
         break
       ran += 1
+      row_rounds += int(active.sum())
       context = plan.view or float(self._reach().mean())
       if arm is None:
         self.seconds += cost.seconds(self.batch, 1, context)
@@ -467,14 +468,13 @@ class ReplayRun:
           # Leading accepted draft tokens of a chain of nodes - 1, plus the bonus token.
           draws = self.rng.random((int(active.sum()), depth)) < self.accept_p[plan.name]
           taken = np.cumprod(draws, axis=1).sum(axis=1)
-          accepted += np.bincount(taken.astype(int), minlength=depth + 1)
           gain = taken + 1.0
         else:
           gain = np.full(active.sum(), arm.accept_length)
       step = np.minimum(gain, self.remaining[active])
       self.remaining[active] -= step
       self.generated[active] += step
-    return ran, accepted
+    return ran, row_rounds
 
   def finish(self) -> RolloutPrediction:
     if self.engine:
@@ -487,11 +487,10 @@ class _Chunk:
   """One replayed chunk as the bandit is told of it."""
 
   arm: str
-  phase: int
   full: bool  # ran all its steps (not cut short by its rows finishing)
   seconds: float  # its time, with a rebuild after a switch away
   steps: int  # decode steps or speculative rounds run
-  accepted: np.ndarray  # speculative row-rounds that accepted a draft tokens
+  row_rounds: int  # rows x rounds of a speculative chunk
 
 
 def _teach(bandit, batch, chunk, before, after, through, quantile, noise, rng) -> None:
@@ -503,19 +502,15 @@ def _teach(bandit, batch, chunk, before, after, through, quantile, noise, rng) -
   quantile_tokens = None
   if quantile is not None and through.any():
     quantile_tokens = frontier_advance(before[through], after[through], quantile)
-  row_steps = tokens if chunk.arm == PLAIN else float(chunk.accepted.sum())
+  row_steps = tokens if chunk.arm == PLAIN else float(chunk.row_rounds)
   run_s = chunk.seconds * (math.exp(noise * rng.standard_normal()) if noise else 1.0)
   decisions.teach_bandit(
     bandit,
     batch,
     chunk.arm,
-    phase=chunk.phase,
     run_s=run_s,
     full=chunk.full,
     tokens=tokens,
-    rounds=chunk.steps,
-    row_rounds=int(chunk.accepted.sum()),
-    accepted_hist=chunk.accepted,
     quantile_tokens=quantile_tokens,
     mean_rows=row_steps / max(chunk.steps, 1),
   )
