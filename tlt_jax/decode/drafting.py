@@ -314,16 +314,7 @@ def draft_tree(
   committed cache, the root and its own ancestors only. Needs slots and
   view_len >= cache_len + tree_slots(depth, topk) for every row.
   """
-  config = _config(drafter_graphdef, drafter_params)
-  pool_size = topk + (depth - 1) * topk * topk
-  if depth < 1 or topk < 1:
-    raise ValueError(f"depth and topk must be >= 1, got depth={depth}, topk={topk}")
-  if topk > config.vocab_size:
-    raise ValueError(f"topk {topk} exceeds the vocabulary size {config.vocab_size}")
-  if not 2 <= num_nodes <= pool_size + 1:
-    raise ValueError(
-      f"num_nodes must be in [2, {pool_size + 1}] for depth={depth}, topk={topk}, got {num_nodes}"
-    )
+  _check_tree(_config(drafter_graphdef, drafter_params).vocab_size, depth, topk, num_nodes)
   view_len = cache.slots if view_len is None else view_len
   b = root_token.shape[0]
   r = tree_slots(depth, topk)
@@ -379,17 +370,41 @@ def draft_tree(
     pool_parent.append(jnp.repeat(front_pool, topk, axis=1))
     pool_depth.append(jnp.full((b, topk * topk), d + 1, jnp.int32))
     if d + 1 < depth:
-      pick = jnp.argsort(-score, axis=1, stable=True)[:, :topk]  # [B, K]
-      parent = pick // topk
-      front_tok = jnp.take_along_axis(tok, pick, axis=1)
-      front_score = jnp.take_along_axis(score, pick, axis=1)
-      front_feat = jnp.take_along_axis(h, parent[:, :, None], axis=1)
-      front_pool = (offset + pick).astype(jnp.int32)
       own = jax.nn.one_hot(1 + d * topk + k_idx, r, dtype=bool)
-      front_vis = jnp.take_along_axis(front_vis, parent[:, :, None], axis=1) | own[None]
+      front_tok, front_score, front_feat, front_pool, front_vis = _next_frontier(
+        tok, score, h, front_vis, own, offset, topk
+      )
 
   pool = [jnp.concatenate(x, axis=1) for x in (pool_tok, pool_lp, pool_score, pool_parent)]
   return _keep_best(root_token, *pool, jnp.concatenate(pool_depth, axis=1), num_nodes), cache
+
+
+def _check_tree(vocab_size: int, depth: int, topk: int, num_nodes: int) -> None:
+  pool_size = topk + (depth - 1) * topk * topk
+  if depth < 1 or topk < 1:
+    raise ValueError(f"depth and topk must be >= 1, got depth={depth}, topk={topk}")
+  if topk > vocab_size:
+    raise ValueError(f"topk {topk} exceeds the vocabulary size {vocab_size}")
+  if not 2 <= num_nodes <= pool_size + 1:
+    raise ValueError(
+      f"num_nodes must be in [2, {pool_size + 1}] for depth={depth}, topk={topk}, got {num_nodes}"
+    )
+
+
+def _next_frontier(tok, score, h, front_vis, own, offset, topk):
+  """The next depth's frontier: the `topk` best of the children just proposed (by score,
+  ties to the earlier), with their parents' features and tree-region visibility plus their
+  own slots (`own`), and their indices in the pool (children start at `offset`)."""
+  pick = jnp.argsort(-score, axis=1, stable=True)[:, :topk]  # [B, K]
+  parent = pick // topk
+  front_vis = jnp.take_along_axis(front_vis, parent[:, :, None], axis=1) | own[None]
+  return (
+    jnp.take_along_axis(tok, pick, axis=1),
+    jnp.take_along_axis(score, pick, axis=1),
+    jnp.take_along_axis(h, parent[:, :, None], axis=1),
+    (offset + pick).astype(jnp.int32),
+    front_vis,
+  )
 
 
 def _keep_best(root_token, pool_tok, pool_lp, pool_score, pool_parent, pool_depth, num_nodes):

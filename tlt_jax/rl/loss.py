@@ -196,6 +196,45 @@ def sequence_mean(
   return (sums / jnp.maximum(counts, 1.0))[ids].reshape(b, t)
 
 
+def _ratios(logp, old_logp, m, cfg: PolicyLossConfig, segment_ids) -> tuple[Array, Array]:
+  """(per-token log-ratio new / old, optionally clamped; the ratio the surrogate uses: the
+  token's own, or with ratio_level "sequence" its sample's mean)."""
+  sg = jax.lax.stop_gradient
+  token_log_ratio = logp - old_logp
+  if cfg.log_ratio_clamp:
+    bound = cfg.log_ratio_clamp
+    token_log_ratio = jnp.clip(token_log_ratio, -bound, bound)
+  log_ratio = token_log_ratio
+  if cfg.ratio_level == "sequence":
+    # GSPO: the value is the sample's mean log-ratio, the gradient each token's own
+    # (d s / d theta = s * d log p_t / d theta per token, as GSPO-token at equal advantages).
+    log_ratio = sg(sequence_mean(token_log_ratio, m, segment_ids)) + logp - sg(logp)
+  return token_log_ratio, jnp.exp(log_ratio)
+
+
+def _surrogate(logp, ratio, adv, cfg: PolicyLossConfig, mean):
+  """The clipped surrogate per token (cfg.kind), with where its clip binds low and high,
+  and the dual clip's metric when set."""
+  sg = jax.lax.stop_gradient
+  lo, hi = 1.0 - cfg.clip_low, 1.0 + cfg.clip_high
+  clipped = jnp.clip(ratio, lo, hi)
+  metrics = {}
+  if cfg.kind == "cispo":
+    # REINFORCE with the clipped ratio as a constant weight: clipped tokens keep a gradient.
+    per_token = -adv * sg(clipped) * logp
+    low, high = ratio < lo, ratio > hi
+  else:
+    # Pessimistic (max) of unclipped and clipped losses: PPO's trust region.
+    per_token = jnp.maximum(-adv * ratio, -adv * clipped)
+    # The clip binds (zero gradient) only in the direction the advantage pushes.
+    low, high = (ratio < lo) & (adv < 0), (ratio > hi) & (adv > 0)
+    if cfg.clip_ratio_c:
+      # Dual clip: a negative advantage's loss stops growing at c |A| (ratio above c).
+      per_token = jnp.where(adv < 0, jnp.minimum(per_token, -adv * cfg.clip_ratio_c), per_token)
+      metrics["clip_fraction_dual"] = mean(((ratio > cfg.clip_ratio_c) & (adv < 0)) * 1.0)
+  return per_token, low, high, metrics
+
+
 def policy_loss(
   logp: Float[Array, "B T"],
   old_logp: Float[Array, "B T"],
@@ -254,33 +293,8 @@ def policy_loss(
   adv = jax.lax.stop_gradient(advantages.astype(jnp.float32))
   adv = adv[:, None] if adv.ndim == 1 else zero_off(adv)
   sg = jax.lax.stop_gradient
-
-  token_log_ratio = logp - old_logp
-  if cfg.log_ratio_clamp:
-    bound = cfg.log_ratio_clamp
-    token_log_ratio = jnp.clip(token_log_ratio, -bound, bound)
-  log_ratio = token_log_ratio
-  if cfg.ratio_level == "sequence":
-    # GSPO: the value is the sample's mean log-ratio, the gradient each token's own
-    # (d s / d theta = s * d log p_t / d theta per token, as GSPO-token at equal advantages).
-    log_ratio = sg(sequence_mean(token_log_ratio, m, segment_ids)) + logp - sg(logp)
-  ratio = jnp.exp(log_ratio)
-  lo, hi = 1.0 - cfg.clip_low, 1.0 + cfg.clip_high
-  clipped = jnp.clip(ratio, lo, hi)
-  metrics = {}
-  if cfg.kind == "cispo":
-    # REINFORCE with the clipped ratio as a constant weight: clipped tokens keep a gradient.
-    per_token = -adv * sg(clipped) * logp
-    low, high = ratio < lo, ratio > hi
-  else:
-    # Pessimistic (max) of unclipped and clipped losses: PPO's trust region.
-    per_token = jnp.maximum(-adv * ratio, -adv * clipped)
-    # The clip binds (zero gradient) only in the direction the advantage pushes.
-    low, high = (ratio < lo) & (adv < 0), (ratio > hi) & (adv > 0)
-    if cfg.clip_ratio_c:
-      # Dual clip: a negative advantage's loss stops growing at c |A| (ratio above c).
-      per_token = jnp.where(adv < 0, jnp.minimum(per_token, -adv * cfg.clip_ratio_c), per_token)
-      metrics["clip_fraction_dual"] = mean(((ratio > cfg.clip_ratio_c) & (adv < 0)) * 1.0)
+  token_log_ratio, ratio = _ratios(logp, old_logp, m, cfg, segment_ids)
+  per_token, low, high, metrics = _surrogate(logp, ratio, adv, cfg, mean)
   if cfg.tis_cap:
     # Truncated IS: the trainer's sampling-policy log-prob against the engine's.
     gap = old_logp - sg(zero_off(rollout_logp))

@@ -172,10 +172,20 @@ def _check_setup(
   drafter_params: nnx.State | None,
   scheduler: SliceScheduler | None,
   step_reward_fn: StepRewardFn | None,
+  mesh: Mesh | None,
+  shard_params: bool,
 ) -> None:
   """Refuses, naming the fields, what a trainer cannot run: the loss scoring another
   distribution than the engine samples, a step's rows beyond what its engine calls hold,
-  two drafters, process credit without a step checker, mini-batches that do not divide."""
+  two drafters, process credit without a step checker, mini-batches that do not divide,
+  micro-batches that do not split over the mesh."""
+  if shard_params and mesh is None:
+    raise ValueError("shard_params needs a mesh")
+  if mesh is not None and update_config.micro_batch % mesh.shape[DATA]:
+    raise ValueError(
+      f"a micro-batch of {update_config.micro_batch} rows does not split over the "
+      f"mesh's {mesh.shape[DATA]} data shards"
+    )
   if scheduler is not None and drafter_params is not None:
     raise ValueError("give drafter_params (frozen drafter) or scheduler (online), not both")
   if config.process_credit and step_reward_fn is None:
@@ -205,6 +215,24 @@ def _check_setup(
       "to roll a step out in several calls"
     )
   update_config.mini_batch_samples(rows)  # validates mini_batches
+
+
+def _old_logp_program(graphdef: nnx.GraphDef, loss_config: PolicyLossConfig):
+  """The jitted old-log-prob pass: the sampling policy's log-probs of a packed batch,
+  scored as the loss scores them (mini_batches > 1 or epochs > 1 only)."""
+  return jax.jit(
+    lambda p, t, pos, seg: token_logprobs(
+      graphdef,
+      p,
+      t,
+      loss_config.temperature,
+      top_k=loss_config.top_k,
+      top_p=loss_config.top_p,
+      positions=pos,
+      segment_ids=seg,
+      vocab_chunk=loss_config.vocab_chunk,
+    )[0]
+  )
 
 
 class GRPOTrainer:
@@ -258,15 +286,16 @@ class GRPOTrainer:
     (`drafter.acceptance.DrafterAcceptance`; drafter_eval/* metrics, in time/eval).
     """
     _check_setup(
-      config, loss_config, update_config, engine, drafter_params, scheduler, step_reward_fn
+      config,
+      loss_config,
+      update_config,
+      engine,
+      drafter_params,
+      scheduler,
+      step_reward_fn,
+      mesh,
+      shard_params,
     )
-    if shard_params and mesh is None:
-      raise ValueError("shard_params needs a mesh")
-    if mesh is not None and update_config.micro_batch % mesh.shape[DATA]:
-      raise ValueError(
-        f"a micro-batch of {update_config.micro_batch} rows does not split over the "
-        f"mesh's {mesh.shape[DATA]} data shards"
-      )
     self.graphdef, self.engine, self.tokenizer = graphdef, engine, tokenizer
     self.drafter_params, self.scheduler = drafter_params, scheduler
     self.drafter_eval = drafter_eval
@@ -289,19 +318,7 @@ class GRPOTrainer:
     # update takes them from its forward and no separate old-log-prob pass runs.
     self.skip_old_logp = update_config.mini_batches == 1 and update_config.epochs == 1
     self.update = self._make_update()
-    self.old_logp = jax.jit(
-      lambda p, t, pos, seg: token_logprobs(
-        graphdef,
-        p,
-        t,
-        loss_config.temperature,
-        top_k=loss_config.top_k,
-        top_p=loss_config.top_p,
-        positions=pos,
-        segment_ids=seg,
-        vocab_chunk=loss_config.vocab_chunk,
-      )[0]
-    )
+    self.old_logp = _old_logp_program(graphdef, loss_config)
     # Update and old-log-prob programs, compiled ahead of time per packed shape, so a
     # step's compile seconds are counted (time/train_compile) apart from its compute.
     self.programs = ExecutablePool()
