@@ -73,6 +73,13 @@ _SURFACE = flags.DEFINE_string(
   "decode grid of that shape, e.g. runs/real_sizes/real_sizes.json:qwen3-8b)",
 )
 _LENGTHS = flags.DEFINE_string("lengths", "", "a run's rollout_lengths.jsonl")
+_ROWS_PER_CALL = flags.DEFINE_integer(
+  "rows_per_call",
+  0,
+  "--lengths' rollouts split into engine calls of this many rows (rl.rows_per_call: what "
+  "one device decodes at once), replayed one by one; a step's seconds are its calls' sum "
+  "(0: each rollout as recorded)",
+)
 _LOGNORMAL = flags.DEFINE_list(
   "lognormal", ["470", "1000", "32768", "128"], "median, p90, cap, rows (without --lengths)"
 )
@@ -147,6 +154,18 @@ def run_lengths(path: str) -> tuple[list[list[int]], list[list[int]] | None]:
   if not out:
     raise ValueError(f"{path}: no rollouts")
   return out, (None if any(p is None for p in prompts) else prompts)
+
+
+def split_calls(traces, prompts, rows: int):
+  """Each rollout's rows (and their prompt lengths) in consecutive engine calls of `rows`
+  rows, as `rl.rows_per_call` runs a step; returns (calls, their prompts, calls per
+  rollout)."""
+  counts = {len(t) for t in traces}
+  if len(counts) != 1 or next(iter(counts)) % rows:
+    raise app.UsageError(f"--rows_per_call={rows} does not divide the rollouts' rows {counts}")
+  per = next(iter(counts)) // rows
+  cut = lambda xs: [x[i * rows : (i + 1) * rows] for x in xs for i in range(per)]
+  return cut(traces), (None if prompts is None else cut(prompts)), per
 
 
 def predict(
@@ -457,9 +476,11 @@ def main(argv):
       )
     results = validate(_VALIDATE.value, cost)
   else:
-    prompts = None
+    prompts, calls = None, 1
     if _LENGTHS.value:
       traces, prompts = run_lengths(_LENGTHS.value)
+      if _ROWS_PER_CALL.value:
+        traces, prompts, calls = split_calls(traces, prompts, _ROWS_PER_CALL.value)
     else:
       median, p90, cap, rows = (float(x) for x in _LOGNORMAL.value)
       traces = lognormal_lengths(median, p90, int(cap), int(rows), _STEPS.value, _SEED.value)
@@ -499,7 +520,16 @@ def main(argv):
       _STOCHASTIC.value,
       prompts,
     )
-    _print(f"this host ({source}), {len(traces)} rollouts", results)
+    what = f"{len(traces)} rollouts"
+    if calls > 1:
+      what = f"{len(traces)} engine calls of {_ROWS_PER_CALL.value} rows, {calls} a rollout"
+    _print(f"this host ({source}), {what}", results)
+    if calls > 1:
+      for m in results.values():
+        m["rollout_s_per_step"] = calls * m["rollout_s"]
+        m["step_s_per_step"] = calls * m["step_s"]
+      per_step = ", ".join(f"{k} {m['step_s_per_step']:.1f}" for k, m in results.items())
+      print(f"seconds a recorded rollout ({calls} calls): {per_step}")
   if _OUT.value:
     os.makedirs(os.path.dirname(_OUT.value) or ".", exist_ok=True)
     with open(_OUT.value, "w") as f:

@@ -75,3 +75,19 @@ def test_train_drafter_stacks_rollouts_of_different_hidden_widths():
   assert got["tokens"].shape == (3, 20) and got["hidden"].shape == (3, 20, 3)
   assert got["hidden"][:2, 16:].sum() == 0 and got["hidden"][:2, :16].all()
   np.testing.assert_array_equal(got["length"], [5, 9, 20])
+
+
+def test_simulate_splits_recorded_rollouts_into_engine_calls():
+  """experiments/simulate.py --rows_per_call: each recorded rollout's rows, with their prompt
+  lengths, in consecutive engine calls (a step's calls run one after another)."""
+  from absl import app
+
+  from experiments.simulate import split_calls
+
+  traces, prompts = [[5, 6, 7, 8], [1, 2, 3, 4]], [[9, 9, 8, 8], [7, 7, 6, 6]]
+  calls, call_prompts, per = split_calls(traces, prompts, 2)
+  assert per == 2 and calls == [[5, 6], [7, 8], [1, 2], [3, 4]]
+  assert call_prompts == [[9, 9], [8, 8], [7, 7], [6, 6]]
+  assert split_calls(traces, None, 4) == (traces, None, 1)
+  with pytest.raises(app.UsageError, match="does not divide"):
+    split_calls(traces, None, 3)
