@@ -526,9 +526,9 @@ def main(argv):
     _print(f"this host ({source}), {what}", results)
     if calls > 1:
       for m in results.values():
-        m["rollout_s_per_step"] = calls * m["rollout_s"]
-        m["step_s_per_step"] = calls * m["step_s"]
-      per_step = ", ".join(f"{k} {m['step_s_per_step']:.1f}" for k, m in results.items())
+        m["rollout_s_all_calls"] = calls * m["rollout_s"]
+        m["step_s_all_calls"] = calls * m["step_s"]
+      per_step = ", ".join(f"{k} {m['step_s_all_calls']:.1f}" for k, m in results.items())
       print(f"seconds a recorded rollout ({calls} calls): {per_step}")
   if _OUT.value:
     os.makedirs(os.path.dirname(_OUT.value) or ".", exist_ok=True)
