@@ -75,3 +75,15 @@ def attention_flops(model_cfg, rows: int, width: int) -> float:
   pairs = sum(min(block, width - s) * min(s + block, width) for s in range(0, width, block))
   per_layer = 2 * 2 * rows * pairs * model_cfg.num_heads * model_cfg.head_dim
   return 3.0 * per_layer * model_cfg.num_layers
+
+
+def split_calls(traces, prompts, rows: int):
+  """Each recorded rollout's rows (and their prompt lengths) in consecutive engine calls of
+  `rows` rows, as `rl.rows_per_call` runs a step (experiments/simulate.py
+  --rows_per_call); returns (calls, their prompts or None, calls per rollout)."""
+  counts = {len(t) for t in traces}
+  if len(counts) != 1 or next(iter(counts)) % rows:
+    raise ValueError(f"{rows} rows a call do not divide the rollouts' rows {sorted(counts)}")
+  per = next(iter(counts)) // rows
+  cut = lambda xs: [x[i * rows : (i + 1) * rows] for x in xs for i in range(per)]
+  return cut(traces), (None if prompts is None else cut(prompts)), per

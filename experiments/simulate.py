@@ -49,6 +49,7 @@ from absl import app, flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from experiments.common import split_calls  # noqa: E402
 from tlt_jax.sim import (  # noqa: E402
   ArmModel,
   Calibration,
@@ -154,18 +155,6 @@ def run_lengths(path: str) -> tuple[list[list[int]], list[list[int]] | None]:
   if not out:
     raise ValueError(f"{path}: no rollouts")
   return out, (None if any(p is None for p in prompts) else prompts)
-
-
-def split_calls(traces, prompts, rows: int):
-  """Each rollout's rows (and their prompt lengths) in consecutive engine calls of `rows`
-  rows, as `rl.rows_per_call` runs a step; returns (calls, their prompts, calls per
-  rollout)."""
-  counts = {len(t) for t in traces}
-  if len(counts) != 1 or next(iter(counts)) % rows:
-    raise app.UsageError(f"--rows_per_call={rows} does not divide the rollouts' rows {counts}")
-  per = next(iter(counts)) // rows
-  cut = lambda xs: [x[i * rows : (i + 1) * rows] for x in xs for i in range(per)]
-  return cut(traces), (None if prompts is None else cut(prompts)), per
 
 
 def predict(
@@ -480,7 +469,10 @@ def main(argv):
     if _LENGTHS.value:
       traces, prompts = run_lengths(_LENGTHS.value)
       if _ROWS_PER_CALL.value:
-        traces, prompts, calls = split_calls(traces, prompts, _ROWS_PER_CALL.value)
+        try:
+          traces, prompts, calls = split_calls(traces, prompts, _ROWS_PER_CALL.value)
+        except ValueError as e:
+          raise app.UsageError(f"--rows_per_call: {e}") from None
     else:
       median, p90, cap, rows = (float(x) for x in _LOGNORMAL.value)
       traces = lognormal_lengths(median, p90, int(cap), int(rows), _STEPS.value, _SEED.value)

@@ -78,16 +78,15 @@ def test_train_drafter_stacks_rollouts_of_different_hidden_widths():
 
 
 def test_simulate_splits_recorded_rollouts_into_engine_calls():
-  """experiments/simulate.py --rows_per_call: each recorded rollout's rows, with their prompt
-  lengths, in consecutive engine calls (a step's calls run one after another)."""
-  from absl import app
-
-  from experiments.simulate import split_calls
+  """experiments/simulate.py --rows_per_call (`common.split_calls`): each recorded rollout's
+  rows, with their prompt lengths, in consecutive engine calls (a step's calls run one after
+  another)."""
+  from experiments.common import split_calls
 
   traces, prompts = [[5, 6, 7, 8], [1, 2, 3, 4]], [[9, 9, 8, 8], [7, 7, 6, 6]]
   calls, call_prompts, per = split_calls(traces, prompts, 2)
   assert per == 2 and calls == [[5, 6], [7, 8], [1, 2], [3, 4]]
   assert call_prompts == [[9, 9], [8, 8], [7, 7], [6, 6]]
   assert split_calls(traces, None, 4) == (traces, None, 1)
-  with pytest.raises(app.UsageError, match="does not divide"):
+  with pytest.raises(ValueError, match="do not divide"):
     split_calls(traces, None, 3)
