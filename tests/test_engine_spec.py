@@ -336,8 +336,8 @@ def test_bandit_state_restores_into_a_new_engine(models):
 
 def test_an_adaptive_mixed_pool_matches_plain_and_counts_its_rounds(models, pool):
   """A bandit over coupled and argmax chains and a tree at temperature 1: the rollout stays
-  token-identical to plain decoding, and each speculative chunk's histogram of accepted
-  draft tokens adds up to its row-rounds and its accepted tokens."""
+  token-identical to plain decoding, and each speculative chunk accepts at most its arm's
+  depth of draft tokens per row-round."""
   _, tp, _, dp = models
   strategies = ("chain2", "chain3", "chain3-argmax", "tree3x2x6")
   engine = _engine(models, pool, SAMPLED, spec_strategies=strategies, spec_adaptive=True)
@@ -347,9 +347,8 @@ def test_an_adaptive_mixed_pool_matches_plain_and_counts_its_rounds(models, pool
     np.testing.assert_array_equal(got.tokens, _run(plain, tp, None, num_samples=4, key=key).tokens)
     for e in got.timeline:
       if e["phase"] == "spec":
-        hist = np.asarray(e["accepted_hist"])
-        assert hist.sum() == e["row_rounds"]
-        assert (np.arange(hist.size) * hist).sum() == e["accepted"]
+        depth = SpecStrategy.parse(e["strategy"]).depth
+        assert 0 <= e["accepted"] <= depth * e["row_rounds"]
   # Every arm was pulled in some bucket's warm-up.
   for arm in strategies:
     assert any(arms[arm]["pulls"] > 0 for arms in engine.bandit.summary().values()), arm

@@ -310,7 +310,7 @@ def test_rounds_cut_after_a_stage_keep_what_they_claim(models):
       stages = RoundStages.build(
         tg, tp, dg, dp, dc, k, static=static, strategy=CHAIN, view_len=S, cache_slots=st.cache.slots
       )
-      return run_rounds(round_cut_after(stages, stop), st, dc, dl, jnp.int32(rounds), 3)
+      return run_rounds(round_cut_after(stages, stop), st, dc, dl, jnp.int32(rounds))
 
     return jax.jit(fn)(tp, dp, st0, dcache, dlen, key)
 

@@ -205,7 +205,7 @@ def round_costs(
         corpus=corpus,
         group_match=match,
       )
-      return run_rounds(round_cut_after(stages, stage), st, dc, dl, r, strategy.depth)
+      return run_rounds(round_cut_after(stages, stage), st, dc, dl, r)
 
     args = (params, drafter_params, rows.state, rows.dcache, rows.dlen, rows.corpus)
     calls[stage] = (jax.jit(run), (*args, rows.key, np.int32(rounds)))

@@ -315,7 +315,6 @@ class RolloutRun:
       "rounds": int(stats.rounds),
       "row_rounds": int(stats.row_rounds.sum()),
       "accepted": int(stats.accepted.sum()),
-      "accepted_hist": [int(x) for x in stats.accepted_hist],
       "requested": rounds,
     }
     if strategy.uses_group:

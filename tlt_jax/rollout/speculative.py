@@ -176,20 +176,17 @@ class SpecStats:
     accepted: [B] int32, draft tokens accepted per row (before stop/max_len truncation).
     emitted: [B] int32, tokens committed per row.
     row_rounds: [B] int32, rounds in which the row was active.
-    accepted_hist: [depth + 1] int32, row-rounds by draft tokens accepted (0..depth).
   """
 
   rounds: jax.Array
   accepted: jax.Array
   emitted: jax.Array
   row_rounds: jax.Array
-  accepted_hist: jax.Array
 
   @classmethod
-  def zeros(cls, batch: int, depth: int) -> SpecStats:
+  def zeros(cls, batch: int) -> SpecStats:
     zeros = jnp.zeros((batch,), jnp.int32)
-    hist = jnp.zeros((depth + 1,), jnp.int32)
-    return cls(jnp.int32(0), zeros, zeros, zeros, hist)
+    return cls(jnp.int32(0), zeros, zeros, zeros)
 
   def add_round(self, active: jax.Array, accepted: jax.Array, emitted: jax.Array) -> SpecStats:
     """One more round in which `active` rows accepted and emitted these counts."""
@@ -199,7 +196,6 @@ class SpecStats:
       accepted=self.accepted + act * accepted,
       emitted=self.emitted + emitted,
       row_rounds=self.row_rounds + act,
-      accepted_hist=self.accepted_hist.at[accepted].add(act, mode="drop"),
     )
 
 
@@ -491,17 +487,16 @@ def run_rounds(
   drafter_cache: KVCache,
   drafter_len: jax.Array | None,
   num_rounds: jax.Array,
-  depth: int,
 ) -> RoundCarry:
   """Up to `num_rounds` (traced) applications of `round_fn` in a device loop, stopping
-  once every row is done; statistics start at zero (histogram of depth + 1 bins)."""
+  once every row is done; statistics start at zero."""
 
   def cond(carry: RoundCarry) -> jax.Array:
     st, _, _, stats = carry
     return (stats.rounds < num_rounds) & ~jnp.all(st.done)
 
   dlen0 = None if drafter_len is None else drafter_len.astype(jnp.int32)
-  init = (state, drafter_cache, dlen0, SpecStats.zeros(state.batch, depth))
+  init = (state, drafter_cache, dlen0, SpecStats.zeros(state.batch))
   return lax.while_loop(cond, round_fn, init)
 
 
@@ -563,6 +558,4 @@ def spec_decode_chunk(
     corpus=corpus,
     group_match=group_match,
   )
-  return run_rounds(
-    stages.full_round, state, drafter_cache, drafter_len, num_rounds, strategy.depth
-  )
+  return run_rounds(stages.full_round, state, drafter_cache, drafter_len, num_rounds)
