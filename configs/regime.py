@@ -46,8 +46,8 @@ MEDIAN_STEPS, MAX_STEPS = 12, 125
 
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
   """Variants: "" (the CPU regime above), "small" (the learning recipe on the 0.8M policy),
-  "gpu" (that recipe at a GPU's batch, sized for one ~9-minute device sitting:
-  experiments/gpu_curve.sh), "tiny" (a seconds-long rehearsal of
+  "gpu" (that recipe on a 12-layer policy at a GPU's batch, sized for one ~9-minute device
+  sitting: experiments/gpu_curve.sh), "tiny" (a seconds-long rehearsal of
   either on a CPU: the same script, program count and compile seconds on tiny shapes)."""
   if arg not in ("", "gpu", "tiny", "small"):
     raise ValueError(f"configs/regime.py: unknown variant {arg!r}; allowed: '', gpu, small, tiny")
@@ -134,32 +134,60 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
 
 
 def _gpu(c: ml_collections.ConfigDict) -> None:
-  """The small variant's learning recipe (its 0.8M policy, 80% hasty demonstrator, outcome
-  rewards, lr 3e-5: what learnt on the CPU, RESULTS.md 2026-11-28) at a GPU's batch. On a
-  GPU a decode step costs the same for one row as for hundreds (b* > 512 rows on an H200:
-  experiments/RESULTS.md, its recorded cost surface), so one call holds the step's 32
-  prompts x 8 samples, and the long tail is where speculation runs. The programs are capped
-  (few batch and cache buckets, two chains, one packed width) and the policy is small so
-  that compiles fit a ~9-minute sitting; float32 products at "highest" (gpu_curve.sh) so
-  the modes' curves coincide."""
+  """The small variant's learning recipe (80% hasty demonstrator, outcome rewards) inside a
+  GPU's regime, sized for one ~9-minute device sitting (experiments/gpu_curve.sh).
+
+  The first H200 sitting (RESULTS.md, 2026-11-28) ran this recipe on the 0.8M policy (4
+  layers) and learnt, but showed no speedup: its decode step cost ~0.1 ms, a 256-row
+  rollout 0.2 s, and speculation had nothing to take. The policy here is 12 layers x 128
+  (2.4M), in the hope that launches per layer would make the drafter a small fraction of a
+  step. The second sitting measured otherwise: its plain step cost 0.68 ms in the tail and
+  a chain-8 round 3.6 ms (5.3 steps for 5.6 tokens), so generation ran only 1.1x faster; it
+  learnt in 10 steps (RESULTS.md, 2026-11-28, second H200 sitting). A step that the weights
+  bound needs a wider policy. One engine call holds the step's 32 prompts x 8 samples;
+  batch buckets start at 64 rows (padding is nearly free at these widths) and speculation
+  is considered from 64 rows down. Response lengths are long-tailed (steps_sigma 1.3: the
+  longest of 32 problems ~10x the median), and the SFT rows hold the longest solution, so
+  the tail is in the warm start's training. Programs are capped (three batch and three
+  cache buckets, two chains, one packed width, one update row count) so compiles fit the
+  sitting; float32 products at "highest" (gpu_curve.sh) so the modes' curves
+  coincide."""
   _small(c)
-  # The H200 ran the small recipe's 720 SFT steps in 16 s (RESULTS.md, 2026-11-28), and
-  # the careful answers' accuracy caps the rise (0.48 sampled after 720 steps on the CPU):
-  # a longer warm start is cheap there.
-  c.sft.steps = 2000
+  c.model.num_layers = 12
+  c.task.params.steps_sigma = 1.3
+  # The H200 ran the 4-layer warm start's 720 steps of 16 x 448 in 16 s; rows of 2,048
+  # tokens hold every solution (the longest ~1,450 tokens).
+  c.sft.steps = 1000
+  c.sft.batch_rows = 8
+  c.sft.row_len = 2048
+  c.sft.learning_rate = 3e-3
+  c.sft.warmup_steps = 50
   c.rl.steps = 40
   c.rl.eval_every = 10
   c.rl.prompts_per_step = 32
   c.rl.group_size = 8
   c.rl.rows_per_call = 0
+  # Twice the CPU recipe's rate: 40 steps of 256 rows moved the effort choice only
+  # 0.18 -> 0.49 at 3e-5 (RESULTS.md, 2026-11-28).
+  c.rl_update.learning_rate = 6e-5
   c.engine.max_batch = 256
-  c.engine.min_batch_bucket = 8
+  c.engine.min_batch_bucket = 64
   c.engine.min_cache_bucket = 512
-  c.engine.spec_threshold = 32
+  c.engine.spec_threshold = 64
   c.engine.spec_strategies = ("chain4", "chain8")
+  # Each device call costs a host round trip (~5 ms there against ~0.1 ms a step): longer
+  # plain chunks in every mode.
+  c.engine.chunk_steps = 32
   c.rl_update.micro_batch = 8
   c.rl_update.pack_width = 2048
+  # One update program: 256 responses of up to ~300 tokens on average fill <= 64 rows of
+  # 2,048 (padding micro-batches are skipped). The second sitting compiled one per row
+  # count (16, 32, 64), ~43 s each, and ran out of time (RESULTS.md, 2026-11-28).
+  c.rl_update.min_rows = 64
   c.rl.checkpoint_every = 40
+  # Every rollout program compiled before the first step, on 8 threads of the GPU's host
+  # (compare.warm_up): lazily, one at a time, the first sitting's 131 programs took 217 s.
+  c.rl.warmup_engine = True
 
 
 def _small(c: ml_collections.ConfigDict) -> None:

@@ -42,7 +42,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from experiments.host import cpu_model, matmul_flops, read_bandwidth  # noqa: E402
 from tlt_jax import checkpoint, compare, curves  # noqa: E402
-from tlt_jax.evaluation import held_out_metrics  # noqa: E402
+from tlt_jax.evaluation import GREEDY, held_out_metrics  # noqa: E402
 from tlt_jax.rollout.engine import RolloutEngine  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/regime.py", "job config")
@@ -83,6 +83,7 @@ class FastEvaluation:
   def __init__(self, eval_batch: int):
     self.eval_batch = eval_batch
     self.engine = self.drafter_params = None
+    self.warmup_s = 0.0
 
   def __call__(self, runs: dict):
     drafted = [r for r in runs.values() if r["job"].drafter is not None]
@@ -100,7 +101,26 @@ class FastEvaluation:
     # The warm-start drafter, copied before any online update touches it.
     if job.drafter is not None:
       self.drafter_params = jax.tree.map(np.array, job.drafter.params)
+    if job.config.rl.get("warmup_engine", False):
+      self.warm_up(next(iter(runs.values()))["trainer"])
     return self.evaluate
+
+  def warm_up(self, trainer):
+    """Compiles the evaluation's programs ahead (greedy, one sample a problem; sampled,
+    `eval_samples` a problem), as `compare.warm_up` does the runs'."""
+    t = time.perf_counter()
+    n, samples = len(trainer.evals), trainer.cfg.eval_samples
+    for sampling, per_problem in ((GREEDY, 1), (self.engine.sampling, samples)):
+      if per_problem:
+        per_call = min(n, max(self.eval_batch // per_problem, 1))
+        self.engine.warmup(
+          trainer.params,
+          sampling=sampling,
+          num_prompts=sorted({per_call, n % per_call} - {0}),
+          num_samples=per_problem,
+          drafter_params=self.drafter_params,
+        )
+    self.warmup_s = time.perf_counter() - t
 
   def evaluate(self, trainer):
     return held_out_metrics(
@@ -241,7 +261,7 @@ def main(argv):
   # warm start is step 0's policy, so it must give the run's own step-0 reward).
   base_trainer = runs[base]["trainer"]
   n = len(rewards[base])
-  last = list(range(n - n // 4, n))
+  last = list(range(n - max(n // 4, 1), n))
   warm = checkpoint.restore_params(os.path.join(out, "shared", "warm_start"), base_trainer.params)
   with open(base_trainer.metrics_path) as f:
     refills = sum(json.loads(line).get("refills", 0) for line in f)
@@ -268,10 +288,14 @@ def main(argv):
     }
     for label, run in runs.items()
   }
+  for label, run in runs.items():
+    if "warmup_s" in run:
+      programs[label]["warmup_wall_s"] = run["warmup_s"]
   if fast.engine is not None:
     programs["evaluation"] = {
       "rollout": fast.engine.pool.compiles,
       "rollout_s": fast.engine.pool.compile_seconds,
+      "warmup_wall_s": fast.warmup_s,
     }
   report = {
     "host_start": host_start,

@@ -199,6 +199,24 @@ def test_an_interleaved_comparison_cut_short_resumes_from_its_checkpoints(tmp_pa
   assert rows[:2] == first["baseline_s0"]  # not rerun: the same measured seconds
 
 
+def test_an_interleaved_comparison_warms_its_engines_up_first(tmp_path):
+  """With rl.warmup_engine every run's rollout programs compile before its first step
+  (`compare.warm_up`): step 0's rollout compiles nothing, and the row carries the step's
+  response-length median and maximum (the long tail's bar)."""
+  c = _checkpoint_config(tmp_path, _checkpoint(tmp_path / "ckpt"))
+  c.rl.warmup_engine = True
+  runs, rows, _ = compare.run_interleaved(
+    c, str(tmp_path / "out"), ["baseline"], 0, 1, progress=False
+  )
+  run = runs["baseline_s0"]
+  assert run["warmup_s"] > 0
+  with open(run["trainer"].metrics_path) as f:
+    (metrics,) = [json.loads(line) for line in f]
+  assert metrics["time/rollout_compile"] == 0.0
+  (row,) = rows["baseline_s0"]
+  assert 1 <= row["length_median"] <= row["length_max"]
+
+
 def test_a_shared_folder_built_from_another_recipe_is_refused(tmp_path, monkeypatch):
   """prepare_shared reuses finished warm starts only when they were built from the same
   model, task, SFT and drafter settings (shared/config.json): a changed SFT step count or

@@ -396,6 +396,29 @@ def test_regime_config_is_in_tlts_regime():
   assert all(e["solution"].rsplit("#", 1)[1].isdigit() for e in examples)
 
 
+def test_regime_gpu_variant_keeps_its_sitting_budget_claims():
+  """configs/regime.py:gpu: SFT rows hold the longest solution (the tail is in the warm
+  start), the longest of 32 problems is ~10x the median response, three batch buckets, and
+  one update program: `min_rows` packed rows hold every response of a step at its mean."""
+  import numpy as np
+
+  from configs import regime
+  from tlt_jax.data.tasks import get_task
+
+  config = regime.get_config("gpu")
+  tok = CharTokenizer()
+  rl, _, update = configuration.rl_configs(config)
+  engine = configuration.engine_config(config, tok)
+  examples = get_task(config.task.name).generate(0, 4000, **config.task.params.to_dict())
+  lengths = np.array([len(e["solution"]) + len(e["question"]) + 2 for e in examples])
+  assert lengths.max() <= config.sft.row_len and lengths.max() < engine.max_new_tokens
+  draws = np.random.default_rng(0).choice(lengths, (500, rl.prompts_per_step))
+  assert np.median(draws.max(1) / np.median(draws, 1)) >= 8
+  assert len(engine.batch_buckets) == 3 and config.rl.warmup_engine
+  rows = rl.prompts_per_step * rl.group_size
+  assert update.min_rows * update.pack_width >= rows * 2 * np.mean(lengths)
+
+
 def test_process_credit_takes_the_tasks_step_checker():
   from tlt_jax import train
   from tlt_jax.data.tasks import get_task

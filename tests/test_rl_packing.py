@@ -70,6 +70,19 @@ def test_pow2_rows_pad_to_the_multiple_times_a_power_of_two():
   assert rows == {1: 3, 3: 3, 4: 6, 7: 12, 13: 24}
 
 
+def test_min_rows_floors_the_row_count_so_batches_share_one_program():
+  """Rows padded to at least min_rows (rounded to the multiple, then to a power of two):
+  batches of 1..min_rows rows all get min_rows; a larger one grows as without the floor."""
+  rows = {
+    n: plan_packing(np.full(n, 8), 8, 4, pow2_rows=True, min_rows=16).num_rows
+    for n in (1, 5, 16, 17)
+  }
+  assert rows == {1: 16, 5: 16, 16: 16, 17: 32}
+  assert plan_packing(np.full(3, 8), 8, 4, min_rows=6).num_rows == 8
+  plan = plan_packing(np.full(3, 8), 8, 4, min_rows=16)
+  np.testing.assert_array_equal(plan.row, plan_packing(np.full(3, 8), 8, 4).row)
+
+
 def test_per_token_advantages_are_packed_as_given():
   s = _samples(5)
   per_sample = s["advantages"]

@@ -217,7 +217,9 @@ def run_interleaved(
   evaluates a trainer (e.g. on a faster engine); by default each trainer evaluates with
   its own.
 
-  Returns ({label: {"mode", "seed", "job", "trainer"}}, {label: its step rows
+  With `rl.warmup_engine` every run's rollout programs compile first (`warm_up`).
+
+  Returns ({label: {"mode", "seed", "job", "trainer"[, "warmup_s"]}}, {label: its step rows
   (`step_row`)}, the SharedEvaluation with its digests and mismatches).
   """
   check_modes(modes)
@@ -240,6 +242,9 @@ def run_interleaved(
     job = train.prepare(cfg, workdir, progress)
     runs[label] = {"mode": mode, "seed": seed, "job": job, "trainer": train.make_trainer(job)}
   trainers = {label: run["trainer"] for label, run in runs.items()}
+  if config.rl.get("warmup_engine", False):
+    for run in runs.values():
+      run["warmup_s"] = warm_up(run["job"], run["trainer"])
   evaluation = SharedEvaluation(evaluate(runs) if evaluate else None)
   total = int(config.rl.steps)
   for end in range(block, total + block, block):
@@ -255,6 +260,20 @@ def run_interleaved(
     with open(trainer.metrics_path) as f:
       rows[label] = [step_row(label, json.loads(line)) for line in f]
   return runs, rows, evaluation
+
+
+def warm_up(job: Any, trainer: Any) -> float:
+  """Compiles every program the run's rollouts can need before its first step (on an
+  accelerator on several threads at once: `RolloutEngine.warmup`); returns the seconds. A
+  device sitting's compiles then overlap, and no step time carries them."""
+  cfg = trainer.cfg
+  per_call = cfg.rows_per_call // cfg.group_size if cfg.rows_per_call else cfg.prompts_per_step
+  return job.engine.warmup(
+    trainer.params,
+    num_prompts=sorted({per_call, cfg.prompts_per_step % per_call} - {0}),
+    num_samples=cfg.group_size,
+    drafter_params=None if job.drafter is None else job.drafter.params,
+  )
 
 
 def step_row(label: str, r: dict[str, Any]) -> dict[str, Any]:
@@ -288,6 +307,9 @@ def step_row(label: str, r: dict[str, Any]) -> dict[str, Any]:
     "data_epoch": r.get("data/epoch", ""),
     # What RL changes in the responses: their length and how they open (the strategy).
     "length_mean": r.get("length_mean", ""),
+    # The long tail TLT attacks: the step's longest response against its median.
+    "length_median": r.get("length_median", ""),
+    "length_max": r.get("length_max", ""),
     "first_token_share": r.get("first_token_share", ""),
     "drafter_updates": r.get("drafter/updates", ""),
   }

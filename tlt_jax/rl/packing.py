@@ -66,14 +66,19 @@ class Packing:
 
 
 def plan_packing(
-  lengths: np.ndarray, width: int, row_multiple: int = 1, pow2_rows: bool = False
+  lengths: np.ndarray,
+  width: int,
+  row_multiple: int = 1,
+  pow2_rows: bool = False,
+  min_rows: int = 0,
 ) -> Packing:
   """First-fit decreasing bin packing of samples into rows of `width` columns.
 
   Rows are padded up to a multiple of `row_multiple` (micro-batch and mesh
   divisibility), with `pow2_rows` to `row_multiple` times a power of two: every
   new row count is a new program to compile, and powers of two bound them to a
-  handful per width, for at most twice the rows (padding rows weigh 0).
+  handful per width, for at most twice the rows (padding rows weigh 0). `min_rows`:
+  at least this many rows, so every batch that fits them shares one program.
   Deterministic: ties keep sample order.
   """
   lengths = np.asarray(lengths, np.int64)
@@ -95,7 +100,7 @@ def plan_packing(
       used.append(0)
     row[n], col[n] = r, used[r]
     used[r] += size
-  blocks = -(-len(used) // row_multiple)
+  blocks = max(-(-len(used) // row_multiple), -(-min_rows // row_multiple))
   if pow2_rows:
     blocks = 1 << (blocks - 1).bit_length()
   return Packing(row, col, lengths, blocks * row_multiple, width)
@@ -126,6 +131,7 @@ def pack_policy_batch(
   row_multiple: int = 1,
   pow2_rows: bool = False,
   rollout_logp: np.ndarray | None = None,
+  min_rows: int = 0,
 ) -> tuple[dict[str, np.ndarray], Packing]:
   """Per-sample rollout arrays ([N, T] rows; advantages [N], or [N, T] per token) -> a
   packed policy batch.
@@ -136,7 +142,7 @@ def pack_policy_batch(
   on-policy update, which needs none) leaves it out; `rollout_logp` (the engine's
   log-probs, for the update's rollout-vs-trainer check) is packed when given.
   """
-  p = plan_packing(length, width, row_multiple, pow2_rows)
+  p = plan_packing(length, width, row_multiple, pow2_rows, min_rows)
   n, t = tokens.shape
   adv = advantages.astype(np.float32)
   adv = adv[:, None] if adv.ndim == 1 else adv

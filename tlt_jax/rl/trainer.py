@@ -501,7 +501,8 @@ class GRPOTrainer:
     packed rows; the returned function waits and gives them per call, [rows, slots]."""
     lengths = np.concatenate([r.length for r in results])
     width = packed_width(results, self.engine.config.slots, self.update_cfg.pack_width)
-    plan = plan_packing(lengths, width, self.update_cfg.micro_batch, self.update_cfg.pow2_rows)
+    ucfg = self.update_cfg
+    plan = plan_packing(lengths, width, ucfg.micro_batch, ucfg.pow2_rows, ucfg.min_rows)
     t = max(r.tokens.shape[1] for r in results)
     pad = lambda x: np.pad(np.asarray(x, np.int32), ((0, 0), (0, t - x.shape[1])))  # noqa: E731
     tokens = np.concatenate([pad(r.tokens) for r in results])
@@ -626,6 +627,7 @@ class GRPOTrainer:
       "reward_mean": float(got.rewards.mean()),
       "accuracy": float((got.rewards > 0.5).mean()),
       "length_mean": float(generated.mean()),
+      "length_median": float(np.median(generated)),
       "length_max": int(generated.max()),
       # The responses' commonest opening tokens and their shares, as JSON text (a plain
       # value for every sink): e.g. the effort choice an RL run should learn.
@@ -701,6 +703,7 @@ class GRPOTrainer:
           width=width,
           row_multiple=ucfg.micro_batch,
           pow2_rows=ucfg.pow2_rows,
+          min_rows=ucfg.min_rows,
         )
         cells += plan.num_rows * plan.width
         real += int(plan.length.sum())

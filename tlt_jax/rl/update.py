@@ -148,6 +148,10 @@ class UpdateConfig:
     pow2_rows: pad packed rows further, to micro_batch x a power of two: at most
       log2(rows / micro_batch) + 1 update (and old-log-prob) programs per row width
       to compile, for up to twice the rows. False: any multiple of micro_batch.
+    min_rows: pad packed rows to at least this many: every rollout batch that fits them
+      shares one update program (the micro-batches of padding skip their forward and
+      backward). 0: no floor. On a GPU, where an update program of a 12-layer policy took
+      ~43 s to compile (RESULTS.md, 2026-11-28), one program instead of three.
     mini_batches: optimizer steps per rollout batch (PPO mini-batches): the batch's
       samples are shuffled and split into this many equal parts, each one update
       against the same old log-probs, so the clipped ratio does its job. 1: one
@@ -179,6 +183,7 @@ class UpdateConfig:
   grad_clip: float = 1.0
   micro_batch: int = 8
   pow2_rows: bool = True
+  min_rows: int = 0
   mini_batches: int = 1
   epochs: int = 1
   b1: float = 0.9
@@ -202,6 +207,8 @@ class UpdateConfig:
       raise ValueError(f"weight_decay must be a finite number >= 0, got {self.weight_decay!r}")
     if not (self.grad_clip > 0 and math.isfinite(self.grad_clip)):
       raise ValueError(f"grad_clip must be a finite number > 0, got {self.grad_clip!r}")
+    if not isinstance(self.min_rows, int) or self.min_rows < 0:
+      raise ValueError(f"min_rows must be an int >= 0, got {self.min_rows!r}")
     if not isinstance(self.pack_width, int) or self.pack_width < 0:
       raise ValueError(f"pack_width must be an int >= 0, got {self.pack_width!r}")
     for name in ("micro_batch", "mini_batches", "epochs"):
