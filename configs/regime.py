@@ -144,14 +144,16 @@ def _gpu(c: ml_collections.ConfigDict) -> None:
   step. The second sitting measured otherwise: its plain step cost 0.68 ms in the tail and
   a chain-8 round 3.6 ms (5.3 steps for 5.6 tokens), so generation ran only 1.1x faster; it
   learnt in 10 steps (RESULTS.md, 2026-11-28, second H200 sitting). A step that the weights
-  bound needs a wider policy. One engine call holds the step's 32 prompts x 8 samples;
-  batch buckets start at 64 rows (padding is nearly free at these widths) and speculation
-  is considered from 64 rows down. Response lengths are long-tailed (steps_sigma 1.3: the
-  longest of 32 problems ~10x the median), and the SFT rows hold the longest solution, so
-  the tail is in the warm start's training. Programs are capped (three batch and three
-  cache buckets, two chains, one packed width, one update row count) so compiles fit the
-  sitting; float32 products at "highest" (gpu_curve.sh) so the modes' curves
-  coincide."""
+  bound needs a wider policy, and a tail that runs at its own rows: that sitting's batch
+  buckets started at 64 rows, so every tail step read 64 rows' KV cache (~0.8 GB at the
+  2,048-slot view, ~0.3 ms of the 0.68); buckets now go down to 8 rows (set after the
+  sitting, not yet measured). One engine call holds the step's 32 prompts x 8 samples,
+  and speculation is considered from 64 rows down. Response lengths are long-tailed
+  (steps_sigma 1.3: the longest of 32 problems ~10x the median), and the SFT rows hold the
+  longest solution, so the tail is in the warm start's training. Programs are capped (six
+  batch and three cache buckets, two chains, one packed width, one update row count) and
+  compiled side by side before the first step, so compiles fit the sitting; float32
+  products at "highest" (gpu_curve.sh) so the modes' curves coincide."""
   _small(c)
   c.model.num_layers = 12
   c.task.params.steps_sigma = 1.3
@@ -162,7 +164,8 @@ def _gpu(c: ml_collections.ConfigDict) -> None:
   c.sft.row_len = 2048
   c.sft.learning_rate = 3e-3
   c.sft.warmup_steps = 50
-  c.rl.steps = 40
+  # It learnt in 10 steps at this rate: 30 steps, evaluated after steps 9, 19 and 29.
+  c.rl.steps = 30
   c.rl.eval_every = 10
   c.rl.prompts_per_step = 32
   c.rl.group_size = 8
@@ -171,7 +174,7 @@ def _gpu(c: ml_collections.ConfigDict) -> None:
   # 0.18 -> 0.49 at 3e-5 (RESULTS.md, 2026-11-28).
   c.rl_update.learning_rate = 6e-5
   c.engine.max_batch = 256
-  c.engine.min_batch_bucket = 64
+  c.engine.min_batch_bucket = 8
   c.engine.min_cache_bucket = 512
   c.engine.spec_threshold = 64
   c.engine.spec_strategies = ("chain4", "chain8")
@@ -184,7 +187,7 @@ def _gpu(c: ml_collections.ConfigDict) -> None:
   # 2,048 (padding micro-batches are skipped). The second sitting compiled one per row
   # count (16, 32, 64), ~43 s each, and ran out of time (RESULTS.md, 2026-11-28).
   c.rl_update.min_rows = 64
-  c.rl.checkpoint_every = 40
+  c.rl.checkpoint_every = 30
   # Every rollout program compiled before the first step, on 8 threads of the GPU's host
   # (compare.warm_up): lazily, one at a time, the first sitting's 131 programs took 217 s.
   c.rl.warmup_engine = True

