@@ -788,9 +788,12 @@ class GRPOTrainer:
         # train_step timed there, between its engine calls).
         row.setdefault("time/drafter", 0.0)
         if self.scheduler is not None:
-          t = time.perf_counter()
+          t, compiled = time.perf_counter(), self._drafter_compile_seconds()
           self.scheduler.finish_step(self.params)
           row["time/drafter"] += time.perf_counter() - t
+          # A first update compiles here (mode tlt's step 0 when no rollout primed it: 12.6
+          # s on an H200, RESULTS.md 2026-11-28): a compile, as train_step counts its own.
+          row["time/train_compile"] += self._drafter_compile_seconds() - compiled
         skipped = row.get("loss/skipped", 0.0) > 0
         t = time.perf_counter()
         if cfg.eval_every and self.step % cfg.eval_every == 0 or self.step == cfg.steps:
