@@ -5,12 +5,13 @@
 # others, so one call on a borrowed machine returns whatever it could measure.
 #
 # Compiles, not runs, are what a 15-minute lease runs out of (an H200 took 15-45 s per program
-# of the 50M policy: experiments/RESULTS.md, stop 31). So the stages that time nothing (the
-# exactness tests, the token-identity checks, the 50M policy's warm start and drafter) run
-# side by side, each compiling on its own host cores; warm-ups compile their programs on
-# several threads (ExecutablePool.compiling_ahead); on NVIDIA GPUs XLA's GEMM autotuning is
-# off unless XLA_FLAGS says otherwise (cuBLAS's heuristics pick the kernels). The timed
-# stages (the speculative benchmark, then the cost surface) run alone afterwards.
+# of the 50M policy: experiments/RESULTS.md, 2026-11-26, the first H200 sitting). So the
+# stages that time nothing (the exactness tests, the token-identity checks, the 50M policy's
+# warm start and drafter) run side by side, each compiling on its own host cores; warm-ups
+# compile their programs on several threads (ExecutablePool.compiling_ahead); on NVIDIA GPUs
+# XLA's GEMM autotuning is off unless XLA_FLAGS says otherwise (cuBLAS's heuristics pick the
+# kernels). The timed stages (the speculative benchmark, then the cost surface) run alone
+# afterwards.
 #
 #   pip install -U "jax[cuda12]"   # or "jax[tpu]"; then: pip install -e '.[test]'
 #   bash experiments/accelerator.sh runs/accelerator

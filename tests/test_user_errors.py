@@ -1,4 +1,4 @@
-"""What a user gets wrong, reported in one line before anything is built (issue 50): a missing
+"""What a user gets wrong, reported in one line before anything is built: a missing
 or incomplete checkpoint, a config.json the loader does not understand, malformed data rows,
 rows without the configured keys, reference answers the checker cannot read, rl.steps < 0;
 and a run whose steps took no optimizer step says so in its summary."""

@@ -1,4 +1,4 @@
-"""The workdir as a job leaves it (issue 50): one job at a time (an OS lock the kernel drops
+"""The workdir as a job leaves it: one job at a time (an OS lock the kernel drops
 with its holder), a run that fails its checks touches nothing, and a rerun after a kill
 before the first checkpoint starts over instead of appending to the killed run's rows."""
 
