@@ -493,6 +493,19 @@ class GRPOTrainer:
     )
     return scored, old_logp, pooled
 
+  def _finish_drafter_step(self, row: dict[str, Any]) -> None:
+    """TLT: the updates the step's slices left short of its minimum, blocking, before the
+    checkpoint (which saves them); a phase of their own (added to what train_step timed
+    there, between its engine calls). A first update compiles here (mode tlt's step 0,
+    when no rollout primed it: 12.6 s on an H200, RESULTS.md 2026-11-28): counted as a
+    compile, as train_step counts its own."""
+    row.setdefault("time/drafter", 0.0)
+    if self.scheduler is not None:
+      t, compiled = time.perf_counter(), self._drafter_compile_seconds()
+      self.scheduler.finish_step(self.params)
+      row["time/drafter"] += time.perf_counter() - t
+      row["time/train_compile"] += self._drafter_compile_seconds() - compiled
+
   def _drafter_compile_seconds(self) -> float:
     return 0.0 if self.scheduler is None else self.scheduler.drafter.compile_seconds
 
@@ -783,17 +796,7 @@ class GRPOTrainer:
       while self.step < until:
         t0 = time.perf_counter()
         row = self.train_step(rewards)
-        # TLT: the updates the step's slices left short of its minimum, blocking, before
-        # the checkpoint (which saves them); a phase of their own (added to what
-        # train_step timed there, between its engine calls).
-        row.setdefault("time/drafter", 0.0)
-        if self.scheduler is not None:
-          t, compiled = time.perf_counter(), self._drafter_compile_seconds()
-          self.scheduler.finish_step(self.params)
-          row["time/drafter"] += time.perf_counter() - t
-          # A first update compiles here (mode tlt's step 0 when no rollout primed it: 12.6
-          # s on an H200, RESULTS.md 2026-11-28): a compile, as train_step counts its own.
-          row["time/train_compile"] += self._drafter_compile_seconds() - compiled
+        self._finish_drafter_step(row)
         skipped = row.get("loss/skipped", 0.0) > 0
         t = time.perf_counter()
         if cfg.eval_every and self.step % cfg.eval_every == 0 or self.step == cfg.steps:
