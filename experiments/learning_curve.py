@@ -112,11 +112,11 @@ class FastEvaluation:
     n, samples = len(trainer.evals), trainer.cfg.eval_samples
     for sampling, per_problem in ((GREEDY, 1), (self.engine.sampling, samples)):
       if per_problem:
-        per_call = min(n, max(self.eval_batch // per_problem, 1))
+        per = max(self.eval_batch // per_problem, 1)  # prompts a call, as evaluation splits
         self.engine.warmup(
           trainer.params,
           sampling=sampling,
-          num_prompts=sorted({per_call, n % per_call} - {0}),
+          num_prompts=sorted({min(per, n - a) for a in range(0, n, per)}),
           num_samples=per_problem,
           drafter_params=self.drafter_params,
         )

@@ -201,6 +201,13 @@ class Forward:
     return 1e3 * float(np.median(times)) / self.n
 
 
+def measured(graphdef, cfg, params, batch: int, tokens: int, context: int):
+  """A grid cell: the looped forward compiled and timed; returns (the Forward, its cell)."""
+  fwd = Forward(graphdef, cfg, batch, tokens, context, _STEPS.value)
+  compile_s = fwd.compile(params)
+  return fwd, {"ms": fwd.ms(params, _REPS.value), "compile_s": compile_s}
+
+
 class Stages:
   """The results file and each stage's measurements (see the module docstring)."""
 
@@ -295,9 +302,7 @@ class Stages:
         continue
       if self._late(start):
         return False
-      fwd = Forward(graphdef, cfg, 1, tokens, context, _STEPS.value)
-      compile_s = fwd.compile(params)
-      cell = {"ms": fwd.ms(params, _REPS.value), "compile_s": compile_s}
+      fwd, cell = measured(graphdef, cfg, params, 1, tokens, context)
       trace = os.path.join(self.out, f"trace_verify_{tokens}")
       calls = 2
       with jax.profiler.trace(trace, create_perfetto_trace=True):
@@ -325,9 +330,7 @@ class Stages:
               continue
             if self._late(start):
               return False
-            fwd = Forward(graphdef, cfg, batch, tokens, context, _STEPS.value)
-            compile_s = fwd.compile(params)
-            grid[key] = {"ms": fwd.ms(params, _REPS.value), "compile_s": compile_s}
+            grid[key] = measured(graphdef, cfg, params, batch, tokens, context)[1]
             print(key, grid[key], flush=True)
             self.save()
           batch *= 2

@@ -267,10 +267,9 @@ def warm_up(job: Any, trainer: Any) -> float:
   accelerator on several threads at once: `RolloutEngine.warmup`); returns the seconds. A
   device sitting's compiles then overlap, and no step time carries them."""
   cfg = trainer.cfg
-  per_call = cfg.rows_per_call // cfg.group_size if cfg.rows_per_call else cfg.prompts_per_step
   return job.engine.warmup(
     trainer.params,
-    num_prompts=sorted({per_call, cfg.prompts_per_step % per_call} - {0}),
+    num_prompts=sorted({b - a for a, b in trainer.call_groups(cfg.prompts_per_step)}),
     num_samples=cfg.group_size,
     drafter_params=None if job.drafter is None else job.drafter.params,
   )

@@ -404,13 +404,13 @@ class GRPOTrainer:
     self.scheduler.load_state_dict(state["scheduler"])
 
   # ------------------------------------------------------------------- step
-  def _call_groups(self, prompts: int) -> list[tuple[int, int]]:
+  def call_groups(self, prompts: int) -> list[tuple[int, int]]:
     """[first, end) prompt ranges of a batch of `prompts` prompts, one per engine call."""
     per = self.cfg.rows_per_call // self.cfg.group_size or prompts
     return [(a, min(a + per, prompts)) for a in range(0, prompts, per)]
 
   def _rollout(self, examples, rewards: RewardPool, salt: int, times: dict[str, float]):
-    """Rolls out G samples of each example, one engine call per `_call_groups` range, each
+    """Rolls out G samples of each example, one engine call per `call_groups` range, each
     row's reward scored (host threads) from its harvest on, while the rest decode; then
     dispatches the batch's old log-probs (unless `skip_old_logp`) and waits for the scores.
 
@@ -424,7 +424,7 @@ class GRPOTrainer:
     # One key for the batch: rows differ by sequence id, so calls reproduce one call.
     key = jax.random.fold_in(jax.random.key(cfg.seed), self.step * 64 + salt)
     calls, between = [], 0.0
-    for a, b in self._call_groups(p):
+    for a, b in self.call_groups(p):
       part = examples[a:b]
       prompts = [self.tokenizer.encode(self.format_prompt(ex), add_bos=True) for ex in part]
       drafter_params, hook = self.drafter_params, None
