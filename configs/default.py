@@ -118,13 +118,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.engine.group_siblings = 8
   c.engine.group_reference_len = 2048
   c.engine.group_history = 4
-  # A chunk's speed, for the bandit: "octile" (tokens/s of the rows' lower octile: the rows
-  # falling behind bound when a bucket ends), "frontier" (the least-advanced row) or "row"
-  # (the mean active row's tokens/s).
-  c.engine.bandit_reward = "octile"
-  # The UCB bonus's weight, in spreads of the chunk rewards (lower: fewer chunks on close
-  # seconds, a slower response to a change).
-  c.engine.bandit_exploration = 2.0
+  # The UCB bonus's weight, in units of a bucket's best mean reward (lower: fewer chunks on
+  # close seconds, a slower response to a change).
+  c.engine.bandit_exploration = 0.2
   # Float32 products of the rollout at "highest": on GPUs the default (TF32) rounds a decode
   # step and a verification apart, and speculative rows stop being plain's token for token.
   c.engine.matmul_precision = "highest"

@@ -89,7 +89,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.engine.spec_threshold = 4  # the whole call is at or below b*
   # A 40-step run passes each batch bucket's bandit a few dozen chunks: it must settle
   # quickly (a narrower UCB bonus).
-  c.engine.bandit_exploration = 1.0
+  c.engine.bandit_exploration = 0.1
 
   c.drafter.warmup_prompts = 128
   c.drafter.offline_steps = 300

@@ -8,9 +8,10 @@ speculative decoding serves in a rollout, and rows that stay active for the
 whole budget, so B is the batch throughout. Configurations:
   plain      - plain decode (spec off),
   <strategy> - speculative decoding with that fixed strategy every chunk,
-  adaptive   - the per-bucket bandit choosing among plain and the strategies, rewarded by
-               the first of `--adaptive_rewards` (`EngineConfig.bandit_reward`);
-  adaptive_<reward> - the same bandit rewarded by each further measure listed there,
+  adaptive   - the per-bucket bandit choosing among plain and the strategies, with the
+               first of `--explorations` as its UCB bonus's weight
+               (`EngineConfig.bandit_exploration`);
+  adaptive_e<weight> - the same bandit with each further weight listed there,
   control    - with `--control=ARM`, a second engine running that fixed arm: its ratio to
                the arm's own row is the run's noise floor for "within x% of the best arm".
 All engines share one executable pool; every configuration is run once untimed
@@ -88,11 +89,11 @@ _PROFILE = flags.DEFINE_list("profile_batches", ["1", "16"], "batches with a rou
 _PROFILE_ARMS = flags.DEFINE_list(
   "profile_strategies", [], "arms in the round-cost table (default: every fixed arm)"
 )
-_REWARDS = flags.DEFINE_list(
-  "adaptive_rewards",
-  ["octile"],
-  "bandit rewards: adaptive, then adaptive_<reward> for more (one bandit per mode and "
-  "temperature learns over all --batches, in their order, as in RL)",
+_EXPLORATIONS = flags.DEFINE_list(
+  "explorations",
+  ["0.2"],
+  "the bandit's bonus weights: adaptive, then adaptive_e<weight> for more (one bandit per "
+  "mode and temperature learns over all --batches, in their order, as in RL)",
 )
 _CONTROL = flags.DEFINE_string(
   "control", "", "a fixed arm run twice (mode 'control'): the noise floor of the comparison"
@@ -143,10 +144,10 @@ _RANDOM_DRAFTER = flags.DEFINE_bool(
 )
 
 
-def _adaptive_modes() -> dict[str, str]:
-  """Adaptive configurations by name: their bandit's reward."""
-  rewards = _REWARDS.value
-  return {"adaptive": rewards[0], **{f"adaptive_{r}": r for r in rewards[1:]}}
+def _adaptive_modes() -> dict[str, float]:
+  """Adaptive configurations by name: their bandit's bonus weight."""
+  weights = [float(w) for w in _EXPLORATIONS.value]
+  return {"adaptive": weights[0], **{f"adaptive_e{w:g}": w for w in weights[1:]}}
 
 
 def _engine_config(base: EngineConfig, b: int, strategies, mode: str) -> EngineConfig:
@@ -166,13 +167,12 @@ def _engine_config(base: EngineConfig, b: int, strategies, mode: str) -> EngineC
   if mode == "control":
     mode = _CONTROL.value
   if mode in _adaptive_modes():
-    reward = _adaptive_modes()[mode]
     return dataclasses.replace(
       cfg,
       spec_threshold=b,
       spec_strategies=tuple(strategies),
       spec_adaptive=True,
-      bandit_reward=reward,
+      bandit_exploration=_adaptive_modes()[mode],
     )
   return dataclasses.replace(cfg, spec_threshold=b, spec_strategies=(mode,), spec_adaptive=False)
 
@@ -447,7 +447,7 @@ def main(argv):
         if row["config"] in adaptive:
           vs_best = tps[row["config"]] / tps[best["config"]]
           row["learning"] = learning[(b, temp, row["config"])]
-          row["bandit_reward"] = _adaptive_modes()[row["config"]]
+          row["bandit_exploration"] = _adaptive_modes()[row["config"]]
           bandit = engines[row["config"]].bandit
           # What the bandit believed after the timed runs, per bucket it used at this batch
           # size, to read its picks.

@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from tlt_jax.rollout.bandit import BanditSettings, StrategyBandit, frontier_advance
+from tlt_jax.rollout.bandit import BanditSettings, StrategyBandit
 
 ARMS = ("plain", "chain2", "chain4", "tree4x2x8")
 
@@ -23,10 +23,10 @@ TRUE_RATE = {
 }
 NOISE_SIGMA = 0.15
 
-# The defaults (BanditSettings: exploration 2 spreads, discount 0.99, the engine's) track a
-# drifting drafter with a ~100-chunk window. For a check on a stationary cost model with 12%
-# gaps and 15% noise, a smaller bonus is appropriate.
-TUNED = {"exploration": 1.0, "discount": 0.99}
+# The defaults (BanditSettings: exploration 0.2 of the best mean, discount 0.99, the
+# engine's) track a drifting drafter with a ~100-chunk window. For a check on a stationary
+# cost model with 12% gaps and 15% noise, a smaller bonus is appropriate.
+TUNED = {"exploration": 0.15, "discount": 0.99}
 
 
 def _noisy(rng: np.random.Generator, rate: float) -> float:
@@ -84,13 +84,15 @@ def _late_share_after_jump(**kwargs) -> tuple[StrategyBandit, float, float]:
 def test_adapts_when_an_arm_improves():
   # The drafter improves during training, so a deeper draft can become best mid-run. This is
   # what the defaults are for.
+  # (With 15% noise, the default bonus re-tries the stale arm within the first 50 chunks and
+  # holds it by the end.)
   bandit, share, soon = _late_share_after_jump()
-  assert share >= 0.7 and soon >= 0.7, (share, soon)
+  assert share >= 0.7 and soon >= 0.3, (share, soon)
   assert bandit.best(8) == "chain4"
   # Without discounting, the 150 stale observations hold chain4 back for dozens of chunks:
   # the decay does the work.
   _, _, stationary_soon = _late_share_after_jump(discount=1.0)
-  assert stationary_soon < soon - 0.5, (stationary_soon, soon)
+  assert stationary_soon < soon - 0.3, (stationary_soon, soon)
 
 
 def _drive(bandit: StrategyBandit, rng: np.random.Generator, steps: int) -> list[str]:
@@ -186,9 +188,9 @@ def test_settings_are_one_checked_normalised_value():
   refused naming the field, and equal settings (numpy or Python numbers) compare equal and
   are what the state records and restores."""
   default = BanditSettings()
-  assert (default.exploration, default.discount, default.min_pulls) == (2.0, 0.99, 1)
+  assert (default.exploration, default.discount, default.min_pulls) == (0.2, 0.99, 1)
   assert StrategyBandit(ARMS).settings == default
-  for field, bad in (("min_spread", 1.0), ("seed", "x"), ("discount", 0.0)):
+  for field, bad in (("exploration", -1.0), ("seed", "x"), ("discount", 0.0)):
     with pytest.raises(ValueError, match=rf"^BanditSettings\.{field} must be"):
       BanditSettings(**{field: bad})
   a = BanditSettings(exploration=np.float32(1.5), min_pulls=np.int64(2))
@@ -249,27 +251,32 @@ def test_best_and_summary():
   assert "chain4" in repr(bandit) and "buckets=[4]" in repr(bandit)
 
 
-def test_exploration_stops_once_precise_arms_separate():
-  """With timings that barely vary (1% noise) and a 10% gap, the bonus (in units of the
-  measured spread) soon stops paying for the worse arms; with 15% noise it keeps comparing."""
+def test_exploration_weight_sets_how_often_close_seconds_are_tried():
+  """The bonus is a plain UCB's on rewards normalised by the best mean: with 5% timing
+  noise and 10% gaps, the default weight spends most chunks on the best arm, a 10x larger
+  one keeps comparing, a 4x smaller one compares less."""
   rates = {"plain": 100.0, "chain2": 110.0, "chain4": 121.0}
 
-  def best_share(sigma):
-    bandit = StrategyBandit(tuple(rates), BanditSettings(seed=0))  # the defaults
+  def best_share(exploration):
+    bandit = StrategyBandit(tuple(rates), BanditSettings(exploration=exploration, seed=0))
     rng = np.random.default_rng(3)
     chosen = []
     for _ in range(200):
       arm = bandit.select(1)
       chosen.append(arm)
-      bandit.update(1, arm, float(rates[arm] * rng.lognormal(0.0, sigma)))
+      bandit.update(1, arm, float(rates[arm] * rng.lognormal(0.0, 0.05)))
     return chosen[-150:].count("chain4") / 150
 
-  precise, noisy = best_share(0.01), best_share(0.15)
-  assert precise >= 0.95, precise
-  assert noisy < precise - 0.1, (noisy, precise)
+  default, wide, narrow = (
+    best_share(BanditSettings().exploration),
+    best_share(2.0),
+    best_share(0.05),
+  )
+  assert default >= 0.8, default
+  assert wide < default - 0.2 and narrow > default, (wide, default, narrow)
 
 
-@pytest.mark.parametrize("version", [1, 2, 3, 4, 6, None])
+@pytest.mark.parametrize("version", [1, 4, 5, 7, None])
 def test_refuses_a_state_of_another_version_in_one_line(version):
   """Only the current layout is read: an older checkpoint's bandit state fails at once,
   naming its version, not deep inside the reader."""
@@ -279,50 +286,6 @@ def test_refuses_a_state_of_another_version_in_one_line(version):
   for load in (StrategyBandit.from_state_dict, StrategyBandit(ARMS).load_state_dict):
     with pytest.raises(ValueError, match=rf"^bandit state version {version!r} is not supported"):
       load(state)
-
-
-def test_frontier_advance_follows_the_least_advanced_row():
-  assert frontier_advance([0, 0, 0], [5, 3, 9]) == 3  # the slowest row's gain
-  # Row 1 was behind and overtakes: the frontier moves to row 0 (6 -> 10 is 4 < row 1's 8).
-  assert frontier_advance([6, 2, 20], [10, 10, 30]) == 8
-  # The advances of successive chunks add up to the least-advanced row's progress.
-  rng = np.random.default_rng(0)
-  gen = np.zeros(5, np.int64)
-  total = 0
-  for _ in range(20):
-    new = gen + rng.integers(1, 12, size=5)
-    total += frontier_advance(gen, new)
-    gen = new
-  assert total == gen.min()
-  # A low quantile: the 2nd fewest of 9 rows (k = int(0.125 * 8) = 1), before and after.
-  assert frontier_advance([0] * 9, [1, 9, 3, 9, 9, 9, 9, 9, 9], quantile=0.125) == 3
-  assert frontier_advance([5, 1, 9], [6, 4, 9], quantile=0.125) == frontier_advance(
-    [5, 1, 9], [6, 4, 9]
-  )  # 3 rows: the minimum
-  with pytest.raises(ValueError, match="quantile"):
-    frontier_advance([1], [2], quantile=1.0)
-  with pytest.raises(ValueError, match="lost tokens"):
-    frontier_advance([3, 4], [3, 2])
-  with pytest.raises(ValueError, match="equal non-empty"):
-    frontier_advance([1, 2], [1, 2, 3])
-
-
-def test_frontier_reward_ranks_arms_by_when_the_batch_ends():
-  """Arm "deep" gains more tokens per row on average than "short" but its hard rows gain
-  fewer; rows run to a common budget, so the batch ends when its slowest row does. The mean
-  row's speed prefers "deep"; the frontier's prefers "short", which finishes first."""
-  budget, chunk_s = 96, 1.0
-  gains = {"short": np.full(4, 10), "deep": np.array([18, 6, 18, 6])}  # tokens per chunk
-  chunks, frontier, mean = {}, {}, {}
-  for arm, g in gains.items():
-    gen, n, fr = np.zeros(4, np.int64), 0, []
-    while gen.min() < budget:
-      new = np.minimum(gen + g, budget)
-      fr.append(frontier_advance(gen, new) / chunk_s)
-      gen, n = new, n + 1
-    chunks[arm], frontier[arm], mean[arm] = n, np.mean(fr), g.mean() / chunk_s
-  assert chunks["short"] < chunks["deep"]
-  assert mean["deep"] > mean["short"] and frontier["short"] > frontier["deep"]
 
 
 def test_bandit_settings_are_the_engines_for_each_pool():
@@ -337,7 +300,7 @@ def test_bandit_settings_are_the_engines_for_each_pool():
   assert tree == settings
   StrategyBandit(arms, settings)
   # The UCB bonus's weight comes from the config.
-  assert settings.exploration == 2.0
+  assert settings.exploration == 0.2
   tuned = EngineConfig(spec_threshold=8, spec_strategies=pool, bandit_exploration=1)
   _, tuned = bandit_settings(tuned)
   assert tuned.exploration == 1.0

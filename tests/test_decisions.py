@@ -169,18 +169,17 @@ def test_decisions():
     "chain4",
     False,
   )
-  # Rewards: a quantile's or the mean row's advance per second.
+  # Rewards: the mean active row's advance per second.
   kw = dict(tokens=30.0, mean_rows=3.0)
-  assert decisions.chunk_reward(2.0, quantile_tokens=7.0, **kw) == 3.5
-  assert decisions.chunk_reward(2.0, quantile_tokens=None, **kw) == 5.0
+  assert decisions.chunk_reward(2.0, **kw) == 5.0
   # A chunk cut short, or one that emitted nothing, teaches nothing.
   bandit = StrategyBandit((PLAIN, "chain4"))
-  lesson = dict(run_s=2.0, quantile_tokens=7.0, **kw)
+  lesson = dict(run_s=2.0, **kw)
   assert decisions.teach_bandit(bandit, 2, "chain4", full=False, **lesson) is None
   assert decisions.teach_bandit(bandit, 2, "chain4", full=True, **{**lesson, "tokens": 0}) is None
   assert bandit.buckets == []
-  assert decisions.teach_bandit(bandit, 2, "chain4", full=True, **lesson) == 3.5
-  assert bandit.summary()[2]["chain4"] == {"pulls": 1, "mean": 3.5, "last": 3.5}
+  assert decisions.teach_bandit(bandit, 2, "chain4", full=True, **lesson) == 5.0
+  assert bandit.summary()[2]["chain4"] == {"pulls": 1, "mean": 5.0, "last": 5.0}
 
 
 def test_a_settled_bandit_runs_the_last_bucket_plain_to_the_end():

@@ -327,7 +327,7 @@ def test_bandit_state_restores_into_a_new_engine(models):
   tuned = RolloutEngine(
     tg, MODEL, dataclasses.replace(cfg, bandit_exploration=0.5), GREEDY, drafter_graphdef=dg
   )
-  assert engine.bandit.settings.exploration == 2.0
+  assert engine.bandit.settings.exploration == 0.2
   assert tuned.bandit.settings.exploration == 0.5
   assert tuned.bandit_for(SAMPLED).settings == tuned.bandit.settings
   with pytest.raises(ValueError, match="bandit_exploration"):
@@ -646,17 +646,14 @@ def test_pushed_drafter_versions_keep_outputs_exact(models, pool, sampling):
   np.testing.assert_array_equal(spec.tokens, plain.tokens)
 
 
-@pytest.mark.parametrize("measure", ["frontier", "octile", "row"])
-def test_bandit_reward_charges_the_drafter_rebuild_to_the_spec_chunk(models, pool, measure):
+def test_bandit_reward_charges_the_drafter_rebuild_to_the_spec_chunk(models, pool):
   """Leaving the drafter for plain decode costs a drafter-cache rebuild when coming back; the
   speculative chunk that needed it is rewarded tokens / (rebuild + chunk) seconds, so
   switching never looks free. The rollout's first build is charged to no arm (every drafter
-  arm pays it). The tokens: "row", per row active during the chunk (row-rounds / rounds);
-  "frontier" / "octile", the advance of the least-advanced row (the rows' lower octile) run
-  through the chunk. A plain chunk
-  moves every row, the least advanced too, by one token a step: its steps per second."""
+  arm pays it). The tokens: per row active during the chunk (row-rounds / rounds); a plain
+  chunk moves every row by one token a step: its steps per second."""
   _, tp, _, dp = models
-  engine = _engine(models, pool, spec_adaptive=True, spec_threshold=8, bandit_reward=measure)
+  engine = _engine(models, pool, spec_adaptive=True, spec_threshold=8)
   switches = plain_checked = 0
   for key in (7, 8, 9):
     result = _run(engine, tp, dp, num_samples=4, key=key)
@@ -674,56 +671,15 @@ def test_bandit_reward_charges_the_drafter_rebuild_to_the_spec_chunk(models, poo
         chunk_compile = entry.get("compile_s", 0.0) - rebuild_compile
         charged = entry["dt"] + entry.get("switch_s", 0.0) - chunk_compile
         assert charged > 0
-        if measure != "row" and "frontier_tokens" in entry:
-          # Every row gains 1 .. max_emit tokens a round, so does the frontier (any quantile).
-          emit = SpecStrategy.parse(entry["strategy"]).max_emit
-          tokens = entry[f"{measure}_tokens"]
-          assert entry["slowest_tokens"] <= tokens <= emit * entry["rounds"]
-        else:
-          tokens = entry["tokens"] / (entry["row_rounds"] / entry["rounds"])
+        tokens = entry["tokens"] / (entry["row_rounds"] / entry["rounds"])
         assert entry["reward"] == pytest.approx(tokens / charged, rel=1e-6)
       if entry["phase"] == "decode" and "reward" in entry:
         charged = entry["dt"] - entry.get("compile_s", 0.0)
-        assert entry.get(f"{measure}_tokens", entry["steps"]) == entry["steps"]
         assert entry["reward"] == pytest.approx(entry["steps"] / charged, rel=1e-6)
         plain_checked += 1
       seen_drafter = seen_drafter or entry["phase"] == "spec"
   assert switches > 0, "no rewarded speculative chunk followed a plain one"
   assert plain_checked > 0, "no rewarded plain chunk"
-
-
-def test_frontier_reward_is_the_least_advanced_rows_speed(pool):
-  """With a drafter that is right for some token pairs and wrong for others, rows accept
-  different amounts: the frontier reward is the least-advanced row's advance per
-  second, and it differs from the mean row's (so the test tells the two apart)."""
-  cfg, (tg, tp), (dg, dp) = _functional_pair()
-  drafter = nnx.merge(dg, dp)
-  kernel = drafter.fc.kernel[...]
-  d = kernel.shape[1]  # noise on the target-feature half: the draft depends on the pair
-  noise = 0.02 * jax.random.normal(jax.random.key(0), (d, d), kernel.dtype)
-  drafter.fc.kernel[...] = kernel.at[d:].add(noise)
-  dg, dp = nnx.split(drafter)
-  models = (tg, tp, dg, dp)
-  engine = _engine(
-    models, pool, model_config=cfg, spec_adaptive=True, spec_rounds=4, bandit_reward="frontier"
-  )
-  for bucket in (2, 4, 8, 16):  # settle the bandit on chain3
-    for arm, reward in (("plain", 1.0), ("chain3", 1000.0), ("tree3x2x6", 1.0)):
-      engine.bandit.update(bucket, arm, reward)
-  spec = _run(engine, tp, dp, num_samples=4)
-  plain = _run(_engine(models, pool, model_config=cfg, spec_threshold=0), tp, None, num_samples=4)
-  np.testing.assert_array_equal(spec.tokens, plain.tokens)
-  checked = apart = 0
-  for prev, entry in zip(spec.timeline, spec.timeline[1:]):
-    if entry["phase"] == "spec" and "reward" in entry and "frontier_tokens" in entry:
-      # A lazy compile inside the chunk is not charged (one in its rebuild was timed apart).
-      compiled = entry.get("compile_s", 0.0) - prev.get("rebuild_compile_s", 0.0)
-      charged = entry["dt"] + entry.get("switch_s", 0.0) - compiled
-      assert entry["reward"] == pytest.approx(entry["frontier_tokens"] / charged, rel=1e-6)
-      mean_row = entry["tokens"] * entry["rounds"] / entry["row_rounds"]
-      apart += entry["frontier_tokens"] < mean_row - 1e-6
-      checked += 1
-  assert checked and apart, (checked, apart)
 
 
 def test_settled_plain_runs_the_last_bucket_to_the_end(models, pool):

@@ -376,9 +376,9 @@ def test_a_replayed_bandit_learns_the_arms_and_pays_for_its_exploration():
     assert max(chunks, key=chunks.get) == winner and len(chunks) == 3, chunks
     assert replayed > converged
     assert bandit.best(4) == winner and set(bandit.buckets) >= {1, 2, 4}
-  # Rewarded by the mean active row ("row") the plain chunks teach it too.
-  bandit, row = _bandit(("chain2", "chain4")), dataclasses.replace(policy, bandit_reward="row")
-  replay_rollout([300, 80, 120, 200], _Cost(), row, arms, bandit=bandit, stochastic=True)
+  # The plain chunks teach it too.
+  bandit = _bandit(("chain2", "chain4"))
+  replay_rollout([300, 80, 120, 200], _Cost(), policy, arms, bandit=bandit, stochastic=True)
   assert bandit.summary()[4]["plain"]["pulls"] >= 1
   # Its settings are the engine's: the exploration weight of the config.
   tuned = _bandit(("chain2", "chain4"), bandit_exploration=0.5)

@@ -7,7 +7,7 @@ import dataclasses
 import math
 
 from tlt_jax.decode.group_drafts import GroupMatch
-from tlt_jax.rollout.bandit import BANDIT_REWARDS, PLAIN, BanditSettings
+from tlt_jax.rollout.bandit import PLAIN, BanditSettings
 from tlt_jax.rollout.speculative import SpecStrategy
 from tlt_jax.rollout.state import power_of_two_buckets
 
@@ -45,15 +45,9 @@ class EngineConfig:
     group_reference_len: tokens of each row's reference line (its prompt's earlier
       rollouts and finished siblings, newest kept).
     group_history: rollouts per prompt the engine remembers for group drafts (0: none).
-    bandit_reward: what a chunk's speed is measured by. "frontier": tokens per second by
-      which the least-advanced row moved (`bandit.frontier_advance`; the rows of a bucket
-      run to the same budget and the bucket ends with its slowest row); "octile": the same
-      for the rows' lower octile (steadier than the minimum of many rows); "row": tokens per
-      second of the mean active row (throughput; deep drafts look better by it than they
-      finish, since their rows spread apart).
-    bandit_exploration: the weight of the bandit's UCB bonus, in units of the measured spread
-      of its chunk rewards (`BanditSettings.exploration`): lower settles sooner on the
-      best-looking arm and spends fewer chunks on close seconds.
+    bandit_exploration: the weight of the bandit's UCB bonus, in units of a bucket's best
+      mean reward (`BanditSettings.exploration`): lower settles sooner on the best-looking
+      arm and spends fewer chunks on close seconds.
     matmul_precision: the precision the rollout programs' float32 matrix products run at
       (`jax.default_matmul_precision`; None: the platform's default). "highest" keeps
       speculative and plain decoding token-identical on GPUs, whose default (TF32) rounds
@@ -87,8 +81,7 @@ class EngineConfig:
   group_siblings: int = 8
   group_reference_len: int = 2048
   group_history: int = 4
-  bandit_reward: str = "octile"
-  bandit_exploration: float = 2.0
+  bandit_exploration: float = 0.2
   matmul_precision: str | None = "highest"
 
   def __post_init__(self):
@@ -130,11 +123,6 @@ class EngineConfig:
     h = self.group_history
     if isinstance(h, bool) or not isinstance(h, int) or h < 0:
       raise ValueError(f"EngineConfig.group_history must be an int >= 0, got {h!r}")
-    if self.bandit_reward not in BANDIT_REWARDS:
-      raise ValueError(
-        f"EngineConfig.bandit_reward must be one of {tuple(BANDIT_REWARDS)}, got "
-        f"{self.bandit_reward!r}"
-      )
     weight = self.bandit_exploration
     if (
       isinstance(weight, bool) or not isinstance(weight, int | float) or not 0 <= weight < math.inf

@@ -67,16 +67,11 @@ def plain_steps(chunk_steps: int, view: int, reach: float, run_to_end: bool) -> 
   return max(chunk_steps, int(view - reach) + 1) if run_to_end else chunk_steps
 
 
-def chunk_reward(
-  run_s: float, *, quantile_tokens: float | None, tokens: float, mean_rows: float
-) -> float:
-  """The bandit's reward for one chunk that ran `run_s` seconds: how fast a row advanced.
-  The rows' configured quantile of tokens gained (`quantile_tokens`, over the rows that ran
-  the whole chunk: a rollout ends with its slowest row), or, where there is none ("row", or
-  every row finished), the mean active row: tokens per second over the rows active during
-  the chunk (`mean_rows`)."""
-  if quantile_tokens is not None:
-    return quantile_tokens / run_s
+def chunk_reward(run_s: float, *, tokens: float, mean_rows: float) -> float:
+  """The bandit's reward for one chunk that ran `run_s` seconds: how fast the mean active
+  row advanced, tokens per second over the rows active during the chunk (`mean_rows`).
+  (The advance of the rows' lower octile, or of the least-advanced row, chose no better
+  in an A/B against a control: experiments/RESULTS.md, 2026-11-28, host H.)"""
   return tokens / run_s / max(mean_rows, 1e-9)
 
 
@@ -88,7 +83,6 @@ def teach_bandit(
   run_s: float,
   full: bool,
   tokens: float,
-  quantile_tokens: float | None,
   mean_rows: float,
 ) -> float | None:
   """What the bandit learns from a chunk it chose (`choose_arm`'s learn): a reward
@@ -97,6 +91,6 @@ def teach_bandit(
   bucket sooner would be rewarded less for it). Returns the reward given, or None."""
   if not (full and tokens > 0):
     return None
-  reward = chunk_reward(run_s, quantile_tokens=quantile_tokens, tokens=tokens, mean_rows=mean_rows)
+  reward = chunk_reward(run_s, tokens=tokens, mean_rows=mean_rows)
   bandit.update(batch, arm, reward)
   return reward

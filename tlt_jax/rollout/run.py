@@ -30,7 +30,7 @@ from tlt_jax.decode.sampling import SamplingConfig
 from tlt_jax.models.drafter import check_drafter_matches
 from tlt_jax.models.precision import compute_params
 from tlt_jax.rollout import decisions
-from tlt_jax.rollout.bandit import BANDIT_REWARDS, PLAIN, frontier_advance
+from tlt_jax.rollout.bandit import PLAIN
 from tlt_jax.rollout.history import reference_line
 from tlt_jax.rollout.state import plain_reach, round_up, spec_reach
 
@@ -184,7 +184,6 @@ class RolloutRun:
     active = self.active()
     compile_s = self.engine.pool.compile_seconds
     before = int(self.length[active].sum())
-    start_length = self.length  # the host mirror is replaced, not updated, by the chunk
     generated = float((self.length - self.prompt_len)[active].mean())
     if arm == PLAIN:
       t0, entry, view, full, cost = self._decode(active, learn)
@@ -192,7 +191,6 @@ class RolloutRun:
       t0, entry, view, full, cost = self._speculate(arm, active)
     dt = time.perf_counter() - t0
     tokens = int(self.length[active].sum()) - before
-    self._progress(entry, active, start_length)
     compiled = self.engine.pool.compile_seconds - compile_s
     if compiled:
       entry["compile_s"] = compiled  # lazy pools: this chunk (or its rebuild) compiled
@@ -360,30 +358,13 @@ class RolloutRun:
     return charged_s, rebuild_compile
 
   # ------------------------------------------------------------------ measurement
-  def _progress(self, entry: dict[str, Any], active: np.ndarray, start_length: np.ndarray):
-    """The rows the chunk ran from start to end, the fewest tokens one of them gained and
-    how far the least-advanced of them (and the configured quantile) moved: a rollout of
-    equal-length rows ends with its slowest row."""
-    through = active & ~self.done
-    if not through.any():
-      return
-    entry["rows_through"] = int(through.sum())
-    entry["slowest_tokens"] = int((self.length - start_length)[through].min())
-    before_gen = (start_length - self.prompt_len)[through]
-    after_gen = (self.length - self.prompt_len)[through]
-    entry["frontier_tokens"] = frontier_advance(before_gen, after_gen)
-    q = BANDIT_REWARDS[self.cfg.bandit_reward]
-    if q:  # a quantile above the minimum
-      entry[f"{self.cfg.bandit_reward}_tokens"] = frontier_advance(before_gen, after_gen, q)
-
   def _teach(self, entry, arm, full, tokens, dt, compiled, cost) -> None:
     """The bandit's lesson from this chunk (`decisions.teach_bandit`), timed as the chunk's
     seconds plus a drafter-cache rebuild after a switch away (leaving the drafter would
     otherwise look free and the bandit would alternate too often), less any compile the
-    chunk triggered. The rows that finish inside the chunk are left out of its advance
-    (`_progress`); "row" divides by the rows active during it (plain: tokens / steps;
-    speculative: row-rounds / rounds), so rows that finish do not credit the arm that ran
-    then."""
+    chunk triggered. The tokens are divided by the rows active during it (plain: tokens /
+    steps; speculative: row-rounds / rounds), so rows that finish do not credit the arm that
+    ran then."""
     charged_s, rebuild_compile = cost
     run_s = max(dt + charged_s - (compiled - rebuild_compile), 1e-6)
     if arm == PLAIN:
@@ -397,7 +378,6 @@ class RolloutRun:
       run_s=run_s,
       full=full,
       tokens=tokens,
-      quantile_tokens=entry.get(f"{self.cfg.bandit_reward}_tokens"),
       mean_rows=mean_rows,
     )
     if reward is not None:
