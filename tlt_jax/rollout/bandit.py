@@ -21,7 +21,8 @@ Why a bandit, and why one per batch bucket:
   tried for a while grows until it is tried again.
 * The bonus is a plain UCB's, on the normalised rewards: `exploration` is its weight in
   units of the best arm's mean, about twice the relative spread of chunk timings on the
-  hosts it was tuned on (0.1-0.16, experiments/RESULTS.md, 2026-11-28).
+  host it was tuned on (0.05-0.16 per bucket, median ~0.11: experiments/RESULTS.md,
+  2026-11-28, host H).
 
 Selection in a bucket: first every arm is pulled `min_pulls` times, round-robin in arm order;
 then the arm maximising
