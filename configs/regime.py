@@ -6,31 +6,32 @@ keep the devices busy. Why each setting (figures in experiments/RESULTS.md):
 - policy: 16 layers x 256 (13M parameters): 48 MB of float32 weights, above the 32 MB
   last-level cache of this project's CPU hosts, so a decode step is bound by reading them
   (experiments/cost_surface.py: b* = 4.2 rows on host G, 2026-11-27).
-- rollout: 4 rows per engine call (what one device decodes at once, near the hosts'
-  measured b* of 4-9 rows), 4 calls of 4 prompts x 4 samples per RL step: what 4 devices
-  would decode side by side, run one after another here (`rl.rows_per_call`). Every mode
-  pays the same sum of calls, so the ratios stay honest, and the optimiser sees 16 samples.
+- rollout: 8 rows per engine call (what one device decodes at once, near the hosts'
+  measured b*: 4.2 rows on host G, 10.8 on host H), 16 calls of 8 rows per RL step (16
+  prompts x 8 samples): what 16 devices would decode side by side, run one after another
+  here (`rl.rows_per_call`). Every mode pays the same sum of calls, so the ratios stay
+  honest, and the optimiser sees 128 samples a step, as in the small variant's gates.
 - task (`stride` on a clock of 100): from a start, add a stride a given number of times
   modulo 100 (`23+7x12=`); the worked solution writes one line a step (`1:23+7=30;...`),
   each following from the one before it, so it is long but local: what a small model does
   reliably after a short warm start, where lookups into a long question (the labelled
-  arithmetic task) it does not. The number of steps is log-normal (median 12, up to 125),
-  so responses are long-tailed: median ~125 tokens, max ~11x that.
-  The warm start's demonstrator mixes two efforts (`hasty_fraction`): half its solutions
-  open with "~" and write a line per step, half with "!" and jump two steps a line, so
-  they are shorter and overshoot every odd count. The reward teaches the policy to choose
-  care at its first token: accuracy and response length grow together, as in reasoning
-  RL, and so does the tail TLT attacks. Every line is checked too (process credit).
+  arithmetic task) it does not. The number of steps is log-normal (median 12, spread 1.3,
+  up to 125), so responses are long-tailed: the longest of a step's 16 problems is ~8x
+  their median, the longest of a run's ~17x.
+  The warm start's demonstrator mixes two efforts (`hasty_fraction`): 20% of its
+  solutions open with "~" and write a line per step (median 134 tokens), 80% with "!" and
+  jump two steps a line, so they are shorter and overshoot every odd count. The outcome
+  reward teaches the policy to choose care at its first token: accuracy and response
+  length grow together, as in reasoning RL, and so does the tail TLT attacks. (The learning
+  recipe of the "small" variant's gates, RESULTS.md 2026-11-27/28, on this policy.)
 - all parameters trained, the token embedding (which, tied, is the output head: the
   effort's logit) and the final norm (a sharpness) faster than the rest (`lr_multipliers`):
   with Adam every parameter moves by about its learning rate a step whatever the batch,
-  and the body's skills do not survive the rate that moves a decision in 40 steps.
-The warm start (SFT on the mixed demonstrator, from scratch) and the drafter's warm start
-are built once into the workdir and reused. Measured on host G (experiments/RESULTS.md,
-2026-11-27): 200 SFT steps (820k tokens, 28 min) teach the format but not the arithmetic
-(token accuracy 0.86, pass@1 0), so RL has nothing to sharpen; the 0.8M "small" variant
-needed ~5M tokens for 0.99. The 700 steps set below (2.9M tokens, ~1.8 h on 2 cores) are
-an estimate from those two points, not yet measured.
+  and the body's skills do not survive the rate that moves a decision in 40 steps. The
+  base rate is the GPU variant's (it learnt in 10 steps there).
+The warm start (SFT on the mixed demonstrator, from scratch: 700 steps of 4 rows x 1,024
+tokens, 2.9M tokens, ~38 min on host H at 3.3 s a step) and the drafter's warm start are
+built once into the workdir and reused.
 TLT's figure (experiments/learning_curve.py: baseline, sd and tlt interleaved, reward
 against wall-clock):
   python experiments/learning_curve.py --config=configs/regime.py --out=runs/curve
@@ -61,11 +62,11 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.task.params = ml_collections.ConfigDict(
     {
       "median_steps": MEDIAN_STEPS,
-      "steps_sigma": 0.9,
+      "steps_sigma": 1.3,
       "max_steps": MAX_STEPS,
       "max_start": 99,
       "max_stride": 9,
-      "hasty_fraction": 0.5,
+      "hasty_fraction": 0.8,
       "hasty_jump": 2,
       "clock": 100,
     }
@@ -73,20 +74,20 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.task.train_size = 20_000
   c.task.test_size = 400
 
-  # Packed rows of many short solutions and a few long ones; the ~3% of examples longer
+  # Packed rows of many short solutions and a few long ones; the ~1% of examples longer
   # than a row are left out of SFT (the policy still meets them in RL: the tail).
   c.sft.steps = 700
-  c.sft.batch_rows = 8
-  c.sft.row_len = 512
+  c.sft.batch_rows = 4
+  c.sft.row_len = 1024
   c.sft.learning_rate = 3e-3
   c.sft.warmup_steps = 20
 
   c.engine.max_prompt_len = 16  # the longest question (10 characters) and BOS
   c.engine.max_new_tokens = 12 * MAX_STEPS + 16  # the longest solution (~1,450), "#answer"
-  c.engine.max_batch = 4
+  c.engine.max_batch = 8
   c.engine.min_cache_bucket = 128
   c.engine.min_prompt_bucket = 16
-  c.engine.spec_threshold = 4  # the whole call is at or below b*
+  c.engine.spec_threshold = 8  # the whole call is at or below b*
   # A 40-step run passes each batch bucket's bandit a few dozen chunks: it must settle
   # quickly (a narrower UCB bonus).
   c.engine.bandit_exploration = 0.1
@@ -99,9 +100,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.eval.num_examples = 128
 
   c.rl.steps = 40
-  c.rl.prompts_per_step = 4
-  c.rl.group_size = 4
-  c.rl.rows_per_call = 4
+  c.rl.prompts_per_step = 16
+  c.rl.group_size = 8
+  c.rl.rows_per_call = 8
   c.rl.max_refills = 0
   c.rl.eval_every = 10
   c.rl.eval_examples = 128
@@ -113,9 +114,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   # the step times and of the bandit's rewards, and most of the (batch bucket x cache
   # bucket x arm) programs an eager warm-up would compile are never run.
   c.rl.warmup_engine = False
-  c.rl.process_credit = "step"
+  c.rl.process_credit = ""
   c.rl_update.trainable = ""  # every parameter
-  c.rl_update.learning_rate = 1e-5
+  c.rl_update.learning_rate = 6e-5
   c.rl_update.lr_multipliers = "embed=30,final_norm=30"
   c.rl_update.warmup_steps = 2
   # One packed row per micro-batch: an update row holds up to ~2k tokens, whose attention
@@ -219,8 +220,7 @@ def _small(c: ml_collections.ConfigDict) -> None:
   c.rl.group_size = 8
   c.rl_update.learning_rate = 3e-5
   c.rl_update.micro_batch = 8
-  c.task.params.hasty_fraction = 0.8
-  c.rl.process_credit = ""
+  c.task.params.steps_sigma = 0.9  # its curves' tails (RESULTS.md, 2026-11-27/28)
   c.rl.prompts_per_step = 16
   c.rl.rows_per_call = 64
   c.rl.steps = 60
