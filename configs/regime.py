@@ -30,8 +30,13 @@ keep the devices busy. Why each setting (figures in experiments/RESULTS.md):
   and the body's skills do not survive the rate that moves a decision in 40 steps. The
   base rate is the GPU variant's (it learnt in 10 steps there).
 The warm start (SFT on the mixed demonstrator, from scratch: 700 steps of 4 rows x 1,024
-tokens, 2.9M tokens, ~38 min on host H at 3.3 s a step) and the drafter's warm start are
-built once into the workdir and reused.
+tokens, 2.9M tokens, 38 min on host H) and the drafter's warm start are built once into the
+workdir and reused. Measured (RESULTS.md, 2026-11-28, host H): this recipe does not learn
+here yet. 700 SFT steps leave answers that do not stop (held-out greedy 0.02); 560 more
+(5.2M tokens in all) reach 0.16, but careful answers sampled pass less often than hasty
+ones (0.09 vs 0.17), so GRPO rightly drops care (its share 0.27 -> 0 in 8 steps) and the
+reward stays flat over 20 steps. The curve here needs a warm start whose careful answers
+win when sampled (more SFT tokens or more careful demonstrations).
 TLT's figure (experiments/learning_curve.py: baseline, sd and tlt interleaved, reward
 against wall-clock):
   python experiments/learning_curve.py --config=configs/regime.py --out=runs/curve
