@@ -35,8 +35,9 @@ workdir and reused. Measured (RESULTS.md, 2026-11-28, host H): this recipe does 
 here yet. 700 SFT steps leave answers that do not stop (held-out greedy 0.02); 560 more
 (5.2M tokens in all) reach 0.16, but careful answers sampled pass less often than hasty
 ones (0.09 vs 0.17), so GRPO rightly drops care (its share 0.27 -> 0 in 8 steps) and the
-reward stays flat over 20 steps. The curve here needs a warm start whose careful answers
-win when sampled (more SFT tokens or more careful demonstrations).
+reward stays flat over 20 steps; 450 more SFT steps (7.0M tokens) widen the gap (hasty
+0.30, careful 0.13). The curve here needs more careful demonstrations, so that careful
+answers win when sampled.
 TLT's figure (experiments/learning_curve.py: baseline, sd and tlt interleaved, reward
 against wall-clock):
   python experiments/learning_curve.py --config=configs/regime.py --out=runs/curve
