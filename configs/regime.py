@@ -11,15 +11,17 @@ keep the devices busy. Why each setting (figures in experiments/RESULTS.md):
   prompts x 8 samples): what 16 devices would decode side by side, run one after another
   here (`rl.rows_per_call`). Every mode pays the same sum of calls, so the ratios stay
   honest, and the optimiser sees 128 samples a step, as in the small variant's gates.
-- task (`stride` on a clock of 100): from a start, add a stride a given number of times
-  modulo 100 (`23+7x12=`); the worked solution writes one line a step (`1:23+7=30;...`),
-  each following from the one before it, so it is long but local: what a small model does
-  reliably after a short warm start, where lookups into a long question (the labelled
-  arithmetic task) it does not. The number of steps is log-normal (median 12, spread 1.3,
-  up to 125), so responses are long-tailed: the longest of a step's 16 problems is ~8x
-  their median, the longest of a run's ~17x.
-  The warm start's demonstrator mixes two efforts (`hasty_fraction`): 20% of its
-  solutions open with "~" and write a line per step (median 134 tokens), 80% with "!" and
+- task (`stride` on a clock of 100, counters counting down): from a start, add a stride a
+  given number of times modulo 100 (`23+7x12=`); the worked solution writes one line a step
+  (`12:23+7=30;11:30+7=37;...;1:...;#..`), each line's counter the steps still to go, so
+  every line follows from the one before it and when to stop is local too: long but local,
+  what a small model does reliably, where lookups into the question it does not (with
+  counters counting up, stopping meant comparing with the count far back in the question,
+  and half the careful answers stopped a line or two off). The number of steps is
+  log-normal (median 12, spread 1.3, up to 125), so responses are long-tailed: the longest
+  of a step's 16 problems is ~8x their median, the longest of a run's ~17x.
+  The warm start's demonstrator mixes two efforts (`hasty_fraction`): careful solutions
+  open with "~" and write a line per step (median 134 tokens), hasty ones with "!" and
   jump two steps a line, so they are shorter and overshoot every odd count. The outcome
   reward teaches the policy to choose care at its first token: accuracy and response
   length grow together, as in reasoning RL, and so does the tail TLT attacks. (The learning
@@ -29,17 +31,19 @@ keep the devices busy. Why each setting (figures in experiments/RESULTS.md):
   with Adam every parameter moves by about its learning rate a step whatever the batch,
   and the body's skills do not survive the rate that moves a decision in 40 steps. The
   base rate is the GPU variant's (it learnt in 10 steps there).
-The warm start (SFT on the mixed demonstrator, from scratch: 700 steps of 4 rows x 1,024
-tokens, 2.9M tokens, 38 min on host H) and the drafter's warm start are built once into the
-workdir and reused. Measured (RESULTS.md, 2026-11-28, host H): this recipe does not learn
-here yet. 700 SFT steps leave answers that do not stop (held-out greedy 0.02); 560 more
-(5.2M tokens in all) reach 0.16, but careful answers sampled pass less often than hasty
-ones (0.09 vs 0.17), so GRPO rightly drops care (its share 0.27 -> 0 in 8 steps) and the
-reward stays flat over 20 steps; 450 more SFT steps (7.0M tokens) widen the gap (hasty
-0.30, careful 0.13). The curve here needs more careful demonstrations, so that careful
-answers win when sampled.
+The curve's warm start is built in six SFT stages (experiments/regime_warm_start.sh, about
+two and a half hours on host H; RESULTS.md 2026-11-28/29): 1,710 steps with an 80%-hasty
+demonstrator and counters counting up, whose careful answers, sampled, passed less often
+than hasty ones (0.13 vs 0.30: GRPO rightly dropped care and the reward stayed flat over
+20 steps); 220 with half hasty, which did not fix that (0.16 vs 0.30: careful answers
+stopped a line or two off); then 520 with counters counting down and 70% hasty: careful
+0.41, hasty 0.24, care's share 0.32. The SFT fields below are the first stage's
+(`learning_curve.py` builds that one when the workdir has no warm start); the drafter's
+warm start is built from the policy in the workdir.
 TLT's figure (experiments/learning_curve.py: baseline, sd and tlt interleaved, reward
 against wall-clock):
+  bash experiments/regime_warm_start.sh runs/regime_warm_start
+  mkdir -p runs/curve/shared && cp -r runs/regime_warm_start/6/warm_start runs/curve/shared/
   python experiments/learning_curve.py --config=configs/regime.py --out=runs/curve
 """
 
@@ -75,6 +79,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
       "hasty_fraction": 0.8,
       "hasty_jump": 2,
       "clock": 100,
+      "countdown": True,
     }
   )
   c.task.train_size = 20_000
@@ -129,6 +134,12 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   # activations for the backward pass (rows x heads x width^2 per layer) at 4 rows a
   # micro-batch took a 24 GB host out of memory in mode tlt; 1 row also pads the least.
   c.rl_update.micro_batch = 1
+  # One update program: rows as wide as the cache (every sample fits) and at least 16 of
+  # them (a step's kept groups fill 2-14; padding rows skip their forward and backward).
+  # With the width of the longest sample, the CPU gate compiled one program per packed
+  # shape it met: 13 in 20 steps, 98 s (RESULTS.md, 2026-11-28).
+  c.rl_update.pack_width = c.engine.max_prompt_len + c.engine.max_new_tokens
+  c.rl_update.min_rows = 16
   c.reference = ml_collections.ConfigDict()  # nothing measured to compare with yet
   if arg == "gpu":
     _gpu(c)
@@ -226,7 +237,10 @@ def _small(c: ml_collections.ConfigDict) -> None:
   c.rl.group_size = 8
   c.rl_update.learning_rate = 3e-5
   c.rl_update.micro_batch = 8
+  c.rl_update.pack_width = 0  # the width of the longest sample, as in its gates
+  c.rl_update.min_rows = 0
   c.task.params.steps_sigma = 0.9  # its curves' tails (RESULTS.md, 2026-11-27/28)
+  c.task.params.countdown = False  # counters that count up, as in its gates
   c.rl.prompts_per_step = 16
   c.rl.rows_per_call = 64
   c.rl.steps = 60

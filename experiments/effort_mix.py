@@ -8,6 +8,9 @@ What RL should move: the hasty share down, so accuracy and length up together.
   python experiments/effort_mix.py --config=configs/regime.py --workdir=runs/curve/shared
   python experiments/effort_mix.py --config=configs/regime.py --workdir=runs/curve/baseline_s0 \
     --rl_step=40
+  python experiments/effort_mix.py ... --force=careful --config.sampling.temperature=0.6
+With --force an effort's marker opens every answer: how often that effort is right when
+chosen, at any temperature.
 """
 
 from __future__ import annotations
@@ -43,17 +46,35 @@ _SPLIT = flags.DEFINE_enum("split", "test", ["test", "train"], "held-out or trai
 _SAMPLES = flags.DEFINE_integer("samples", 2, "samples per problem at the rollout temperature")
 _BATCH = flags.DEFINE_integer("batch", 32, "rows per engine call")
 _OUT = flags.DEFINE_string("out", "", "a JSON file for the figures ('' : print only)")
+_FORCE = flags.DEFINE_enum(
+  "force",
+  "",
+  ["", "careful", "hasty"],
+  "open every answer with this effort's marker (its skill when chosen; '' : the policy picks)",
+)
 
 
 def effort_of(text: str) -> str:
   return {CAREFUL: "careful", HASTY: "hasty"}.get(text[:1], "other")
 
 
-def summarise(texts, answers, sizes, check) -> dict:
-  """Per effort: share, pass@1, mean length; and pass@1 by problem size (a quartile bin)."""
+def why_wrong(question: str, text: str, steps_of) -> str:
+  """A wrong answer's first fault: "line" (a line that does not follow from the one before:
+  a slip in the arithmetic or the copying) or "count" (every line right, the wrong number
+  of them: stopping early or late, or a hasty jump past an odd count)."""
+  lines = (steps_of(question, text) or [])[:-1] if steps_of else []
+  return "count" if lines and all(r == 1.0 for _, r in lines) else "line"
+
+
+def summarise(texts, answers, sizes, check, questions=None, steps_of=None) -> dict:
+  """Per effort: share, pass@1, mean length and (with the task's line checker) what its
+  wrong answers got wrong; pass@1 by problem size (a quartile bin)."""
   by = collections.defaultdict(list)
-  for text, answer, size in zip(texts, answers, sizes):
-    by[effort_of(text)].append((check(text, answer), len(text), size))
+  questions = questions or [""] * len(texts)
+  for text, answer, question in zip(texts, answers, questions):
+    right = check(text, answer)
+    fault = "" if right else why_wrong(question, text, steps_of)
+    by[effort_of(text)].append((right, len(text), fault))
   n = len(texts)
   out = {
     "pass@1": float(np.mean([r for v in by.values() for r, _, _ in v])),
@@ -65,6 +86,9 @@ def summarise(texts, answers, sizes, check) -> dict:
       "pass@1": float(np.mean([r for r, _, _ in v])),
       "mean_length": float(np.mean([length for _, length, _ in v])),
     }
+    if steps_of:
+      faults = collections.Counter(f for _, _, f in v if f)
+      out[effort]["wrong_by"] = {k: faults[k] / len(v) for k in ("line", "count")}
   edges = np.quantile(sizes, [0.25, 0.5, 0.75])
   bins = collections.defaultdict(list)
   for text, answer, size in zip(texts, answers, sizes):
@@ -93,7 +117,8 @@ def main(argv):
   examples = list(test_split if _SPLIT.value == "test" else train_split)[: _NUM.value]
   # A problem's size: its reference solution's length (steps, operations).
   sizes = [len(ex["solution"]) for ex in examples]
-  report = {}
+  opening = {"": "", "careful": CAREFUL, "hasty": HASTY}[_FORCE.value]
+  report = {"force": _FORCE.value, "temperature": float(config.sampling.temperature)}
   for name, temperature, k in (
     ("greedy", 0.0, 1),
     ("sampled", config.sampling.temperature, _SAMPLES.value),
@@ -103,14 +128,22 @@ def main(argv):
       params,
       tok,
       examples,
-      format_prompt,
+      lambda ex: format_prompt(ex) + opening,
       max(_BATCH.value // k, 1),
       sampling=SamplingConfig(temperature=temperature),
       num_samples=k,
       key=1,
     )
+    texts = [opening + t for t in texts]  # the marker is part of the answer
     answers = [ex["answer"] for ex in examples for _ in range(k)]
-    report[name] = summarise(texts, answers, [s for s in sizes for _ in range(k)], task.check)
+    report[name] = summarise(
+      texts,
+      answers,
+      [s for s in sizes for _ in range(k)],
+      task.check,
+      [format_prompt(ex) for ex in examples for _ in range(k)],
+      task.steps,
+    )
     report[name]["examples"] = texts[:3]
   print(json.dumps(report, indent=1))
   if _OUT.value:

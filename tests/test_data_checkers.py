@@ -285,5 +285,19 @@ def test_stride_steps_judge_each_line_from_what_was_written():
     0,
   ]
   assert checkers.stride_steps("what?", "#3") == []
+  # Counting down on a clock: the first counter is the question's count, each next one the
+  # last minus its jump (the one written: after "1:" with a jump of one, nothing is left);
+  # a counter that skips, or starts elsewhere, is a wrong line.
+  q = "90+4x3="
+  assert [r for _, r in checkers.stride_steps(q, "~3:90+4=94;2:94+4=98;1:98+4=2;#2")] == [1] * 4
+  assert [r for _, r in checkers.stride_steps(q, "~3:90+4=94;1:94+4=98;1:98+4=2;#2")] == [
+    1,
+    0,
+    0,
+    1,
+  ]
+  assert [r for _, r in checkers.stride_steps(q, "!3:90+8=98;1:98+8=6;#6")] == [1, 1, 0]
+  # Read as counting up (the first counter is not the count): a jump of 2 written as 4.
+  assert [r for _, r in checkers.stride_steps(q, "~2:90+4=94;1:94+4=98;#98")] == [0, 0, 0]
   assert checkers.check_stride("~1:23+7=30;#3", "3") == 1.0
   assert checkers.check_stride("~1:23+7=30;#3;", "3") == 0.0

@@ -367,3 +367,23 @@ def test_stride_on_a_clock_answers_the_last_value():
     assert all(r == 1.0 for _, r in checkers.stride_steps(ex["question"], ex["solution"])[:-1])
     hasty = ex["solution"][0] == checkers.HASTY
     assert check(ex["solution"], ex["answer"]) == float(not hasty or m % 2 == 0)
+
+
+def test_stride_counting_down_names_the_steps_left_and_keeps_the_questions():
+  kw = dict(median_steps=6, hasty_fraction=0.5, clock=100)
+  up = tasks.generate_stride(0, 300, **kw)
+  down = tasks.generate_stride(0, 300, countdown=True, **kw)
+  # Same questions, answers and efforts; only the counters differ.
+  assert [(e["question"], e["answer"], e["solution"][0]) for e in up] == [
+    (e["question"], e["answer"], e["solution"][0]) for e in down
+  ]
+  check = tasks.get_task("stride").check
+  for ex in down:
+    m = int(ex["question"].rstrip("=").split("x")[1])
+    hasty = ex["solution"][0] == checkers.HASTY
+    body = ex["solution"][1:].split(checkers.MARKER)[0].rstrip(";").split(";")
+    assert [int(line.split(":")[0]) for line in body] == list(range(m, 0, -2 if hasty else -1))
+    assert all(r == 1.0 for _, r in checkers.stride_steps(ex["question"], ex["solution"])[:-1])
+    assert check(ex["solution"], ex["answer"]) == float(not hasty or m % 2 == 0)
+  with pytest.raises(ValueError, match="countdown needs a clock"):
+    tasks.generate_stride(0, 1, countdown=True)

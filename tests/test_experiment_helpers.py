@@ -90,3 +90,23 @@ def test_simulate_splits_recorded_rollouts_into_engine_calls():
   assert split_calls(traces, None, 4) == (traces, None, 1)
   with pytest.raises(ValueError, match="do not divide"):
     split_calls(traces, None, 3)
+
+
+def test_effort_mix_tells_a_slip_from_a_wrong_count():
+  """experiments/effort_mix.py: a wrong answer whose lines all follow is a counting fault
+  (stopped early or late); one with a line that does not follow is a slip."""
+  from experiments.effort_mix import summarise, why_wrong
+  from tlt_jax.data import get_task
+
+  task = get_task("stride")
+  q = "90+4x3="  # three steps on a clock of 100: 94, 98, 2
+  right = "~1:90+4=94;2:94+4=98;3:98+4=2;#2"
+  early = "~1:90+4=94;2:94+4=98;#98"
+  slip = "~1:90+4=94;2:94+4=99;3:99+4=3;#3"
+  hasty = "!2:90+8=98;4:98+8=6;#6"  # jumps past the odd count
+  assert task.check(right, "2") == 1.0
+  assert [why_wrong(q, t, task.steps) for t in (early, slip, hasty)] == ["count", "line", "count"]
+  got = summarise([right, early, slip, hasty], ["2"] * 4, [3] * 4, task.check, [q] * 4, task.steps)
+  assert got["careful"]["share"] == 0.75 and got["careful"]["pass@1"] == pytest.approx(1 / 3)
+  assert got["careful"]["wrong_by"] == pytest.approx({"line": 1 / 3, "count": 1 / 3})
+  assert got["hasty"]["wrong_by"] == {"line": 0.0, "count": 1.0}

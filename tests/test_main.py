@@ -395,8 +395,12 @@ def test_regime_config_is_in_tlts_regime():
   assert np.mean(lengths + 16 > config.sft.row_len) < 0.02
   prompts = [len(e["question"]) for e in examples]
   assert max(prompts) + 1 <= engine.max_prompt_len
-  # Every solution stops by format: its last line is the answer (right or, hasty, not).
+  # Every solution stops by format: its last line is the answer (right or, hasty, not),
+  # after the line whose counter says one step (or, hasty, two) was left.
   assert all(e["solution"].rsplit("#", 1)[1].isdigit() for e in examples)
+  assert all(e["solution"].rsplit(";", 2)[-2].lstrip("~!")[:2] in ("1:", "2:") for e in examples)
+  # One update program: every sample fits a row, and the rows a step fills fit the floor.
+  assert update.pack_width == engine.slots and update.min_rows >= 16
 
 
 def test_regime_gpu_variant_keeps_its_sitting_budget_claims():

@@ -473,7 +473,9 @@ def check_stride(completion: str, answer: str) -> float:
 def stride_steps(question: str, completion: str) -> list[tuple[int, float]]:
   """Process rewards for the `stride` task: one (end, reward) per `;`-terminated line and the
   final `#answer`. A line `i:u+d=v;` is right when it moves the counter forward from the
-  previous line's, restates the previous value as u, adds the stride that many times as d
+  previous line's (or, counting down, names the steps left: the question's count first,
+  then the last counter minus its jump), restates the previous value as u, adds the stride
+  that many times as d
   and sums them right (modulo 100 for a clock question, `23+7x3=`), judged from what the
   completion itself wrote, so a line after a mistake can be right; the first line may carry
   an effort marker. The answer step scores 1.0 when it is the true answer (the step count;
@@ -490,7 +492,9 @@ def stride_steps(question: str, completion: str) -> list[tuple[int, float]]:
   clock = 100 if form == "x" else 0
   truth = (first + stride * limit) % 100 if clock else -(-(limit - first) // stride)
   steps: list[tuple[int, float]] = []
-  count, value, start = 0, first, 0
+  # Counters count up (the steps done after the line) or, on a clock, down (the steps left
+  # before it: the first line names the question's count); `left` is None until known.
+  count, value, start, left = 0, first, 0, None
   while start < len(completion):
     cut = completion.find(";", start)
     if cut < 0:
@@ -503,8 +507,15 @@ def stride_steps(question: str, completion: str) -> list[tuple[int, float]]:
     good = False
     if m is not None and (not steps or completion[start].isdigit()):
       i, u, d, v = (int(x) for x in m.groups())
-      good = i > count and u == value and d == (i - count) * stride
-      good = good and v == ((u + d) % clock if clock else u + d)
+      jump = d // stride if d % stride == 0 else 0
+      if not steps:
+        left = limit if clock and i == limit and i != jump else None
+      if left is not None:
+        good = i == left and jump >= 1
+        left = i - jump
+      else:
+        good = i > count and d == (i - count) * stride
+      good = good and u == value and v == ((u + d) % clock if clock else u + d)
       count, value = i, v
     steps.append((end, float(good)))
     start = end

@@ -244,6 +244,7 @@ def _stride_example(
   hasty_fraction: float,
   hasty_jump: int,
   clock: int,
+  countdown: bool,
 ) -> Example:
   m = _lognormal_int(rng, median_steps, steps_sigma, max_steps)
   s, k = rng.randint(1, max_start), rng.randint(2, max_stride)
@@ -254,7 +255,8 @@ def _stride_example(
   lines, i, v = [], 0, s
   if clock:  # m steps on a clock of `clock`: answer the last value
     while i < m:
-      lines.append(f"{i + jump}:{v}+{jump * k}={(v + jump * k) % clock};")
+      label = m - i if countdown else i + jump  # steps left before the line, or done after it
+      lines.append(f"{label}:{v}+{jump * k}={(v + jump * k) % clock};")
       i, v = i + jump, (v + jump * k) % clock
     question, answer, final = f"{s}+{k}x{m}=", str((s + k * m) % clock), v
   else:  # until the limit: answer the step count
@@ -283,6 +285,7 @@ def generate_stride(
   hasty_fraction: float = -1.0,
   hasty_jump: int = 2,
   clock: int = 0,
+  countdown: bool = False,
 ) -> list[Example]:
   """Count from a start in steps of a stride until a limit; the answer is the step count.
 
@@ -309,6 +312,13 @@ def generate_stride(
     clock: > 0: values wrap around this modulus (two-digit sums for 100) and the question
       gives the number of steps, `23+7x3=`; the answer is the last value, 44 (a hasty
       solution overshoots an odd count by a step, so its value is off by the stride).
+    countdown: with `clock`, a line's counter is the number of steps still to go before it
+      (`3:23+7=30;2:30+7=37;1:37+7=44;#44`): the first copies the question's count, each
+      next one is the last minus its jump, and the solution stops after the line marked 1
+      (or, hasty, 2 or 1). Knowing when to stop is then local, as each line's sum is; with
+      counters that count up it is a comparison with a number far back in the question,
+      which the regime's 13M policy got wrong by a line or two in half its careful answers
+      (experiments/RESULTS.md, 2026-11-29).
 
   Returns:
     `num` examples.
@@ -322,11 +332,13 @@ def generate_stride(
     or max_stride < 2
     or hasty_fraction > 1
     or hasty_jump < 2
+    or (countdown and not clock)
   ):
     raise ValueError(
       f"Bad stride parameters: median_steps={median_steps}, steps_sigma={steps_sigma}, "
       f"max_steps={max_steps}, max_start={max_start}, max_stride={max_stride}, "
-      f"hasty_fraction={hasty_fraction}, hasty_jump={hasty_jump}."
+      f"hasty_fraction={hasty_fraction}, hasty_jump={hasty_jump}, clock={clock}, "
+      f"countdown={countdown} (countdown needs a clock)."
     )
   mixed = hasty_fraction >= 0
   return [
@@ -341,6 +353,7 @@ def generate_stride(
       hasty_fraction,
       hasty_jump,
       clock,
+      countdown,
     )
     for i in range(start, start + num)
   ]

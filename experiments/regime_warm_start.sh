@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# The warm start of configs/regime.py's curve, as it was built on host H (2-core CPU,
+# 2026-11-28/29; experiments/RESULTS.md): six SFT stages, each continuing the last, about
+# two and a half hours in all (3.3-3.4 s a step of 4 rows x 1,024 tokens there).
+#
+#   1-3  the demonstrator 80% hasty, counters that count up: 700 steps at 3e-3 from random
+#        weights, 560 at 1e-3, 450 at 5e-4 (7.0M tokens). Careful answers stopped a line or
+#        two early or late in half the cases: sampled, they passed less often than hasty ones
+#        (0.13 vs 0.30), so GRPO dropped care.
+#   4    half hasty, 220 steps at 1e-3: more careful demonstrations alone did not fix it
+#        (careful 0.16, hasty 0.30).
+#   5-6  counters that count down (the steps left: when to stop is local), 70% hasty,
+#        320 steps at 1e-3 (careful 0.25, hasty 0.17: the new format half learnt), then
+#        200 at 5e-4: the curve's warm start (careful 0.41, hasty 0.24, care's share 0.32).
+#
+# Then the curve on it (the drafter's warm start is built there, from this policy):
+#   mkdir -p runs/curve/shared && cp -r <OUT>/6/warm_start runs/curve/shared/
+#   python experiments/learning_curve.py --config=configs/regime.py --out=runs/curve
+#
+#   bash experiments/regime_warm_start.sh runs/regime_warm_start
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${1:-runs/regime_warm_start}
+PY=${PYTHON:-python}
+mkdir -p "$OUT"
+
+stage() {  # stage <n> <from: a warm_start folder or ""> <steps> <lr> <hasty> <countdown>
+  local n=$1 from=$2 steps=$3 lr=$4 hasty=$5 countdown=$6
+  if [ -f "$OUT/$n/warm_start/commit_success.txt" ]; then
+    echo "stage $n: done already ($OUT/$n/warm_start)"
+    return
+  fi
+  echo "stage $n: $steps SFT steps at $lr, hasty_fraction $hasty, countdown $countdown"
+  # rl.steps=0: SFT, then main.py's held-out check of the warm start.
+  $PY -m tlt_jax.main --config=configs/regime.py --workdir="$OUT/$n" \
+    --config.mode=baseline --config.rl.steps=0 \
+    --config.sft.init_from="$from" --config.sft.steps="$steps" \
+    --config.sft.learning_rate="$lr" --config.sft.warmup_steps="$([ -z "$from" ] && echo 20 || echo 10)" \
+    --config.task.params.hasty_fraction="$hasty" --config.task.params.countdown="$countdown"
+}
+
+stage 1 "" 700 3e-3 0.8 False
+stage 2 "$OUT/1/warm_start" 560 1e-3 0.8 False
+stage 3 "$OUT/2/warm_start" 450 5e-4 0.8 False
+stage 4 "$OUT/3/warm_start" 220 1e-3 0.5 False
+stage 5 "$OUT/4/warm_start" 320 1e-3 0.7 True
+stage 6 "$OUT/5/warm_start" 200 5e-4 0.7 True
+echo "the curve's warm start: $OUT/6/warm_start"
