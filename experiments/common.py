@@ -3,6 +3,7 @@ where a rollout call's time goes; the FLOPs of a policy update's products and at
 
 from __future__ import annotations
 
+import collections
 import os
 import sys
 from typing import Any
@@ -14,6 +15,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from tlt_jax import train  # noqa: E402
 from tlt_jax.data import get_tokenizer  # noqa: E402
+from tlt_jax.data.checkers import CAREFUL, HASTY  # noqa: E402
 from tlt_jax.models.transformer import current_causal_block  # noqa: E402
 
 
@@ -87,3 +89,50 @@ def split_calls(traces, prompts, rows: int):
   per = next(iter(counts)) // rows
   cut = lambda xs: [x[i * rows : (i + 1) * rows] for x in xs for i in range(per)]
   return cut(traces), (None if prompts is None else cut(prompts)), per
+
+
+# Effort-mix tasks (experiments/effort_mix.py): which effort an answer opened with, and why
+# a wrong one is wrong.
+
+
+def effort_of(text: str) -> str:
+  return {CAREFUL: "careful", HASTY: "hasty"}.get(text[:1], "other")
+
+
+def why_wrong(question: str, text: str, steps_of) -> str:
+  """A wrong answer's first fault: "line" (a line that does not follow from the one before:
+  a slip in the arithmetic or the copying) or "count" (every line right, the wrong number
+  of them: stopping early or late, or a hasty jump past an odd count)."""
+  lines = (steps_of(question, text) or [])[:-1] if steps_of else []
+  return "count" if lines and all(r == 1.0 for _, r in lines) else "line"
+
+
+def summarise(texts, answers, sizes, check, questions=None, steps_of=None) -> dict:
+  """Per effort: share, pass@1, mean length and (with the task's line checker) what its
+  wrong answers got wrong; pass@1 by problem size (a quartile bin)."""
+  by = collections.defaultdict(list)
+  questions = questions or [""] * len(texts)
+  for text, answer, question in zip(texts, answers, questions):
+    right = check(text, answer)
+    fault = "" if right else why_wrong(question, text, steps_of)
+    by[effort_of(text)].append((right, len(text), fault))
+  n = len(texts)
+  out = {
+    "pass@1": float(np.mean([r for v in by.values() for r, _, _ in v])),
+    "mean_length": float(np.mean([len(t) for t in texts])),
+  }
+  for effort, v in sorted(by.items()):
+    out[effort] = {
+      "share": len(v) / n,
+      "pass@1": float(np.mean([r for r, _, _ in v])),
+      "mean_length": float(np.mean([length for _, length, _ in v])),
+    }
+    if steps_of:
+      faults = collections.Counter(f for _, _, f in v if f)
+      out[effort]["wrong_by"] = {k: faults[k] / len(v) for k in ("line", "count")}
+  edges = np.quantile(sizes, [0.25, 0.5, 0.75])
+  bins = collections.defaultdict(list)
+  for text, answer, size in zip(texts, answers, sizes):
+    bins[int(np.searchsorted(edges, size, side="right"))].append(check(text, answer))
+  out["pass@1_by_size_quartile"] = [float(np.mean(bins[b])) if bins[b] else None for b in range(4)]
+  return out

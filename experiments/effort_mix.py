@@ -15,13 +15,11 @@ chosen, at any temperature.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import json
 import os
 import sys
 
-import numpy as np
 import orbax.checkpoint as ocp
 from absl import app, flags
 from flax import nnx
@@ -29,6 +27,7 @@ from ml_collections import config_flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from experiments.common import summarise  # noqa: E402
 from tlt_jax import checkpoint, configuration, train  # noqa: E402
 from tlt_jax.data import get_task, get_tokenizer  # noqa: E402
 from tlt_jax.data.checkers import CAREFUL, HASTY  # noqa: E402
@@ -52,49 +51,6 @@ _FORCE = flags.DEFINE_enum(
   ["", "careful", "hasty"],
   "open every answer with this effort's marker (its skill when chosen; '' : the policy picks)",
 )
-
-
-def effort_of(text: str) -> str:
-  return {CAREFUL: "careful", HASTY: "hasty"}.get(text[:1], "other")
-
-
-def why_wrong(question: str, text: str, steps_of) -> str:
-  """A wrong answer's first fault: "line" (a line that does not follow from the one before:
-  a slip in the arithmetic or the copying) or "count" (every line right, the wrong number
-  of them: stopping early or late, or a hasty jump past an odd count)."""
-  lines = (steps_of(question, text) or [])[:-1] if steps_of else []
-  return "count" if lines and all(r == 1.0 for _, r in lines) else "line"
-
-
-def summarise(texts, answers, sizes, check, questions=None, steps_of=None) -> dict:
-  """Per effort: share, pass@1, mean length and (with the task's line checker) what its
-  wrong answers got wrong; pass@1 by problem size (a quartile bin)."""
-  by = collections.defaultdict(list)
-  questions = questions or [""] * len(texts)
-  for text, answer, question in zip(texts, answers, questions):
-    right = check(text, answer)
-    fault = "" if right else why_wrong(question, text, steps_of)
-    by[effort_of(text)].append((right, len(text), fault))
-  n = len(texts)
-  out = {
-    "pass@1": float(np.mean([r for v in by.values() for r, _, _ in v])),
-    "mean_length": float(np.mean([len(t) for t in texts])),
-  }
-  for effort, v in sorted(by.items()):
-    out[effort] = {
-      "share": len(v) / n,
-      "pass@1": float(np.mean([r for r, _, _ in v])),
-      "mean_length": float(np.mean([length for _, length, _ in v])),
-    }
-    if steps_of:
-      faults = collections.Counter(f for _, _, f in v if f)
-      out[effort]["wrong_by"] = {k: faults[k] / len(v) for k in ("line", "count")}
-  edges = np.quantile(sizes, [0.25, 0.5, 0.75])
-  bins = collections.defaultdict(list)
-  for text, answer, size in zip(texts, answers, sizes):
-    bins[int(np.searchsorted(edges, size, side="right"))].append(check(text, answer))
-  out["pass@1_by_size_quartile"] = [float(np.mean(bins[b])) if bins[b] else None for b in range(4)]
-  return out
 
 
 def main(argv):

@@ -95,7 +95,7 @@ def test_simulate_splits_recorded_rollouts_into_engine_calls():
 def test_effort_mix_tells_a_slip_from_a_wrong_count():
   """experiments/effort_mix.py: a wrong answer whose lines all follow is a counting fault
   (stopped early or late); one with a line that does not follow is a slip."""
-  from experiments.effort_mix import summarise, why_wrong
+  from experiments.common import summarise, why_wrong
   from tlt_jax.data import get_task
 
   task = get_task("stride")
