@@ -37,9 +37,10 @@ demonstrator and counters counting up, whose careful answers, sampled, passed le
 than hasty ones (0.13 vs 0.30: GRPO rightly dropped care and the reward stayed flat over
 20 steps); 220 with half hasty, which did not fix that (0.16 vs 0.30: careful answers
 stopped a line or two off); then 520 with counters counting down and 70% hasty: careful
-0.41, hasty 0.24, care's share 0.32. The SFT fields below are the first stage's
-(`learning_curve.py` builds that one when the workdir has no warm start); the drafter's
-warm start is built from the policy in the workdir.
+0.41, hasty 0.24, care's share 0.32. The SFT fields below are the first stage's steps and
+rate, in the countdown format (`learning_curve.py` builds that when the workdir has no
+warm start; a from-scratch countdown warm start is not measured); the drafter's warm
+start is built from the policy in the workdir.
 TLT's figure (experiments/learning_curve.py: baseline, sd and tlt interleaved, reward
 against wall-clock):
   bash experiments/regime_warm_start.sh runs/regime_warm_start

@@ -475,8 +475,8 @@ def stride_steps(question: str, completion: str) -> list[tuple[int, float]]:
   final `#answer`. A line `i:u+d=v;` is right when it moves the counter forward from the
   previous line's (or, counting down, names the steps left: the question's count first,
   then the last counter minus its jump), restates the previous value as u, adds the stride
-  that many times as d
-  and sums them right (modulo 100 for a clock question, `23+7x3=`), judged from what the
+  that many times as d and sums them right (modulo 100 for a clock question, `23+7x3=`),
+  judged from what the
   completion itself wrote, so a line after a mistake can be right; the first line may carry
   an effort marker. The answer step scores 1.0 when it is the true answer (the step count;
   a clock's last value).
