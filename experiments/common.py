@@ -1,5 +1,6 @@
-"""What the experiment scripts share: the warm-started policy of a workdir; row comparison;
-where a rollout call's time goes; the FLOPs of a policy update's products and attention."""
+"""What the experiment scripts share: the warm-started policy of a workdir (or one of its RL
+checkpoints); row comparison; where a rollout call's time goes; the FLOPs of a policy
+update's products and attention; how far parameters moved; the fields of a worked line."""
 
 from __future__ import annotations
 
@@ -34,6 +35,43 @@ def load_policy(config, workdir: str) -> dict[str, Any]:
     "params": params,
     "info": info,
   }
+
+
+def policy_at(config, workdir: str, rl_step: int = -1):
+  """(model config, graphdef, params) of a workdir's warm start (rl_step < 0) or of its RL
+  checkpoint at `rl_step` (<workdir>/checkpoints/<step>/state)."""
+  import orbax.checkpoint as ocp
+  from flax import nnx
+
+  from tlt_jax import checkpoint, configuration
+  from tlt_jax.models.transformer import init_model
+
+  model_cfg = configuration.model_config(config, get_tokenizer(config.task.tokenizer))
+  graphdef, params = nnx.split(init_model(model_cfg, seed=0))
+  if rl_step < 0:
+    return (
+      model_cfg,
+      graphdef,
+      checkpoint.restore_params(os.path.join(workdir, "warm_start"), params),
+    )
+  path = os.path.join(os.path.abspath(workdir), "checkpoints", str(rl_step), "state")
+  nnx.replace_by_pure_dict(params, ocp.StandardCheckpointer().restore(path)["params"])
+  return model_cfg, graphdef, params
+
+
+def relative_change(before: Any, after: Any, depth: int = 1) -> dict[str, float]:
+  """||after - before|| / ||before|| per parameter group: the leaves grouped by the first
+  `depth` keys of their path (e.g. "embed", "final_norm", "layers")."""
+  sums: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0.0])
+  for (path, a), b in zip(
+    jax.tree_util.tree_leaves_with_path(before), jax.tree_util.tree_leaves(after), strict=True
+  ):
+    keys = [str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path]
+    group = "/".join(keys[:depth])
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    sums[group][0] += float(np.sum((b - a) ** 2))
+    sums[group][1] += float(np.sum(a**2))
+  return {g: float(np.sqrt(d / n)) if n else float("nan") for g, (d, n) in sums.items()}
 
 
 def rows_differing(a, b) -> np.ndarray:
@@ -135,4 +173,30 @@ def summarise(texts, answers, sizes, check, questions=None, steps_of=None) -> di
   for text, answer, size in zip(texts, answers, sizes):
     bins[int(np.searchsorted(edges, size, side="right"))].append(check(text, answer))
   out["pass@1_by_size_quartile"] = [float(np.mean(bins[b])) if bins[b] else None for b in range(4)]
+  return out
+
+
+# A worked line of the stride task ("12:23+7=30;"): each character's line and field.
+LINE_FIELDS = ("marker", "label", "prev", "stride", "result", "answer")
+
+
+def line_fields(solution: str) -> list[tuple[int, str]]:
+  """(line index, field) of each character of a stride solution: the effort marker opens
+  line 0; then per line its counter ("label", up to ":"), the value it starts from ("prev",
+  up to "+"), the stride (up to "="), the new value (up to and with ";"); after the answer
+  marker "#", the answer. A separator belongs to the field it closes."""
+  out, line, field = [], 0, "label"
+  for i, ch in enumerate(solution):
+    if i == 0 and ch in (CAREFUL, HASTY):
+      out.append((0, "marker"))
+      continue
+    if ch == "#":
+      field = "answer"
+    out.append((line, field))
+    if field == "answer":
+      continue
+    nxt = {":": "prev", "+": "stride", "=": "result", ";": "label"}.get(ch)
+    if nxt:
+      field = nxt
+      line += ch == ";"
   return out

@@ -20,21 +20,18 @@ import json
 import os
 import sys
 
-import orbax.checkpoint as ocp
 from absl import app, flags
-from flax import nnx
 from ml_collections import config_flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from experiments.common import summarise  # noqa: E402
-from tlt_jax import checkpoint, configuration, train  # noqa: E402
+from experiments.common import policy_at, summarise  # noqa: E402
+from tlt_jax import configuration, train  # noqa: E402
 from tlt_jax.data import get_task, get_tokenizer  # noqa: E402
 from tlt_jax.data.checkers import CAREFUL, HASTY  # noqa: E402
 from tlt_jax.data.tasks import format_prompt  # noqa: E402
 from tlt_jax.decode.sampling import SamplingConfig  # noqa: E402
 from tlt_jax.evaluation import completions  # noqa: E402
-from tlt_jax.models.transformer import init_model  # noqa: E402
 from tlt_jax.rollout.engine import RolloutEngine  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/regime.py", "the run's config")
@@ -59,13 +56,7 @@ def main(argv):
   tok = get_tokenizer(config.task.tokenizer)
   task = get_task(config.task.name)
   train_split, test_split = train.load_data(config, workdir)
-  model_cfg = configuration.model_config(config, tok)
-  graphdef, params = nnx.split(init_model(model_cfg, seed=0))
-  if _RL_STEP.value < 0:
-    params = checkpoint.restore_params(os.path.join(workdir, "warm_start"), params)
-  else:
-    path = os.path.join(os.path.abspath(workdir), "checkpoints", str(_RL_STEP.value), "state")
-    nnx.replace_by_pure_dict(params, ocp.StandardCheckpointer().restore(path)["params"])
+  model_cfg, graphdef, params = policy_at(config, workdir, _RL_STEP.value)
   engine_cfg = dataclasses.replace(
     configuration.engine_config(config, tok), max_batch=_BATCH.value, spec_threshold=0
   )

@@ -110,3 +110,43 @@ def test_effort_mix_tells_a_slip_from_a_wrong_count():
   assert got["careful"]["share"] == 0.75 and got["careful"]["pass@1"] == pytest.approx(1 / 3)
   assert got["careful"]["wrong_by"] == pytest.approx({"line": 1 / 3, "count": 1 / 3})
   assert got["hasty"]["wrong_by"] == {"line": 0.0, "count": 1.0}
+
+
+def test_line_fields_names_every_character_of_a_worked_answer():
+  """experiments/line_errors.py reads a solution character by character: the marker, then
+  per line its counter, start value, stride and new value, then the answer."""
+  from experiments.common import line_fields
+  from tlt_jax.data import get_task
+
+  solution = "~2:23+7=30;1:30+7=37;#37"
+  got = line_fields(solution)
+  assert len(got) == len(solution)
+  text = lambda line, field: "".join(c for c, lf in zip(solution, got) if lf == (line, field))
+  assert got[0] == (0, "marker")
+  assert [text(0, f) for f in ("label", "prev", "stride", "result")] == ["2:", "23+", "7=", "30;"]
+  assert [text(1, f) for f in ("label", "prev", "stride", "result")] == ["1:", "30+", "7=", "37;"]
+  assert text(2, "answer") == "#37"
+  # The task's own careful and hasty solutions: one label per line, the answer last.
+  for ex in get_task("stride").generate(3, 20, clock=100, countdown=True, hasty_fraction=0.5):
+    fields = line_fields(ex["solution"])
+    lines = ex["solution"].count(";")
+    assert sum(1 for c, (_, f) in zip(ex["solution"], fields) if f == "label" and c == ":") == lines
+    assert fields[-1] == (lines, "answer")
+
+
+def test_relative_change_groups_parameters_by_path():
+  """experiments/param_drift.py: per group, the norm of the change over the norm before."""
+  from experiments.common import relative_change
+
+  before = {"embed": {"embedding": np.ones((2, 3))}, "layers": {"a": np.ones(4), "b": np.ones(4)}}
+  after = {
+    "embed": {"embedding": np.ones((2, 3)) * 1.1},
+    "layers": {"a": np.ones(4), "b": np.ones(4) * 3.0},
+  }
+  got = relative_change(before, after)
+  assert got["embed"] == pytest.approx(0.1)
+  assert got["layers"] == pytest.approx(np.sqrt(16 / 8))
+  deep = relative_change(before, after, depth=2)
+  assert deep["layers/a"] == 0.0 and deep["layers/b"] == pytest.approx(2.0)
+  with pytest.raises(ValueError):
+    relative_change(before, {"embed": after["embed"]})
