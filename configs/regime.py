@@ -43,8 +43,9 @@ than hasty ones (0.13 vs 0.30: GRPO rightly dropped care and the reward stayed f
 stopped a line or two off); 520 with counters counting down and 70% hasty (careful 0.41,
 hasty 0.24, care's share 0.32: the first curve's warm start, whose reward barely rose);
 then 500 on short problems (median 4 steps, then 2), because careful answers failed in
-their first line, which copies the count and stride from the question (the count came
-out 2 off in 13% of answers, teacher-forced), where later lines erred < 0.2% a token.
+their first line, which copies the count and stride from the question (teacher-forced,
+7% of its tokens wrong, the count often read 2 off), where later lines erred < 0.2% a
+token (experiments/line_errors.py).
 The SFT fields below are the first stage's steps and rate, in the countdown format
 (`learning_curve.py` builds that when the workdir has no warm start; a from-scratch
 countdown warm start is not measured); the drafter's warm start is built from the

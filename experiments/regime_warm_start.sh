@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The warm start of configs/regime.py's curve, as it was built on host H (2-core CPU,
-# 2026-11-28/29; experiments/RESULTS.md): six SFT stages, each continuing the last, about
-# two and a half hours in all (3.3-3.4 s a step of 4 rows x 1,024 tokens there).
+# 2026-11-28/29; experiments/RESULTS.md): eight SFT stages, each continuing the last, about
+# three hours in all (3.2-3.4 s a step of 4 rows x 1,024 tokens there).
 #
 #   1-3  the demonstrator 80% hasty, counters that count up: 700 steps at 3e-3 from random
 #        weights, 560 at 1e-3, 450 at 5e-4 (7.0M tokens). Careful answers stopped a line or
@@ -14,13 +14,16 @@
 #        200 at 5e-4 (careful 0.41, hasty 0.24, care's share 0.32; the first curve's warm
 #        start, 2026-11-29). Forced careful, sampled: 0.38 on 64 training problems.
 #   7-8  short problems (median 4 steps, then 2), 70% hasty, 250 steps at 5e-4 each. Where
-#        careful answers went wrong was their first line, copied from the question: its
-#        count came out 2 off (parity kept) in 13% of answers teacher-forced, where every
-#        later line erred < 0.2% a token. Short problems make first lines a quarter to half
-#        of the tokens. Forced careful, sampled, after stage 7: 0.52.
+#        careful answers went wrong was their first line, copied from the question (the
+#        count often read 2 off): teacher-forced, 7% of its tokens wrong and half the
+#        solutions with one there, where every later line erred < 0.2% a token
+#        (experiments/line_errors.py). Short problems make first lines a quarter to half
+#        of the tokens. Forced careful, sampled: 0.52 after stage 7, 0.57 after stage 8
+#        (greedy 0.66; the policy's pick: careful 0.58, hasty 0.31, care's share 0.31): the
+#        second curve's warm start, on which the reward rose +0.13 in 40 steps.
 #
 # Then the curve on it (the drafter's warm start is built there, from this policy):
-#   mkdir -p runs/curve/shared && cp -r <OUT>/6/warm_start runs/curve/shared/
+#   mkdir -p runs/curve/shared && cp -r <OUT>/8/warm_start runs/curve/shared/
 #   python experiments/learning_curve.py --config=configs/regime.py --out=runs/curve
 #
 #   bash experiments/regime_warm_start.sh runs/regime_warm_start
