@@ -33,7 +33,7 @@ from ml_collections import config_flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from experiments.common import line_fields, policy_at  # noqa: E402
+from experiments.common import LINE_FIELDS, line_fields, policy_at  # noqa: E402
 from tlt_jax.data import get_task, get_tokenizer  # noqa: E402
 from tlt_jax.data.tasks import format_prompt  # noqa: E402
 from tlt_jax.warmstart.sft import encode_example  # noqa: E402
@@ -113,7 +113,7 @@ def main(argv):
   report = {
     "effort": _EFFORT.value,
     "solutions": kept,
-    "by_field": table(by_field, [f for f in ("label", "prev", "stride", "result", "answer")]),
+    "by_field": table(by_field, LINE_FIELDS[1:]),
     "by_line": table(by_line, lines),
     "first_line_wrong_share": float(np.mean(first_line_wrong)) if first_line_wrong else None,
     "first_line_examples": shown,
