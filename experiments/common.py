@@ -5,6 +5,7 @@ update's products and attention; how far parameters moved; the fields of a worke
 from __future__ import annotations
 
 import collections
+import json
 import os
 import sys
 from typing import Any
@@ -72,6 +73,14 @@ def relative_change(before: Any, after: Any, depth: int = 1) -> dict[str, float]
     sums[group][0] += float(np.sum((b - a) ** 2))
     sums[group][1] += float(np.sum(a**2))
   return {g: float(np.sqrt(d / n)) if n else float("nan") for g, (d, n) in sums.items()}
+
+
+def print_report(report: dict, out: str = "") -> None:
+  """A diagnostic's figures as JSON on stdout and, with `out`, in that file."""
+  print(json.dumps(report, indent=1))
+  if out:
+    with open(out, "w") as f:
+      json.dump(report, f, indent=1)
 
 
 def rows_differing(a, b) -> np.ndarray:

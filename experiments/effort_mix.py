@@ -16,7 +16,6 @@ chosen, at any temperature.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import sys
 
@@ -25,7 +24,7 @@ from ml_collections import config_flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from experiments.common import policy_at, summarise  # noqa: E402
+from experiments.common import policy_at, print_report, summarise  # noqa: E402
 from tlt_jax import configuration, train  # noqa: E402
 from tlt_jax.data import get_task, get_tokenizer  # noqa: E402
 from tlt_jax.data.checkers import CAREFUL, HASTY  # noqa: E402
@@ -92,10 +91,7 @@ def main(argv):
       task.steps,
     )
     report[name]["examples"] = texts[:3]
-  print(json.dumps(report, indent=1))
-  if _OUT.value:
-    with open(_OUT.value, "w") as f:
-      json.dump(report, f, indent=1)
+  print_report(report, _OUT.value)
 
 
 if __name__ == "__main__":

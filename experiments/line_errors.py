@@ -20,7 +20,6 @@ line, which copies the count and stride from the question, where every later lin
 from __future__ import annotations
 
 import collections
-import json
 import os
 import sys
 
@@ -33,7 +32,7 @@ from ml_collections import config_flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from experiments.common import LINE_FIELDS, line_fields, policy_at  # noqa: E402
+from experiments.common import LINE_FIELDS, line_fields, policy_at, print_report  # noqa: E402
 from tlt_jax.data import get_task, get_tokenizer  # noqa: E402
 from tlt_jax.data.tasks import format_prompt  # noqa: E402
 from tlt_jax.warmstart.sft import encode_example  # noqa: E402
@@ -118,10 +117,7 @@ def main(argv):
     "first_line_wrong_share": float(np.mean(first_line_wrong)) if first_line_wrong else None,
     "first_line_examples": shown,
   }
-  print(json.dumps(report, indent=1))
-  if _OUT.value:
-    with open(_OUT.value, "w") as f:
-      json.dump(report, f, indent=1)
+  print_report(report, _OUT.value)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ digits' 7-14% while every layer moved < 0.4%, and the careful skill fell.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -25,7 +24,7 @@ from ml_collections import config_flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from experiments.common import policy_at, relative_change  # noqa: E402
+from experiments.common import policy_at, print_report, relative_change  # noqa: E402
 from tlt_jax.data import get_tokenizer  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/regime.py", "the run's config")
@@ -52,10 +51,7 @@ def main(argv):
       (i,) = tok.encode(ch)
       rows[ch] = float(np.linalg.norm(e1[i] - e0[i]) / np.linalg.norm(e0[i]))
     report["embedding_rows"] = rows
-  print(json.dumps(report, indent=1))
-  if _OUT.value:
-    with open(_OUT.value, "w") as f:
-      json.dump(report, f, indent=1)
+  print_report(report, _OUT.value)
 
 
 if __name__ == "__main__":

@@ -150,3 +150,15 @@ def test_relative_change_groups_parameters_by_path():
   assert deep["layers/a"] == 0.0 and deep["layers/b"] == pytest.approx(2.0)
   with pytest.raises(ValueError):
     relative_change(before, {"embed": after["embed"]})
+
+
+def test_print_report_prints_and_writes_the_same_json(tmp_path, capsys):
+  import json
+
+  from experiments.common import print_report
+
+  out = tmp_path / "r.json"
+  print_report({"a": 1, "b": [0.5]}, str(out))
+  assert json.loads(capsys.readouterr().out) == json.loads(out.read_text()) == {"a": 1, "b": [0.5]}
+  print_report({"c": 2})
+  assert json.loads(capsys.readouterr().out) == {"c": 2}
