@@ -150,6 +150,10 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   # shape it met: 13 in 20 steps, 98 s (RESULTS.md, 2026-11-28).
   c.rl_update.pack_width = c.engine.max_prompt_len + c.engine.max_new_tokens
   c.rl_update.min_rows = 16
+  # A query block of a packed row reads only the keys its samples hold: 0.33-0.43 of the
+  # key columns at the curve's rows, the update 1.17-1.20x faster for ~25 s more compile
+  # (experiments/bench_key_windows.py; RESULTS.md, 2026-11-29, seed 1's entry).
+  c.rl_update.key_windows = (256, 512, 1024)
   c.reference = ml_collections.ConfigDict()  # nothing measured to compare with yet
   if arg == "gpu":
     _gpu(c)
@@ -211,6 +215,8 @@ def _gpu(c: ml_collections.ConfigDict) -> None:
   c.engine.chunk_steps = 32
   c.rl_update.micro_batch = 8
   c.rl_update.pack_width = 2048
+  # Key windows choose their keys by `lax.switch` on the device: measured on a CPU only.
+  c.rl_update.key_windows = ()
   # One update program: 256 responses of up to ~300 tokens on average fill <= 64 rows of
   # 2,048 (padding micro-batches are skipped). The second sitting compiled one per row
   # count (16, 32, 64), ~43 s each, and ran out of time (RESULTS.md, 2026-11-28).

@@ -14,6 +14,8 @@ from tlt_jax.models.transformer import (
   cache_mask,
   full_mask,
   init_model,
+  key_window,
+  key_windows,
 )
 
 BASE = dict(
@@ -163,6 +165,87 @@ def test_causal_block_is_a_parameter_or_a_scoped_setting():
   assert transformer.current_causal_block() == 128
   with pytest.raises(ValueError, match="causal block"), transformer.causal_block(0):
     pass
+
+
+def _packed_segments(lengths, width):
+  """[1, width] segment ids of samples of `lengths` side by side, then padding (0)."""
+  seg = np.zeros((1, width), np.int32)
+  start = 0
+  for n, length in enumerate(lengths):
+    seg[0, start : start + length] = n + 1
+    start += length
+  return jnp.asarray(seg)
+
+
+def test_padding_sees_only_itself_and_samples_only_their_own_segment():
+  seg = _packed_segments([3, 2], 8)  # columns 5-7 are padding
+  mask = np.asarray(full_mask(jnp.ones((1, 8), bool), seg))[0]
+  assert mask[4].tolist() == [False] * 3 + [True, True] + [False] * 3
+  for i in range(5, 8):
+    assert mask[i].tolist() == [j == i for j in range(8)]
+
+
+def test_key_window_is_the_narrowest_span_holding_every_visible_key():
+  mask = full_mask(jnp.ones((1, 64), bool), _packed_segments([40, 10, 5], 64))
+  # Queries 48-63 (the 10-token sample from 40, the 5 from 50, padding): keys from 40 on.
+  block = mask[:, 48:64, :64]
+  assert int(key_window(block, [8, 16, 24, 32])) == 2  # 24 = 64 - 40
+  assert int(key_window(block, [8, 16])) == 2  # none holds them: all 64 keys
+  # Queries 32-47 sit in the 40-token sample from 0: only all 48 keys hold them.
+  assert int(key_window(mask[:, 32:48, :48], [16, 32])) == 2
+  # A query that sees no key does not count.
+  blind = block.at[:, 0].set(False)
+  assert int(key_window(blind, [8, 16, 24])) == 2
+  # Blind to 48-51: the 5-token sample from 50 reaches furthest back (14 keys), then padding
+  # (each column sees only itself).
+  assert int(key_window(block.at[:, :4].set(False), [8, 16, 24])) == 1
+  assert int(key_window(block.at[:, :10].set(False), [8, 16, 24])) == 0
+
+
+def test_key_windows_match_dense_attention_in_values_and_gradients():
+  # 300 columns of short samples around two long ones, then padding: query blocks of 32
+  # take every branch, from the narrowest window to all keys.
+  lengths = [90, 7, 30, 12, 5, 41, 3, 64, 20]
+  b, t, h, kv, e = 1, 300, 4, 2, 8
+  ks = jax.random.split(jax.random.key(7), 3)
+  q = jax.random.normal(ks[0], (b, t, h, e))
+  k, v = (jax.random.normal(x, (b, kv, t, e)) for x in ks[1:3])
+  seg = _packed_segments(lengths, t)
+  mask = full_mask(jnp.ones((b, t), bool), seg)
+  w = (seg > 0)[:, :, None, None]  # padding outputs are never read
+
+  def run(fn):
+    f = lambda q, k, v: jnp.where(w, fn(q, k, v, mask), 0.0)
+    return f(q, k, v), jax.grad(lambda *a: jnp.sum(f(*a) ** 2), (0, 1, 2))(q, k, v)
+
+  def windowed(*args):
+    with key_windows([32, 64, 128]):
+      return attend_causal(*args, block=32)
+
+  dense, g_dense = jax.jit(lambda: run(attend))()
+  got, g_got = jax.jit(lambda: run(windowed))()
+  np.testing.assert_allclose(got, dense, atol=1e-5)
+  for gd, gg in zip(g_dense, g_got, strict=True):
+    np.testing.assert_allclose(gg, gd, atol=1e-4)
+  taken = set()  # the keys each block read, as attend_causal picks them
+  for s in range(0, t, 32):
+    end = min(s + 32, t)
+    widths = [w for w in (32, 64, 128) if end - s <= w < end]
+    i = int(key_window(mask[:, s:end, :end], widths)) if widths else 0
+    taken.add(widths[i] if i < len(widths) else "all")
+  assert taken == {32, 64, 128, "all"}
+
+
+def test_key_windows_are_a_scoped_setting_of_positive_ints():
+  from tlt_jax.models import transformer
+
+  assert transformer.current_key_windows() == ()
+  with key_windows([512, 256, 256]):
+    assert transformer.current_key_windows() == (256, 512)
+  assert transformer.current_key_windows() == ()
+  for bad in ([0], [1.5], "256", 256):
+    with pytest.raises(ValueError, match="key_windows"), key_windows(bad):
+      pass
 
 
 def _reference_attention(q, k, v, mask):

@@ -10,7 +10,7 @@ import pytest
 from flax import nnx
 
 from tlt_jax.models.config import ModelConfig
-from tlt_jax.models.transformer import init_model
+from tlt_jax.models.transformer import causal_block, init_model
 from tlt_jax.rl import PolicyLossConfig, make_policy_update, token_logprobs
 from tlt_jax.rl.loss import AGGREGATIONS
 from tlt_jax.rl.packing import pack_policy_batch, plan_packing, token_weights
@@ -172,6 +172,25 @@ def test_packed_update_equals_padded_update(model, aggregation):
     float(jnp.max(jnp.abs(a - b))) for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(params))
   )
   assert moved > 1e-3
+
+
+def test_key_windows_leave_the_packed_update_unchanged(model):
+  graphdef, params = model
+  s = _samples(5)
+  sgd = optax.sgd(1.0)
+  cfg = PolicyLossConfig(clip_high=0.28, entropy_coef=0.01)
+  batch, _ = pack_policy_batch(**s, aggregation="token-mean", width=WIDTH, row_multiple=2)
+  copy = lambda t: jax.tree.map(jnp.copy, t)
+  out = {}
+  for windows in ((), (8, 16)):
+    fn = make_policy_update(graphdef, sgd, cfg, 2, key_windows=windows)
+    with causal_block(8):  # query blocks of 8 over rows of 32: windows of 8 and 16 apply
+      out[windows] = fn(copy(params), sgd.init(params), batch, None)
+  (want, _, m_want), (got, _, m_got) = out[()], out[(8, 16)]
+  _tree_close(got, want, atol=2e-5)
+  np.testing.assert_allclose(m_got["loss"], m_want["loss"], rtol=1e-5)
+  with pytest.raises(ValueError, match="key_windows"):
+    make_policy_update(graphdef, sgd, cfg, 2, key_windows=(0,))
 
 
 def test_partial_packed_batch_is_an_error(model):

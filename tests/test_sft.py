@@ -57,3 +57,37 @@ def test_sft_overfits_a_few_examples():
 def test_invalid_sft_config():
   with pytest.raises(ValueError, match="warmup_steps"):
     SFTConfig(steps=5, warmup_steps=5)
+
+
+def test_key_windows_leave_an_sft_step_unchanged():
+  import jax
+  import jax.numpy as jnp
+
+  from tlt_jax.models.transformer import causal_block
+  from tlt_jax.warmstart.sft import make_train_step, sft_optimizer
+
+  tok = CharTokenizer()
+  cfg = ModelConfig(
+    vocab_size=tok.vocab_size,
+    num_layers=1,
+    d_model=32,
+    num_heads=2,
+    num_kv_heads=1,
+    head_dim=16,
+    mlp_dim=64,
+  )
+  graphdef, params = nnx.split(init_model(cfg))
+  pairs = [(f"{a}+{b}=", f"{a}+{b}={a + b};#{a + b}") for a in range(9) for b in range(1, 9, 3)]
+  seqs = [encode_example(tok, p, t) for p, t in pairs]
+  batch = next(pack_batches(seqs, rows=2, row_len=64, seed=0))
+  optimizer = sft_optimizer(SFTConfig(steps=10, warmup_steps=0))
+  out = []
+  for windows in ((), (16, 32)):
+    step = make_train_step(graphdef, optimizer, windows)
+    with causal_block(8):  # blocks of 8 in rows of 64: samples of ~13 tokens fit 16 keys
+      p = jax.tree.map(jnp.copy, params)
+      out.append(step(p, optimizer.init(p), batch)[2])
+  for key in ("loss", "grad_norm"):
+    np.testing.assert_allclose(out[1][key], out[0][key], rtol=1e-5)
+  with pytest.raises(ValueError, match="key_windows"):
+    SFTConfig(key_windows=(-1,))

@@ -21,7 +21,9 @@ from tlt_jax.models.transformer import (
   causal_block,
   current_attention_form,
   current_causal_block,
+  current_key_windows,
   init_model,
+  key_windows,
   split_model,
 )
 
@@ -45,8 +47,10 @@ __all__ = [
   "config_to_hf",
   "current_attention_form",
   "current_causal_block",
+  "current_key_windows",
   "init_drafter",
   "init_model",
+  "key_windows",
   "load_hf_checkpoint",
   "save_generation_config",
   "save_hf_checkpoint",

@@ -249,6 +249,85 @@ def current_causal_block() -> int:
   return _CAUSAL_BLOCK.get()
 
 
+# Key windows of the causal path, in tokens: () is off (see `key_windows`).
+_KEY_WINDOWS = contextvars.ContextVar("key_windows", default=())
+
+
+def checked_key_windows(windows: Any) -> tuple[int, ...]:
+  """`windows` (a list or tuple of positive ints, tokens) as a sorted tuple, or ValueError."""
+  if isinstance(windows, str | bytes) or not hasattr(windows, "__iter__"):
+    raise ValueError(f"key_windows must be a tuple of positive ints, got {windows!r}")
+  windows = tuple(windows)
+  if not all(isinstance(w, int) and not isinstance(w, bool) and w > 0 for w in windows):
+    raise ValueError(f"key_windows must be positive ints, got {windows!r}")
+  return tuple(sorted(set(windows)))
+
+
+@contextlib.contextmanager
+def key_windows(windows: Sequence[int]) -> Iterator[None]:
+  """Within: `attend_causal` lets a query block read only the last w keys up to its end,
+  for the smallest w of `windows` that holds every key its queries see (picked on the
+  device from the mask, `lax.switch`), else all of them. Rows packed with short samples
+  (segment ids) then pay attention by their samples' lengths, not the row's width. Read
+  when a program is traced (a program keeps the setting it was traced under); () is off.
+  """
+  with _scoped(_KEY_WINDOWS, checked_key_windows(windows)):
+    yield
+
+
+def current_key_windows() -> tuple[int, ...]:
+  """The key windows `attend_causal` may take (() outside `key_windows`: off)."""
+  return _KEY_WINDOWS.get()
+
+
+def key_window(mask: Bool[Array, "B T S"], widths: Sequence[int]) -> Int[Array, ""]:
+  """Which of `widths` (ascending, each < S), as an index, is the narrowest span of last
+  keys holding every key any query of `mask` sees; len(widths) when none is (all S keys).
+  Queries that see no key do not count."""
+  s = mask.shape[-1]
+  seen = jnp.any(mask, axis=-1)
+  first = jnp.min(jnp.where(seen, jnp.argmax(mask, axis=-1), s))
+  return jnp.sum(jnp.asarray(widths) < s - first)
+
+
+def _attend_last_keys(q, k, v, mask, widths: Sequence[int]):
+  """`attend` reading only the last `widths[key_window(...)]` keys (all of them when none
+  holds the mask's visible keys): the same result up to float rounding, since the keys
+  left out are masked for every query.
+
+  The backward pass picks its branch again and recomputes that branch's forward: JAX's own
+  derivative of `lax.switch` carries every branch's residuals out of whichever ran (zeros
+  for the rest), which cost the windows their whole gain in the backward pass.
+  """
+  s = k.shape[2]
+
+  def last(w):
+    return lambda q, k, v, m: attend(q, k[:, :, s - w :], v[:, :, s - w :], m[:, :, s - w :])
+
+  branches = [last(w) for w in widths] + [last(s)]
+
+  def pullback(branch):
+    def grads(q, k, v, mask, g):
+      return jax.vjp(lambda q, k, v: branch(q, k, v, mask), q, k, v)[1](g)
+
+    return grads
+
+  @jax.custom_vjp
+  def windowed(q, k, v, mask):
+    return jax.lax.switch(key_window(mask, widths), branches, q, k, v, mask)
+
+  def forward(q, k, v, mask):
+    return windowed(q, k, v, mask), (q, k, v, mask)
+
+  def backward(res, g):
+    q, k, v, mask = res
+    pullbacks = [pullback(b) for b in branches]
+    return (*jax.lax.switch(key_window(mask, widths), pullbacks, q, k, v, mask, g), None)
+
+  windowed.defvjp(forward, backward)
+  return windowed(q, k, v, mask)
+
+
 def attend_causal(
   q: Float[Array, "B T H E"],
   k: Float[Array, "B K T E"],
@@ -262,15 +341,20 @@ def attend_causal(
   the result is `attend`'s up to float rounding, at ~(nb + 1) / (2 nb) of its score work for
   nb blocks (SFT rows of 448 tokens: 4 blocks, 10/16). Rows with no visible key (padding)
   differ. Smaller blocks cost more than they save on CPU (experiments/bench_attention.py).
-  `block`: the query block (default: `current_causal_block()`).
+  Under `key_windows`, a block whose queries all see keys within the last w of [0, s + n)
+  reads only those (packed short samples). `block`: the query block (default:
+  `current_causal_block()`).
   """
   t, block = q.shape[1], current_causal_block() if block is None else block
   if t <= block:
     return attend(q, k, v, mask)
+  windows = current_key_windows()
   outs = []
   for s in range(0, t, block):
     e = min(s + block, t)
-    outs.append(attend(q[:, s:e], k[:, :, :e], v[:, :, :e], mask[:, s:e, :e]))
+    args = (q[:, s:e], k[:, :, :e], v[:, :, :e], mask[:, s:e, :e])
+    widths = [w for w in windows if e - s <= w < e]
+    outs.append(_attend_last_keys(*args, widths) if widths else attend(*args))
   return jnp.concatenate(outs, axis=1)
 
 
@@ -353,12 +437,15 @@ class DecoderLayer(nnx.Module):
 def full_mask(
   positions_valid: Bool[Array, "B T"], segment_ids: Int[Array, "B T"] | None
 ) -> Bool[Array, "B T T"]:
-  """Causal mask over one sequence; packed samples (segment ids) do not see each other."""
+  """Causal mask over one sequence; packed samples (segment ids) do not see each other, and
+  padding (segment 0) sees only itself: its outputs are never read, and a padding run
+  that saw itself whole would make `key_windows` read back to the run's start."""
   t = positions_valid.shape[1]
   causal = jnp.tril(jnp.ones((t, t), bool))[None]
   mask = causal & positions_valid[:, None, :]
   if segment_ids is not None:
-    mask = mask & (segment_ids[:, :, None] == segment_ids[:, None, :])
+    same = segment_ids[:, :, None] == segment_ids[:, None, :]
+    mask = mask & same & ((segment_ids[:, :, None] > 0) | jnp.eye(t, dtype=bool)[None])
   return mask
 
 

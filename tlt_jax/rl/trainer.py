@@ -351,6 +351,7 @@ class GRPOTrainer:
       param_sharding=self.param_sharding,
       remat=ucfg.remat,
       on_policy=self.skip_old_logp,
+      key_windows=ucfg.key_windows,
     )
 
   # ------------------------------------------------------------ checkpoints

@@ -24,6 +24,8 @@ from jaxtyping import Array, Float, Int
 
 from tlt_jax.decode.sampling import SamplingConfig, sampling_log_probs
 from tlt_jax.models.precision import compute_model
+from tlt_jax.models.transformer import checked_key_windows
+from tlt_jax.models.transformer import key_windows as attention_key_windows
 from tlt_jax.rl.logprobs import chunked_logprobs
 from tlt_jax.rl.loss import PolicyLossConfig, policy_loss
 from tlt_jax.utils.optim import FROZEN, clipped_adamw, grouped_clipped_adamw
@@ -174,6 +176,10 @@ class UpdateConfig:
       longest sample fits (else the cache's full width): at most two row widths, so two
       families of update programs to compile (an accelerator sitting's budget). 0: the
       longest sample rounded up to 128 (least padding, a program per width met).
+    key_windows: the update's forward under `models.transformer.key_windows`: a query
+      block of a packed row reads only the last w keys up to its end (w the smallest of
+      these, in tokens, that holds its samples' keys), else all. Rows of many short samples
+      then pay attention by sample length, not row width. (): every block reads all keys.
   """
 
   learning_rate: float = 1e-6
@@ -192,8 +198,11 @@ class UpdateConfig:
   remat: bool = False
   lr_multipliers: str = ""
   pack_width: int = 0
+  key_windows: tuple[int, ...] = ()
 
   def __post_init__(self):
+    # A config's list (ml_collections, a command line) becomes the tuple a frozen field keeps.
+    object.__setattr__(self, "key_windows", checked_key_windows(self.key_windows))
     if not (self.learning_rate > 0 and math.isfinite(self.learning_rate)):
       raise ValueError(f"learning_rate must be a finite number > 0, got {self.learning_rate!r}")
     if not isinstance(self.total_steps, int) or self.total_steps <= 0:
@@ -519,6 +528,7 @@ def make_policy_update(
   param_sharding: Any = None,
   remat: bool = False,
   on_policy: bool = False,
+  key_windows: tuple[int, ...] = (),
 ) -> Callable[..., tuple[nnx.State, optax.OptState, dict[str, jax.Array]]]:
   """A jitted `(params, opt_state, batch, ref_params) -> (params, opt_state, metrics)`.
 
@@ -563,6 +573,9 @@ def make_policy_update(
   gradient is the plain policy gradient) and the batch needs no "old_logp" (a separate
   old-log-prob pass is then redundant).
 
+  `key_windows` (UpdateConfig.key_windows): the forward's attention under
+  `models.transformer.key_windows` (packed short samples read only their own keys).
+
   A batch with "rollout_logp" [B, T] (the engine's recorded log-probs) adds
   metrics["rollout_logp_gap"]: the largest |update forward - rollout| log-prob over the
   masked tokens, the rollout-vs-trainer check without a pass of its own.
@@ -580,8 +593,13 @@ def make_policy_update(
       loss_cfg, clip_low=max(loss_cfg.clip_low, 0.5), clip_high=max(loss_cfg.clip_high, 0.5)
     )
   _compile_trainable(trainable)  # a bad pattern fails here, not at the first trace
+  key_windows = checked_key_windows(key_windows)
 
   def step(params, opt_state, batch, ref_params):
+    with attention_key_windows(key_windows):  # read while the step is traced
+      return windowed_step(params, opt_state, batch, ref_params)
+
+  def windowed_step(params, opt_state, batch, ref_params):
     if loss_cfg.kl_coef > 0 and ref_params is None:
       raise ValueError("loss_cfg.kl_coef > 0 needs ref_params")
     batch, packed = _checked_batch(batch, loss_cfg, on_policy, micro_batch)

@@ -21,8 +21,9 @@ once by a stand-in whose call returns zeros shaped like the program's outputs, s
 warm-up walks on to the programs those outputs feed; leaving it waits for every compile.
 
 Every key also holds what the program reads from its context at trace time:
-`transformer.current_attention_form()` and `current_causal_block()` (experiments switch
-them with `transformer.attention_form` / `causal_block` between compiles), so a program
+`transformer.current_attention_form()`, `current_causal_block()` and
+`current_key_windows()` (experiments switch them with `transformer.attention_form` /
+`causal_block` / `key_windows` between compiles), so a program
 traced under another form is never handed back. Each compile traces a
 fresh wrapper of `fn`: JAX caches traces by function identity across `jax.jit`
 wrappers, and would otherwise hand back the jaxpr traced under the old form.
@@ -66,7 +67,11 @@ class CompiledEntry:
 
 def _trace_globals() -> tuple[Any, ...]:
   """What programs read from their context at trace time (not their arguments)."""
-  return (transformer.current_attention_form(), transformer.current_causal_block())
+  return (
+    transformer.current_attention_form(),
+    transformer.current_causal_block(),
+    transformer.current_key_windows(),
+  )
 
 
 def _fresh(fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -22,6 +22,7 @@ from tqdm.auto import tqdm
 
 from tlt_jax.data.tokenizer import Tokenizer
 from tlt_jax.models.precision import compute_model
+from tlt_jax.models.transformer import checked_key_windows, key_windows
 from tlt_jax.utils.optim import clipped_adamw
 
 
@@ -35,8 +36,12 @@ class SFTConfig:
   weight_decay: float = 0.01
   grad_clip: float = 1.0
   seed: int = 0
+  # Attention key windows of the packed rows' forward (`models.transformer.key_windows`;
+  # tokens): a query block reads only the keys its samples hold. (): all keys up to it.
+  key_windows: tuple[int, ...] = ()
 
   def __post_init__(self):
+    object.__setattr__(self, "key_windows", checked_key_windows(self.key_windows))
     for name in ("steps", "batch_rows", "row_len"):
       if getattr(self, name) <= 0:
         raise ValueError(f"SFTConfig.{name} must be positive, got {getattr(self, name)}")
@@ -111,10 +116,17 @@ def sft_optimizer(cfg: SFTConfig) -> optax.GradientTransformation:
   return clipped_adamw(schedule, grad_clip=cfg.grad_clip, b2=0.98, weight_decay=cfg.weight_decay)
 
 
-def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation):
-  """A jitted `(params, opt_state, batch) -> (params, opt_state, metrics)`, state donated."""
+def make_train_step(
+  graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation, windows: Sequence[int] = ()
+):
+  """A jitted `(params, opt_state, batch) -> (params, opt_state, metrics)`, state donated;
+  attention under `key_windows(windows)`."""
 
   def step(params, opt_state, batch):
+    with key_windows(windows):  # read while the step is traced
+      return windowed_step(params, opt_state, batch)
+
+  def windowed_step(params, opt_state, batch):
     def loss_fn(p):
       return sft_loss(compute_model(graphdef, p), batch)
 
@@ -139,7 +151,7 @@ def train_sft(
   batches = pack_batches(seqs, cfg.batch_rows, cfg.row_len, cfg.seed)
   optimizer = sft_optimizer(cfg)
   opt_state = optimizer.init(params)
-  step_fn = make_train_step(graphdef, optimizer)
+  step_fn = make_train_step(graphdef, optimizer, cfg.key_windows)
   history: list[dict[str, Any]] = []
   pending = None  # Metrics are read one step late so the host never stalls the device.
   bar = tqdm(range(cfg.steps), desc="sft", disable=not progress, dynamic_ncols=True)
