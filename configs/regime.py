@@ -102,6 +102,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.sft.row_len = 1024
   c.sft.learning_rate = 3e-3
   c.sft.warmup_steps = 20
+  # Key windows (see rl_update.key_windows below): an SFT step of 4 x 1,024 packed rows
+  # 1.09-1.16x faster (experiments/bench_attention.py; RESULTS.md, 2026-11-29, seed 1's).
+  c.sft.key_windows = (256, 512)
 
   c.engine.max_prompt_len = 16  # the longest question (10 characters) and BOS
   c.engine.max_new_tokens = 12 * MAX_STEPS + 16  # the longest solution (~1,450), "#answer"
@@ -196,6 +199,7 @@ def _gpu(c: ml_collections.ConfigDict) -> None:
   c.sft.row_len = 2048
   c.sft.learning_rate = 3e-3
   c.sft.warmup_steps = 50
+  c.sft.key_windows = ()  # measured on a CPU only (as the update's, below)
   # It learnt in 10 steps at this rate: 30 steps, evaluated after steps 9, 19 and 29.
   c.rl.steps = 30
   c.rl.eval_every = 10
