@@ -436,6 +436,7 @@ def _recipe(config: dict) -> dict:
   out = {k: dict(config.get(k, {})) for k in _RECIPE}
   out["task"].pop("data_dir", None)  # where the data lies, not what it is
   out["model"].pop("checkpoint", None)  # checked against the summary's source instead
+  out["sft"].pop("key_windows", None)  # how fast attention runs, not what it computes
   return out
 
 
