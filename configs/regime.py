@@ -154,8 +154,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.rl_update.pack_width = c.engine.max_prompt_len + c.engine.max_new_tokens
   c.rl_update.min_rows = 16
   # A query block of a packed row reads only the keys its samples hold: 0.33-0.43 of the
-  # key columns at the curve's rows, the update 1.17-1.20x faster for ~25 s more compile
-  # (experiments/bench_key_windows.py; RESULTS.md, 2026-11-29, seed 1's entry).
+  # key columns at the curve's rows, the update 1.17-1.20x faster (1.15x in the live loop)
+  # for ~22-25 s more compile (experiments/bench_key_windows.py; RESULTS.md, 2026-11-29,
+  # seed 1's entry): ~2% end to end, within the curves' noise.
   c.rl_update.key_windows = (256, 512, 1024)
   c.reference = ml_collections.ConfigDict()  # nothing measured to compare with yet
   if arg == "gpu":

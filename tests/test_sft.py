@@ -1,13 +1,36 @@
 """SFT warm start: packing is exact and training learns."""
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
 
 from tlt_jax.data import CharTokenizer
 from tlt_jax.models.config import ModelConfig
-from tlt_jax.models.transformer import init_model
-from tlt_jax.warmstart.sft import SFTConfig, encode_example, pack_batches, train_sft
+from tlt_jax.models.transformer import causal_block, init_model
+from tlt_jax.warmstart.sft import (
+  SFTConfig,
+  encode_example,
+  make_train_step,
+  pack_batches,
+  sft_optimizer,
+  train_sft,
+)
+
+
+def _tiny_policy(tok):
+  """A one-layer policy over `tok`'s vocabulary: (graphdef, params)."""
+  cfg = ModelConfig(
+    vocab_size=tok.vocab_size,
+    num_layers=1,
+    d_model=32,
+    num_heads=2,
+    num_kv_heads=1,
+    head_dim=16,
+    mlp_dim=64,
+  )
+  return nnx.split(init_model(cfg))
 
 
 def test_packing_keeps_samples_apart_and_masks_only_targets():
@@ -36,16 +59,7 @@ def test_packing_keeps_samples_apart_and_masks_only_targets():
 
 def test_sft_overfits_a_few_examples():
   tok = CharTokenizer()
-  cfg = ModelConfig(
-    vocab_size=tok.vocab_size,
-    num_layers=1,
-    d_model=32,
-    num_heads=2,
-    num_kv_heads=1,
-    head_dim=16,
-    mlp_dim=64,
-  )
-  graphdef, params = nnx.split(init_model(cfg))
+  graphdef, params = _tiny_policy(tok)
   pairs = [("1+2=", "1+2=3;#3"), ("5+4=", "5+4=9;#9")]
   sft = SFTConfig(steps=60, batch_rows=2, row_len=32, learning_rate=1e-2, warmup_steps=5)
   _, history = train_sft(graphdef, params, tok, pairs, sft, progress=False)
@@ -60,23 +74,8 @@ def test_invalid_sft_config():
 
 
 def test_key_windows_leave_an_sft_step_unchanged():
-  import jax
-  import jax.numpy as jnp
-
-  from tlt_jax.models.transformer import causal_block
-  from tlt_jax.warmstart.sft import make_train_step, sft_optimizer
-
   tok = CharTokenizer()
-  cfg = ModelConfig(
-    vocab_size=tok.vocab_size,
-    num_layers=1,
-    d_model=32,
-    num_heads=2,
-    num_kv_heads=1,
-    head_dim=16,
-    mlp_dim=64,
-  )
-  graphdef, params = nnx.split(init_model(cfg))
+  graphdef, params = _tiny_policy(tok)
   pairs = [(f"{a}+{b}=", f"{a}+{b}={a + b};#{a + b}") for a in range(9) for b in range(1, 9, 3)]
   seqs = [encode_example(tok, p, t) for p, t in pairs]
   batch = next(pack_batches(seqs, rows=2, row_len=64, seed=0))

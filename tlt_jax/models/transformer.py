@@ -312,12 +312,13 @@ def _attend_last_keys(q, k, v, mask, widths: Sequence[int]):
 
     return grads
 
-  @jax.custom_vjp
-  def windowed(q, k, v, mask):
+  def run(q, k, v, mask):
     return jax.lax.switch(key_window(mask, widths), branches, q, k, v, mask)
 
+  windowed = jax.custom_vjp(run)
+
   def forward(q, k, v, mask):
-    return windowed(q, k, v, mask), (q, k, v, mask)
+    return run(q, k, v, mask), (q, k, v, mask)
 
   def backward(res, g):
     q, k, v, mask = res
