@@ -1,7 +1,7 @@
 r"""Blocked causal attention vs dense, on a job's SFT step.
 
 The full-sequence forward (SFT, the trainer's log-prob passes) attends in query blocks that
-read only the keys up to their own end (`models.transformer.attend_causal`), and under key
+read only the keys up to their own end (`models.attention.attend_causal`), and under key
 windows only the last keys their samples hold. This times one SFT step (forward, backward,
 AdamW) of the config's policy on packed rows of its task's data, for dense attention,
 several block sizes and, with `--windows`, each block size with those key windows too.
@@ -29,7 +29,7 @@ from ml_collections import config_flags
 from tlt_jax import configuration
 from tlt_jax.data import get_tokenizer
 from tlt_jax.data.tasks import get_task, sft_pairs
-from tlt_jax.models import transformer
+from tlt_jax.models import attention, transformer
 from tlt_jax.warmstart import sft
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/default.py", "job config")
@@ -43,7 +43,7 @@ _OUT = flags.DEFINE_string("out", "", "optional JSON file for the results")
 def _step_seconds(setting, batch, model_cfg, sft_cfg, steps: int) -> float:
   # The block size is read when the step is traced: set it, then build a fresh jit.
   block, windows = setting
-  with transformer.causal_block(block or 10**9):
+  with attention.causal_block(block or 10**9):
     graphdef, params = nnx.split(transformer.init_model(model_cfg, seed=0))
     optimizer = sft.sft_optimizer(sft_cfg)
     opt_state = optimizer.init(params)

@@ -3,7 +3,7 @@ r"""Attention of a few new tokens over the KV cache: batched dots vs multiply-re
 A decode step's query is one token per row (a verification, a handful), so its attention is,
 per (row, kv head), a [G T, E] x [E, S] and a [G T, S] x [S, E] product. Written as einsums,
 XLA:CPU runs them as thousands of tiny GEMMs; written as a multiply fused into a reduction
-(`models.transformer.attend_reduce`, taken where `reduces(batch, tokens)` says), it streams
+(`models.attention.attend_reduce`, taken where `reduces(batch, tokens)` says), it streams
 the cache. Measurements, settings interleaved round by round so drift hits both alike:
 
 1. attention alone: 16 layers of cache attention per decode step, for the policy's shapes
@@ -43,7 +43,7 @@ from experiments.host import format_host, host_info  # noqa: E402
 from tlt_jax import configuration  # noqa: E402
 from tlt_jax.data import get_tokenizer  # noqa: E402
 from tlt_jax.decode.sampling import SamplingConfig  # noqa: E402
-from tlt_jax.models import transformer  # noqa: E402
+from tlt_jax.models import attention, transformer  # noqa: E402
 from tlt_jax.models.drafter import init_drafter  # noqa: E402
 from tlt_jax.rollout.engine import RolloutEngine  # noqa: E402
 from tlt_jax.rollout.pool import ExecutablePool  # noqa: E402
@@ -61,7 +61,7 @@ _STRATEGIES = flags.DEFINE_list("strategies", ["chain4", "tree5x4x16"], "draft s
 _OUT = flags.DEFINE_string("out", "", "optional JSON file for the results")
 
 _FORMS = flags.DEFINE_list(
-  "forms", ["dots", "reduce"], "transformer.ATTENTION_FORMS to compare; ratios are to the first"
+  "forms", ["dots", "reduce"], "attention.ATTENTION_FORMS to compare; ratios are to the first"
 )
 _TOKENS = flags.DEFINE_list("tokens", ["1"], "new tokens per row (attention part)")
 
@@ -78,9 +78,9 @@ def _attention_ms(cfg, batch: int, tokens: int, slots: int, form: str, steps: in
   @jax.jit
   def run(q, ks, vs):
     def step(i, x):
-      mask = transformer.cache_mask(lens + i, tokens, slots)
+      mask = attention.cache_mask(lens + i, tokens, slots)
       for k, v in zip(ks, vs):  # each layer's output feeds the next: no work is skipped
-        x = transformer.attend(x, k, v, mask, form=form)
+        x = attention.attend(x, k, v, mask, form=form)
       return x
 
     return jax.lax.fori_loop(0, steps, step, q)
@@ -101,7 +101,7 @@ def _engine_result(model, engine_cfg, prompts, form: str, drafter=None):
   # A fresh pool per run: programs are traced (and the form read) when they compile.
   greedy = SamplingConfig(temperature=0.0)
   engine = RolloutEngine(graphdef, cfg, engine_cfg, greedy, ExecutablePool(), dgraph)
-  with transformer.attention_form(form):
+  with attention.attention_form(form):
     engine.generate(params, prompts, 1, key=0, drafter_params=dparams)  # compile
     return engine.generate(params, prompts, 1, key=0, drafter_params=dparams)
 

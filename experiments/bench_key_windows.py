@@ -36,7 +36,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from experiments.host import cpu_model, matmul_flops  # noqa: E402
 from tlt_jax import configuration  # noqa: E402
 from tlt_jax.data import get_tokenizer  # noqa: E402
-from tlt_jax.models.transformer import current_causal_block, init_model  # noqa: E402
+from tlt_jax.models.attention import current_causal_block  # noqa: E402
+from tlt_jax.models.transformer import init_model  # noqa: E402
 from tlt_jax.rl.packing import pack_policy_batch  # noqa: E402
 from tlt_jax.rl.update import make_optimizer, make_policy_update  # noqa: E402
 

@@ -18,7 +18,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from tlt_jax import train  # noqa: E402
 from tlt_jax.data import get_tokenizer  # noqa: E402
 from tlt_jax.data.checkers import CAREFUL, HASTY  # noqa: E402
-from tlt_jax.models.transformer import current_causal_block  # noqa: E402
+from tlt_jax.models.attention import current_causal_block  # noqa: E402
 
 
 def load_policy(config, workdir: str) -> dict[str, Any]:

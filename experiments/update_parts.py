@@ -46,7 +46,8 @@ from experiments.common import attention_flops, dense_shapes  # noqa: E402
 from experiments.host import cpu_model, matmul_flops  # noqa: E402
 from tlt_jax import configuration  # noqa: E402
 from tlt_jax.data import get_tokenizer  # noqa: E402
-from tlt_jax.models.transformer import attend_causal, init_model  # noqa: E402
+from tlt_jax.models.attention import attend_causal  # noqa: E402
+from tlt_jax.models.transformer import init_model  # noqa: E402
 from tlt_jax.rl.update import make_optimizer, make_policy_update, token_logprobs  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file(

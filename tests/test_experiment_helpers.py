@@ -36,8 +36,9 @@ def test_update_parts_counts_the_products_and_attention_the_update_runs():
   from flax import nnx
 
   from experiments.common import attention_flops, dense_shapes
+  from tlt_jax.models.attention import causal_block
   from tlt_jax.models.config import ModelConfig
-  from tlt_jax.models.transformer import causal_block, init_model
+  from tlt_jax.models.transformer import init_model
 
   cfg = ModelConfig(
     vocab_size=50, num_layers=2, d_model=16, num_heads=4, num_kv_heads=2, head_dim=8, mlp_dim=24

@@ -6,17 +6,16 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from tlt_jax.models.config import ModelConfig
-from tlt_jax.models.transformer import (
-  KVCache,
+from tlt_jax.models.attention import (
   attend,
   attend_causal,
   cache_mask,
   full_mask,
-  init_model,
   key_window,
   key_windows,
 )
+from tlt_jax.models.config import ModelConfig
+from tlt_jax.models.transformer import KVCache, init_model
 
 BASE = dict(
   vocab_size=61, num_layers=2, d_model=32, num_heads=4, num_kv_heads=2, head_dim=8, mlp_dim=48
@@ -150,7 +149,7 @@ def test_blocked_causal_attention_matches_dense_in_values_and_gradients():
 
 
 def test_causal_block_is_a_parameter_or_a_scoped_setting():
-  from tlt_jax.models import transformer
+  from tlt_jax.models import attention
 
   b, t, h, kv, e = 1, 40, 2, 1, 8
   ks = jax.random.split(jax.random.key(6), 3)
@@ -159,11 +158,11 @@ def test_causal_block_is_a_parameter_or_a_scoped_setting():
   mask = full_mask(jnp.ones((b, t), bool), jnp.ones((b, t), jnp.int32))
   dense = attend(q, k, v, mask)
   np.testing.assert_allclose(attend_causal(q, k, v, mask, block=16), dense, atol=1e-5)
-  with transformer.causal_block(8):
-    assert transformer.current_causal_block() == 8
+  with attention.causal_block(8):
+    assert attention.current_causal_block() == 8
     np.testing.assert_allclose(attend_causal(q, k, v, mask), dense, atol=1e-5)
-  assert transformer.current_causal_block() == 128
-  with pytest.raises(ValueError, match="causal block"), transformer.causal_block(0):
+  assert attention.current_causal_block() == 128
+  with pytest.raises(ValueError, match="causal block"), attention.causal_block(0):
     pass
 
 
@@ -237,12 +236,12 @@ def test_key_windows_match_dense_attention_in_values_and_gradients():
 
 
 def test_key_windows_are_a_scoped_setting_of_positive_ints():
-  from tlt_jax.models import transformer
+  from tlt_jax.models import attention
 
-  assert transformer.current_key_windows() == ()
+  assert attention.current_key_windows() == ()
   with key_windows([512, 256, 256]):
-    assert transformer.current_key_windows() == (256, 512)
-  assert transformer.current_key_windows() == ()
+    assert attention.current_key_windows() == (256, 512)
+  assert attention.current_key_windows() == ()
   for bad in ([0], [1.5], "256", 256):
     with pytest.raises(ValueError, match="key_windows"), key_windows(bad):
       pass
@@ -267,14 +266,14 @@ def _reference_attention(q, k, v, mask):
 def test_attention_forms_match_a_reference(form, t):
   # Decode / verification shapes with per-row visible prefixes, grouped query heads, f32 and
   # a bf16 cache.
-  from tlt_jax.models import transformer
+  from tlt_jax.models import attention
 
   b, h, kv, s, e = 4, 8, 2, 40, 16
   ks = jax.random.split(jax.random.key(7), 3)
   q = jax.random.normal(ks[0], (b, t, h, e))
   k, v = (jax.random.normal(x, (b, kv, s, e)) for x in ks[1:])
   mask = cache_mask(jnp.array([0, 9, 17, 30]), t, s)
-  fn = jax.jit(getattr(transformer, form))
+  fn = jax.jit(getattr(attention, form))
   for dtype, atol in ((jnp.float32, 1e-5), (jnp.bfloat16, 3e-2)):
     args = (q.astype(dtype), k.astype(dtype), v.astype(dtype))
     got = fn(*args, mask)
@@ -287,7 +286,7 @@ def test_attention_forms_match_a_reference(form, t):
 
 
 def test_attention_form_rule():
-  from tlt_jax.models.transformer import reduces
+  from tlt_jax.models.attention import reduces
 
   # Multiply-reduce: one token over many rows, a few tokens over two or more.
   assert reduces(16, 1) and reduces(128, 1) and reduces(2, 5) and reduces(32, 31)
@@ -298,17 +297,17 @@ def test_attention_form_rule():
 
 
 def test_unknown_attention_form_is_an_error():
-  from tlt_jax.models import transformer
+  from tlt_jax.models import attention
 
   # A typo must not time the dots.
-  with pytest.raises(ValueError, match="attention form"), transformer.attention_form("dot"):
+  with pytest.raises(ValueError, match="attention form"), attention.attention_form("dot"):
     pass
   with pytest.raises(ValueError, match="attention form"):
-    transformer.reduces(1, 1, form="dot")
-  assert transformer.current_attention_form() == "auto"
-  with transformer.attention_form("reduce"):
-    assert transformer.reduces(1, 1) and transformer.current_attention_form() == "reduce"
-  assert transformer.current_attention_form() == "auto" and not transformer.reduces(1, 1)
+    attention.reduces(1, 1, form="dot")
+  assert attention.current_attention_form() == "auto"
+  with attention.attention_form("reduce"):
+    assert attention.reduces(1, 1) and attention.current_attention_form() == "reduce"
+  assert attention.current_attention_form() == "auto" and not attention.reduces(1, 1)
 
 
 def test_return_layers_and_tree_mask():

@@ -4,33 +4,33 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tlt_jax.models import transformer
-from tlt_jax.models.transformer import cache_mask
+from tlt_jax.models import attention
+from tlt_jax.models.attention import cache_mask
 from tlt_jax.rollout.pool import ExecutablePool
 
 
 def test_attention_form_switch_recompiles():
-  # transformer.attention_form is read at trace time: a program compiled under one form
+  # attention.attention_form is read at trace time: a program compiled under one form
   # must not be handed back under another.
   b, t, h, kv, s, e = 2, 3, 4, 2, 16, 8
   ks = jax.random.split(jax.random.key(0), 3)
   q = jax.random.normal(ks[0], (b, t, h, e), jnp.bfloat16)
   k, v = (jax.random.normal(x, (b, kv, s, e), jnp.bfloat16) for x in ks[1:])
   args = (q, k, v, cache_mask(jnp.array([4, 11]), t, s))
-  dots = np.asarray(jax.jit(transformer.attend_dots)(*args), np.float32)
-  reduce = np.asarray(jax.jit(transformer.attend_reduce)(*args), np.float32)
+  dots = np.asarray(jax.jit(attention.attend_dots)(*args), np.float32)
+  reduce = np.asarray(jax.jit(attention.attend_reduce)(*args), np.float32)
   assert not np.array_equal(dots, reduce)  # bf16: the forms' results tell them apart
 
   pool = ExecutablePool()
-  with transformer.attention_form("dots"):
-    exe = pool.get(("attend",), transformer.attend, args)
+  with attention.attention_form("dots"):
+    exe = pool.get(("attend",), attention.attend, args)
     np.testing.assert_array_equal(np.asarray(exe(*args), np.float32), dots)
-    assert pool.get(("attend",), transformer.attend, args) is exe  # same form: reused
+    assert pool.get(("attend",), attention.attend, args) is exe  # same form: reused
     assert pool.compiles == 1 and ("attend",) in pool
 
-  with transformer.attention_form("reduce"):
+  with attention.attention_form("reduce"):
     seconds = pool.compile_seconds
-    exe2 = pool.get(("attend",), transformer.attend, args)
+    exe2 = pool.get(("attend",), attention.attend, args)
     assert pool.compiles == 2 and pool.compile_seconds > seconds and len(pool) == 2
     # Traced anew: JAX's own trace cache (keyed by the function) must not serve the dots.
     np.testing.assert_array_equal(np.asarray(exe2(*args), np.float32), reduce)
@@ -38,8 +38,8 @@ def test_attention_form_switch_recompiles():
   assert {r["attention_form"] for r in pool.summary()} == {"dots", "reduce"}
 
   # Switching back hands back the first program, uncompiled.
-  with transformer.attention_form("dots"):
-    assert pool.get(("attend",), transformer.attend, args) is exe and pool.compiles == 2
+  with attention.attention_form("dots"):
+    assert pool.get(("attend",), attention.attend, args) is exe and pool.compiles == 2
 
 
 def test_compiling_ahead_overlaps_compiles_and_pools_them():

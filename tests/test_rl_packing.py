@@ -9,8 +9,9 @@ import optax
 import pytest
 from flax import nnx
 
+from tlt_jax.models.attention import causal_block
 from tlt_jax.models.config import ModelConfig
-from tlt_jax.models.transformer import causal_block, init_model
+from tlt_jax.models.transformer import init_model
 from tlt_jax.rl import PolicyLossConfig, make_policy_update, token_logprobs
 from tlt_jax.rl.loss import AGGREGATIONS
 from tlt_jax.rl.packing import pack_policy_batch, plan_packing, token_weights

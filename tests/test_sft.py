@@ -7,8 +7,9 @@ import pytest
 from flax import nnx
 
 from tlt_jax.data import CharTokenizer
+from tlt_jax.models.attention import causal_block
 from tlt_jax.models.config import ModelConfig
-from tlt_jax.models.transformer import causal_block, init_model
+from tlt_jax.models.transformer import init_model
 from tlt_jax.warmstart.sft import (
   SFTConfig,
   encode_example,

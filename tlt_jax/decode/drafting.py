@@ -40,13 +40,14 @@ from flax import nnx
 from jaxtyping import Array, Float, Int
 
 from tlt_jax.decode.sampling import SamplingConfig, gumbel_noise, sampling_logits, sequence_keys
+from tlt_jax.models.attention import tree_cache_mask
 from tlt_jax.models.drafter import (
   Drafter,
   draft_logits,
   drafter_forward,
   init_drafter_cache,
 )
-from tlt_jax.models.transformer import KVCache, tree_cache_mask
+from tlt_jax.models.transformer import KVCache
 
 
 @flax.struct.dataclass

@@ -1,6 +1,17 @@
 """The policy and its drafter: `ModelConfig`, the Llama / Qwen2 / Qwen3-family decoder (Flax
 NNX, used functionally), the EAGLE drafter, mixed precision and HF safetensors import/export."""
 
+from tlt_jax.models.attention import (
+  ATTENTION_FORMS,
+  attend,
+  attention_form,
+  cache_mask,
+  causal_block,
+  current_attention_form,
+  current_causal_block,
+  current_key_windows,
+  key_windows,
+)
 from tlt_jax.models.config import DTYPES, ROPE_TYPES, ModelConfig
 from tlt_jax.models.drafter import Drafter, check_drafter_matches, init_drafter
 from tlt_jax.models.hf_io import (
@@ -11,21 +22,7 @@ from tlt_jax.models.hf_io import (
   save_hf_checkpoint,
 )
 from tlt_jax.models.precision import cast_floating, compute_model, compute_params
-from tlt_jax.models.transformer import (
-  ATTENTION_FORMS,
-  KVCache,
-  Transformer,
-  attend,
-  attention_form,
-  cache_mask,
-  causal_block,
-  current_attention_form,
-  current_causal_block,
-  current_key_windows,
-  init_model,
-  key_windows,
-  split_model,
-)
+from tlt_jax.models.transformer import KVCache, Transformer, init_model, split_model
 
 __all__ = [
   "ATTENTION_FORMS",

@@ -29,13 +29,12 @@ import jax.numpy as jnp
 from flax import nnx
 from jaxtyping import Array, Bool, Float, Int
 
+from tlt_jax.models.attention import cache_mask, full_mask
 from tlt_jax.models.config import ModelConfig
 from tlt_jax.models.transformer import (
   DecoderLayer,
   KVCache,
   Transformer,
-  cache_mask,
-  full_mask,
   rope_tables,
   run_init_on_host,
 )

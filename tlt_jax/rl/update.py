@@ -23,9 +23,9 @@ from flax import nnx
 from jaxtyping import Array, Float, Int
 
 from tlt_jax.decode.sampling import SamplingConfig, sampling_log_probs
+from tlt_jax.models.attention import checked_key_windows
+from tlt_jax.models.attention import key_windows as attention_key_windows
 from tlt_jax.models.precision import compute_model
-from tlt_jax.models.transformer import checked_key_windows
-from tlt_jax.models.transformer import key_windows as attention_key_windows
 from tlt_jax.rl.logprobs import chunked_logprobs
 from tlt_jax.rl.loss import PolicyLossConfig, policy_loss
 from tlt_jax.utils.optim import FROZEN, clipped_adamw, grouped_clipped_adamw
@@ -176,7 +176,7 @@ class UpdateConfig:
       longest sample fits (else the cache's full width): at most two row widths, so two
       families of update programs to compile (an accelerator sitting's budget). 0: the
       longest sample rounded up to 128 (least padding, a program per width met).
-    key_windows: the update's forward under `models.transformer.key_windows`: a query
+    key_windows: the update's forward under `models.attention.key_windows`: a query
       block of a packed row reads only the last w keys up to its end (w the smallest of
       these, in tokens, that holds its samples' keys), else all. Rows of many short samples
       then pay attention by sample length, not row width. (): every block reads all keys.
@@ -574,7 +574,7 @@ def make_policy_update(
   old-log-prob pass is then redundant).
 
   `key_windows` (UpdateConfig.key_windows): the forward's attention under
-  `models.transformer.key_windows` (packed short samples read only their own keys).
+  `models.attention.key_windows` (packed short samples read only their own keys).
 
   A batch with "rollout_logp" [B, T] (the engine's recorded log-probs) adds
   metrics["rollout_logp_gap"]: the largest |update forward - rollout| log-prob over the

@@ -21,8 +21,8 @@ once by a stand-in whose call returns zeros shaped like the program's outputs, s
 warm-up walks on to the programs those outputs feed; leaving it waits for every compile.
 
 Every key also holds what the program reads from its context at trace time:
-`transformer.current_attention_form()`, `current_causal_block()` and
-`current_key_windows()` (experiments switch them with `transformer.attention_form` /
+`attention.current_attention_form()`, `current_causal_block()` and
+`current_key_windows()` (experiments switch them with `attention.attention_form` /
 `causal_block` / `key_windows` between compiles), so a program
 traced under another form is never handed back. Each compile traces a
 fresh wrapper of `fn`: JAX caches traces by function identity across `jax.jit`
@@ -43,7 +43,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from tlt_jax.models import transformer
+from tlt_jax.models import attention
 
 
 def _mappings() -> int | None:
@@ -68,9 +68,9 @@ class CompiledEntry:
 def _trace_globals() -> tuple[Any, ...]:
   """What programs read from their context at trace time (not their arguments)."""
   return (
-    transformer.current_attention_form(),
-    transformer.current_causal_block(),
-    transformer.current_key_windows(),
+    attention.current_attention_form(),
+    attention.current_causal_block(),
+    attention.current_key_windows(),
   )
 
 

@@ -51,7 +51,8 @@ from tlt_jax.decode.group_drafts import (
 )
 from tlt_jax.decode.tree import ancestor_mask
 from tlt_jax.decode.verify import VerifyResult, verify_chain, verify_sampling
-from tlt_jax.models.transformer import KVCache, Transformer, tree_cache_mask
+from tlt_jax.models.attention import tree_cache_mask
+from tlt_jax.models.transformer import KVCache, Transformer
 from tlt_jax.rollout import programs
 from tlt_jax.rollout.programs import DecodeStatic
 from tlt_jax.rollout.state import RolloutState

@@ -21,8 +21,8 @@ from flax import nnx
 from tqdm.auto import tqdm
 
 from tlt_jax.data.tokenizer import Tokenizer
+from tlt_jax.models.attention import checked_key_windows, key_windows
 from tlt_jax.models.precision import compute_model
-from tlt_jax.models.transformer import checked_key_windows, key_windows
 from tlt_jax.utils.optim import clipped_adamw
 
 
@@ -36,7 +36,7 @@ class SFTConfig:
   weight_decay: float = 0.01
   grad_clip: float = 1.0
   seed: int = 0
-  # Attention key windows of the packed rows' forward (`models.transformer.key_windows`;
+  # Attention key windows of the packed rows' forward (`models.attention.key_windows`;
   # tokens): a query block reads only the keys its samples hold. (): all keys up to it.
   key_windows: tuple[int, ...] = ()
 
