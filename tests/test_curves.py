@@ -92,3 +92,56 @@ def test_shared_evaluation_evaluates_once_per_step_and_checks_the_digests():
   assert third["params_differ_from"] == "baseline"
   assert shared.mismatches == [{"step": 10, "run": "sd", "against": "baseline"}]
   assert compare.params_digest({"w": np.ones(3)}) != compare.params_digest({"w": np.ones(4)})
+
+
+def _fake_report(seed: int, steps: int, slower: float) -> dict:
+  """A learning_curve.json-shaped report: equal rewards in every mode, baseline's steps
+  `slower` times tlt's and sd's."""
+  rng = np.random.default_rng(seed)
+  rewards = np.linspace(0.3, 0.6, steps) + rng.normal(0, 0.02, steps)
+  fast = rng.uniform(10, 20, steps)
+  rows = {
+    f"{mode}_s{seed}": [
+      {"step": i, "reward": float(rewards[i]), "step_s": float(fast[i] * k)} for i in range(steps)
+    ]
+    for mode, k in (("baseline", slower), ("sd", 1.0), ("tlt", 1.0))
+  }
+  speed = {
+    f"{mode}_s{seed}": {
+      "step_speedup": {
+        "median": slower,
+        "quartiles": [slower - 0.1, slower + 0.1],
+        "of_totals": slower,
+      },
+      "amdahl": slower + 0.05,
+    }
+    for mode in ("sd", "tlt")
+  }
+  speed[f"baseline_s{seed}"] = {}
+  return {"rows": rows, "speed": speed, "learning": curves.quarter_rise(rewards, reps=200)}
+
+
+def test_seeds_summary_averages_the_seeds_curves_and_keeps_each_seeds_speedup(tmp_path):
+  reports = [_fake_report(0, 12, 1.5), _fake_report(1, 10, 1.3)]
+  summary = curves.seeds_summary(reports, window=3)
+  assert summary["steps"] == 10  # the steps every seed ran
+  base, tlt = summary["curves"]["baseline"], summary["curves"]["tlt"]
+  # Equal rewards step by step: the mean curves differ only in their time axis.
+  np.testing.assert_allclose(base["reward"], tlt["reward"])
+  want = np.mean([curves.elapsed(r["rows"][f"tlt_s{i}"][:10]) for i, r in enumerate(reports)], 0)
+  np.testing.assert_allclose(tlt["seconds"], want)
+  ratio = base["seconds"][-1] / tlt["seconds"][-1]
+  assert 1.3 < ratio < 1.5
+  assert [p["median"] for p in summary["speedups"]["tlt"]] == [1.5, 1.3]
+  assert "baseline" not in summary["speedups"]
+  out = tmp_path / "seeds.png"
+  curves.plot_seeds(reports, str(out), labels=["a", "b"])
+  assert out.stat().st_size > 10_000
+  with pytest.raises(ValueError, match="labels"):
+    curves.plot_seeds(reports, str(out), labels=["a"])
+  partial = _fake_report(2, 10, 1.2)
+  del partial["rows"]["sd_s2"]
+  with pytest.raises(ValueError, match="not in every report"):
+    curves.seeds_summary(reports + [partial])
+  with pytest.raises(ValueError, match="at least one"):
+    curves.seeds_summary([])

@@ -157,3 +157,113 @@ def plot_learning_curves(
     fig.tight_layout()
   fig.savefig(path, dpi=110)
   plt.close(fig)
+
+
+def seeds_summary(reports: Sequence[dict[str, Any]], window: int = 5) -> dict[str, Any]:
+  """Several seeds' learning-curve reports (experiments/learning_curve.py's JSON) as one
+  curve per mode: the seeds' mean wall-clock seconds at the end of each step and their
+  mean `window`-step moving average of the training reward, over the steps every seed ran;
+  per seed, each mode's paired per-step speedup over baseline and Amdahl's bound.
+
+  The modes' rewards are equal step by step within a seed (token-identical rollouts), so
+  the mean curves differ only in their time axis: the paper's figure, averaged over seeds."""
+  if not reports:
+    raise ValueError("seeds_summary needs at least one report")
+  per_mode: dict[str, list[list[dict[str, Any]]]] = {}
+  for report in reports:
+    for label, rows in report["rows"].items():
+      per_mode.setdefault(label.split("_s")[0], []).append(rows)
+  missing = [m for m, runs in per_mode.items() if len(runs) != len(reports)]
+  if missing:
+    raise ValueError(f"modes {missing} are not in every report")
+  steps = min(len(rows) for runs in per_mode.values() for rows in runs)
+  curves_out = {
+    mode: {
+      "seconds": np.mean([elapsed(rows[:steps]) for rows in runs], axis=0),
+      "reward": np.mean([smooth([r["reward"] for r in rows[:steps]], window) for rows in runs], 0),
+      "per_seed": [
+        (elapsed(rows[:steps]), smooth([r["reward"] for r in rows[:steps]], window))
+        for rows in runs
+      ],
+    }
+    for mode, runs in per_mode.items()
+  }
+  speedups = {
+    mode: [
+      {
+        "median": t["step_speedup"]["median"],
+        "quartiles": t["step_speedup"]["quartiles"],
+        "of_totals": t["step_speedup"]["of_totals"],
+        "amdahl": t["amdahl"],
+      }
+      for report in reports
+      for label, t in report["speed"].items()
+      if label.split("_s")[0] == mode
+    ]
+    for mode in per_mode
+    if mode != "baseline"
+  }
+  return {"steps": steps, "curves": curves_out, "speedups": speedups}
+
+
+def plot_seeds(
+  reports: Sequence[dict[str, Any]],
+  path: str,
+  *,
+  labels: Sequence[str] = (),
+  title: str = "",
+  window: int = 5,
+) -> dict[str, Any]:
+  """`seeds_summary`'s figure: the training reward's moving average against wall-clock
+  seconds, each seed thin and the seeds' mean bold, one colour per mode; beside it each
+  seed's paired per-step speedup over baseline (median, quartiles) with Amdahl's bound.
+  `labels`: one per report (default "seed 1..n"). Returns the summary drawn."""
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  summary = seeds_summary(reports, window)
+  labels = list(labels) or [f"seed {i + 1}" for i in range(len(reports))]
+  if len(labels) != len(reports):
+    raise ValueError(f"{len(labels)} labels for {len(reports)} reports")
+  fig, (ax, bx) = plt.subplots(
+    1, 2, figsize=(13, 4.8), gridspec_kw={"width_ratios": [2.2, 1]}, squeeze=True
+  )
+  for mode, c in summary["curves"].items():
+    colour = COLOURS.get(mode)
+    for seconds, reward in c["per_seed"]:
+      ax.plot(seconds, reward, "-", color=colour, lw=0.8, alpha=0.35)
+    ax.plot(c["seconds"], c["reward"], "-", color=colour, lw=2.5, label=f"{mode}: mean")
+  ax.set_xlabel("wall-clock seconds (RL steps; compiles and held-out evaluation left out)")
+  ax.set_ylabel(f"training reward ({window}-step moving average)")
+  ax.set_title(title or f"training reward against wall-clock time, {len(reports)} seeds")
+  ax.legend(fontsize=8)
+  ax.grid(alpha=0.3)
+  modes = list(summary["speedups"])
+  for j, mode in enumerate(modes):
+    x = np.arange(len(reports)) + (j - (len(modes) - 1) / 2) * 0.25
+    s = summary["speedups"][mode]
+    med = np.array([p["median"] for p in s])
+    q = np.array([p["quartiles"] for p in s])
+    bx.errorbar(
+      x,
+      med,
+      yerr=[med - q[:, 0], q[:, 1] - med],
+      fmt="o",
+      color=COLOURS.get(mode),
+      capsize=4,
+      label=f"{mode}: paired step speedup",
+    )
+    bx.plot(x, [p["amdahl"] for p in s], "_", color=COLOURS.get(mode), ms=16, mew=2)
+  bx.plot([], [], "_", color="grey", ms=16, mew=2, label="Amdahl's bound (r, s)")
+  bx.axhline(1.0, color="grey", lw=0.8)
+  bx.set_xticks(np.arange(len(reports)), labels)
+  bx.set_ylabel("baseline's step / the mode's")
+  bx.set_title("end to end, per seed")
+  bx.legend(fontsize=8)
+  bx.grid(alpha=0.3)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return summary
