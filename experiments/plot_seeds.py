@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from tlt_jax import curves  # noqa: E402
 
 _REPORTS = flags.DEFINE_list("reports", None, "learning_curve.json files, one a seed")
-_LABELS = flags.DEFINE_list("labels", [], "a label a report (default: seed 1..n)")
+_LABELS = flags.DEFINE_list("labels", [], "a label a report (default: seed N, from its run labels)")
 _OUT = flags.DEFINE_string("out", "runs/seeds.png", "the figure (PNG)")
 _TITLE = flags.DEFINE_string("title", "", "the figure's title")
 _WINDOW = flags.DEFINE_integer("window", 5, "steps in the reward's moving average")
@@ -37,18 +37,18 @@ def main(argv):
   for path in _REPORTS.value:
     with open(path) as f:
       reports.append(json.load(f))
-  labels = _LABELS.value or [f"seed {i + 1}" for i in range(len(reports))]
+  labels = _LABELS.value or [curves.seed_label(r) for r in reports]
   os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)
   summary = curves.plot_seeds(
     reports, _OUT.value, labels=labels, title=_TITLE.value, window=_WINDOW.value
   )
-  for label, report in zip(labels, reports, strict=True):
+  for i, (label, report) in enumerate(zip(labels, reports, strict=True)):
     rise = report["learning"]
     lo, hi = rise["interval"] or (float("nan"), float("nan"))
     line = f"{label}: reward {rise['first_quarter']:.3f} -> {rise['last_quarter']:.3f}, "
     line += f"rise {rise['rise']:+.3f} [{lo:.3f}, {hi:.3f}]"
     for mode, per_seed in summary["speedups"].items():
-      p = per_seed[labels.index(label)]
+      p = per_seed[i]
       line += f"; {mode} {p['median']:.2f}x [{p['quartiles'][0]:.2f}-{p['quartiles'][1]:.2f}]"
       line += f" (Amdahl {p['amdahl']:.2f}x)"
     print(line)

@@ -136,6 +136,7 @@ def test_seeds_summary_averages_the_seeds_curves_and_keeps_each_seeds_speedup(tm
   assert "baseline" not in summary["speedups"]
   out = tmp_path / "seeds.png"
   curves.plot_seeds(reports, str(out), labels=["a", "b"])
+  assert [curves.seed_label(r) for r in reports] == ["seed 0", "seed 1"]
   assert out.stat().st_size > 10_000
   with pytest.raises(ValueError, match="labels"):
     curves.plot_seeds(reports, str(out), labels=["a"])

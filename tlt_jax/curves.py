@@ -206,6 +206,12 @@ def seeds_summary(reports: Sequence[dict[str, Any]], window: int = 5) -> dict[st
   return {"steps": steps, "curves": curves_out, "speedups": speedups}
 
 
+def seed_label(report: dict[str, Any]) -> str:
+  """ "seed N" from a report's run labels ("baseline_sN"), else its first label."""
+  label = next(iter(report["rows"]))
+  return f"seed {label.rsplit('_s', 1)[1]}" if "_s" in label else label
+
+
 def plot_seeds(
   reports: Sequence[dict[str, Any]],
   path: str,
@@ -217,14 +223,14 @@ def plot_seeds(
   """`seeds_summary`'s figure: the training reward's moving average against wall-clock
   seconds, each seed thin and the seeds' mean bold, one colour per mode; beside it each
   seed's paired per-step speedup over baseline (median, quartiles) with Amdahl's bound.
-  `labels`: one per report (default "seed 1..n"). Returns the summary drawn."""
+  `labels`: one per report (default: `seed_label`). Returns the summary drawn."""
   import matplotlib
 
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
   summary = seeds_summary(reports, window)
-  labels = list(labels) or [f"seed {i + 1}" for i in range(len(reports))]
+  labels = list(labels) or [seed_label(r) for r in reports]
   if len(labels) != len(reports):
     raise ValueError(f"{len(labels)} labels for {len(reports)} reports")
   fig, (ax, bx) = plt.subplots(
