@@ -26,15 +26,15 @@ keep the devices busy. Why each setting (figures in experiments/RESULTS.md):
   reward teaches the policy to choose care at its first token: accuracy and response
   length grow together, as in reasoning RL, and so does the tail TLT attacks. (The learning
   recipe of the "small" variant's gates, RESULTS.md 2026-11-27/28, on this policy.)
-- all parameters trained, the token embedding (which, tied, is the output head: the
-  effort's logit) and the final norm (a sharpness) faster than the rest (`lr_multipliers`):
-  with Adam every parameter moves by about its learning rate a step whatever the batch,
-  and the body's skills do not survive the rate that moves a decision in 40 steps. The
-  base rate is the GPU variant's (it learnt in 10 steps there). The embedding's 10x moves
-  the effort choice over about 30 of the 40 steps. At 30x (the first curve, 2026-11-29)
-  care was chosen within 9 steps, but the digits' embedding rows (the same table: inputs
-  too) drifted 7-14% in 40 steps, and forced careful answers, sampled, fell from 0.38 to
-  0.27 on 64 training problems: RL unlearnt the skill it chose.
+- all parameters trained, the token embedding (which, tied, is the output head: the effort's
+  logit) and the final norm (a sharpness) faster than the rest (`lr_multipliers`): with Adam
+  every parameter moves by about its learning rate a step whatever the batch, and the body's
+  skills do not survive the rate that moves a decision in 40 steps. The base rate is the one
+  a 12-layer policy learnt at in 10 steps on an H200 (2026-11-28). The embedding's 10x moves
+  the effort choice over about 30 of the 40 steps. At 30x (the first curve, 2026-11-29) care
+  was chosen within 9 steps, but the digits' embedding rows (the same table: inputs too)
+  drifted 7-14% in 40 steps, and forced careful answers, sampled, fell from 0.38 to 0.27 on
+  64 training problems: RL unlearnt the skill it chose.
 The curve's warm start is built in eight SFT stages (experiments/regime_warm_start.sh,
 about three hours on host H; RESULTS.md 2026-11-28/29): 1,710 steps with an 80%-hasty
 demonstrator and counters counting up, whose careful answers, sampled, passed less often
@@ -67,9 +67,9 @@ MEDIAN_STEPS, MAX_STEPS = 12, 125
 
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
   """Variants: "" (the CPU regime above), "small" (the learning recipe on the 0.8M policy),
-  "gpu" (that recipe on a 12-layer policy at a GPU's batch, sized for one ~9-minute device
-  sitting: experiments/gpu_curve.sh), "tiny" (a seconds-long rehearsal of
-  either on a CPU: the same script, program count and compile seconds on tiny shapes)."""
+  "gpu" (this curve at a GPU's rows, from this warm start carried to the device, for one
+  ~9-minute sitting: experiments/gpu_curve.sh), "tiny" (a seconds-long rehearsal of that
+  script on a CPU: the same program count and compile seconds on tiny shapes)."""
   if arg not in ("", "gpu", "tiny", "small"):
     raise ValueError(f"configs/regime.py: unknown variant {arg!r}; allowed: '', gpu, small, tiny")
   c = sd_bench.get_config()
@@ -170,63 +170,38 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
 
 
 def _gpu(c: ml_collections.ConfigDict) -> None:
-  """The small variant's learning recipe (80% hasty demonstrator, outcome rewards) inside a
-  GPU's regime, sized for one ~9-minute device sitting (experiments/gpu_curve.sh).
+  """The CPU curve itself at a GPU's rows, for one ~9-minute device sitting
+  (experiments/gpu_curve.sh): the same 13M policy, task, warm start and RL (16 prompts x 8
+  samples, the rates above, 40 steps), with the step's 128 rows in one engine call instead
+  of 16 calls of 8 (one device decodes them all at once).
 
-  The first H200 sitting (RESULTS.md, 2026-11-28) ran this recipe on the 0.8M policy (4
-  layers) and learnt, but showed no speedup: its decode step cost ~0.1 ms, a 256-row
-  rollout 0.2 s, and speculation had nothing to take. The policy here is 12 layers x 128
-  (2.4M), in the hope that launches per layer would make the drafter a small fraction of a
-  step. The second sitting measured otherwise: its plain step cost 0.68 ms in the tail and
-  a chain-8 round 3.6 ms (5.3 steps for 5.6 tokens), so generation ran only 1.1x faster; it
-  learnt in 10 steps (RESULTS.md, 2026-11-28, second H200 sitting). A step that the weights
-  bound needs a wider policy, and a tail that runs at its own rows: that sitting's batch
-  buckets started at 64 rows, so every tail step read 64 rows' KV cache (~0.8 GB at the
-  2,048-slot view, ~0.3 ms of the 0.68); buckets now go down to 8 rows (set after the
-  sitting, not yet measured). One engine call holds the step's 32 prompts x 8 samples,
-  and speculation is considered from 64 rows down. Response lengths are long-tailed
-  (steps_sigma 1.3: the longest of 32 problems ~10x the median), and the SFT rows hold the
-  longest solution, so the tail is in the warm start's training. Programs are capped (six
-  batch and three cache buckets, two chains, one packed width, one update row count) and
-  compiled side by side before the first step, so compiles fit the sitting; float32
-  products at "highest" (gpu_curve.sh) so the modes' curves coincide."""
-  _small(c)
-  c.model.num_layers = 12
-  c.task.params.steps_sigma = 1.3
-  # The H200 ran the 4-layer warm start's 720 steps of 16 x 448 in 16 s; rows of 2,048
-  # tokens hold every solution (the longest ~1,450 tokens).
-  c.sft.steps = 1000
-  c.sft.batch_rows = 8
-  c.sft.row_len = 2048
-  c.sft.learning_rate = 3e-3
-  c.sft.warmup_steps = 50
-  c.sft.key_windows = ()  # measured on a CPU only (as the update's, below)
-  # It learnt in 10 steps at this rate: 30 steps, evaluated after steps 9, 19 and 29.
-  c.rl.steps = 30
-  c.rl.eval_every = 10
-  c.rl.prompts_per_step = 32
-  c.rl.group_size = 8
+  The warm start is the CPU's, carried over (experiments/pack_warm_start.py: its weights
+  travel as bfloat16 and are restored to float32): its eight SFT stages took about three
+  hours on host H, and a sitting has fifteen minutes. The model, task, SFT and drafter
+  settings therefore stay the CPU recipe's (`configuration.check_same_recipe` refuses
+  another). The variant it replaces built a 12-layer x 128 policy (2.4M) in the sitting:
+  it learnt in 10 steps, but its decode step was 0.68 ms of launches and a chain-8 round
+  cost 5.3 of them for 5.6 accepted tokens, so generation ran only 1.1x faster (RESULTS.md,
+  2026-11-28, second H200 sitting). Here the countdown format's drafter accepts 9-11 tokens
+  of a chain-12 round on the CPU (RESULTS.md, 2026-11-29), each round's verify pass is 16
+  layers, and the curve is the one three CPU seeds drew: the GPU adds only its speed.
+  Programs are capped for the sitting's compiles: five batch buckets (8-128 rows), three
+  cache views, speculation from 64 rows down with three chains (chain2 pays only where a
+  round costs about a step, not on a GPU's launches), one update program (`min_rows` 16
+  rows as wide as the cache, 8 a micro-batch); all compiled side by side before the first
+  step; float32 products at "highest" (gpu_curve.sh) so the modes' curves coincide."""
   c.rl.rows_per_call = 0
-  # Twice the CPU recipe's rate: 40 steps of 256 rows moved the effort choice only
-  # 0.18 -> 0.49 at 3e-5 (RESULTS.md, 2026-11-28).
-  c.rl_update.learning_rate = 6e-5
-  c.engine.max_batch = 256
+  c.engine.max_batch = c.rl.prompts_per_step * c.rl.group_size
   c.engine.min_batch_bucket = 8
   c.engine.min_cache_bucket = 512
   c.engine.spec_threshold = 64
-  c.engine.spec_strategies = ("chain4", "chain8")
+  c.engine.spec_strategies = ("chain4", "chain8", "chain12")
   # Each device call costs a host round trip (~5 ms there against ~0.1 ms a step): longer
   # plain chunks in every mode.
   c.engine.chunk_steps = 32
   c.rl_update.micro_batch = 8
-  c.rl_update.pack_width = 2048
   # Key windows choose their keys by `lax.switch` on the device: measured on a CPU only.
   c.rl_update.key_windows = ()
-  # One update program: 256 responses of up to ~300 tokens on average fill <= 64 rows of
-  # 2,048 (padding micro-batches are skipped). The second sitting compiled one per row
-  # count (16, 32, 64), ~43 s each, and ran out of time (RESULTS.md, 2026-11-28).
-  c.rl_update.min_rows = 64
-  c.rl.checkpoint_every = 30
   # Every rollout program compiled before the first step, on 8 threads of the GPU's host
   # (compare.warm_up): lazily, one at a time, the first sitting's 131 programs took 217 s.
   c.rl.warmup_engine = True
@@ -257,7 +232,7 @@ def _small(c: ml_collections.ConfigDict) -> None:
   c.engine.spec_threshold = 16
   c.rl.group_size = 8
   c.rl_update.learning_rate = 3e-5
-  c.rl_update.lr_multipliers = "embed=30,final_norm=30"  # as in its gates and the GPU runs
+  c.rl_update.lr_multipliers = "embed=30,final_norm=30"  # as in its gates and the H200 runs
   c.rl_update.micro_batch = 8
   c.rl_update.pack_width = 0  # the width of the longest sample, as in its gates
   c.rl_update.min_rows = 0

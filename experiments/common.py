@@ -1,21 +1,25 @@
 """What the experiment scripts share: the warm-started policy of a workdir (or one of its RL
 checkpoints); row comparison; where a rollout call's time goes; the FLOPs of a policy
-update's products and attention; how far parameters moved; the fields of a worked line."""
+update's products and attention; how far parameters moved; the fields of a worked line; a
+comparison's warm starts packed to travel to an accelerator."""
 
 from __future__ import annotations
 
 import collections
 import json
 import os
+import shutil
 import sys
 from typing import Any
 
 import jax
 import numpy as np
+import orbax.checkpoint as ocp
+from flax import nnx
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tlt_jax import train  # noqa: E402
+from tlt_jax import checkpoint, train  # noqa: E402
 from tlt_jax.data import get_tokenizer  # noqa: E402
 from tlt_jax.data.checkers import CAREFUL, HASTY  # noqa: E402
 from tlt_jax.models.attention import current_causal_block  # noqa: E402
@@ -41,10 +45,7 @@ def load_policy(config, workdir: str) -> dict[str, Any]:
 def policy_at(config, workdir: str, rl_step: int = -1):
   """(model config, graphdef, params) of a workdir's warm start (rl_step < 0) or of its RL
   checkpoint at `rl_step` (<workdir>/checkpoints/<step>/state)."""
-  import orbax.checkpoint as ocp
-  from flax import nnx
-
-  from tlt_jax import checkpoint, configuration
+  from tlt_jax import configuration
   from tlt_jax.models.transformer import init_model
 
   model_cfg = configuration.model_config(config, get_tokenizer(config.task.tokenizer))
@@ -209,3 +210,41 @@ def line_fields(solution: str) -> list[tuple[int, str]]:
       field = nxt
       line += ch == ";"
   return out
+
+
+def folder_mb(path: str) -> float:
+  """Megabytes (10^6) of the files under `path`."""
+  return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs) / 1e6
+
+
+def pack_warm_starts(shared: str, out: str, dtype: str = "bfloat16") -> dict:
+  """A comparison's warm starts, packed to travel to a lent accelerator
+  (experiments/pack_warm_start.py says why): writes <out>/{warm_start, drafter_warm_start,
+  config.json, summary.json}, the policy's weights cast to `dtype`, and returns the summary
+  it wrote (its "packed": the cast and the unrounded policy's evaluation, taken out)."""
+  for piece in ("warm_start", "drafter_warm_start", "config.json", "summary.json"):
+    if not os.path.exists(os.path.join(shared, piece)):
+      raise FileNotFoundError(f"{shared} has no {piece}: not a finished comparison's shared folder")
+  if os.path.exists(out):
+    shutil.rmtree(out)
+  os.makedirs(out)
+  # The saved tree itself (no model needed): restored as saved, cast, saved again.
+  src = os.path.abspath(os.path.join(shared, "warm_start"))
+  with ocp.StandardCheckpointer() as ckpt:
+    params = ckpt.restore(src)
+  cast = jax.tree.map(lambda x: jax.numpy.asarray(x, dtype), params)
+  checkpoint.save_params(os.path.join(out, "warm_start"), nnx.State(cast))
+  shutil.copytree(
+    os.path.join(shared, "drafter_warm_start"), os.path.join(out, "drafter_warm_start")
+  )
+  shutil.copy(os.path.join(shared, "config.json"), os.path.join(out, "config.json"))
+  with open(os.path.join(shared, "summary.json")) as f:
+    summary = json.load(f)
+  summary["packed"] = {
+    "from": shared,
+    "dtype": dtype,
+    "unpacked_eval": summary.pop("eval", None),
+  }
+  with open(os.path.join(out, "summary.json"), "w") as f:
+    json.dump(summary, f, indent=1)
+  return summary

@@ -1,20 +1,24 @@
 #!/usr/bin/env bash
-# TLT's figure on a GPU in one sitting: the warm starts, then baseline, sd and tlt
-# interleaved (experiments/learning_curve.py), reward and held-out accuracy against
-# wall-clock time, with the program count and compile seconds printed.
+# TLT's figure on a GPU in one sitting: baseline, sd and tlt interleaved
+# (experiments/learning_curve.py), reward and held-out accuracy against wall-clock time,
+# with the program count and compile seconds printed.
 #
-# Sized for ~9 minutes of device time with its compiles (configs/regime.py:gpu: the 0.8M
-# policy's learning recipe, 32 prompts x 8 samples in one call, 40 RL steps, programs
-# capped by few batch and cache buckets, two chains and one packed update width). Float32
+# Variant gpu (configs/regime.py:gpu) is the CPU regime's own curve (the 13M policy, 16
+# prompts x 8 samples, 40 RL steps) with a step's 128 rows in one engine call, from the
+# CPU's warm start carried over: WARM_START names a folder experiments/pack_warm_start.py
+# wrote (by default the committed experiments/warm_starts/regime_stage8_hostH_2026-11-29,
+# the three CPU seeds' own), copied into <out>/shared (its SFT took hours). Sized for
+# ~9 minutes of device time with its compiles: programs capped by few batch and cache
+# buckets, three chains, one packed update width and a plain held-out evaluation. Float32
 # products at "highest" and XLA's deterministic GPU ops, so the three modes' curves
 # coincide step by step. Programs are cached on disk (JAX_COMPILATION_CACHE_DIR), so a
-# second process in the sitting (a rerun after a failure) compiles nothing it already
-# compiled. Nothing is downloaded: the warm
-# starts are built here (the SFT from random weights, then the drafter's).
+# second process in the sitting (a rerun after a failure, e.g. with --resume) compiles
+# nothing it already compiled. Nothing is downloaded. Variant tiny rehearses the script on
+# a CPU with tiny shapes, its warm starts built in the run.
 #
-#   pip install -U "jax[cuda12]"; pip install -e .
-#   bash experiments/gpu_curve.sh runs/gpu_curve            # the sitting
-#   bash experiments/gpu_curve.sh /tmp/gpu_rehearsal tiny   # the CPU rehearsal, ~2 minutes
+#   pip install -U "jax[cuda12]"; pip install -e .                  # on the GPU machine
+#   bash experiments/gpu_curve.sh runs/gpu_curve                    # the sitting
+#   bash experiments/gpu_curve.sh /tmp/gpu_rehearsal tiny        # the CPU rehearsal, ~2 minutes
 #
 # Extra flags after the variant go to learning_curve.py (e.g. --config.rl.steps=30).
 set -euo pipefail
@@ -24,6 +28,19 @@ VARIANT=${2:-gpu}
 shift $(($# < 2 ? $# : 2))
 PY=${PYTHON:-python}
 mkdir -p "$OUT"
+if [ "$VARIANT" = gpu ]; then
+  WARM_START=${WARM_START:-experiments/warm_starts/regime_stage8_hostH_2026-11-29}
+fi
+if [ -n "${WARM_START:-}" ]; then
+  if [ ! -d "$WARM_START/warm_start" ]; then
+    echo "WARM_START=$WARM_START holds no warm_start (experiments/pack_warm_start.py)" >&2
+    exit 2
+  fi
+  mkdir -p "$OUT/shared"
+  for piece in warm_start drafter_warm_start config.json summary.json; do
+    [ -e "$OUT/shared/$piece" ] || cp -r "$WARM_START/$piece" "$OUT/shared/"
+  done
+fi
 export PYTHONUNBUFFERED=1
 export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-$OUT/xla_cache}
 export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0
@@ -46,7 +63,7 @@ fi
 echo "XLA_FLAGS=${XLA_FLAGS:-}"
 echo "$(date -u +%H:%M:%S) devices: $($PY -c 'import jax; print(jax.devices())')"
 $PY experiments/learning_curve.py --config="configs/regime.py:$VARIANT" --out="$OUT" \
-  --eval_batch=256 --block=10 "$@" 2>&1 | tee "$OUT/gpu_curve.log"
+  --eval_batch=256 --eval_speculative=false --block=10 "$@" 2>&1 | tee "$OUT/gpu_curve.log"
 echo "$(date -u +%H:%M:%S) done in $((SECONDS - start)) s; programs and compile seconds:"
 $PY - "$OUT" <<'EOF'
 import json, sys

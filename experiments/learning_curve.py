@@ -53,6 +53,11 @@ _BLOCK = flags.DEFINE_integer("block", 10, "RL steps per mode before the next mo
 _EVAL_BATCH = flags.DEFINE_integer(
   "eval_batch", 32, "rows per held-out evaluation call (its own engine; 0: the trainer's)"
 )
+_EVAL_SPECULATIVE = flags.DEFINE_bool(
+  "eval_speculative",
+  True,
+  "decode the held-out evaluation speculatively (same tokens; fewer seconds, more programs)",
+)
 _PREPARE = flags.DEFINE_bool("prepare_only", False, "build the warm starts and stop")
 _RESUME = flags.DEFINE_bool(
   "resume", False, "continue the runs in --out from their checkpoints (a comparison cut short)"
@@ -80,26 +85,26 @@ class FastEvaluation:
   decoding, so the accuracy is the same; only the seconds differ). Called with the runs
   (`compare.run_interleaved`), it builds the engine and returns the evaluation function."""
 
-  def __init__(self, eval_batch: int):
-    self.eval_batch = eval_batch
+  def __init__(self, eval_batch: int, speculative: bool = True):
+    self.eval_batch, self.speculative = eval_batch, speculative
     self.engine = self.drafter_params = None
     self.warmup_s = 0.0
 
   def __call__(self, runs: dict):
-    drafted = [r for r in runs.values() if r["job"].drafter is not None]
+    drafted = [r for r in runs.values() if self.speculative and r["job"].drafter is not None]
     job = (drafted or list(runs.values()))[0]["job"]
     cfg = dataclasses.replace(job.engine.config, max_batch=self.eval_batch, harvest_hidden=False)
-    if job.drafter is None:
+    if not drafted:
       cfg = dataclasses.replace(cfg, spec_threshold=0, capture_hidden=False)
     self.engine = RolloutEngine(
       job.graphdef,
       job.model_cfg,
       cfg,
       job.sampling,
-      drafter_graphdef=None if job.drafter is None else job.drafter.graphdef,
+      drafter_graphdef=job.drafter.graphdef if drafted else None,
     )
     # The warm-start drafter, copied before any online update touches it.
-    if job.drafter is not None:
+    if drafted:
       self.drafter_params = jax.tree.map(np.array, job.drafter.params)
     if job.config.rl.get("warmup_engine", False):
       self.warm_up(next(iter(runs.values()))["trainer"])
@@ -122,10 +127,11 @@ class FastEvaluation:
         )
     self.warmup_s = time.perf_counter() - t
 
-  def evaluate(self, trainer):
+  def evaluate(self, trainer, params=None):
+    """The held-out row of `params` (default: the trainer's own)."""
     return held_out_metrics(
       self.engine,
-      trainer.params,
+      trainer.params if params is None else params,
       trainer.tokenizer,
       trainer.evals,
       trainer.eval_check,
@@ -167,6 +173,20 @@ def replay_rewards(engine, params, trainer, steps, drafter_params=None) -> list[
       )
     )
   return out
+
+
+def warm_start_eval(summary_path: str, fast: FastEvaluation, trainer, warm) -> dict:
+  """The warm start's held-out row from the shared summary; a packed warm start
+  (pack_warm_start.py: rounded, built on another host) has none, so it is evaluated here,
+  on the runs' problems and keys, and written back."""
+  with open(summary_path) as f:
+    summary = json.load(f)
+  if "eval" not in summary:
+    t = time.perf_counter()
+    summary["eval"] = {**fast.evaluate(trainer, warm), "seconds": time.perf_counter() - t}
+    with open(summary_path, "w") as f:
+      json.dump(summary, f, indent=1)
+  return summary["eval"]
 
 
 def speed_table(rows: dict[str, list[dict]], modes: list[str]) -> dict:
@@ -230,7 +250,7 @@ def main(argv):
     return
   host_start = host_line()
   print("host at start:", host_start, flush=True)
-  fast = FastEvaluation(_EVAL_BATCH.value)
+  fast = FastEvaluation(_EVAL_BATCH.value, _EVAL_SPECULATIVE.value)
   runs, rows, evaluation = compare.run_interleaved(
     config,
     out,
@@ -249,8 +269,6 @@ def main(argv):
       w = csv.DictWriter(f, fieldnames=list(rs[0]))
       w.writeheader()
       w.writerows(rs)
-  with open(os.path.join(out, "shared", "summary.json")) as f:
-    warm_eval = json.load(f)["eval"]
   base = next(label for label in rows if label.startswith("baseline"))
   rewards = {label: [r["reward"] for r in rs] for label, rs in rows.items()}
   equal = sum(
@@ -263,6 +281,7 @@ def main(argv):
   n = len(rewards[base])
   last = list(range(n - max(n // 4, 1), n))
   warm = checkpoint.restore_params(os.path.join(out, "shared", "warm_start"), base_trainer.params)
+  warm_eval = warm_start_eval(os.path.join(out, "shared", "summary.json"), fast, base_trainer, warm)
   with open(base_trainer.metrics_path) as f:
     refills = sum(json.loads(line).get("refills", 0) for line in f)
   t = time.perf_counter()

@@ -403,27 +403,101 @@ def test_regime_config_is_in_tlts_regime():
   assert update.pack_width == engine.slots and update.min_rows >= 16
 
 
-def test_regime_gpu_variant_keeps_its_sitting_budget_claims():
-  """configs/regime.py:gpu: SFT rows hold the longest solution (the tail is in the warm
-  start), the longest of 32 problems is ~10x the median response, few batch buckets, and
-  one update program: `min_rows` packed rows hold every response of a step at its mean."""
-  import numpy as np
-
+def test_regime_gpu_variant_is_the_cpu_curve_at_a_gpus_rows(tmp_path):
+  """configs/regime.py:gpu runs from the CPU curve's warm start, carried over: the recipe
+  check accepts a folder the CPU variant built; the RL is the CPU's; one engine call holds a
+  step's rows; few batch buckets, one update program (every response fits a row, and the
+  step's rows fit the floor), and the engine compiled before the first step."""
   from configs import regime
-  from tlt_jax.data.tasks import get_task
 
-  config = regime.get_config("gpu")
+  cpu, config = regime.get_config(""), regime.get_config("gpu")
+  (tmp_path / "warm_start").mkdir()
+  (tmp_path / "config.json").write_text(cpu.to_json_best_effort())
+  configuration.check_same_recipe(config, str(tmp_path), "no")
+  assert cpu.rl_loss.to_dict() == config.rl_loss.to_dict()
+  differ = {k for k, v in cpu.rl.to_dict().items() if config.rl[k] != v}
+  assert differ == {"rows_per_call", "warmup_engine"}
+  assert (config.rl_update.learning_rate, config.rl_update.lr_multipliers) == (
+    cpu.rl_update.learning_rate,
+    cpu.rl_update.lr_multipliers,
+  )
   tok = CharTokenizer()
   rl, _, update = configuration.rl_configs(config)
   engine = configuration.engine_config(config, tok)
-  examples = get_task(config.task.name).generate(0, 4000, **config.task.params.to_dict())
-  lengths = np.array([len(e["solution"]) + len(e["question"]) + 2 for e in examples])
-  assert lengths.max() <= config.sft.row_len and lengths.max() < engine.max_new_tokens
-  draws = np.random.default_rng(0).choice(lengths, (500, rl.prompts_per_step))
-  assert np.median(draws.max(1) / np.median(draws, 1)) >= 8
+  assert rl.rows_per_call == 0 and engine.max_batch == rl.prompts_per_step * rl.group_size
   assert len(engine.batch_buckets) <= 6 and config.rl.warmup_engine
-  rows = rl.prompts_per_step * rl.group_size
-  assert update.min_rows * update.pack_width >= rows * 2 * np.mean(lengths)
+  assert update.pack_width == engine.slots and update.min_rows >= 16
+
+
+def test_packed_warm_start_restores_to_the_models_dtype(tmp_path):
+  """experiments/pack_warm_start.py: the policy travels as bfloat16 and restores into the
+  float32 model within bfloat16's rounding; the drafter's warm start and the config travel
+  as they are; the summary loses the unrounded policy's evaluation."""
+  import jax
+  import numpy as np
+  from flax import nnx
+
+  from experiments.common import pack_warm_starts
+  from tlt_jax import checkpoint
+  from tlt_jax.models.config import ModelConfig
+  from tlt_jax.models.transformer import init_model
+
+  shared, out = tmp_path / "shared", tmp_path / "packed"
+  _, params = nnx.split(
+    init_model(
+      ModelConfig(
+        vocab_size=16,
+        num_layers=1,
+        d_model=32,
+        num_heads=2,
+        num_kv_heads=1,
+        head_dim=16,
+        mlp_dim=64,
+      ),
+      seed=0,
+    )
+  )
+  checkpoint.save_params(shared / "warm_start", params)
+  checkpoint.save_params(shared / "drafter_warm_start", params)
+  (shared / "config.json").write_text("{}")
+  (shared / "summary.json").write_text(json.dumps({"eval": {"accuracy": 0.5}, "mode": "sd"}))
+  summary = pack_warm_starts(str(shared), str(out))
+  assert "eval" not in json.loads((out / "summary.json").read_text())
+  assert summary["packed"]["unpacked_eval"] == {"accuracy": 0.5}
+  restored = checkpoint.restore_params(out / "warm_start", params)
+  pairs = [
+    (np.asarray(a), np.asarray(b)) for a, b in zip(*map(jax.tree.leaves, (params, restored)))
+  ]
+  for a, b in pairs:
+    assert b.dtype == np.float32
+    np.testing.assert_allclose(b, a, rtol=2**-8, atol=0)
+  assert any(not np.array_equal(a, b) for a, b in pairs)  # rounded, not copied
+  drafter = checkpoint.restore_params(out / "drafter_warm_start", params)
+  for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(drafter), strict=True):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_committed_regime_warm_start_fits_the_gpu_variant():
+  """The warm start gpu_curve.sh carries (experiments/warm_starts/): built from the gpu
+  variant's recipe, and it restores into that variant's policy as float32."""
+  import jax
+  import numpy as np
+  from flax import nnx
+
+  from configs import regime
+  from tlt_jax import checkpoint
+  from tlt_jax.models.transformer import init_model
+
+  folder = os.path.join(ROOT, "experiments", "warm_starts", "regime_stage8_hostH_2026-11-29")
+  with open(os.path.join(ROOT, "experiments", "gpu_curve.sh")) as f:
+    assert os.path.relpath(folder, ROOT) in f.read()  # the script's default
+  config = regime.get_config("gpu")
+  configuration.check_same_recipe(config, folder, "no")
+  model_cfg = configuration.model_config(config, CharTokenizer())
+  _, params = nnx.split(init_model(model_cfg, seed=0))
+  restored = jax.tree.leaves(checkpoint.restore_params(os.path.join(folder, "warm_start"), params))
+  assert sum(x.size for x in restored) == model_cfg.num_params
+  assert all(x.dtype == np.float32 and np.isfinite(x).all() for x in restored)
 
 
 def test_process_credit_takes_the_tasks_step_checker():

@@ -1,0 +1,43 @@
+r"""A comparison's warm starts, packed small enough to travel to a lent accelerator.
+
+The regime's policy warm start took about three hours of SFT on a CPU host
+(experiments/regime_warm_start.sh); a device sitting has fifteen minutes, so the GPU run of
+the same learning curve (`configs/regime.py:gpu`) starts from this one, carried over. A
+machine call carries at most 64 MiB with the repository and the wheels, and the policy's
+float32 weights are 50 MB: they travel as bfloat16 (a relative rounding of at most 2^-9),
+and `checkpoint.restore_params` casts them back to the model's float32 when they are
+restored, so training runs on float32 master weights as everywhere else. The drafter's
+warm start (3 MB) travels as it is. The summary's held-out evaluation is dropped: it was
+of the unrounded policy, on another host, so `learning_curve.py` evaluates the packed warm
+start again where it runs.
+
+  python experiments/pack_warm_start.py --shared=runs/lc2/shared --out=.gpuwarm
+  bash experiments/gpu_curve.sh runs/gc gpu --warm_start=.gpuwarm   # on the device
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from absl import app, flags
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from experiments.common import folder_mb, pack_warm_starts  # noqa: E402
+
+_SHARED = flags.DEFINE_string("shared", None, "a comparison's <out>/shared folder", required=True)
+_OUT = flags.DEFINE_string("out", None, "the folder to write (replaced)", required=True)
+_DTYPE = flags.DEFINE_enum("dtype", "bfloat16", ["bfloat16", "float32"], "the policy's weights")
+
+
+def main(argv):
+  del argv
+  pack_warm_starts(_SHARED.value, _OUT.value, _DTYPE.value)
+  print(f"{_OUT.value}: {folder_mb(_OUT.value):.1f} MB")
+  for piece in ("warm_start", "drafter_warm_start"):
+    print(f"  {piece}: {folder_mb(os.path.join(_OUT.value, piece)):.1f} MB")
+
+
+if __name__ == "__main__":
+  app.run(main)
