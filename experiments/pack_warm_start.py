@@ -4,15 +4,17 @@ The regime's policy warm start took about three hours of SFT on a CPU host
 (experiments/regime_warm_start.sh); a device sitting has fifteen minutes, so the GPU run of
 the same learning curve (`configs/regime.py:gpu`) starts from this one, carried over. A
 machine call carries at most 64 MiB with the repository and the wheels, and the policy's
-float32 weights are 50 MB: they travel as bfloat16 (a relative rounding of at most 2^-9),
+float32 weights are 50 MB: they travel as bfloat16 (a relative rounding of at most 2^-8),
 and `checkpoint.restore_params` casts them back to the model's float32 when they are
 restored, so training runs on float32 master weights as everywhere else. The drafter's
 warm start (3 MB) travels as it is. The summary's held-out evaluation is dropped: it was
 of the unrounded policy, on another host, so `learning_curve.py` evaluates the packed warm
 start again where it runs.
 
-  python experiments/pack_warm_start.py --shared=runs/lc2/shared --out=.gpuwarm
-  bash experiments/gpu_curve.sh runs/gc gpu --warm_start=.gpuwarm   # on the device
+  python experiments/pack_warm_start.py --shared=runs/curve/shared --out=.gpuwarm
+  WARM_START=.gpuwarm bash experiments/gpu_curve.sh runs/gc gpu     # on the device
+
+The regime's own, packed so, is committed: experiments/warm_starts/ (gpu_curve.sh's default).
 """
 
 from __future__ import annotations
