@@ -436,27 +436,14 @@ def test_packed_warm_start_restores_to_the_models_dtype(tmp_path):
   import jax
   import numpy as np
   from flax import nnx
+  from tiny_models import TINY_UNTIED
 
   from experiments.common import pack_warm_starts
   from tlt_jax import checkpoint
-  from tlt_jax.models.config import ModelConfig
   from tlt_jax.models.transformer import init_model
 
   shared, out = tmp_path / "shared", tmp_path / "packed"
-  _, params = nnx.split(
-    init_model(
-      ModelConfig(
-        vocab_size=16,
-        num_layers=1,
-        d_model=32,
-        num_heads=2,
-        num_kv_heads=1,
-        head_dim=16,
-        mlp_dim=64,
-      ),
-      seed=0,
-    )
-  )
+  _, params = nnx.split(init_model(TINY_UNTIED, seed=0))
   checkpoint.save_params(shared / "warm_start", params)
   checkpoint.save_params(shared / "drafter_warm_start", params)
   (shared / "config.json").write_text("{}")
