@@ -212,11 +212,6 @@ def line_fields(solution: str) -> list[tuple[int, str]]:
   return out
 
 
-def folder_mb(path: str) -> float:
-  """Megabytes (10^6) of the files under `path`."""
-  return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs) / 1e6
-
-
 def pack_warm_starts(shared: str, out: str, dtype: str = "bfloat16") -> dict:
   """A comparison's warm starts, packed to travel to a lent accelerator
   (experiments/pack_warm_start.py says why): writes <out>/{warm_start, drafter_warm_start,

@@ -26,19 +26,23 @@ from absl import app, flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from experiments.common import folder_mb, pack_warm_starts  # noqa: E402
+from experiments.common import pack_warm_starts  # noqa: E402
 
 _SHARED = flags.DEFINE_string("shared", None, "a comparison's <out>/shared folder", required=True)
 _OUT = flags.DEFINE_string("out", None, "the folder to write (replaced)", required=True)
 _DTYPE = flags.DEFINE_enum("dtype", "bfloat16", ["bfloat16", "float32"], "the policy's weights")
 
 
+def _megabytes(path: str) -> float:
+  return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs) / 1e6
+
+
 def main(argv):
   del argv
   pack_warm_starts(_SHARED.value, _OUT.value, _DTYPE.value)
-  print(f"{_OUT.value}: {folder_mb(_OUT.value):.1f} MB")
+  print(f"{_OUT.value}: {_megabytes(_OUT.value):.1f} MB")
   for piece in ("warm_start", "drafter_warm_start"):
-    print(f"  {piece}: {folder_mb(os.path.join(_OUT.value, piece)):.1f} MB")
+    print(f"  {piece}: {_megabytes(os.path.join(_OUT.value, piece)):.1f} MB")
 
 
 if __name__ == "__main__":
