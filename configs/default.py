@@ -255,6 +255,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.rl_update.trainable = "final_norm"
   # Recompute each layer's activations in the backward pass (long rows on accelerators).
   c.rl_update.remat = False
+  # The layers as one scan in the update: one layer's body in its program, not num_layers
+  # (less to trace and compile for deep policies; experiments/bench_update.py compares).
+  c.rl_update.scan_layers = False
   # Per-group learning rates, "regex=multiplier,..." over the trained parameters' paths
   # (first match wins, others x1), e.g. "final_norm=30,embed=3"; "": one learning rate.
   c.rl_update.lr_multipliers = ""

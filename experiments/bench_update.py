@@ -7,10 +7,15 @@ of the default job's shape (rows x columns, one sample per row, random tokens), 
   frozen-late    - only `--trainable` trained, the full gradient computed and the frozen
                    leaves' part zeroed by the optimizer (the update before 2026-11-24);
   frozen-early   - the same parameters trained, the others held constant inside the loss
-                   (`make_policy_update(..., trainable=...)`), so the backward pass stops early.
-Compile seconds per configuration, then `--reps` interleaved timed calls each; medians.
+                   (`make_policy_update(..., trainable=...)`), so the backward pass stops early;
+  all-scan       - every parameter trained, the layers as one scan (`scan_layers`): what a
+                   deep policy's update costs to compile, and whether the scan runs slower.
+Compile seconds per configuration (lowered and compiled ahead of its first call), then
+`--reps` interleaved timed calls each; medians.
 
   python experiments/bench_update.py --trainable=final_norm --out=runs/bench_update.json
+  python experiments/bench_update.py --config=configs/regime.py:gpu --rows=16 --columns=1536 \
+    --setups=all,all-scan --reps=3
 """
 
 from __future__ import annotations
@@ -42,6 +47,9 @@ _ROWS = flags.DEFINE_integer("rows", 32, "packed rows (the default job pads 24 t
 _COLUMNS = flags.DEFINE_integer("columns", 384, "row width")
 _REPS = flags.DEFINE_integer("reps", 5, "timed calls per configuration, interleaved")
 _OUT = flags.DEFINE_string("out", "", "write the results as JSON here too")
+_SETUPS = flags.DEFINE_list(
+  "setups", ["all", "frozen-late", "frozen-early"], "of all, frozen-late, frozen-early, all-scan"
+)
 
 
 def main(argv):
@@ -67,20 +75,27 @@ def main(argv):
   micro = config.rl_update.micro_batch
   base = UpdateConfig(learning_rate=1e-3, micro_batch=micro)
   subset = UpdateConfig(learning_rate=1e-3, micro_batch=micro, trainable=_TRAINABLE.value)
-  setups = {
-    "all": (make_optimizer(base), ""),
-    "frozen-late": (make_optimizer(subset), ""),
-    "frozen-early": (make_optimizer(subset), _TRAINABLE.value),
+  known = {  # optimizer, the loss's trainable pattern, layers scanned
+    "all": (make_optimizer(base), "", False),
+    "frozen-late": (make_optimizer(subset), "", False),
+    "frozen-early": (make_optimizer(subset), _TRAINABLE.value, False),
+    "all-scan": (make_optimizer(base), "", True),
   }
-  fns, states, compile_s = {}, {}, {}
-  for name, (opt, told) in setups.items():
-    fn = make_policy_update(graphdef, opt, loss_cfg, micro, told)
+  if unknown := set(_SETUPS.value) - set(known):
+    raise app.UsageError(f"--setups: unknown {sorted(unknown)}; known: {sorted(known)}")
+  setups = {name: known[name] for name in _SETUPS.value}
+  fns, states, compile_s, first_s = {}, {}, {}, {}
+  for name, (opt, told, scan) in setups.items():
+    fn = make_policy_update(graphdef, opt, loss_cfg, micro, told, scan_layers=scan)
     p = jax.tree.map(jnp.copy, params)
     s = opt.init(p)
     start = time.perf_counter()
+    fn = fn.lower(p, s, batch, None).compile()
+    compile_s[name] = time.perf_counter() - start
+    start = time.perf_counter()
     p, s, m = fn(p, s, batch, None)
     jax.block_until_ready(p)
-    compile_s[name] = time.perf_counter() - start
+    first_s[name] = time.perf_counter() - start
     fns[name], states[name] = fn, (p, s)
   times = {name: [] for name in setups}
   for _ in range(_REPS.value):
@@ -97,16 +112,19 @@ def main(argv):
     "columns": c,
     "micro_batch": micro,
     "trainable": _TRAINABLE.value,
-    "first_call_s": compile_s,
+    "compile_s": compile_s,
+    "first_call_s": first_s,
     "median_s": {k: float(np.median(v)) for k, v in times.items()},
     "all_s": times,
   }
-  ref = out["median_s"]["frozen-late"]
+  ref_name = "frozen-late" if "frozen-late" in setups else next(iter(setups))
   for name in setups:
     med = out["median_s"][name]
+    ratio = out["median_s"][ref_name] / med
+    spread = f"{1e3 * min(times[name]):.1f}-{1e3 * max(times[name]):.1f}"
     print(
-      f"{name:>13}: first call {compile_s[name]:6.2f} s, step {1e3 * med:7.1f} ms "
-      f"({ref / med:.2f}x of frozen-late)"
+      f"{name:>13}: compile {compile_s[name]:6.2f} s, step {1e3 * med:7.1f} ms "
+      f"[{spread}] ({ratio:.2f}x of {ref_name})"
     )
   if _OUT.value:
     with open(_OUT.value, "w") as f:

@@ -81,6 +81,11 @@ _STAGE_S = flags.DEFINE_float("stage_s", 300.0, "seconds a stage may add cells f
 _ACCEPT = flags.DEFINE_list("accept", ["chain4=3.93", "chain8=6.13"], "accept lengths")
 _UPDATE_ROWS = flags.DEFINE_integer("update_rows", 8, "update rows (micro-batches of 2)")
 _UPDATE_WIDTH = flags.DEFINE_integer("update_width", 1024, "update row length")
+_UPDATE_SCAN = flags.DEFINE_bool(
+  "update_scan",
+  True,
+  "the update's layers as one scan (UpdateConfig.scan_layers): one layer's body to compile",
+)
 _MEMORY_GIB = flags.DEFINE_float("memory_gib", 0.0, "device memory where it cannot be read")
 
 # Spec-sheet figures by device kind (HBM TB/s, dense bf16 TFLOP/s): NVIDIA H100 SXM and H200.
@@ -378,10 +383,11 @@ class Stages:
     self.models.clear()
     graphdef, params = random_params(cfg)
     rows, width, micro = _UPDATE_ROWS.value, _UPDATE_WIDTH.value, 2
-    ucfg = UpdateConfig(micro_batch=micro, remat=True)
+    scan = _UPDATE_SCAN.value
+    ucfg = UpdateConfig(micro_batch=micro, remat=True, scan_layers=scan)
     opt = make_optimizer(ucfg)
     update = make_policy_update(
-      graphdef, opt, PolicyLossConfig(), micro, remat=True, on_policy=True
+      graphdef, opt, PolicyLossConfig(), micro, remat=True, on_policy=True, scan_layers=scan
     )
     batch = {
       "tokens": jax.random.randint(jax.random.key(0), (rows, width), 0, cfg.vocab_size),
@@ -421,6 +427,7 @@ class Stages:
       "peak_bytes": stats.get("peak_bytes_in_use", measured_bytes(compiled)),
       "planned_bytes": plan.update_peak,
       "compile_s": compile_s,
+      "scan_layers": scan,
     }
     print(json.dumps(self.results["update"], indent=1), flush=True)
     return True

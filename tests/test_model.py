@@ -1,5 +1,6 @@
 """Policy model: cached decode equals the full forward, in every mode."""
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -30,7 +31,7 @@ class _Jitted:
     self.logits = model.logits
     self.fn = jax.jit(
       lambda state, *a, **k: nnx.merge(graphdef, state)(*a, **k),
-      static_argnames=("view_len", "return_layers"),
+      static_argnames=("view_len", "return_layers", "remat", "scan"),
     )
 
   def __call__(self, *args, **kwargs):
@@ -308,6 +309,35 @@ def test_unknown_attention_form_is_an_error():
   with attention.attention_form("reduce"):
     assert attention.reduces(1, 1) and attention.current_attention_form() == "reduce"
   assert attention.current_attention_form() == "auto" and not attention.reduces(1, 1)
+
+
+@pytest.mark.parametrize("remat", [False, True])
+def test_scanned_layers_compute_the_unrolled_forward_and_gradient(remat):
+  """`scan=True` runs the layers as scans over their stacked weights (one scan per run of
+  layers between requested outputs): the same hidden states, requested residuals and
+  gradients as the unrolled loop, for packed rows too."""
+  cfg = ModelConfig(**{**BASE, "num_layers": 4})
+  graphdef, params = nnx.split(init_model(cfg, seed=3))
+  tokens = jnp.asarray(np.random.default_rng(0).integers(0, cfg.vocab_size, (2, 12)), jnp.int32)
+  positions = jnp.asarray(np.r_[np.arange(5), np.arange(7)][None].repeat(2, 0), jnp.int32)
+  segments = jnp.asarray(np.r_[np.ones(5), 2 * np.ones(7)][None].repeat(2, 0), jnp.int32)
+
+  def run(params, scan):
+    model = nnx.merge(graphdef, params)
+    hidden, _, feats = model(
+      tokens, positions, segment_ids=segments, return_layers=(0, 2), remat=remat, scan=scan
+    )
+    return hidden, feats
+
+  def loss(params, scan):
+    hidden, feats = run(params, scan)
+    return jnp.mean(hidden**2) + sum(jnp.mean(f**3) for f in feats)
+
+  for fn in (run, jax.grad(loss)):
+    unrolled, scanned = (jax.jit(fn, static_argnums=1)(params, scan) for scan in (False, True))
+    chex.assert_trees_all_close(scanned, unrolled, rtol=1e-4, atol=1e-6)
+  hidden, feats = run(params, True)
+  assert hidden.shape == (2, 12, cfg.d_model) and len(feats) == 2
 
 
 def test_return_layers_and_tree_mask():

@@ -430,21 +430,23 @@ def test_differentiating_only_the_trained_parameters_changes_nothing(model, patt
     )
 
 
-def test_remat_recomputes_the_same_update(model):
-  """Rematerialised layers (UpdateConfig.remat) give the update of the plain backward
-  pass: the same gradient, one more forward (its memory: tests/test_memory.py)."""
+@pytest.mark.parametrize("remat, scan_layers", [(True, False), (False, True), (True, True)])
+def test_remat_and_scanned_layers_compute_the_same_update(model, remat, scan_layers):
+  """Rematerialised layers (UpdateConfig.remat: one more forward, less memory, see
+  tests/test_memory.py) and layers as one scan (UpdateConfig.scan_layers: one layer's
+  program to compile) give the update of the plain unrolled backward pass."""
   graphdef, params = model
   sgd = optax.sgd(1.0)  # the change is the gradient itself
   batch = _batch(graphdef, params, seed=9)
   outs = [
-    make_policy_update(graphdef, sgd, PolicyLossConfig(), 2, remat=remat)(
+    make_policy_update(graphdef, sgd, PolicyLossConfig(), 2, remat=r, scan_layers=s)(
       _copy(params), sgd.init(params), batch, None
     )
-    for remat in (False, True)
+    for r, s in ((False, False), (remat, scan_layers))
   ]
-  (p_plain, _, m_plain), (p_remat, _, m_remat) = outs
-  chex.assert_trees_all_close(p_remat, p_plain, rtol=1e-5, atol=1e-6)
-  np.testing.assert_allclose(m_remat["grad_norm"], m_plain["grad_norm"], rtol=1e-5)
+  (p_plain, _, m_plain), (p_other, _, m_other) = outs
+  chex.assert_trees_all_close(p_other, p_plain, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(m_other["grad_norm"], m_plain["grad_norm"], rtol=1e-5)
   assert float(m_plain["grad_norm"]) > 1e-3
 
 

@@ -247,6 +247,7 @@ class Transformer(nnx.Module):
     mask: Bool[Array, "B T S"] | None = None,
     return_layers: Sequence[int] = (),
     remat: bool = False,
+    scan: bool = False,
   ) -> tuple[Float[Array, "B T D"], KVCache | None, tuple[jax.Array, ...]]:
     """Runs the decoder.
 
@@ -259,6 +260,11 @@ class Transformer(nnx.Module):
     `remat` (full forwards only): each layer's activations are recomputed in the backward
     pass instead of saved, so a gradient holds one layer's activations and every layer's
     input, not every layer's activations (training long rows).
+
+    `scan` (full forwards only): the layers run as one `lax.scan` over their stacked
+    weights, so a program holds one layer's body instead of num_layers copies (less to
+    trace and compile for deep policies; the stacking copies the weights once a call). The
+    parameters stay stored per layer.
 
     Returns:
       hidden: last layer's output after the final norm, [B, T, D].
@@ -280,6 +286,9 @@ class Transformer(nnx.Module):
           f"mask shape {mask.shape} != (batch, new tokens, view_len) {(b, t, view_len)}"
         )
     rope_cs = rope_tables(positions, self.config)
+    if scan and cache is None:
+      x, feats = _scanned_layers(self.layers, x, rope_cs, mask, remat, return_layers)
+      return self.final_norm(x), None, feats
     new_k, new_v, feats = [], [], []
     for i, layer in enumerate(self.layers):
       kv = None if cache is None else (cache.k[i], cache.v[i])
@@ -301,6 +310,29 @@ class Transformer(nnx.Module):
 def _remat_layer(layer: DecoderLayer, x, rope_cs, mask):
   """A decoder layer of a full forward whose activations the backward pass recomputes."""
   return layer(x, rope_cs, mask)[0]
+
+
+def _scanned_layers(layers, x, rope_cs, mask, remat: bool, return_layers: Sequence[int]):
+  """The full forward's layers as scans over their stacked weights, one scan per run of
+  layers between two requested outputs (`return_layers`), so each requested residual is a
+  scan's final carry, not one of num_layers stacked outputs."""
+  graphdef = nnx.graphdef(layers[0])
+  states = [nnx.state(layer) for layer in layers]
+
+  def body(x, state):
+    return nnx.merge(graphdef, state)(x, rope_cs, mask)[0], None
+
+  if remat:
+    body = jax.checkpoint(body)
+  ends = sorted({i + 1 for i in return_layers if 0 <= i < len(layers)} | {len(layers)})
+  start, feats = 0, []
+  for end in ends:
+    stacked = jax.tree.map(lambda *leaves: jnp.stack(leaves), *states[start:end])
+    x, _ = jax.lax.scan(body, x, stacked)
+    if end - 1 in return_layers:
+      feats.append(x)
+    start = end
+  return x, tuple(feats)
 
 
 def run_init_on_host(program: Callable[..., Any], *args: Any) -> Any:

@@ -217,9 +217,12 @@ def _check_setup(
   update_config.mini_batch_samples(rows)  # validates mini_batches
 
 
-def _old_logp_program(graphdef: nnx.GraphDef, loss_config: PolicyLossConfig):
+def _old_logp_program(
+  graphdef: nnx.GraphDef, loss_config: PolicyLossConfig, scan_layers: bool = False
+):
   """The jitted old-log-prob pass: the sampling policy's log-probs of a packed batch,
-  scored as the loss scores them (mini_batches > 1 or epochs > 1 only)."""
+  scored as the loss scores them (mini_batches > 1 or epochs > 1 only); its layers scanned
+  as the update's are (UpdateConfig.scan_layers)."""
   return jax.jit(
     lambda p, t, pos, seg: token_logprobs(
       graphdef,
@@ -231,6 +234,7 @@ def _old_logp_program(graphdef: nnx.GraphDef, loss_config: PolicyLossConfig):
       positions=pos,
       segment_ids=seg,
       vocab_chunk=loss_config.vocab_chunk,
+      scan_layers=scan_layers,
     )[0]
   )
 
@@ -318,7 +322,7 @@ class GRPOTrainer:
     # update takes them from its forward and no separate old-log-prob pass runs.
     self.skip_old_logp = update_config.mini_batches == 1 and update_config.epochs == 1
     self.update = self._make_update()
-    self.old_logp = _old_logp_program(graphdef, loss_config)
+    self.old_logp = _old_logp_program(graphdef, loss_config, update_config.scan_layers)
     # Update and old-log-prob programs, compiled ahead of time per packed shape, so a
     # step's compile seconds are counted (time/train_compile) apart from its compute.
     self.programs = ExecutablePool()
@@ -350,6 +354,7 @@ class GRPOTrainer:
       ucfg.trainable,
       param_sharding=self.param_sharding,
       remat=ucfg.remat,
+      scan_layers=ucfg.scan_layers,
       on_policy=self.skip_old_logp,
       key_windows=ucfg.key_windows,
     )

@@ -55,6 +55,7 @@ def token_logprobs(
   segment_ids: Int[Array, "B T"] | None = None,
   vocab_chunk: int = 0,
   remat: bool = False,
+  scan_layers: bool = False,
 ) -> tuple[Float[Array, "B T"], Float[Array, "B T"] | None]:
   """Log-prob of each token given its prefix under the sampled distribution: the
   policy tempered, then top-k / top-p truncated and renormalised, as the rollout draws
@@ -89,6 +90,8 @@ def token_logprobs(
       array is built; 0: one pass over the whole vocabulary.
     remat: recompute each layer's activations in the backward pass (`Transformer`'s
       remat): less memory for a gradient through these log-probs, one more forward.
+    scan_layers: the layers as one scan over their stacked weights (`Transformer`'s scan):
+      one layer's body in the program instead of num_layers.
 
   The forward reads the parameters in the model's compute dtype (models.precision), as
   the rollout does; gradients reach the stored (master) parameters through that cast.
@@ -113,7 +116,7 @@ def token_logprobs(
   b, t = tokens.shape
   if positions is None:
     positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-  hidden, _, _ = model(tokens, positions, segment_ids=segment_ids, remat=remat)
+  hidden, _, _ = model(tokens, positions, segment_ids=segment_ids, remat=remat, scan=scan_layers)
   pad = lambda x: jnp.pad(x, ((0, 0), (1, 0)))
   if vocab_chunk:
     flat = hidden[:, :-1].reshape(b * (t - 1), -1)
@@ -165,6 +168,8 @@ class UpdateConfig:
       updated, the rest stay frozen. "": all parameters.
     remat: recompute each layer's activations in the backward pass (less memory per
       micro-batch row, one more forward; `make_policy_update`).
+    scan_layers: the policy's layers as one scan in the update's forward and backward
+      (`make_policy_update`): one layer's body in the program instead of num_layers.
     lr_multipliers: per-group learning rates, "regex=multiplier" pairs separated by commas
       ("final_norm=30,embed=3"): a trained parameter takes the multiplier of the first
       pattern its path matches (re.search, paths as `trainable` sees them; a pattern cannot
@@ -196,6 +201,7 @@ class UpdateConfig:
   b2: float = 0.999
   trainable: str = ""
   remat: bool = False
+  scan_layers: bool = False
   lr_multipliers: str = ""
   pack_width: int = 0
   key_windows: tuple[int, ...] = ()
@@ -384,6 +390,7 @@ class _Objective:
   cfg: PolicyLossConfig
   trainable: str
   remat: bool
+  scan_layers: bool
   on_policy: bool
   packed: bool
 
@@ -405,6 +412,7 @@ class _Objective:
       rows["tokens"],
       self.cfg.temperature,
       vocab_chunk=self.cfg.vocab_chunk,
+      scan_layers=self.scan_layers,
       **self._layout(rows),
     )
     return jax.lax.stop_gradient(logp)
@@ -424,6 +432,7 @@ class _Objective:
       vocab_chunk=self.cfg.vocab_chunk,
       with_entropy=self.with_entropy,
       remat=self.remat,
+      scan_layers=self.scan_layers,
       **self._layout(rows),
     )
     if ent is not None and self.cfg.entropy_coef == 0:
@@ -529,6 +538,7 @@ def make_policy_update(
   remat: bool = False,
   on_policy: bool = False,
   key_windows: tuple[int, ...] = (),
+  scan_layers: bool = False,
 ) -> Callable[..., tuple[nnx.State, optax.OptState, dict[str, jax.Array]]]:
   """A jitted `(params, opt_state, batch, ref_params) -> (params, opt_state, metrics)`.
 
@@ -567,6 +577,10 @@ def make_policy_update(
   backward pass (one more forward; a micro-batch then holds every layer's input and one
   layer's activations, so longer rows fit).
 
+  `scan_layers` (UpdateConfig.scan_layers): the policy's layers run as one scan over their
+  stacked weights (`Transformer`'s scan): one layer's body in the program instead of
+  num_layers, the same gradients (tests/test_model.py, tests/test_rl_update.py).
+
   `on_policy`: the batch was sampled by these very params and this is its only optimizer
   step (one mini-batch, one epoch), so its old log-probs are the forward's own: the loss
   takes stop_gradient(logp) as old_logp (ratio exactly 1, the clip never binds, the
@@ -603,7 +617,7 @@ def make_policy_update(
     if loss_cfg.kl_coef > 0 and ref_params is None:
       raise ValueError("loss_cfg.kl_coef > 0 needs ref_params")
     batch, packed = _checked_batch(batch, loss_cfg, on_policy, micro_batch)
-    objective = _Objective(graphdef, loss_cfg, trainable, remat, on_policy, packed)
+    objective = _Objective(graphdef, loss_cfg, trainable, remat, scan_layers, on_policy, packed)
     train_mask = trainable_mask(params, trainable) if trainable else None
     grads, (logp, ent, ref_logp) = _accumulate_gradients(
       objective, params, ref_params, batch, micro_batch, train_mask
