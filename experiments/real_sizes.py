@@ -27,8 +27,11 @@ Stages, in priority order (`--stages`; finished ones are skipped):
                of depth 4 / 8 stops paying at `--accept` (this project's measured accept
                lengths)
   update       the 1.5B shape's policy update (float32 masters, bfloat16 products,
-               rematerialised layers): model FLOPs utilisation over the spec sheet's (or, on
-               a CPU, the measured matmul) rate; peak memory beside parallel.memory's plan
+               rematerialised layers, the layers as one scan unless --noupdate_scan): model
+               FLOPs utilisation over the spec sheet's (or, on a CPU, the measured matmul)
+               rate; peak memory beside parallel.memory's plan; compile seconds
+  update_unrolled  the same update with its layers unrolled: what the scan saves in
+               compile seconds on the device, and what it costs a step
 
 The decode grid is the simulator's measured cost table (`sim.TableCost.from_decode_grid`):
   python experiments/simulate.py --surface=runs/real_sizes/real_sizes.json:qwen3-8b
@@ -66,7 +69,7 @@ from tlt_jax.parallel.memory import measured_bytes, plan_memory, qwen25  # noqa:
 _OUT = flags.DEFINE_string("out", "runs/real_sizes", "output folder (results resume from it)")
 _STAGES = flags.DEFINE_list(
   "stages",
-  ["decode_b1", "bandwidth", "verify_b1", "decode_grid", "rounds", "update"],
+  ["decode_b1", "bandwidth", "verify_b1", "decode_grid", "rounds", "update", "update_unrolled"],
   "stages, in order",
 )
 _SHAPES = flags.DEFINE_list("shapes", ["qwen3-8b", "qwen2.5-1.5b"], "decode shapes (or tiny)")
@@ -376,6 +379,12 @@ class Stages:
     return True
 
   def update(self, start) -> bool:
+    return self._update("update", _UPDATE_SCAN.value)
+
+  def update_unrolled(self, start) -> bool:
+    return self._update("update_unrolled", False)
+
+  def _update(self, key: str, scan: bool) -> bool:
     from tlt_jax.rl import PolicyLossConfig, UpdateConfig, make_optimizer, make_policy_update
 
     name = _UPDATE_SHAPE.value or _SHAPES.value[-1]
@@ -383,7 +392,6 @@ class Stages:
     self.models.clear()
     graphdef, params = random_params(cfg)
     rows, width, micro = _UPDATE_ROWS.value, _UPDATE_WIDTH.value, 2
-    scan = _UPDATE_SCAN.value
     ucfg = UpdateConfig(micro_batch=micro, remat=True, scan_layers=scan)
     opt = make_optimizer(ucfg)
     update = make_policy_update(
@@ -417,7 +425,7 @@ class Stages:
       slots=width,
       remat=True,
     )
-    self.results["update"] = {
+    self.results[key] = {
       "shape": name,
       "rows": rows,
       "width": width,
@@ -429,7 +437,7 @@ class Stages:
       "compile_s": compile_s,
       "scan_layers": scan,
     }
-    print(json.dumps(self.results["update"], indent=1), flush=True)
+    print(json.dumps(self.results[key], indent=1), flush=True)
     return True
 
 
@@ -503,12 +511,15 @@ def summary(results: dict) -> str:
   for key, value in results.get("rounds", {}).items():
     if key.endswith("/crossover"):
       lines.append(f"| {key.removesuffix('/crossover')}: last batch where a round pays | {value} |")
-  up = results.get("update")
-  if up:
-    lines.append(
-      f"| {up['shape']} update, {up['rows']} x {up['width']} tokens | MFU {up['mfu']:.2f}, "
-      f"peak {up['peak_bytes'] / 2**30:.1f} GiB (planned {up['planned_bytes'] / 2**30:.1f}) |"
-    )
+  for key in ("update", "update_unrolled"):
+    up = results.get(key)
+    if up:
+      layers = "layers scanned" if up.get("scan_layers") else "layers unrolled"
+      lines.append(
+        f"| {up['shape']} update, {up['rows']} x {up['width']} tokens, {layers} | MFU "
+        f"{up['mfu']:.2f}, peak {up['peak_bytes'] / 2**30:.1f} GiB (planned "
+        f"{up['planned_bytes'] / 2**30:.1f}), compile {up['compile_s']:.0f} s |"
+      )
   return "\n".join(lines)
 
 

@@ -50,6 +50,7 @@ def test_every_stage_runs_on_tiny_shapes_and_a_second_sitting_resumes(tmp_path):
     "decode_grid",
     "rounds",
     "update",
+    "update_unrolled",
   ]
   # The verify forwards, each traced and its trace summarised (no folder comes back).
   assert set(second["verify_b1"]) == {"tiny/16/1/1", "tiny/16/1/5"}
@@ -62,9 +63,13 @@ def test_every_stage_runs_on_tiny_shapes_and_a_second_sitting_resumes(tmp_path):
   rounds = second["rounds"]
   assert {"tiny/chain4/1", "tiny/chain4/2", "tiny/chain4/crossover"} <= set(rounds)
   assert rounds["tiny/chain4/1"]["round_steps"] > 1
-  update = second["update"]
-  assert 0 < update["mfu"] < 1 and update["peak_bytes"] > 0 and update["planned_bytes"] > 0
-  assert "| tiny update, 4 x 16 tokens | MFU" in printed
+  # The update with its layers scanned (the default) and unrolled: an A/B of compiles.
+  for key, scanned in (("update", True), ("update_unrolled", False)):
+    update = second[key]
+    assert 0 < update["mfu"] < 1 and update["peak_bytes"] > 0 and update["planned_bytes"] > 0
+    assert update["scan_layers"] is scanned and update["compile_s"] > 0
+  assert "| tiny update, 4 x 16 tokens, layers scanned | MFU" in printed
+  assert "| tiny update, 4 x 16 tokens, layers unrolled | MFU" in printed
   # The grid is the simulator's measured table: its cells come back as they were measured,
   # and experiments/simulate.py projects from it.
   table = TableCost.from_decode_grid(second["decode_grid"], "tiny")
