@@ -322,21 +322,18 @@ def test_scanned_layers_compute_the_unrolled_forward_and_gradient(remat):
   positions = jnp.asarray(np.r_[np.arange(5), np.arange(7)][None].repeat(2, 0), jnp.int32)
   segments = jnp.asarray(np.r_[np.ones(5), 2 * np.ones(7)][None].repeat(2, 0), jnp.int32)
 
-  def run(params, scan):
+  def loss(params, scan):
     model = nnx.merge(graphdef, params)
     hidden, _, feats = model(
       tokens, positions, segment_ids=segments, return_layers=(0, 2), remat=remat, scan=scan
     )
-    return hidden, feats
+    return jnp.mean(hidden**2) + sum(jnp.mean(f**3) for f in feats), (hidden, feats)
 
-  def loss(params, scan):
-    hidden, feats = run(params, scan)
-    return jnp.mean(hidden**2) + sum(jnp.mean(f**3) for f in feats)
-
-  for fn in (run, jax.grad(loss)):
-    unrolled, scanned = (jax.jit(fn, static_argnums=1)(params, scan) for scan in (False, True))
-    chex.assert_trees_all_close(scanned, unrolled, rtol=1e-4, atol=1e-6)
-  hidden, feats = run(params, True)
+  # One program a form: the forward's outputs and the gradient together.
+  run = jax.jit(jax.value_and_grad(loss, has_aux=True), static_argnums=1)
+  unrolled, scanned = (run(params, scan) for scan in (False, True))
+  chex.assert_trees_all_close(scanned, unrolled, rtol=1e-4, atol=1e-6)
+  (_, (hidden, feats)), _ = scanned
   assert hidden.shape == (2, 12, cfg.d_model) and len(feats) == 2
 
 
