@@ -1,11 +1,12 @@
 """What the experiment scripts share: the warm-started policy of a workdir (or one of its RL
 checkpoints); row comparison; where a rollout call's time goes; the FLOPs of a policy
 update's products and attention; how far parameters moved; the fields of a worked line; a
-comparison's warm starts packed to travel to an accelerator."""
+comparison's warm starts packed to travel to an accelerator; published model shapes."""
 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import os
 import shutil
@@ -23,6 +24,8 @@ from tlt_jax import checkpoint, train  # noqa: E402
 from tlt_jax.data import get_tokenizer  # noqa: E402
 from tlt_jax.data.checkers import CAREFUL, HASTY  # noqa: E402
 from tlt_jax.models.attention import current_causal_block  # noqa: E402
+from tlt_jax.models.config import ModelConfig  # noqa: E402
+from tlt_jax.parallel.memory import qwen25  # noqa: E402
 
 
 def load_policy(config, workdir: str) -> dict[str, Any]:
@@ -243,3 +246,38 @@ def pack_warm_starts(shared: str, out: str, dtype: str = "bfloat16") -> dict:
   with open(os.path.join(out, "summary.json"), "w") as f:
     json.dump(summary, f, indent=1)
   return summary
+
+
+def published_shape(name: str) -> ModelConfig:
+  """Published layer shapes (the models' config.json), bfloat16 weights and products:
+  experiments/real_sizes.py measures them, experiments/simulate.py projects from that."""
+  bf16 = dict(dtype="bfloat16", param_dtype="bfloat16")
+  if name == "qwen3-8b":
+    return ModelConfig(
+      vocab_size=151936,
+      num_layers=36,
+      d_model=4096,
+      num_heads=32,
+      num_kv_heads=8,
+      head_dim=128,
+      mlp_dim=12288,
+      qk_norm=True,
+      tie_embeddings=False,
+      rope_theta=1e6,
+      max_position=40960,
+      **bf16,
+    )
+  if name == "qwen2.5-1.5b":
+    return dataclasses.replace(qwen25("1.5B"), **bf16)
+  if name == "tiny":
+    return ModelConfig(
+      vocab_size=512,
+      num_layers=2,
+      d_model=64,
+      num_heads=2,
+      num_kv_heads=1,
+      head_dim=32,
+      mlp_dim=128,
+      **bf16,
+    )
+  raise ValueError(f"unknown shape {name!r}: qwen3-8b, qwen2.5-1.5b or tiny")

@@ -61,10 +61,11 @@ from jax import lax
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from experiments.common import published_shape  # noqa: E402
 from experiments.host import matmul_flops  # noqa: E402
 from tlt_jax.models.config import ModelConfig  # noqa: E402
 from tlt_jax.models.transformer import KVCache, Transformer  # noqa: E402
-from tlt_jax.parallel.memory import measured_bytes, plan_memory, qwen25  # noqa: E402
+from tlt_jax.parallel.memory import measured_bytes, plan_memory  # noqa: E402
 
 _OUT = flags.DEFINE_string("out", "runs/real_sizes", "output folder (results resume from it)")
 _STAGES = flags.DEFINE_list(
@@ -93,40 +94,6 @@ _MEMORY_GIB = flags.DEFINE_float("memory_gib", 0.0, "device memory where it cann
 
 # Spec-sheet figures by device kind (HBM TB/s, dense bf16 TFLOP/s): NVIDIA H100 SXM and H200.
 SPEC = {"H100": (3.35, 989.0), "H200": (4.8, 989.0)}
-
-
-def shape(name: str) -> ModelConfig:
-  """Published layer shapes (the models' config.json), bfloat16 weights and products."""
-  bf16 = dict(dtype="bfloat16", param_dtype="bfloat16")
-  if name == "qwen3-8b":
-    return ModelConfig(
-      vocab_size=151936,
-      num_layers=36,
-      d_model=4096,
-      num_heads=32,
-      num_kv_heads=8,
-      head_dim=128,
-      mlp_dim=12288,
-      qk_norm=True,
-      tie_embeddings=False,
-      rope_theta=1e6,
-      max_position=40960,
-      **bf16,
-    )
-  if name == "qwen2.5-1.5b":
-    return dataclasses.replace(qwen25("1.5B"), **bf16)
-  if name == "tiny":
-    return ModelConfig(
-      vocab_size=512,
-      num_layers=2,
-      d_model=64,
-      num_heads=2,
-      num_kv_heads=1,
-      head_dim=32,
-      mlp_dim=128,
-      **bf16,
-    )
-  raise ValueError(f"unknown shape {name!r}: qwen3-8b, qwen2.5-1.5b or tiny")
 
 
 def random_params(cfg: ModelConfig) -> tuple[nnx.GraphDef, nnx.State]:
@@ -237,7 +204,7 @@ class Stages:
   def model(self, name):
     if name not in self.models:
       self.models.clear()  # one shape's weights on the device at a time
-      cfg = shape(name)
+      cfg = published_shape(name)
       self.models[name] = (cfg, *random_params(cfg))
     return self.models[name]
 
@@ -352,7 +319,7 @@ class Stages:
     drafter = self.results.setdefault("drafter_step", {})
     out = self.results.setdefault("rounds", {})
     for name in _SHAPES.value:
-      cfg = shape(name)
+      cfg = published_shape(name)
       one = dataclasses.replace(cfg, num_layers=1)
       dgraph, dparams = random_params(one)
       context = int(_CONTEXTS.value[0])
@@ -388,7 +355,9 @@ class Stages:
     from tlt_jax.rl import PolicyLossConfig, UpdateConfig, make_optimizer, make_policy_update
 
     name = _UPDATE_SHAPE.value or _SHAPES.value[-1]
-    cfg = dataclasses.replace(shape(name), param_dtype="float32")  # float32 master weights
+    cfg = dataclasses.replace(
+      published_shape(name), param_dtype="float32"
+    )  # float32 master weights
     self.models.clear()
     graphdef, params = random_params(cfg)
     rows, width, micro = _UPDATE_ROWS.value, _UPDATE_WIDTH.value, 2

@@ -34,6 +34,17 @@ then with the group drafts of this project added as a further arm; then a sensit
 table: the end-to-end speedup by the tail's weight (max / median) and rows per instance.
 
   python experiments/simulate.py --project
+
+Projected from a device's measured forwards (--project --surface=<real_sizes.json>:<shape>):
+the shape's decode and verify forwards as experiments/real_sizes.py measured them on that
+device (`TableCost`; rows per instance: the largest batch measured, so nothing is
+extrapolated in batch), its drafter step against its decode step, the same DAPO-like
+lengths, this project's accept lengths (--accept_sd / --accept_tlt) and an update at
+--update_mfu of the device's peak; beside it a roofline of the same device (its spec sheet,
+bandwidth at the measured copy rate) and the paper's figure; then one assumption at a time
+(tail, rows, accept lengths, update MFU, drafter cost): which moves TLT's figure most.
+
+  python experiments/simulate.py --project --surface=runs/real_sizes/real_sizes.json:qwen3-8b
 """
 
 from __future__ import annotations
@@ -49,7 +60,7 @@ from absl import app, flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from experiments.common import split_calls  # noqa: E402
+from experiments.common import published_shape, split_calls  # noqa: E402
 from tlt_jax.sim import (  # noqa: E402
   ArmModel,
   Calibration,
@@ -117,6 +128,7 @@ _SENS_ROWS = flags.DEFINE_list(
   "sensitivity_rows", ["32", "128", "512"], "--project's sensitivity: rows per instance"
 )
 _OUT = flags.DEFINE_string("out", "", "write the predictions here as JSON")
+_MFU = flags.DEFINE_float("update_mfu", 0.4, "--project from a table: the update's MFU")
 _VALIDATE = flags.DEFINE_string("validate", "", "an e2e_modes.py output folder to predict")
 _ENGINE_COSTS = flags.DEFINE_string(
   "engine_costs",
@@ -272,6 +284,117 @@ def project() -> dict:
   )
   results["sensitivity"] = sensitivity()
   return results
+
+
+def _device_roofline(measured: dict, cfg) -> tuple[RooflineCost | None, float | None]:
+  """A roofline of the device real_sizes.py measured on (its spec sheet's peaks, bandwidth
+  at the measured copy rate; on a CPU the measured copy and matmul rates), and its peak
+  FLOP/s; (None, None) where neither was measured."""
+  bw = measured.get("bandwidth") or {}
+  spec = bw.get("spec")
+  peak = spec[1] * 1e12 if spec else (measured.get("update") or {}).get("peak_flops")
+  if not (bw.get("gb_per_s") and peak):
+    return None, None
+  bandwidth = spec[0] * 1e12 if spec else bw["gb_per_s"] * 1e9
+  cost = RooflineCost(
+    params=cfg.num_params,
+    bytes_per_param=2,
+    kv_bytes_per_token=2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 2,
+    peak_flops=peak,
+    bandwidth=bandwidth,
+    bandwidth_efficiency=min(bw["gb_per_s"] * 1e9 / bandwidth, 1.0),
+    overhead_s=_H100["overhead_s"],
+  )
+  return cost, peak
+
+
+def _scaled_accept(items, factor: float) -> dict[str, float]:
+  """Accept lengths with their accepted draft tokens (length - 1) scaled, at most a chain's
+  depth."""
+  out = {}
+  for name, length in _accept(items).items():
+    depth = int("".join(ch for ch in name if ch.isdigit()))
+    out[name] = min(1.0 + (length - 1.0) * factor, depth + 1.0)
+  return out
+
+
+def project_measured(surface: str) -> dict:
+  """--project --surface=<real_sizes.json>:<shape>; see the module docstring."""
+  path, name = surface.rsplit(":", 1)
+  with open(path) as f:
+    measured = json.load(f)
+  table = surface_table(surface)
+  cfg = published_shape(name)
+  roofline, peak = _device_roofline(measured, cfg)
+  if peak is None:
+    raise app.UsageError(f"{path}: no bandwidth stage measured (run real_sizes.py's first)")
+  step_ms = 1e3 * table.seconds(1, 1, table.context)
+  drafter_ms = (measured.get("drafter_step") or {}).get(f"{name}/1")
+  base = {
+    "p90": 1000.0,
+    "rows": max(table.batches),
+    "accept": 1.0,
+    "mfu": _MFU.value,
+    "draft": drafter_ms / step_ms if drafter_ms else _DRAFT_COST.value,
+  }
+
+  def run(cost, **change):
+    a = {**base, **change}
+    traces = lognormal_lengths(470, a["p90"], 32768, a["rows"], _STEPS.value, _SEED.value)
+    arms_sd = arms_from_accept(_scaled_accept(_ACCEPT_SD.value, a["accept"]), a["draft"])
+    arms_tlt = arms_from_accept(_scaled_accept(_ACCEPT_TLT.value, a["accept"]), a["draft"])
+    update_s = 6 * cfg.num_params / (a["mfu"] * peak)
+    return predict(cost, _paper_policy(a["rows"]), traces, arms_sd, arms_tlt, update_s, 0, 0, True)
+
+  device = ", ".join(measured.get("devices", [])) or "the measured device"
+  results = {"base": base, "measured": run(table)}
+  print(
+    f"\n{name} on {device}: forwards measured at batch {min(table.batches)}-{base['rows']}, "
+    f"context {table.context:.0f}; drafter {base['draft']:.3f} of a step; update at MFU "
+    f"{base['mfu']}; lengths median 470, p90 1k (DAPO)"
+  )
+  print("| cost model | rows | baseline step s | rollout share | sd | tlt |")
+  print("|---|---|---|---|---|---|")
+  rows = [("measured forwards", results["measured"])]
+  if roofline is not None:
+    results["roofline"] = run(roofline)
+    rows.append(("roofline of the same device", results["roofline"]))
+  for label, pred in rows:
+    b = pred["baseline"]
+    print(
+      f"| {label} | {base['rows']} | {b['step_s']:.1f} | {b['rollout_share']:.2f} | "
+      f"{pred['sd']['step_speedup']:.2f}x | {pred['tlt']['step_speedup']:.2f}x |"
+    )
+  print("| the paper (Qwen2.5-7B, 64 H100s, against veRL) | 128 | - | - | - | 1.86x |")
+  results["sensitivity"] = _one_at_a_time(base, lambda **c: run(table, **c))
+  return results
+
+
+def _one_at_a_time(base: dict, run) -> list[dict]:
+  """TLT's projected speedup with one assumption moved at a time, largest swing first."""
+  moves = [
+    ("tail p90 (max / median)", "p90", (600.0, 2000.0)),
+    ("rows per instance", "rows", (max(base["rows"] // 4, 1), max(base["rows"] // 2, 1))),
+    ("accepted draft tokens (x)", "accept", (0.75, 1.25)),
+    ("update MFU", "mfu", (0.2, 0.6)),
+    ("drafter cost (of a step)", "draft", (base["draft"] / 2, base["draft"] * 2)),
+  ]
+  out = []
+  for label, key, (low, high) in moves:
+    lo, hi = (run(**{key: v})["tlt"]["step_speedup"] for v in (low, high))
+    out.append({"assumption": label, "low": low, "high": high, "tlt_low": lo, "tlt_high": hi})
+  out.sort(key=lambda r: -abs(r["tlt_high"] - r["tlt_low"]))
+  print("\nOne assumption at a time (measured forwards), TLT end to end:")
+  print("| assumption | base | low | high | tlt at low | tlt at high |")
+  print("|---|---|---|---|---|---|")
+  for r in out:
+    key = next(k for label, k, _ in moves if label == r["assumption"])
+    print(
+      f"| {r['assumption']} | {base[key]:.3g} | {r['low']:.3g} | {r['high']:.3g} | "
+      f"{r['tlt_low']:.2f}x | {r['tlt_high']:.2f}x |"
+    )
+  print(f"moves TLT's figure most: {out[0]['assumption']}")
+  return out
 
 
 def sensitivity() -> list[dict]:
@@ -450,7 +573,9 @@ def _counts(chunks) -> str:
 
 def main(argv):
   del argv
-  if _PROJECT.value:
+  if _PROJECT.value and _SURFACE.value:
+    results = project_measured(_SURFACE.value)
+  elif _PROJECT.value:
     results = project()
   elif _VALIDATE.value:
     if _ENGINE_COSTS.value:

@@ -82,3 +82,11 @@ def test_every_stage_runs_on_tiny_shapes_and_a_second_sitting_resumes(tmp_path):
   done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
   assert done.returncode == 0, done.stderr[-3000:]
   assert "| tlt |" in done.stdout
+  # The projection from the measured forwards (issue: real sizes), beside the same device's
+  # roofline and the paper, and the assumption that moves it most.
+  cmd = [sys.executable, "experiments/simulate.py", "--project", surface, "--steps=1"]
+  done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+  assert done.returncode == 0, done.stderr[-3000:]
+  for row in ("| measured forwards | 2 |", "| roofline of the same device | 2 |", "| the paper"):
+    assert row in done.stdout
+  assert "moves TLT's figure most: " in done.stdout
