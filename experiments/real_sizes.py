@@ -355,9 +355,8 @@ class Stages:
     from tlt_jax.rl import PolicyLossConfig, UpdateConfig, make_optimizer, make_policy_update
 
     name = _UPDATE_SHAPE.value or _SHAPES.value[-1]
-    cfg = dataclasses.replace(
-      published_shape(name), param_dtype="float32"
-    )  # float32 master weights
+    # Float32 master weights, as the update keeps them.
+    cfg = dataclasses.replace(published_shape(name), param_dtype="float32")
     self.models.clear()
     graphdef, params = random_params(cfg)
     rows, width, micro = _UPDATE_ROWS.value, _UPDATE_WIDTH.value, 2

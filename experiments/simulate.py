@@ -381,6 +381,8 @@ def _one_at_a_time(base: dict, run) -> list[dict]:
   ]
   out = []
   for label, key, (low, high) in moves:
+    if low == high == base[key]:
+      continue  # nothing to move (one row an instance has no fewer rows)
     lo, hi = (run(**{key: v})["tlt"]["step_speedup"] for v in (low, high))
     out.append({"assumption": label, "low": low, "high": high, "tlt_low": lo, "tlt_high": hi})
   out.sort(key=lambda r: -abs(r["tlt_high"] - r["tlt_low"]))
