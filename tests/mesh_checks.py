@@ -411,7 +411,11 @@ def _trainer(workdir, mesh, rollout_mesh=None, shard_params=False, tlt=False):
   sampling = SamplingConfig(temperature=1.0)
   cfg = dataclasses.replace(ENGINE, stop_tokens=(0,))
   if tlt:
-    cfg = dataclasses.replace(cfg, spec_threshold=16, spec_strategies=("chain3",))
+    # No bandit: it picks arms by measured tokens/s, so on a busy host a step could run
+    # plain decode throughout and the check that every step ran speculative chunks flake.
+    cfg = dataclasses.replace(
+      cfg, spec_threshold=16, spec_strategies=("chain3",), spec_adaptive=False
+    )
   engine = RolloutEngine(
     tg, MODEL, cfg, sampling, mesh=rollout_mesh or mesh, drafter_graphdef=dg if tlt else None
   )
