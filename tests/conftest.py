@@ -13,9 +13,10 @@ removed at the end; the size limit turns on JAX's file lock, which makes the
 directory safe to share between processes.
 
 The suite's programs are tiny and most run a handful of times, so compiling them is
-most of its time: LLVM runs without its expensive passes (a compile-speed setting; the
-programs compute the same functions and every comparison in the suite is between runs
-under the same flags or within a tolerance). About 35% off a compile-bound test file.
+most of its time: LLVM runs without its expensive passes, and XLA's CPU backend emits
+fusions with its older emitters and no XNNPACK (compile-speed settings; the programs
+compute the same functions and every comparison in the suite is between runs under the
+same flags or within a tolerance). Measured in experiments/RESULTS.md (test suite).
 """
 
 import os
@@ -23,7 +24,10 @@ import shutil
 import tempfile
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-_FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+_FAST_COMPILE = (
+  "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+  " --xla_cpu_use_fusion_emitters=false --xla_cpu_use_xnnpack=false"
+)
 if _FAST_COMPILE not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_FAST_COMPILE}".strip()
 
