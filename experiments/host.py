@@ -72,6 +72,31 @@ def matmul_flops(n: int = 2048, reps: int = 5) -> float:
   return 2 * n**3 / min(times)
 
 
+# Spec-sheet peaks by device kind: (HBM TB/s, dense bfloat16 TFLOP/s) per device. NVIDIA
+# kinds are matched as parts of the runtime's name ("NVIDIA H100 80GB HBM3": the SXM part);
+# TPU kinds exactly, under the names the TPU runtime reports (jax's pallas tpu_info lists
+# them; "TPU v5" is a v5p, "TPU v5 lite" a v5e), with Cloud TPU's per-chip figures.
+NVIDIA_SPECS = {"H100": (3.35, 989.0), "H200": (4.8, 989.0)}
+TPU_SPECS = {
+  "TPU v4": (1.2, 275.0),
+  "TPU v5 lite": (0.819, 197.0),
+  "TPU v5e": (0.819, 197.0),
+  "TPU v5": (2.765, 459.0),
+  "TPU v5p": (2.765, 459.0),
+  "TPU v6 lite": (1.638, 918.0),
+  "TPU v6e": (1.638, 918.0),
+}
+
+
+def spec_sheet(kind: str | None = None) -> tuple[float, float] | None:
+  """(HBM TB/s, bfloat16 TFLOP/s) of a device kind (default: the first device's) from its
+  spec sheet; None for a kind not listed (a CPU: measure it instead)."""
+  kind = jax.devices()[0].device_kind if kind is None else kind
+  if kind in TPU_SPECS:
+    return TPU_SPECS[kind]
+  return next((v for k, v in NVIDIA_SPECS.items() if k in kind), None)
+
+
 def reference_policy() -> tuple[nnx.GraphDef, nnx.State]:
   """A random-init policy of configs/sd_bench.py's shapes (~50M), for benchmarks that
   have no policy of their own: the model whose forward costs describe the host."""

@@ -7,6 +7,10 @@ sitting returns what it reached and the next one resumes where it stopped.
   python experiments/real_sizes.py --out=runs/real_sizes                  # a GPU sitting
   python experiments/real_sizes.py --out=/tmp/rs --shapes=tiny --copy_gb=0.05   # CPU rehearsal
 
+On a TPU the same command is meant to run unchanged after `pip install -e '.[tpu]'` (libtpu;
+never run on one so far): the spec sheet (`host.spec_sheet`) knows TPU v4-v6e, and the
+traces' summary (`experiments/traces.py`) reads a TPU's op line.
+
 Stages, in priority order (`--stages`; finished ones are skipped):
   decode_b1    batch-1 decode of the first shape at the first context: ms a step inside one
                device loop and one step a call (the difference is launches and host round
@@ -17,8 +21,8 @@ Stages, in priority order (`--stages`; finished ones are skipped):
   verify_b1    batch-1 forwards of each `--tokens` count (1: a decode step; 5 / 9: verifying
                a chain of 4 / 8) of the first shape, timed and traced in one process under one
                set of XLA flags, each trace summarised here by kernel kind (products,
-               reductions, element-wise, other: `trace_summary`), since a trace folder is too
-               deep to come back from a device sitting
+               reductions, element-wise, other: `experiments/traces.py`), since a trace
+               folder is too deep to come back from a device sitting
   decode_grid  per shape: one forward by batch (1 .. the largest whose KV cache fits beside
                the weights) x new tokens per row (1: a decode step; 5 / 9 / 17: verifying a
                chain of 4 / 8 / 16) at each context; compile seconds per program
@@ -43,12 +47,9 @@ kept; the rest wait for the next sitting).
 from __future__ import annotations
 
 import dataclasses
-import glob
-import gzip
 import json
 import math
 import os
-import re
 import sys
 import time
 
@@ -62,7 +63,8 @@ from jax import lax
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from experiments.common import published_shape  # noqa: E402
-from experiments.host import matmul_flops  # noqa: E402
+from experiments.host import matmul_flops, spec_sheet  # noqa: E402
+from experiments.traces import trace_summary  # noqa: E402
 from tlt_jax.models.config import ModelConfig  # noqa: E402
 from tlt_jax.models.transformer import KVCache, Transformer  # noqa: E402
 from tlt_jax.parallel.memory import measured_bytes, plan_memory  # noqa: E402
@@ -92,9 +94,6 @@ _UPDATE_SCAN = flags.DEFINE_bool(
 )
 _MEMORY_GIB = flags.DEFINE_float("memory_gib", 0.0, "device memory where it cannot be read")
 
-# Spec-sheet figures by device kind (HBM TB/s, dense bf16 TFLOP/s): NVIDIA H100 SXM and H200.
-SPEC = {"H100": (3.35, 989.0), "H200": (4.8, 989.0)}
-
 
 def random_params(cfg: ModelConfig) -> tuple[nnx.GraphDef, nnx.State]:
   """Random weights initialised on the default device (one program: no host round trip
@@ -119,11 +118,6 @@ def device_memory() -> float:
   if "bytes_limit" in stats:
     return float(stats["bytes_limit"])
   return _MEMORY_GIB.value * 2**30 if _MEMORY_GIB.value else 8 * 2**30
-
-
-def spec_sheet() -> tuple[float, float] | None:
-  kind = jax.devices()[0].device_kind
-  return next((v for k, v in SPEC.items() if k in kind), None)
 
 
 class Forward:
@@ -407,57 +401,6 @@ class Stages:
     }
     print(json.dumps(self.results[key], indent=1), flush=True)
     return True
-
-
-_KINDS = (
-  ("products", re.compile(r"gemm|gemv|cublas|cutlass|matmul|dot|wgmma", re.I)),
-  ("reductions", re.compile(r"reduc", re.I)),
-  ("element-wise", re.compile(r"fusion|loop|copy|convert|broadcast|transpose", re.I)),
-)
-
-
-def trace_summary(trace_dir: str, steps: int) -> dict:
-  """Device time per step by kernel kind, from the Chrome-format trace that
-  `jax.profiler.trace(..., create_perfetto_trace=True)` wrote under `trace_dir`: the events
-  of the device processes ("/device:..."; on a CPU, of every process but Python's frames:
-  host work and XLA's thunks together, a rehearsal's figure), divided by `steps`
-  (the forwards the traced calls ran, the warm-up call's included)."""
-  paths = glob.glob(os.path.join(trace_dir, "**", "*.json.gz"), recursive=True)
-  if not paths:
-    return {"error": f"no Chrome-format trace under {trace_dir}"}
-  with gzip.open(max(paths, key=os.path.getmtime)) as f:
-    events = json.load(f)
-  events = events["traceEvents"] if isinstance(events, dict) else events
-  names = {
-    e["pid"]: e.get("args", {}).get("name", "")
-    for e in events
-    if e.get("ph") == "M" and e.get("name") == "process_name"
-  }
-  device = {pid for pid, name in names.items() if name.startswith("/device:")}
-  # Python frames ("$file:line name") are the host's, never a kernel.
-  kernels = [
-    e
-    for e in events
-    if e.get("ph") == "X"
-    and not e["name"].startswith("$")
-    and (not device or e.get("pid") in device)
-  ]
-  by_kind: dict[str, list[float]] = {}
-  by_name: dict[str, float] = {}
-  for e in kernels:
-    kind = next((k for k, pattern in _KINDS if pattern.search(e["name"])), "other")
-    count_ms = by_kind.setdefault(kind, [0, 0.0])
-    count_ms[0] += 1
-    count_ms[1] += e.get("dur", 0) / 1e3
-    by_name[e["name"]] = by_name.get(e["name"], 0.0) + e.get("dur", 0) / 1e3
-  top = sorted(by_name.items(), key=lambda kv: -kv[1])[:8]
-  return {
-    "device_processes": sorted(names[p] for p in device),
-    "kernels_per_step": len(kernels) / steps,
-    "busy_ms_per_step": sum(ms for _, ms in by_kind.values()) / steps,
-    "by_kind_ms_per_step": {k: round(ms / steps, 4) for k, (_, ms) in by_kind.items()},
-    "top_ms_per_step": {name[:80]: round(ms / steps, 4) for name, ms in top},
-  }
 
 
 def summary(results: dict) -> str:

@@ -1,0 +1,96 @@
+"""Where a profiled program's device time went: a Chrome-format trace (what
+`jax.profiler.trace(..., create_perfetto_trace=True)` writes) summarised by kernel kind and by
+trace line, small enough to come back from a device sitting whose trace folder does not.
+
+A device process ("/device:GPU:0", "/device:TPU:0") holds several lines (threads): kernels on
+a GPU's streams, XLA ops on a TPU's "XLA Ops" line, and lines that span them ("Steps", "XLA
+Modules": a module's span contains its ops). Only kernel lines are summed by kind (a GPU's
+stream lines where it has them, else every line that is not a span line); every line's total
+is reported beside, so a trace whose lines are named otherwise still shows where time went.
+On a CPU there is no device process: every event but Python's frames is counted (host work
+and XLA's thunks together, a rehearsal's figure).
+"""
+
+from __future__ import annotations
+
+import glob
+import gzip
+import json
+import os
+import re
+from collections.abc import Sequence
+from typing import Any
+
+KINDS = (
+  ("products", re.compile(r"gemm|gemv|cublas|cutlass|matmul|dot|wgmma|convolution", re.I)),
+  ("reductions", re.compile(r"reduc", re.I)),
+  ("element-wise", re.compile(r"fusion|loop|copy|convert|broadcast|transpose", re.I)),
+)
+# Lines that span the kernels of other lines (steps, modules, annotations): never summed.
+SPAN_LINES = re.compile(r"^(Steps|XLA Modules|XLA TraceMe|TraceMe|Framework|Source|Launch)", re.I)
+
+
+def trace_summary(trace_dir: str, steps: int) -> dict[str, Any]:
+  """`summarise_events` of the newest Chrome-format trace under `trace_dir`."""
+  paths = glob.glob(os.path.join(trace_dir, "**", "*.json.gz"), recursive=True)
+  if not paths:
+    return {"error": f"no Chrome-format trace under {trace_dir}"}
+  with gzip.open(max(paths, key=os.path.getmtime)) as f:
+    events = json.load(f)
+  return summarise_events(events["traceEvents"] if isinstance(events, dict) else events, steps)
+
+
+def summarise_events(events: Sequence[dict[str, Any]], steps: int) -> dict[str, Any]:
+  """Per step (`steps`: the forwards the traced calls ran): kernels, busy ms, ms by kernel
+  kind, the costliest kernels, and ms by line (see the module docstring)."""
+  processes = _names(events, "process_name", lambda e: e["pid"])
+  threads = _names(events, "thread_name", lambda e: (e["pid"], e.get("tid")))
+  device = {pid for pid, name in processes.items() if name.startswith("/device:")}
+  spans = [
+    e
+    for e in events
+    if e.get("ph") == "X"
+    and not e["name"].startswith("$")  # Python frames ("$file:line name") are the host's
+    and (not device or e.get("pid") in device)
+  ]
+  lines: dict[tuple, float] = {}
+  for e in spans:
+    line = (e.get("pid"), e.get("tid"))
+    lines[line] = lines.get(line, 0.0) + e.get("dur", 0) / 1e3
+  kernel_lines = _kernel_lines(lines, threads) if device else set(lines)
+  kernels = [e for e in spans if (e.get("pid"), e.get("tid")) in kernel_lines]
+  by_kind: dict[str, float] = {}
+  by_name: dict[str, float] = {}
+  for e in kernels:
+    kind = next((k for k, pattern in KINDS if pattern.search(e["name"])), "other")
+    by_kind[kind] = by_kind.get(kind, 0.0) + e.get("dur", 0) / 1e3
+    by_name[e["name"]] = by_name.get(e["name"], 0.0) + e.get("dur", 0) / 1e3
+  top = sorted(by_name.items(), key=lambda kv: -kv[1])[:8]
+  return {
+    "device_processes": sorted(processes[p] for p in device),
+    "kernels_per_step": len(kernels) / steps,
+    "busy_ms_per_step": sum(by_kind.values()) / steps,
+    "by_kind_ms_per_step": {k: round(ms / steps, 4) for k, ms in by_kind.items()},
+    "top_ms_per_step": {name[:80]: round(ms / steps, 4) for name, ms in top},
+    "lines_ms_per_step": {
+      f"{processes.get(pid, pid)}/{threads.get((pid, tid), tid)}": round(ms / steps, 4)
+      for (pid, tid), ms in sorted(lines.items(), key=lambda kv: -kv[1])[:12]
+    },
+  }
+
+
+def _names(events, kind: str, key) -> dict:
+  return {
+    key(e): e.get("args", {}).get("name", "")
+    for e in events
+    if e.get("ph") == "M" and e.get("name") == kind
+  }
+
+
+def _kernel_lines(lines: dict[tuple, float], threads: dict[tuple, str]) -> set[tuple]:
+  """A device's kernel lines: its stream lines where it has any (a GPU), else every line
+  that does not span others (a TPU's "XLA Ops")."""
+  streams = {line for line in lines if threads.get(line, "").startswith("Stream")}
+  if streams:
+    return streams
+  return {line for line in lines if not SPAN_LINES.match(threads.get(line, ""))}
