@@ -2,12 +2,13 @@
 `jax.profiler.trace(..., create_perfetto_trace=True)` writes) summarised by kernel kind and by
 trace line, small enough to come back from a device sitting whose trace folder does not.
 
-A device process ("/device:GPU:0", "/device:TPU:0") holds several lines (threads): kernels on
-a GPU's streams, XLA ops on a TPU's "XLA Ops" line, and lines that span them ("Steps", "XLA
-Modules": a module's span contains its ops). Only kernel lines are summed by kind (a GPU's
-stream lines where it has them, else every line that is not a span line); every line's total
-is reported beside, so a trace whose lines are named otherwise still shows where time went.
-On a CPU there is no device process: every event but Python's frames is counted (host work
+An accelerator's process ("/device:GPU:0", "/device:TPU:0") holds several lines (threads):
+kernels on a GPU's streams, XLA ops on a TPU's "XLA Ops" line, and lines that span them
+("Steps", "XLA Modules": a module's span contains its ops). Only kernel lines are summed by
+kind (a GPU's stream lines where it has them, else every line that is not a span line);
+every line's total is reported beside, so a trace whose lines are named otherwise still
+shows where time went.
+On a CPU there is no accelerator process: every event but Python's frames is counted (host work
 and XLA's thunks together, a rehearsal's figure).
 """
 
@@ -26,6 +27,9 @@ KINDS = (
   ("reductions", re.compile(r"reduc", re.I)),
   ("element-wise", re.compile(r"fusion|loop|copy|convert|broadcast|transpose", re.I)),
 )
+# An accelerator's process; not "/device:CUSTOM:Megascale Trace", which libtpu's profiler
+# adds wherever it is installed (a CPU fallback included).
+ACCELERATOR = re.compile(r"^/device:(GPU|TPU):")
 # Lines that span the kernels of other lines (steps, modules, annotations): never summed.
 SPAN_LINES = re.compile(r"^(Steps|XLA Modules|XLA TraceMe|TraceMe|Framework|Source|Launch)", re.I)
 
@@ -45,7 +49,7 @@ def summarise_events(events: Sequence[dict[str, Any]], steps: int) -> dict[str, 
   kind, the costliest kernels, and ms by line (see the module docstring)."""
   processes = _names(events, "process_name", lambda e: e["pid"])
   threads = _names(events, "thread_name", lambda e: (e["pid"], e.get("tid")))
-  device = {pid for pid, name in processes.items() if name.startswith("/device:")}
+  device = {pid for pid, name in processes.items() if ACCELERATOR.match(name)}
   spans = [
     e
     for e in events

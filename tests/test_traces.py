@@ -56,6 +56,8 @@ def test_a_tpu_trace_counts_its_op_line_not_the_steps_and_modules_spanning_it():
     _meta(1, "XLA Modules", 2),
     _meta(1, "XLA Ops", 3),
     _meta(9, "/host:CPU"),
+    _meta(10, "/device:CUSTOM:Megascale Trace"),
+    _span(10, 1, "MegaScale: fusion", 7.0),
     _span(1, 1, "0", 10.0),
     _span(1, 2, "jit_run(123)", 9.0),
     _span(1, 3, "fusion.1", 3.0),
@@ -92,6 +94,8 @@ def test_a_gpu_trace_counts_its_streams_once():
 def test_a_cpu_trace_counts_every_event_but_pythons_frames():
   events = [
     _meta(7, "/host:CPU"),
+    # libtpu's profiler adds this process wherever libtpu is installed: not an accelerator
+    _meta(8, "/device:CUSTOM:Megascale Trace"),
     _span(7, 1, "$main.py:10 run", 50.0),
     _span(7, 2, "ThunkExecutor::Execute", 4.0),
     _span(7, 2, "reduce.7", 1.0),
