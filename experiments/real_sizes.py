@@ -18,6 +18,10 @@ Stages, in priority order (`--stages`; finished ones are skipped):
   bandwidth    the device's copy bandwidth (read + write of a `--copy_gb` array): the HBM
                bound of a decode step is its weight and KV bytes over it; the spec sheet's
                figure is printed beside
+  overhead     batch-1 decode of the first shape under each `--overhead_setting` of XLA_FLAGS
+               (XLA command buffers off / default / the loop's while and conditionals
+               captured too), each in a fresh process since XLA reads its flags once: what
+               the device loop's per-step overhead gives back to each
   verify_b1    batch-1 forwards of each `--tokens` count (1: a decode step; 5 / 9: verifying
                a chain of 4 / 8) of the first shape, timed and traced in one process under one
                set of XLA flags, each trace summarised here by kernel kind (products,
@@ -50,6 +54,7 @@ import dataclasses
 import json
 import math
 import os
+import subprocess
 import sys
 import time
 
@@ -72,7 +77,16 @@ from tlt_jax.parallel.memory import measured_bytes, plan_memory  # noqa: E402
 _OUT = flags.DEFINE_string("out", "runs/real_sizes", "output folder (results resume from it)")
 _STAGES = flags.DEFINE_list(
   "stages",
-  ["decode_b1", "bandwidth", "verify_b1", "decode_grid", "rounds", "update", "update_unrolled"],
+  [
+    "decode_b1",
+    "bandwidth",
+    "overhead",
+    "verify_b1",
+    "decode_grid",
+    "rounds",
+    "update",
+    "update_unrolled",
+  ],
   "stages, in order",
 )
 _SHAPES = flags.DEFINE_list("shapes", ["qwen3-8b", "qwen2.5-1.5b"], "decode shapes (or tiny)")
@@ -92,6 +106,16 @@ _UPDATE_SCAN = flags.DEFINE_bool(
   True,
   "the update's layers as one scan (UpdateConfig.scan_layers): one layer's body to compile",
 )
+_OVERHEAD_SETTINGS = flags.DEFINE_multi_string(
+  "overhead_setting",
+  [
+    "",
+    "--xla_gpu_enable_command_buffer=",
+    "--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,WHILE,CONDITIONAL",
+  ],
+  "overhead stage: XLA_FLAGS additions to compare (repeat the flag), each in its own process",
+)
+_CHILD = flags.DEFINE_bool("child", False, "internal: print batch-1 decode costs as JSON")
 _MEMORY_GIB = flags.DEFINE_float("memory_gib", 0.0, "device memory where it cannot be read")
 
 
@@ -170,6 +194,19 @@ class Forward:
     return 1e3 * float(np.median(times)) / self.n
 
 
+def batch1_decode(graphdef, cfg, params, context: int) -> tuple[Forward, dict]:
+  """Batch-1 decode: ms a step inside one device loop of `--steps`, and one step a call
+  (the difference is launches and host round trips); returns the looped Forward too."""
+  looped = Forward(graphdef, cfg, 1, 1, context, _STEPS.value)
+  single = Forward(graphdef, cfg, 1, 1, context, 1)
+  compile_s = looped.compile(params) + single.compile(params)
+  return looped, {
+    "ms_in_loop": looped.ms(params, _REPS.value),
+    "ms_per_call": single.ms(params, _REPS.value * _STEPS.value),
+    "compile_s": compile_s,
+  }
+
+
 def measured(graphdef, cfg, params, batch: int, tokens: int, context: int):
   """A grid cell: the looped forward compiled and timed; returns (the Forward, its cell)."""
   fwd = Forward(graphdef, cfg, batch, tokens, context, _STEPS.value)
@@ -222,17 +259,13 @@ class Stages:
   def decode_b1(self, start) -> bool:
     name, context = _SHAPES.value[0], int(_CONTEXTS.value[0])
     cfg, graphdef, params = self.model(name)
-    looped = Forward(graphdef, cfg, 1, 1, context, _STEPS.value)
-    single = Forward(graphdef, cfg, 1, 1, context, 1)
-    compile_s = looped.compile(params) + single.compile(params)
+    looped, costs = batch1_decode(graphdef, cfg, params, context)
     out = {
       "shape": name,
       "context": context,
-      "ms_in_loop": looped.ms(params, _REPS.value),
-      "ms_per_call": single.ms(params, _REPS.value * _STEPS.value),
+      **costs,
       "weight_bytes": weight_bytes(params),
       "kv_bytes": kv_bytes(cfg, 1, context),
-      "compile_s": compile_s,
     }
     trace = os.path.join(self.out, "trace")
     with jax.profiler.trace(trace):
@@ -259,6 +292,34 @@ class Stages:
       bound_ms = (b1["weight_bytes"] + b1["kv_bytes"]) / (gbs * 1e9) * 1e3
       b1["bound_ms"], b1["bound_fraction"] = bound_ms, bound_ms / b1["ms_in_loop"]
     print(json.dumps(self.results["bandwidth"]), flush=True)
+    return True
+
+  def overhead(self, start) -> bool:
+    cells = self.results.setdefault("overhead", {})
+    for setting in _OVERHEAD_SETTINGS.value:
+      if setting in cells:
+        continue
+      if self._late(start):
+        return False
+      self.models.clear()  # the child needs the device's memory for its own weights
+      flags_now = os.environ.get("XLA_FLAGS", "")
+      env = dict(os.environ, XLA_FLAGS=f"{flags_now} {setting}".strip())
+      cmd = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--child",
+        f"--shapes={_SHAPES.value[0]}",
+        f"--contexts={_CONTEXTS.value[0]}",
+        f"--steps={_STEPS.value}",
+        f"--reps={_REPS.value}",
+      ]
+      done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+      if done.returncode == 0:
+        cells[setting] = json.loads(done.stdout.strip().splitlines()[-1])
+      else:  # an XLA that does not know a flag refuses to start: say so, go on
+        cells[setting] = {"error": done.stderr.strip()[-600:]}
+      print(f"XLA_FLAGS += {setting!r}: {json.dumps(cells[setting])[:400]}", flush=True)
+      self.save()
     return True
 
   def verify_b1(self, start) -> bool:
@@ -415,6 +476,13 @@ def summary(results: dict) -> str:
       f"| {b1['shape']} batch-1 decode step, context {b1['context']} | {b1['ms_in_loop']:.2f} ms "
       f"in a device loop{bound}; {b1['ms_per_call']:.2f} ms a call |"
     )
+  for setting, cell in results.get("overhead", {}).items():
+    value = (
+      f"{cell['ms_in_loop']:.2f} ms in a device loop; {cell['ms_per_call']:.2f} ms a call"
+      if "ms_in_loop" in cell
+      else "XLA refused the flags"
+    )
+    lines.append(f"| batch-1 decode, XLA_FLAGS += `{setting or '(nothing)'}` | {value} |")
   bw = results.get("bandwidth")
   if bw:
     spec = f" (spec sheet {bw['spec'][0]} TB/s)" if bw.get("spec") else ""
@@ -436,6 +504,11 @@ def summary(results: dict) -> str:
 
 def main(argv):
   del argv
+  if _CHILD.value:  # the overhead stage's process: XLA_FLAGS as inherited
+    cfg = published_shape(_SHAPES.value[0])
+    graphdef, params = random_params(cfg)
+    print(json.dumps(batch1_decode(graphdef, cfg, params, int(_CONTEXTS.value[0]))[1]))
+    return
   os.makedirs(_OUT.value, exist_ok=True)
   stages = Stages(_OUT.value)
   print(f"devices: {jax.devices()}", flush=True)

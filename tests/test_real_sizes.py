@@ -39,19 +39,27 @@ def test_every_stage_runs_on_tiny_shapes_and_a_second_sitting_resumes(tmp_path):
   b1 = first["decode_b1"]
   assert b1["ms_in_loop"] > 0 and b1["ms_per_call"] > 0 and b1["bound_fraction"] > 0
   assert os.path.isdir(b1["trace"]) and not first.get("decode_grid")
-  # Second sitting: the finished stages are skipped, the rest run.
-  second, printed = _run(out)
+  # Second sitting: the finished stages are skipped, the rest run. The overhead stage A/Bs
+  # XLA flags, each setting in a process of its own: one the CPU's XLA takes (and ignores),
+  # one it refuses (recorded, and the stage goes on).
+  settings = ["--xla_gpu_enable_command_buffer=", "--xla_no_such_flag=1"]
+  second, printed = _run(out, *(f"--overhead_setting={x}" for x in settings))
   assert "decode_b1: done in an earlier sitting" in printed
   assert second["decode_b1"] == b1
   assert second["done"] == [
     "decode_b1",
     "bandwidth",
+    "overhead",
     "verify_b1",
     "decode_grid",
     "rounds",
     "update",
     "update_unrolled",
   ]
+  took, refused = (second["overhead"][x] for x in settings)
+  assert took["ms_in_loop"] > 0 and took["ms_per_call"] > 0 and took["compile_s"] > 0
+  assert "xla_no_such_flag" in refused["error"]
+  assert "| batch-1 decode, XLA_FLAGS += `--xla_gpu_enable_command_buffer=` | " in printed
   # The verify forwards, each traced and its trace summarised (no folder comes back).
   assert set(second["verify_b1"]) == {"tiny/16/1/1", "tiny/16/1/5"}
   for cell in second["verify_b1"].values():
