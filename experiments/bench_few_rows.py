@@ -14,9 +14,6 @@ median ms per forward by row count, and each row count's cost in one-row forward
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 
 import numpy as np
@@ -88,19 +85,18 @@ def main(argv):
   if _CHILD.value:
     print(json.dumps(_measure(rows, _REPS.value, _DTYPE.value)))
     return
+  from common import json_child
   from host import host_record  # the parent process: XLA_FLAGS as inherited
 
   print(host_record(), flush=True)
   print(f"{'XLA_FLAGS':<52} " + " ".join(f"{m:>8} rows   " for m in rows))
   for setting in _FLAGS.value:
-    env = dict(os.environ, XLA_FLAGS=setting)
-    cmd = [sys.executable, __file__, "--child", f"--rows={','.join(map(str, rows))}"]
-    cmd += [f"--reps={_REPS.value}", f"--dtype={_DTYPE.value}"]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    if proc.returncode:
-      print(f"{setting or '(default)':<52} failed: {proc.stderr.strip().splitlines()[-1:]}")
+    argv = [__file__, "--child", f"--rows={','.join(map(str, rows))}"]
+    out = json_child(argv + [f"--reps={_REPS.value}", f"--dtype={_DTYPE.value}"], setting)
+    if "error" in out:
+      print(f"{setting or '(default)':<52} failed: {out['error'].splitlines()[-1:]}")
       continue
-    ms = {int(k): v for k, v in json.loads(proc.stdout.strip().splitlines()[-1]).items()}
+    ms = {int(k): v for k, v in out.items()}
     cells = " ".join(f"{ms[m]:6.1f} ms ({ms[m] / ms[rows[0]]:3.1f}x)" for m in rows)
     print(f"{setting or '(default)':<52} {cells}")
 

@@ -10,6 +10,7 @@ import dataclasses
 import json
 import os
 import shutil
+import subprocess
 import sys
 from typing import Any
 
@@ -246,6 +247,18 @@ def pack_warm_starts(shared: str, out: str, dtype: str = "bfloat16") -> dict:
   with open(os.path.join(out, "summary.json"), "w") as f:
     json.dump(summary, f, indent=1)
   return summary
+
+
+def json_child(argv: list[str], xla_flags: str) -> dict[str, Any]:
+  """Runs `python *argv` with XLA_FLAGS = `xla_flags` (XLA reads its flags once a process, so
+  each setting of an A/B needs a process of its own) and returns the JSON object on its last
+  line of output, or {"error": the end of its stderr} where it failed (an XLA that does not
+  know a flag refuses to start)."""
+  env = dict(os.environ, XLA_FLAGS=xla_flags)
+  done = subprocess.run([sys.executable, *argv], env=env, capture_output=True, text=True)
+  if done.returncode:
+    return {"error": done.stderr.strip()[-600:]}
+  return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def published_shape(name: str) -> ModelConfig:

@@ -54,7 +54,6 @@ import dataclasses
 import json
 import math
 import os
-import subprocess
 import sys
 import time
 
@@ -67,7 +66,7 @@ from jax import lax
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from experiments.common import published_shape  # noqa: E402
+from experiments.common import json_child, published_shape  # noqa: E402
 from experiments.host import matmul_flops, spec_sheet  # noqa: E402
 from experiments.traces import trace_summary  # noqa: E402
 from tlt_jax.models.config import ModelConfig  # noqa: E402
@@ -302,10 +301,7 @@ class Stages:
       if self._late(start):
         return False
       self.models.clear()  # the child needs the device's memory for its own weights
-      flags_now = os.environ.get("XLA_FLAGS", "")
-      env = dict(os.environ, XLA_FLAGS=f"{flags_now} {setting}".strip())
-      cmd = [
-        sys.executable,
+      argv = [
         os.path.abspath(__file__),
         "--child",
         f"--shapes={_SHAPES.value[0]}",
@@ -313,11 +309,8 @@ class Stages:
         f"--steps={_STEPS.value}",
         f"--reps={_REPS.value}",
       ]
-      done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-      if done.returncode == 0:
-        cells[setting] = json.loads(done.stdout.strip().splitlines()[-1])
-      else:  # an XLA that does not know a flag refuses to start: say so, go on
-        cells[setting] = {"error": done.stderr.strip()[-600:]}
+      # A setting XLA refuses comes back as {"error": ...}: recorded, and the stage goes on.
+      cells[setting] = json_child(argv, f"{os.environ.get('XLA_FLAGS', '')} {setting}".strip())
       print(f"XLA_FLAGS += {setting!r}: {json.dumps(cells[setting])[:400]}", flush=True)
       self.save()
     return True
@@ -504,6 +497,9 @@ def summary(results: dict) -> str:
 
 def main(argv):
   del argv
+  # Allocate device memory as used, not 75% of it up front: the overhead stage's processes
+  # share the device with this one (read when the backend starts, after this line).
+  os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
   if _CHILD.value:  # the overhead stage's process: XLA_FLAGS as inherited
     cfg = published_shape(_SHAPES.value[0])
     graphdef, params = random_params(cfg)
