@@ -9,6 +9,7 @@ as one of two jax.distributed processes:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import sys
 
@@ -55,6 +56,15 @@ def _models():
   return tg, tp, dg, dp
 
 
+@functools.cache
+def _plain_reference():
+  """One device's plain greedy rollout of PROMPTS x 4 (key 0), the reference of several
+  checks: rolled out once a process."""
+  tg, tp, _, _ = _models()
+  engine = RolloutEngine(tg, MODEL, dataclasses.replace(ENGINE, spec_threshold=0), GREEDY)
+  return engine.generate(tp, PROMPTS, 4, key=0, max_new_tokens=LIMITS)
+
+
 def check_placement():
   placement = BatchPlacement(data_mesh())
   assert [placement.num_devices(b) for b in (16, 8, 12, 6, 3, 1)] == [8, 8, 4, 2, 1, 1]
@@ -65,8 +75,7 @@ def check_sharded_rollout():
   """Rows split over the mesh and compacted onto fewer devices: the same tokens as one
   device, for plain decoding and for speculative decoding with the drafter."""
   tg, tp, dg, dp = _models()
-  single = RolloutEngine(tg, MODEL, dataclasses.replace(ENGINE, spec_threshold=0), GREEDY)
-  ref = single.generate(tp, PROMPTS, 4, key=0, max_new_tokens=LIMITS)
+  ref = _plain_reference()
   mesh = data_mesh()
   sharded = RolloutEngine(
     tg, MODEL, dataclasses.replace(ENGINE, spec_threshold=0), GREEDY, mesh=mesh
@@ -79,7 +88,7 @@ def check_sharded_rollout():
   buckets = sorted({e["batch"] for e in got.timeline}, reverse=True)
   assert buckets[0] == 16 and buckets[-1] <= 4, buckets
   spec_cfg = dataclasses.replace(ENGINE, spec_threshold=8, spec_strategies=("chain3",))
-  spec = RolloutEngine(tg, MODEL, spec_cfg, GREEDY, drafter_graphdef=dg, mesh=mesh)
+  spec = RolloutEngine(tg, MODEL, spec_cfg, GREEDY, sharded.pool, dg, mesh=mesh)
   out = spec.generate(tp, PROMPTS, 4, key=0, max_new_tokens=LIMITS, drafter_params=dp)
   assert any(e["phase"] == "spec" for e in out.timeline)
   np.testing.assert_array_equal(out.tokens, ref.tokens)
@@ -90,7 +99,7 @@ def check_sharded_rollout():
   ref = RolloutEngine(tg, MODEL, plain_cfg, sampled).generate(
     tp, PROMPTS, 4, key=5, max_new_tokens=LIMITS
   )
-  spec = RolloutEngine(tg, MODEL, spec_cfg, sampled, drafter_graphdef=dg, mesh=mesh)
+  spec = RolloutEngine(tg, MODEL, spec_cfg, sampled, sharded.pool, dg, mesh=mesh)
   out = spec.generate(tp, PROMPTS, 4, key=5, max_new_tokens=LIMITS, drafter_params=dp)
   assert out.spec_summary()["row_rounds"] > 0
   np.testing.assert_array_equal(out.tokens, ref.tokens)
@@ -128,7 +137,7 @@ def check_tensor_rollout():
     np.testing.assert_allclose(got.logprobs, ref.logprobs, atol=1e-4)
     devices = {e["devices"] for e in plain.pool.summary() if e["key"].startswith("('decode'")}
     assert {8, 4} <= devices, devices  # 8 rows on 4 pairs, then 2 rows on 2 pairs
-    spec = RolloutEngine(tg, MODEL, spec_cfg, sampling, drafter_graphdef=dg, mesh=mesh)
+    spec = RolloutEngine(tg, MODEL, spec_cfg, sampling, plain.pool, dg, mesh=mesh)
     out = spec.generate(tp, PROMPTS, 2, key=key, max_new_tokens=LIMITS, drafter_params=dp)
     assert out.spec_summary()["row_rounds"] > 0
     np.testing.assert_array_equal(out.tokens, ref.tokens)
@@ -140,8 +149,8 @@ def check_trainer_tensor_rollout():
   device to device): the same samples and metrics as one device."""
   import tempfile
 
-  with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
-    ref = _trainer(a, None).run(progress=False)
+  ref = _reference_run()
+  with tempfile.TemporaryDirectory() as b:
     mesh = training_mesh(tensor=2)
     trainer = _trainer(b, mesh, rollout_mesh=mesh, shard_params=True)
     got = trainer.run(progress=False)
@@ -241,8 +250,7 @@ def check_fsdp_forward_and_rollout():
   rollout = place(sharded, mesh, ROLLOUT_RULES)
   gate = rollout["layers"][0]["mlp"]["gate_proj"]["kernel"][...]
   assert _shard_shape(gate) == (32, 32)  # embed whole, mlp over tensor
-  single = RolloutEngine(tg, MODEL, dataclasses.replace(ENGINE, spec_threshold=0), GREEDY)
-  want = single.generate(tp, PROMPTS, 4, key=0, max_new_tokens=LIMITS)
+  want = _plain_reference()
   engine = RolloutEngine(
     tg, MODEL, dataclasses.replace(ENGINE, spec_threshold=0), GREEDY, mesh=data_mesh()
   )
@@ -255,8 +263,8 @@ def check_trainer_fsdp():
   mesh): the same samples and metrics as one device, params split after every step."""
   import tempfile
 
-  with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
-    ref = _trainer(a, None).run(progress=False)
+  ref = _reference_run()
+  with tempfile.TemporaryDirectory() as b:
     trainer = _trainer(b, training_mesh(tensor=2), rollout_mesh=data_mesh(), shard_params=True)
     got = trainer.run(progress=False)
   gate = trainer.params["layers"][0]["mlp"]["gate_proj"]["kernel"][...]
@@ -273,8 +281,8 @@ def check_trainer_fsdp_tlt():
   update. Lossless: the samples and the policy's metrics are one device's without SD."""
   import tempfile
 
-  with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
-    ref = _trainer(a, None).run(progress=False)
+  ref = _reference_run()
+  with tempfile.TemporaryDirectory() as b:
     trainer = _trainer(
       b, training_mesh(tensor=2), rollout_mesh=data_mesh(), shard_params=True, tlt=True
     )
@@ -300,8 +308,7 @@ def check_drafter_on_freed_devices():
   assert len(free) == 6
   sub = data_mesh(free)
   cfg = DrafterTrainConfig(learning_rate=1e-2, warmup_steps=0, batch_rows=6, row_len=24)
-  ref_engine = RolloutEngine(tg, MODEL, dataclasses.replace(ENGINE, spec_threshold=0), GREEDY)
-  rollout = ref_engine.generate(tp, PROMPTS, 4, key=0, max_new_tokens=LIMITS)
+  rollout = _plain_reference()
 
   def one(mesh):
     d = OnlineDrafter(dg, jax.tree.map(jnp.copy, dp), tg, cfg, slots=ENGINE.slots, feature_dim=32)
@@ -327,8 +334,7 @@ def _tlt_on_mesh():
   from tlt_jax.scheduler import SchedulerConfig, SliceScheduler
 
   tg, tp, dg, dp = _models()
-  single = RolloutEngine(tg, MODEL, dataclasses.replace(ENGINE, spec_threshold=0), GREEDY)
-  ref = single.generate(tp, PROMPTS, 4, key=0, max_new_tokens=LIMITS)
+  ref = _plain_reference()
   cfg = dataclasses.replace(ENGINE, spec_threshold=8, spec_strategies=("chain3",))
   engine = RolloutEngine(tg, MODEL, cfg, GREEDY, drafter_graphdef=dg, mesh=data_mesh())
   train = DrafterTrainConfig(learning_rate=1e-2, warmup_steps=0, batch_rows=2, row_len=24)
@@ -448,13 +454,23 @@ def _trainer(workdir, mesh, rollout_mesh=None, shard_params=False, tlt=False):
   )
 
 
+@functools.cache
+def _reference_run():
+  """`_trainer`'s run on one device, the reference of the trainer checks: run once a
+  process."""
+  import tempfile
+
+  with tempfile.TemporaryDirectory() as workdir:
+    return _trainer(workdir, None).run(progress=False)
+
+
 def check_trainer_on_mesh():
   """GRPO with rollout rows and update rows split over 8 devices: the same samples
   (randomness is keyed per sequence, not per device) and the same metrics as one device."""
   import tempfile
 
-  with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
-    ref = _trainer(a, None).run(progress=False)
+  ref = _reference_run()
+  with tempfile.TemporaryDirectory() as b:
     trainer = _trainer(b, data_mesh())
     got = trainer.run(progress=False)
   assert len(jax.tree.leaves(trainer.params)[0].sharding.device_set) == 8

@@ -15,7 +15,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from absl import logging
-from tensorboardX import SummaryWriter
 
 # Trackers a run can also log to (each an optional extra: pip install 'tlt_jax[wandb]').
 LOGGERS = ("wandb", "mlflow")
@@ -194,6 +193,10 @@ class MetricsLog:
     purge_step: int,
     config: MetricsConfig | None = None,
   ):
+    # Imported here: tensorboardX imports torch where it is installed (seconds), which
+    # a process that only parses flags or reads results should not pay.
+    from tensorboardX import SummaryWriter
+
     self.metrics_path, self.lengths_path = metrics_path, lengths_path
     self.tb = SummaryWriter(tensorboard_dir, purge_step=purge_step)
     self.trackers = []
