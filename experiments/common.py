@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import json
 import os
 import shutil
@@ -15,6 +16,7 @@ import sys
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 from flax import nnx
@@ -26,6 +28,7 @@ from tlt_jax.data import get_tokenizer  # noqa: E402
 from tlt_jax.data.checkers import CAREFUL, HASTY  # noqa: E402
 from tlt_jax.models.attention import current_causal_block  # noqa: E402
 from tlt_jax.models.config import ModelConfig  # noqa: E402
+from tlt_jax.models.transformer import Transformer  # noqa: E402
 from tlt_jax.parallel.memory import qwen25  # noqa: E402
 
 
@@ -294,3 +297,30 @@ def published_shape(name: str) -> ModelConfig:
       **bf16,
     )
   raise ValueError(f"unknown shape {name!r}: qwen3-8b, qwen2.5-1.5b or tiny")
+
+
+@functools.partial(jax.jit, static_argnums=(2, 3))
+def _normal_leaf(key, std, shape, dtype):
+  return (std * jax.random.normal(key, shape, jnp.float32)).astype(dtype)
+
+
+def random_params(cfg: ModelConfig) -> tuple[nnx.GraphDef, nnx.State]:
+  """Random weights made on the default device (no host round trip for gigabytes):
+  kernels and embeddings normal with std 1 / sqrt(fan-in), norm scales one, biases zero.
+
+  One small program per distinct leaf shape, called for every layer: the model's own
+  initialisers traced together are one program whose compile grows with the layer count
+  (experiments/RESULTS.md), paid again by every process of a sitting."""
+  graphdef, abstract = nnx.split(nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0))))
+  leaves, treedef = jax.tree_util.tree_flatten_with_path(abstract)
+  key, made = jax.random.key(0), []
+  for i, (path, leaf) in enumerate(leaves):
+    names = {getattr(k, "key", None) for k in path}
+    if "scale" in names:
+      made.append(jnp.ones(leaf.shape, leaf.dtype))
+    elif "bias" in names:
+      made.append(jnp.zeros(leaf.shape, leaf.dtype))
+    else:
+      fan_in = leaf.shape[0] if "kernel" in names else leaf.shape[-1]
+      made.append(_normal_leaf(jax.random.fold_in(key, i), fan_in**-0.5, leaf.shape, leaf.dtype))
+  return graphdef, jax.block_until_ready(jax.tree_util.tree_unflatten(treedef, made))

@@ -66,11 +66,11 @@ from jax import lax
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from experiments.common import json_child, published_shape  # noqa: E402
+from experiments.common import json_child, published_shape, random_params  # noqa: E402
 from experiments.host import matmul_flops, spec_sheet  # noqa: E402
 from experiments.traces import trace_summary  # noqa: E402
 from tlt_jax.models.config import ModelConfig  # noqa: E402
-from tlt_jax.models.transformer import KVCache, Transformer  # noqa: E402
+from tlt_jax.models.transformer import KVCache  # noqa: E402
 from tlt_jax.parallel.memory import measured_bytes, plan_memory  # noqa: E402
 
 _OUT = flags.DEFINE_string("out", "runs/real_sizes", "output folder (results resume from it)")
@@ -116,15 +116,6 @@ _OVERHEAD_SETTINGS = flags.DEFINE_multi_string(
 )
 _CHILD = flags.DEFINE_bool("child", False, "internal: print batch-1 decode costs as JSON")
 _MEMORY_GIB = flags.DEFINE_float("memory_gib", 0.0, "device memory where it cannot be read")
-
-
-def random_params(cfg: ModelConfig) -> tuple[nnx.GraphDef, nnx.State]:
-  """Random weights initialised on the default device (one program: no host round trip
-  for gigabytes)."""
-  abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
-  graphdef, _ = nnx.split(abstract)
-  params = jax.jit(lambda: nnx.split(Transformer(cfg, rngs=nnx.Rngs(0)))[1])()
-  return graphdef, jax.block_until_ready(params)
 
 
 def kv_bytes(cfg: ModelConfig, batch: int, slots: int) -> int:

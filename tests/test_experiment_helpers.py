@@ -163,3 +163,42 @@ def test_print_report_prints_and_writes_the_same_json(tmp_path, capsys):
   assert json.loads(capsys.readouterr().out) == json.loads(out.read_text()) == {"a": 1, "b": [0.5]}
   print_report({"c": 2})
   assert json.loads(capsys.readouterr().out) == {"c": 2}
+
+
+def test_random_params_have_the_models_tree_and_a_scale_per_kind():
+  """real_sizes.py's random weights (one program per leaf shape): the tree, shapes and
+  dtypes of the model's own initialisation; norm scales one, biases zero, every matrix its
+  own draw with std 1 / sqrt(fan-in); a forward runs on them."""
+  import dataclasses
+
+  import jax.numpy as jnp
+  from flax import nnx
+
+  from experiments.common import published_shape, random_params
+  from tlt_jax.models.transformer import Transformer
+
+  cfg = dataclasses.replace(published_shape("tiny"), qkv_bias=True, num_layers=3)
+  graphdef, params = random_params(cfg)
+  _, want = nnx.split(Transformer(cfg, rngs=nnx.Rngs(0)))
+  got_leaves = jax.tree_util.tree_leaves_with_path(params)
+  want_leaves = jax.tree_util.tree_leaves_with_path(want)
+  assert [p for p, _ in got_leaves] == [p for p, _ in want_leaves]
+  assert [(x.shape, x.dtype) for _, x in got_leaves] == [(x.shape, x.dtype) for _, x in want_leaves]
+  kernels = []
+  for path, x in got_leaves:
+    name = jax.tree_util.keystr(path)
+    x = np.asarray(x, np.float32)
+    if "scale" in name:
+      np.testing.assert_array_equal(x, 1.0)
+    elif "bias" in name:
+      np.testing.assert_array_equal(x, 0.0)
+    elif "kernel" in name:
+      assert abs(x.std() * np.sqrt(x.shape[0]) - 1.0) < 0.1, name
+      kernels.append(x)
+  # Matrices of one shape (one program) are different draws.
+  same_shape = [k for k in kernels if k.shape == kernels[0].shape]
+  assert len(same_shape) >= 3 and len({k.tobytes() for k in same_shape}) == len(same_shape)
+  model = nnx.merge(graphdef, params)
+  tokens = jnp.arange(8, dtype=jnp.int32)[None]
+  h, _, _ = model(tokens, tokens)
+  assert np.isfinite(np.asarray(model.logits(h), np.float32)).all()
