@@ -18,10 +18,12 @@ Stages, in priority order (`--stages`; finished ones are skipped):
   bandwidth    the device's copy bandwidth (read + write of a `--copy_gb` array): the HBM
                bound of a decode step is its weight and KV bytes over it; the spec sheet's
                figure is printed beside
-  overhead     batch-1 decode of the first shape under each `--overhead_setting` of XLA_FLAGS
-               (XLA command buffers off / default / the loop's while and conditionals
-               captured too), each in a fresh process since XLA reads its flags once: what
-               the device loop's per-step overhead gives back to each
+  overhead     batch-1 decode of the first shape, and its forwards of each `--overhead_tokens`
+               count in decode steps, under each `--overhead_setting` of XLA_FLAGS (XLA's
+               default / GEMM autotuning off / command buffers off / the loop's while and
+               conditionals captured too), each in a fresh process since XLA reads its flags
+               once: what the device loop's per-step overhead gives back to each, and
+               whether the multi-token forwards' cost follows the GEMMs' tuning
   verify_b1    batch-1 forwards of each `--tokens` count (1: a decode step; 5 / 9: verifying
                a chain of 4 / 8) of the first shape, timed and traced in one process under one
                set of XLA flags, each trace summarised here by kernel kind (products,
@@ -109,10 +111,16 @@ _OVERHEAD_SETTINGS = flags.DEFINE_multi_string(
   "overhead_setting",
   [
     "",
+    "--xla_gpu_autotune_level=0",
     "--xla_gpu_enable_command_buffer=",
     "--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,WHILE,CONDITIONAL",
   ],
   "overhead stage: XLA_FLAGS additions to compare (repeat the flag), each in its own process",
+)
+_OVERHEAD_TOKENS = flags.DEFINE_list(
+  "overhead_tokens",
+  ["5", "9"],
+  "overhead stage: batch-1 forwards of these new-token counts timed beside each setting's decode",
 )
 _CHILD = flags.DEFINE_bool("child", False, "internal: print batch-1 decode costs as JSON")
 _MEMORY_GIB = flags.DEFINE_float("memory_gib", 0.0, "device memory where it cannot be read")
@@ -195,6 +203,19 @@ def batch1_decode(graphdef, cfg, params, context: int) -> tuple[Forward, dict]:
     "ms_per_call": single.ms(params, _REPS.value * _STEPS.value),
     "compile_s": compile_s,
   }
+
+
+def overhead_cell() -> dict:
+  """The overhead stage's measurements in this process: the first shape's batch-1 decode
+  (`batch1_decode`) and its forward of each `--overhead_tokens` count, in decode steps."""
+  cfg, context = published_shape(_SHAPES.value[0]), int(_CONTEXTS.value[0])
+  graphdef, params = random_params(cfg)
+  cell = batch1_decode(graphdef, cfg, params, context)[1]
+  cell["forwards"] = {}
+  for tokens in sorted({int(t) for t in _OVERHEAD_TOKENS.value}):
+    fwd = measured(graphdef, cfg, params, 1, tokens, context)[1]
+    cell["forwards"][str(tokens)] = {**fwd, "steps": fwd["ms"] / cell["ms_in_loop"]}
+  return cell
 
 
 def measured(graphdef, cfg, params, batch: int, tokens: int, context: int):
@@ -297,6 +318,7 @@ class Stages:
         "--child",
         f"--shapes={_SHAPES.value[0]}",
         f"--contexts={_CONTEXTS.value[0]}",
+        f"--overhead_tokens={','.join(_OVERHEAD_TOKENS.value)}",
         f"--steps={_STEPS.value}",
         f"--reps={_REPS.value}",
       ]
@@ -466,6 +488,8 @@ def summary(results: dict) -> str:
       if "ms_in_loop" in cell
       else "XLA refused the flags"
     )
+    for tokens, forward in cell.get("forwards", {}).items():
+      value += f"; {tokens}-token forward {forward['steps']:.2f} steps"
     lines.append(f"| batch-1 decode, XLA_FLAGS += `{setting or '(nothing)'}` | {value} |")
   bw = results.get("bandwidth")
   if bw:
@@ -492,9 +516,7 @@ def main(argv):
   # share the device with this one (read when the backend starts, after this line).
   os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
   if _CHILD.value:  # the overhead stage's process: XLA_FLAGS as inherited
-    cfg = published_shape(_SHAPES.value[0])
-    graphdef, params = random_params(cfg)
-    print(json.dumps(batch1_decode(graphdef, cfg, params, int(_CONTEXTS.value[0]))[1]))
+    print(json.dumps(overhead_cell()))
     return
   os.makedirs(_OUT.value, exist_ok=True)
   stages = Stages(_OUT.value)

@@ -43,7 +43,8 @@ def test_every_stage_runs_on_tiny_shapes_and_a_second_sitting_resumes(tmp_path):
   # XLA flags, each setting in a process of its own: one the CPU's XLA takes (and ignores),
   # one it refuses (recorded, and the stage goes on).
   settings = ["--xla_gpu_enable_command_buffer=", "--xla_no_such_flag=1"]
-  second, printed = _run(out, *(f"--overhead_setting={x}" for x in settings))
+  overhead = [*(f"--overhead_setting={x}" for x in settings), "--overhead_tokens=5"]
+  second, printed = _run(out, *overhead)
   assert "decode_b1: done in an earlier sitting" in printed
   assert second["decode_b1"] == b1
   assert second["done"] == [
@@ -58,8 +59,13 @@ def test_every_stage_runs_on_tiny_shapes_and_a_second_sitting_resumes(tmp_path):
   ]
   took, refused = (second["overhead"][x] for x in settings)
   assert took["ms_in_loop"] > 0 and took["ms_per_call"] > 0 and took["compile_s"] > 0
+  # Beside the decode, the 5-token forward under the same flags, in decode steps.
+  five = took["forwards"]["5"]
+  assert list(took["forwards"]) == ["5"] and five["ms"] > 0 and five["compile_s"] > 0
+  assert five["steps"] == five["ms"] / took["ms_in_loop"]
   assert "xla_no_such_flag" in refused["error"]
-  assert "| batch-1 decode, XLA_FLAGS += `--xla_gpu_enable_command_buffer=` | " in printed
+  row = "| batch-1 decode, XLA_FLAGS += `--xla_gpu_enable_command_buffer=` | "
+  assert row in printed and "; 5-token forward " in printed.split(row)[1].splitlines()[0]
   # The verify forwards, each traced and its trace summarised (no folder comes back).
   assert set(second["verify_b1"]) == {"tiny/16/1/1", "tiny/16/1/5"}
   for cell in second["verify_b1"].values():
