@@ -31,7 +31,8 @@ Stages, in priority order (`--stages`; finished ones are skipped):
                folder is too deep to come back from a device sitting
   decode_grid  per shape: one forward by batch (1 .. the largest whose KV cache fits beside
                the weights) x new tokens per row (1: a decode step; 5 / 9 / 17: verifying a
-               chain of 4 / 8 / 16) at each context; compile seconds per program
+               chain of 4 / 8 / 16) at each context; compile seconds per program (the batch-1
+               cells verify_b1 measured are taken over)
   rounds       a chain round's cost in decode steps (depth drafter steps of a random
                one-layer drafter + one verify forward) by batch, and the batch where a round
                of depth 4 / 8 stops paying at `--accept` (this project's measured accept
@@ -352,6 +353,10 @@ class Stages:
 
   def decode_grid(self, start) -> bool:
     grid = self.results.setdefault("decode_grid", {})
+    # verify_b1's cells are this grid's batch-1 cells (the same programs, timed the same
+    # way): taken over rather than compiled and timed again on the device.
+    for key, cell in self.results.get("verify_b1", {}).items():
+      grid.setdefault(key, {"ms": cell["ms"], "compile_s": cell["compile_s"]})
     for name in _SHAPES.value:
       cfg, graphdef, params = self.model(name)
       room = 0.85 * device_memory() - weight_bytes(params)

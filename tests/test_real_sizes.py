@@ -74,6 +74,8 @@ def test_every_stage_runs_on_tiny_shapes_and_a_second_sitting_resumes(tmp_path):
   assert len(second["xla_flags"]) == 2  # one entry a sitting
   assert set(second["decode_grid"]) == {f"tiny/16/{b}/{t}" for b in (1, 2) for t in (1, 5)}
   assert all(c["ms"] > 0 and c["compile_s"] > 0 for c in second["decode_grid"].values())
+  for key, cell in second["verify_b1"].items():  # the same cells: taken over, not re-timed
+    assert second["decode_grid"][key] == {"ms": cell["ms"], "compile_s": cell["compile_s"]}
   rounds = second["rounds"]
   assert {"tiny/chain4/1", "tiny/chain4/2", "tiny/chain4/crossover"} <= set(rounds)
   assert rounds["tiny/chain4/1"]["round_steps"] > 1
