@@ -253,6 +253,8 @@ class Stages:
 
   def run(self, stage: str) -> None:
     done = self.results.setdefault("done", [])
+    if stage == "rounds" and stage in done and "decode_grid" not in done:
+      done.remove(stage)  # priced from a partial grid (an older results file): price again
     if stage in done:
       print(f"{stage}: done in an earlier sitting", flush=True)
       return
@@ -409,7 +411,8 @@ class Stages:
       for arm in accept:
         paying = [b for b in batches if out.get(f"{name}/{arm}/{b}", {}).get("pays")]
         out[f"{name}/{arm}/crossover"] = max(paying) if paying else None
-    return True
+    # Final only once the grid is: a later sitting's cells are priced then.
+    return "decode_grid" in self.results.get("done", [])
 
   def update(self, start) -> bool:
     return self._update("update", _UPDATE_SCAN.value)
