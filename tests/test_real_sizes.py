@@ -107,3 +107,17 @@ def test_every_stage_runs_on_tiny_shapes_and_a_second_sitting_resumes(tmp_path):
   for row in ("| measured forwards | 2 |", "| roofline of the same device | 2 |", "| the paper"):
     assert row in done.stdout
   assert "moves TLT's figure most: " in done.stdout
+
+
+def test_the_device_sittings_script_rehearses_these_shapes():
+  """experiments/device_sitting.sh (the curve, then real sizes, in one device call) is valid
+  bash and rehearses real sizes on a CPU with this file's tiny flags. Its whole rehearsal
+  (`bash experiments/device_sitting.sh /tmp/sitting tiny`, ~4 minutes) is in
+  experiments/RESULTS.md, not here."""
+  path = os.path.join(ROOT, "experiments", "device_sitting.sh")
+  assert subprocess.run(["bash", "-n", path]).returncode == 0
+  with open(path) as f:
+    text = f.read()
+  tiny = text.split('if [ "$VARIANT" = tiny ]; then', 1)[1].split("args=(", 1)[1]
+  assert set(tiny.split(")", 1)[0].split()) == {*TINY, "--overhead_tokens=5"}
+  assert os.access(path, os.X_OK)

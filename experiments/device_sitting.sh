@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# One lent device sitting, in the order the issues ask: TLT's learning curve on the GPU first
+# (experiments/gpu_curve.sh), then the real-sizes stages (experiments/real_sizes.py) in the
+# time left. What is worth keeping is copied into KEEP (the folder a device call brings
+# back) as each part ends, so a sitting cut short returns what it reached; called again while
+# the machine is warm, it goes on where the last call stopped (the curve from its
+# checkpoints, real sizes from its results file).
+#
+#   bash experiments/device_sitting.sh "$OUT"              # on the device, ~9.5 minutes
+#   bash experiments/device_sitting.sh /tmp/sitting tiny   # the CPU rehearsal, ~5 minutes
+#
+# DEADLINE: seconds for the whole call (default 570); CURVE_S: the curve's part (default
+# 480); RUNS: where the runs live on the machine (default runs/sitting_<variant>). Real
+# sizes start from the H200's recorded results (experiments/results/gpu_curve12_h200_2026-
+# 11-28), whose finished stages are skipped.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+KEEP=${1:?usage: experiments/device_sitting.sh KEEP [gpu|tiny]}
+VARIANT=${2:-gpu}
+PY=${PYTHON:-python}
+DEADLINE=${DEADLINE:-570}
+CURVE_S=${CURVE_S:-480}
+RUNS=${RUNS:-runs/sitting_$VARIANT}
+mkdir -p "$KEEP" "$RUNS"
+KEEP=$(cd "$KEEP" && pwd)
+start=$SECONDS
+say() { echo "$(date -u +%H:%M:%S) +$((SECONDS - start))s $*" | tee -a "$KEEP/sitting.log"; }
+
+# 1. The learning curve.
+curve=$RUNS/gc
+if [ -f "$curve/learning_curve.json" ]; then
+  say "curve: finished in an earlier call"
+else
+  resume=()
+  [ -d "$curve/baseline_s0" ] && resume=(--resume)
+  say "curve: up to ${CURVE_S}s ${resume[*]:-}"
+  timeout -k 5 "$CURVE_S" env PYTHON="$PY" bash experiments/gpu_curve.sh "$curve" "$VARIANT" \
+    "${resume[@]}" >"$KEEP/curve.log" 2>&1
+  say "curve: rc $?"
+fi
+for f in learning_curve.json steps_baseline_s0.csv steps_sd_s0.csv steps_tlt_s0.csv; do
+  [ -f "$curve/$f" ] && cp "$curve/$f" "$KEEP/"
+done
+[ -f "$curve/shared/summary.json" ] && cp "$curve/shared/summary.json" "$KEEP/warm_summary.json"
+if [ ! -f "$KEEP/learning_curve.json" ]; then # cut short: each run's own per-step metrics
+  for mode in baseline sd tlt; do
+    [ -f "$curve/${mode}_s0/metrics.jsonl" ] && cp "$curve/${mode}_s0/metrics.jsonl" "$KEEP/metrics_$mode.jsonl"
+  done
+fi
+
+# 2. Real sizes in the time left (a stage's cell is not cut: the timeout leaves a margin).
+sizes=$RUNS/rs
+mkdir -p "$sizes"
+if [ "$VARIANT" = tiny ]; then # the flags of tests/test_real_sizes.py
+  args=(--shapes=tiny --contexts=16 --tokens=1,5 --overhead_tokens=5 --accept=chain4=3.0
+    --max_batch=2 --copy_gb=0.01 --update_rows=4 --update_width=16 --reps=2 --steps=2)
+else
+  recorded=experiments/results/gpu_curve12_h200_2026-11-28/real_sizes.json
+  [ -f "$sizes/real_sizes.json" ] || cp "$recorded" "$sizes/"
+  args=(--stages=decode_b1,bandwidth,verify_b1,overhead,decode_grid,rounds,update,update_unrolled)
+fi
+left=$((DEADLINE - (SECONDS - start)))
+if [ "$left" -lt 60 ]; then
+  say "real sizes: ${left}s left, not started"
+else
+  say "real sizes: up to $((left - 10))s"
+  timeout -k 5 $((left - 10)) "$PY" experiments/real_sizes.py --out="$sizes" \
+    --stage_s=$((left - 40)) "${args[@]}" >"$KEEP/real_sizes.log" 2>&1
+  say "real sizes: rc $?"
+fi
+[ -f "$sizes/real_sizes.json" ] && cp "$sizes/real_sizes.json" "$KEEP/"
+say "sitting: done"
