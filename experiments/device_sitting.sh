@@ -38,9 +38,9 @@ else
     "${resume[@]}" >"$KEEP/curve.log" 2>&1
   say "curve: rc $?"
 fi
-for f in learning_curve.json steps_baseline_s0.csv steps_sd_s0.csv steps_tlt_s0.csv; do
-  [ -f "$curve/$f" ] && cp "$curve/$f" "$KEEP/"
-done
+# The report, its plot and the per-step tables (what learning_curve.py's --keep copies; here
+# also when an earlier call finished the curve).
+cp "$curve"/learning_curve* "$curve"/steps_* "$KEEP/" 2>/dev/null
 [ -f "$curve/shared/summary.json" ] && cp "$curve/shared/summary.json" "$KEEP/warm_summary.json"
 if [ ! -f "$KEEP/learning_curve.json" ]; then # cut short: each run's own per-step metrics
   for mode in baseline sd tlt; do

@@ -229,6 +229,10 @@ def measured(graphdef, cfg, params, batch: int, tokens: int, context: int):
 class Stages:
   """The results file and each stage's measurements (see the module docstring)."""
 
+  # A stage computed from another's results is final only once that one is (an older
+  # results file may say otherwise: then it is computed again).
+  DERIVED_FROM = {"rounds": "decode_grid"}
+
   def __init__(self, out: str):
     self.out, self.path = out, os.path.join(out, "real_sizes.json")
     self.results = {}
@@ -253,14 +257,16 @@ class Stages:
 
   def run(self, stage: str) -> None:
     done = self.results.setdefault("done", [])
-    if stage == "rounds" and stage in done and "decode_grid" not in done:
-      done.remove(stage)  # priced from a partial grid (an older results file): price again
+    source = self.DERIVED_FROM.get(stage)
+    if source and source not in done and stage in done:
+      done.remove(stage)
     if stage in done:
       print(f"{stage}: done in an earlier sitting", flush=True)
       return
     start = time.perf_counter()
     complete = getattr(self, stage)(start)
     self.results.setdefault("stage_s", {})[stage] = time.perf_counter() - start
+    complete = complete and (source is None or source in done)
     if complete:
       done.append(stage)
     self.save()
@@ -411,8 +417,7 @@ class Stages:
       for arm in accept:
         paying = [b for b in batches if out.get(f"{name}/{arm}/{b}", {}).get("pays")]
         out[f"{name}/{arm}/crossover"] = max(paying) if paying else None
-    # Final only once the grid is: a later sitting's cells are priced then.
-    return "decode_grid" in self.results.get("done", [])
+    return True
 
   def update(self, start) -> bool:
     return self._update("update", _UPDATE_SCAN.value)
