@@ -4,12 +4,14 @@ TLT pays where a decode step costs about the same for 1 row as for a device's wh
 of the rollout (the weights, not the arithmetic, bound the step) and a few long responses
 keep the devices busy. Why each setting (figures in experiments/RESULTS.md):
 - policy: 16 layers x 256 (13M parameters): 48 MB of float32 weights, above the 32 MB
-  last-level cache of this project's CPU hosts, so a decode step is bound by reading them
-  (experiments/cost_surface.py: b* = 4.2 rows on host G, 2026-11-27).
+  last-level cache of most of this project's CPU hosts, so a decode step is bound by reading
+  them (experiments/cost_surface.py: b* = 4.2 rows on host G, 2026-11-27). Where the cache
+  holds them (host I, 300 MiB) the step is bound by the 16 small layers' work and is as flat
+  (b* 10.1-12.4 rows, 2026-12-02): measure b*, not the cache.
 - rollout: 8 rows per engine call (what one device decodes at once, near the hosts'
-  measured b*: 4.2 rows on host G, 10.8 on host H), 16 calls of 8 rows per RL step (16
-  prompts x 8 samples): what 16 devices would decode side by side, run one after another
-  here (`rl.rows_per_call`). Every mode pays the same sum of calls, so the ratios stay
+  measured b*: 4.2 rows on host G, 10.8 on host H, 10-12 on host I), 16 calls of 8 rows
+  per RL step (16 prompts x 8 samples): what 16 devices would decode side by side, run one
+  after another here (`rl.rows_per_call`). Every mode pays the same sum of calls, so the ratios stay
   honest, and the optimiser sees 128 samples a step, as in the small variant's gates.
 - task (`stride` on a clock of 100, counters counting down): from a start, add a stride a
   given number of times modulo 100 (`23+7x12=`); the worked solution writes one line a step

@@ -362,7 +362,7 @@ def test_sd_bench_countdown_variant_fits_its_rows():
 
 def test_regime_config_is_in_tlts_regime():
   """configs/regime.py keeps the properties its docstring claims: weights beyond a 32 MB
-  L3, few rows per engine call (near the measured b* of 4-11) and several calls a step,
+  L3, few rows per engine call (near the measured b* of 4-12) and several calls a step,
   every parameter trained, reasoning-like lengths (the careful effort's median >= 120
   tokens, the longest >= 10x it) from its task's generator within the engine's token
   budget, and a demonstrator mixing a careful and a (mostly) hasty effort, judged by
