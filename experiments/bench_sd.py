@@ -5,7 +5,10 @@ completion (EOS or the token budget) in one batch bucket of B rows (no
 compaction, so B is the batch every step pays for). The prompts are the
 held-out problems with the longest reference solutions: the long-tail rows that
 speculative decoding serves in a rollout, and rows that stay active for the
-whole budget, so B is the batch throughout. Configurations:
+whole budget, so B is the batch throughout. Where the longest problems are rare
+ones a policy never learnt (the regime's `stride` counts of 100-125, left out of its
+SFT rows), `--prompts=fill` takes the shortest problems that still fill the budget
+instead. Configurations:
   plain      - plain decode (spec off),
   <strategy> - speculative decoding with that fixed strategy every chunk,
   adaptive   - the per-bucket bandit choosing among plain and the strategies, with the
@@ -84,6 +87,13 @@ _STRATEGIES = flags.DEFINE_list(
   "strategies", ["chain2", "chain4", "chain8", "chain12"], "fixed arms"
 )
 _MAX_NEW = flags.DEFINE_integer("max_new_tokens", 96, "token budget per sequence")
+_PROMPTS = flags.DEFINE_enum(
+  "prompts",
+  "longest",
+  ["longest", "fill"],
+  "which held-out problems: those with the longest reference solutions, or the shortest whose "
+  "reference still fills --max_new_tokens (typical problems, where the longest are rare ones)",
+)
 _REPS = flags.DEFINE_integer("reps", 3, "timed repetitions per configuration (interleaved)")
 _PROFILE = flags.DEFINE_list("profile_batches", ["1", "16"], "batches with a round-cost table")
 _PROFILE_ARMS = flags.DEFINE_list(
@@ -278,6 +288,9 @@ def main(argv):
     raise app.UsageError(f"--control={_CONTROL.value} is not one of --strategies {strategies}")
   modes = ["plain", *strategies, *adaptive, *(["control"] if _CONTROL.value else [])]
   examples = sorted(test_split, key=lambda ex: -len(format_target(ex)))
+  if _PROMPTS.value == "fill":  # characters ~ tokens here; shortest first among the filling
+    filling = [ex for ex in examples if len(format_target(ex)) >= _MAX_NEW.value]
+    examples = filling[::-1] + examples[len(filling) :]
   prompts = [tokenizer.encode(format_prompt(ex), add_bos=True) for ex in examples]
   prompts = [p for p in prompts if len(p) <= base.max_prompt_len]
   rows, profiles = [], []
