@@ -288,8 +288,9 @@ def main(argv):
     raise app.UsageError(f"--control={_CONTROL.value} is not one of --strategies {strategies}")
   modes = ["plain", *strategies, *adaptive, *(["control"] if _CONTROL.value else [])]
   examples = sorted(test_split, key=lambda ex: -len(format_target(ex)))
-  if _PROMPTS.value == "fill":  # characters ~ tokens here; shortest first among the filling
-    filling = [ex for ex in examples if len(format_target(ex)) >= _MAX_NEW.value]
+  if _PROMPTS.value == "fill":  # shortest first among those that fill the token budget
+    fills = lambda ex: len(tokenizer.encode(format_target(ex))) >= _MAX_NEW.value
+    filling = [ex for ex in examples if fills(ex)]
     examples = filling[::-1] + examples[len(filling) :]
   prompts = [tokenizer.encode(format_prompt(ex), add_bos=True) for ex in examples]
   prompts = [p for p in prompts if len(p) <= base.max_prompt_len]
