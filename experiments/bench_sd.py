@@ -291,7 +291,7 @@ def main(argv):
   if _PROMPTS.value == "fill":  # shortest first among those that fill the token budget
     fills = lambda ex: len(tokenizer.encode(format_target(ex))) >= _MAX_NEW.value
     filling = [ex for ex in examples if fills(ex)]
-    examples = filling[::-1] + examples[len(filling) :]
+    examples = filling[::-1] + [ex for ex in examples if not fills(ex)]
   prompts = [tokenizer.encode(format_prompt(ex), add_bos=True) for ex in examples]
   prompts = [p for p in prompts if len(p) <= base.max_prompt_len]
   rows, profiles = [], []
