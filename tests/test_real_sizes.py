@@ -39,6 +39,7 @@ def test_every_stage_runs_on_tiny_shapes_and_a_second_sitting_resumes(tmp_path):
   assert first["done"] == ["decode_b1", "bandwidth"]
   b1 = first["decode_b1"]
   assert b1["ms_in_loop"] > 0 and b1["ms_per_call"] > 0 and b1["bound_fraction"] > 0
+  assert b1["ms_in_loop_until_done"] > 0
   assert os.path.isdir(b1["trace"]) and not first.get("decode_grid")
   # Second sitting: the finished stages are skipped, the rest run. The overhead stage A/Bs
   # XLA flags, each setting in a process of its own: one the CPU's XLA takes (and ignores),
