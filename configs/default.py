@@ -16,6 +16,10 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     raise ValueError(f"unknown config variant {variant!r}; expected '' (default) or 'tiny'")
   c = ml_collections.ConfigDict()
   c.seed = 0
+  # Compiled programs kept on disk for the next run on this host to load instead of compiling
+  # (tlt_jax.utils.compile_cache; a folder per host inside): "" off, or a folder, e.g.
+  # ~/.cache/tlt_jax. experiments/learning_curve.py keeps them in <out>/compile_cache.
+  c.compile_cache_dir = ""
   # baseline: no speculative decoding; sd: a drafter trained once on the warm
   # start's rollouts, then frozen; tlt: the same drafter, trained on in RL's idle slices.
   c.mode = "baseline"

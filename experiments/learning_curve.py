@@ -18,6 +18,9 @@ What it reports (<out>/learning_curve.json, .md, .png; per-step CSV):
   drafters' accept lengths on fixed prompts; the update's throughput against the matmul
   rate measured in the same process.
 
+Compiled programs are kept in <out>/compile_cache (`config.compile_cache_dir` names another
+folder), a folder per host inside: `--resume` or a rerun on the same host loads them.
+
   python experiments/learning_curve.py --config=configs/regime.py --out=runs/curve --seed=0
   python experiments/learning_curve.py --config=configs/default.py:tiny --out=/tmp/curve \
     --config.rl.steps=8 --block=4     # smoke run, seconds
@@ -44,6 +47,7 @@ from experiments.host import cpu_model, matmul_flops, read_bandwidth  # noqa: E4
 from tlt_jax import checkpoint, compare, curves  # noqa: E402
 from tlt_jax.evaluation import GREEDY, held_out_metrics  # noqa: E402
 from tlt_jax.rollout.engine import RolloutEngine  # noqa: E402
+from tlt_jax.utils import compile_cache  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/regime.py", "job config")
 _OUT = flags.DEFINE_string("out", "runs/learning_curve", "output folder")
@@ -245,6 +249,9 @@ def main(argv):
   out = _OUT.value
   os.makedirs(out, exist_ok=True)
   config = _CONFIG.value
+  # A resumed or repeated curve loads its programs instead of compiling them again.
+  cache = compile_cache.enable(config.compile_cache_dir or os.path.join(out, "compile_cache"))
+  print(f"compiled programs cached in {cache or '(nowhere)'}", flush=True)
   if _PREPARE.value:
     print(f"warm starts ready in {compare.prepare_shared(config, out)}")
     return

@@ -35,6 +35,7 @@ from tlt_jax import workdir as workdir_lock
 from tlt_jax.configuration import UserError
 from tlt_jax.reporting import format_summary
 from tlt_jax.train import train_and_evaluate
+from tlt_jax.utils import compile_cache
 
 _CONFIG = config_flags.DEFINE_config_file(
   "config", None, "Path to a config file.", lock_config=True
@@ -131,6 +132,7 @@ def main(argv):
     with workdir_lock.hold(workdir):
       _logs_to_workdir(workdir)
       _release(held)
+      compile_cache.enable(config.compile_cache_dir)
       if _COMPARE.value:
         results, rows = compare.run_modes(config, workdir, _COMPARE.value, [int(config.seed)])
       else:

@@ -1,4 +1,5 @@
-"""Small shared helpers: clipped AdamW optimisers (per parameter group) and tree paths."""
+"""Small shared helpers: clipped AdamW optimisers (per parameter group), tree paths and the
+persistent compile cache (`compile_cache`)."""
 
 from tlt_jax.utils.optim import FROZEN, clipped_adamw, grouped_clipped_adamw
 from tlt_jax.utils.trees import path_name
