@@ -19,7 +19,8 @@ What it reports (<out>/learning_curve.json, .md, .png; per-step CSV):
   rate measured in the same process.
 
 Compiled programs are kept in <out>/compile_cache (`config.compile_cache_dir` names another
-folder), a folder per host inside: `--resume` or a rerun on the same host loads them.
+folder; `--nocompile_cache`: nowhere), a folder per host inside: `--resume` or a rerun on
+the same host loads them.
 
   python experiments/learning_curve.py --config=configs/regime.py --out=runs/curve --seed=0
   python experiments/learning_curve.py --config=configs/default.py:tiny --out=/tmp/curve \
@@ -51,6 +52,9 @@ from tlt_jax.utils import compile_cache  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/regime.py", "job config")
 _OUT = flags.DEFINE_string("out", "runs/learning_curve", "output folder")
+_COMPILE_CACHE = flags.DEFINE_bool(
+  "compile_cache", True, "keep compiled programs in config.compile_cache_dir or <out>/compile_cache"
+)
 _MODES = flags.DEFINE_list("modes", ["baseline", "sd", "tlt"], "modes, in the order they run")
 _SEED = flags.DEFINE_integer("seed", 0, "RL seed (config.seed: data order and rollout keys)")
 _BLOCK = flags.DEFINE_integer("block", 10, "RL steps per mode before the next mode's turn")
@@ -250,7 +254,8 @@ def main(argv):
   os.makedirs(out, exist_ok=True)
   config = _CONFIG.value
   # A resumed or repeated curve loads its programs instead of compiling them again.
-  cache = compile_cache.enable(config.compile_cache_dir or os.path.join(out, "compile_cache"))
+  folder = config.compile_cache_dir or os.path.join(out, "compile_cache")
+  cache = compile_cache.enable(folder if _COMPILE_CACHE.value else "")
   print(f"compiled programs cached in {cache or '(nowhere)'}", flush=True)
   if _PREPARE.value:
     print(f"warm starts ready in {compare.prepare_shared(config, out)}")
