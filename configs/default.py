@@ -80,6 +80,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.sft.warmup_steps = 20
   c.sft.weight_decay = 0.01
   c.sft.grad_clip = 1.0
+  # XLA:CPU's library fusions in the SFT step (tlt_jax/utils/cpu_fusions.py), as the update's.
+  c.sft.cpu_fusions = "dots"
   # A fraction of warm-start targets that state the answer without the scratchpad
   # (a habit for RL to unlearn). Measured at 0.5 with 300 steps: the scratchpad was
   # learned too poorly (5-7% right) for RL to prefer it, so it is off by default.
@@ -268,6 +270,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   # Packed update rows of this many columns when the longest sample fits (0: the longest
   # rounded up to 128): fewer update programs to compile on an accelerator.
   c.rl_update.pack_width = 0
+  # XLA:CPU's library fusions in the update program (tlt_jax/utils/cpu_fusions.py): "dots"
+  # (YNNPACK for its dots only) or "xla" (XLA's default); ignored off a CPU.
+  c.rl_update.cpu_fusions = "dots"
 
   # Metrics also to Weights & Biases and / or MLflow ("wandb", "mlflow", "wandb,mlflow"; each
   # needs its package: pip install 'tlt_jax[wandb]'), as project / run_name ("": the workdir's).

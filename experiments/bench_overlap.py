@@ -17,7 +17,6 @@ interleaved `--reps` times.
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import sys
@@ -33,10 +32,11 @@ from ml_collections import config_flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from experiments.common import decode_loop  # noqa: E402
 from experiments.host import format_host, host_info  # noqa: E402
 from tlt_jax import configuration  # noqa: E402
 from tlt_jax.data import get_tokenizer  # noqa: E402
-from tlt_jax.models.transformer import KVCache, init_model  # noqa: E402
+from tlt_jax.models.transformer import init_model  # noqa: E402
 from tlt_jax.rl.loss import PolicyLossConfig  # noqa: E402
 from tlt_jax.rl.update import UpdateConfig, make_optimizer, make_policy_update  # noqa: E402
 
@@ -48,36 +48,6 @@ _COLUMNS = flags.DEFINE_integer("columns", 1536, "the update's packed row")
 _SECONDS = flags.DEFINE_float("seconds", 15.0, "seconds per rate")
 _REPS = flags.DEFINE_integer("reps", 2, "repetitions of each cell")
 _OUT = flags.DEFINE_string("out", "", "write the results as JSON here too")
-
-
-def decode_loop(graphdef, params, cfg, batch: int, tokens: int, chunk: int, context: int):
-  """A callable running `chunk` cached forwards of `tokens` tokens at `batch` rows."""
-  view = 1 << (context + chunk * tokens).bit_length()
-
-  @functools.partial(jax.jit, donate_argnums=1)
-  def run(params, cache, tok):
-    model = nnx.merge(graphdef, params)
-
-    def body(i, carry):
-      cache, tok = carry
-      pos = context + i * tokens + jnp.arange(tokens)
-      h, cache, _ = model(
-        jnp.broadcast_to(tok[:, None], (batch, tokens)),
-        jnp.broadcast_to(pos, (batch, tokens)),
-        cache=cache,
-        cache_len=jnp.full((batch,), context + i * tokens),
-        view_len=view,
-      )
-      return cache, jnp.argmax(model.logits(h)[:, -1], -1).astype(jnp.int32)
-
-    return jax.lax.fori_loop(0, chunk, body, (cache, tok))
-
-  carry = [KVCache.zeros(cfg, batch, view), jnp.ones((batch,), jnp.int32)]
-
-  def call():
-    carry[0], carry[1] = jax.block_until_ready(run(params, carry[0], carry[1]))
-
-  return call
 
 
 def update_call(graphdef, params, cfg, columns: int):

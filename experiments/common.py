@@ -1,7 +1,8 @@
 """What the experiment scripts share: the warm-started policy of a workdir (or one of its RL
 checkpoints); row comparison; where a rollout call's time goes; the FLOPs of a policy
 update's products and attention; how far parameters moved; the fields of a worked line; a
-comparison's warm starts packed to travel to an accelerator; published model shapes."""
+comparison's warm starts packed to travel to an accelerator; published model shapes; an
+engine chunk's kind of device loop."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from tlt_jax.data import get_tokenizer  # noqa: E402
 from tlt_jax.data.checkers import CAREFUL, HASTY  # noqa: E402
 from tlt_jax.models.attention import current_causal_block  # noqa: E402
 from tlt_jax.models.config import ModelConfig  # noqa: E402
-from tlt_jax.models.transformer import Transformer  # noqa: E402
+from tlt_jax.models.transformer import KVCache, Transformer  # noqa: E402
 from tlt_jax.parallel.memory import qwen25  # noqa: E402
 
 
@@ -324,3 +325,36 @@ def random_params(cfg: ModelConfig) -> tuple[nnx.GraphDef, nnx.State]:
       fan_in = leaf.shape[0] if "kernel" in names else leaf.shape[-1]
       made.append(_normal_leaf(jax.random.fold_in(key, i), fan_in**-0.5, leaf.shape, leaf.dtype))
   return graphdef, jax.block_until_ready(jax.tree_util.tree_unflatten(treedef, made))
+
+
+def decode_loop(
+  graphdef, params, cfg, batch: int, tokens: int, chunk: int, context: int, options=None
+):
+  """A callable running `chunk` cached forwards of `tokens` tokens at `batch` rows, in one
+  device loop (an engine chunk's kind of program); `options`: its jax.jit compiler_options."""
+  view = 1 << (context + chunk * tokens).bit_length()
+
+  @functools.partial(jax.jit, donate_argnums=1, compiler_options=options or None)
+  def run(params, cache, tok):
+    model = nnx.merge(graphdef, params)
+
+    def body(i, carry):
+      cache, tok = carry
+      pos = context + i * tokens + jnp.arange(tokens)
+      h, cache, _ = model(
+        jnp.broadcast_to(tok[:, None], (batch, tokens)),
+        jnp.broadcast_to(pos, (batch, tokens)),
+        cache=cache,
+        cache_len=jnp.full((batch,), context + i * tokens),
+        view_len=view,
+      )
+      return cache, jnp.argmax(model.logits(h)[:, -1], -1).astype(jnp.int32)
+
+    return jax.lax.fori_loop(0, chunk, body, (cache, tok))
+
+  carry = [KVCache.zeros(cfg, batch, view), jnp.ones((batch,), jnp.int32)]
+
+  def call():
+    carry[0], carry[1] = jax.block_until_ready(run(params, carry[0], carry[1]))
+
+  return call

@@ -7,6 +7,7 @@ import numpy as np
 from tlt_jax.models import attention
 from tlt_jax.models.attention import cache_mask
 from tlt_jax.rollout.pool import ExecutablePool
+from tlt_jax.utils.cpu_fusions import compiler_options
 
 
 def test_attention_form_switch_recompiles():
@@ -85,3 +86,17 @@ def test_programs_are_keyed_by_argument_dtypes():
   assert a is not b and pool.compiles == 2
   assert b(bf16).dtype == jnp.bfloat16 and a(f32).dtype == jnp.float32
   assert pool.get(("double",), lambda v: v * 2, (f32 + 1,)) is a  # same types: reused
+
+
+def test_programs_are_keyed_by_compiler_options():
+  # A program compiled under other XLA options (utils.cpu_fusions) is another executable,
+  # compiled with them.
+  pool = ExecutablePool()
+  x = jnp.ones((64, 128))
+  fn = lambda v: jax.nn.softmax(v @ v.T, axis=-1)  # noqa: E731
+  plain = pool.get(("softmax",), fn, (x,))
+  dots = pool.get(("softmax",), fn, (x,), compiler_options=compiler_options("dots"))
+  assert plain is not dots and pool.compiles == 2
+  assert pool.get(("softmax",), fn, (x,), compiler_options=compiler_options("dots")) is dots
+  np.testing.assert_allclose(np.asarray(dots(x)), np.asarray(plain(x)), rtol=1e-5)
+  assert "__ynn_fusion" in dots.as_text()  # the products still go to YNNPACK

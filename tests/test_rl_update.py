@@ -663,3 +663,24 @@ def test_padding_micro_batches_change_nothing(model):
   chex.assert_trees_all_close(p_pad, p, rtol=1e-6, atol=1e-7)
   for k, v in jax.device_get(m).items():
     np.testing.assert_allclose(m_pad[k], v, rtol=1e-6, atol=1e-8, err_msg=k)
+
+
+def test_cpu_library_fusions_compute_the_same_update(model):
+  """The update program compiled with YNNPACK for its dots only (UpdateConfig.cpu_fusions
+  "dots", the default) computes the gradient XLA's default fusions do, up to float
+  rounding; an unknown setting is refused."""
+  graphdef, params = model
+  sgd = optax.sgd(1.0)  # the change is the gradient itself
+  batch = _batch(graphdef, params, seed=11)
+  outs = {
+    setting: make_policy_update(graphdef, sgd, PolicyLossConfig(), 4, cpu_fusions=setting)(
+      _copy(params), sgd.init(params), batch, None
+    )
+    for setting in ("xla", "dots")
+  }
+  grads = {k: jax.tree.map(jnp.subtract, out[0], params) for k, out in outs.items()}
+  chex.assert_trees_all_close(grads["dots"], grads["xla"], rtol=1e-4, atol=1e-7)
+  np.testing.assert_allclose(outs["dots"][2]["loss"], outs["xla"][2]["loss"], rtol=1e-5)
+  assert float(outs["dots"][2]["grad_norm"]) > 1e-3  # a gradient worth comparing
+  with pytest.raises(ValueError, match="cpu_fusions"):
+    UpdateConfig(cpu_fusions="all")

@@ -70,10 +70,11 @@ from tlt_jax.rl.loss import PolicyLossConfig
 from tlt_jax.rl.metrics import MetricsConfig, MetricsLog, progress_postfix, spec_metrics
 from tlt_jax.rl.packing import pack_policy_batch, plan_packing
 from tlt_jax.rl.rewards import RewardFn, RewardPool, RewardResult
-from tlt_jax.rl.update import UpdateConfig, make_optimizer, make_policy_update, token_logprobs
+from tlt_jax.rl.update import UpdateConfig, make_optimizer, policy_update_step, token_logprobs
 from tlt_jax.rollout.engine import RolloutEngine
 from tlt_jax.rollout.pool import ExecutablePool
 from tlt_jax.scheduler import SliceScheduler
+from tlt_jax.utils.cpu_fusions import compiler_options
 
 # Timed phases of a step (metrics "time/<phase>"); time/other is the step's remainder.
 PHASES = ("rollout", "reward", "old_logp", "update", "drafter", "eval", "checkpoint")
@@ -322,6 +323,7 @@ class GRPOTrainer:
     # update takes them from its forward and no separate old-log-prob pass runs.
     self.skip_old_logp = update_config.mini_batches == 1 and update_config.epochs == 1
     self.update = self._make_update()
+    self.update_options = compiler_options(update_config.cpu_fusions)
     self.old_logp = _old_logp_program(graphdef, loss_config, update_config.scan_layers)
     # Update and old-log-prob programs, compiled ahead of time per packed shape, so a
     # step's compile seconds are counted (time/train_compile) apart from its compute.
@@ -343,10 +345,11 @@ class GRPOTrainer:
     self.checkpoints.restore(self)
 
   def _make_update(self):
-    """The jitted policy update; on-policy (no old log-probs in the batch) when
+    """The policy update's step, for `self.programs` to compile (under
+    `self.update_options`); on-policy (no old log-probs in the batch) when
     `skip_old_logp`."""
     ucfg = self.update_cfg
-    return make_policy_update(
+    return policy_update_step(
       self.graphdef,
       self.optimizer,
       self.loss_cfg,
@@ -729,7 +732,9 @@ class GRPOTrainer:
         batch = {k: self._rows(v) for k, v in batch.items()}
         args = (self.params, self.opt_state, batch, self.ref_params)
         key = ("policy_update", batch["tokens"].shape)
-        update = self.programs.get(key, self.update, args, donate_argnums=(0, 1))
+        update = self.programs.get(
+          key, self.update, args, donate_argnums=(0, 1), compiler_options=self.update_options
+        )
         self.params, self.opt_state, m = update(*args)
         rows.append(m)
     rows = [{k: float(v) for k, v in r.items()} for r in jax.device_get(rows)]

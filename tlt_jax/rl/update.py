@@ -28,6 +28,7 @@ from tlt_jax.models.attention import key_windows as attention_key_windows
 from tlt_jax.models.precision import compute_model
 from tlt_jax.rl.logprobs import chunked_logprobs
 from tlt_jax.rl.loss import PolicyLossConfig, policy_loss
+from tlt_jax.utils.cpu_fusions import checked_cpu_fusions, compiler_options
 from tlt_jax.utils.optim import FROZEN, clipped_adamw, grouped_clipped_adamw
 from tlt_jax.utils.trees import path_name
 
@@ -185,6 +186,9 @@ class UpdateConfig:
       block of a packed row reads only the last w keys up to its end (w the smallest of
       these, in tokens, that holds its samples' keys), else all. Rows of many short samples
       then pay attention by sample length, not row width. (): every block reads all keys.
+    cpu_fusions: which of XLA:CPU's library fusions the update program is compiled with
+      (`utils.cpu_fusions`): "dots" (YNNPACK for its dots only) or "xla" (XLA's default).
+      How fast it runs, not what it computes (float rounding aside); ignored off a CPU.
   """
 
   learning_rate: float = 1e-6
@@ -205,10 +209,12 @@ class UpdateConfig:
   lr_multipliers: str = ""
   pack_width: int = 0
   key_windows: tuple[int, ...] = ()
+  cpu_fusions: str = "dots"
 
   def __post_init__(self):
     # A config's list (ml_collections, a command line) becomes the tuple a frozen field keeps.
     object.__setattr__(self, "key_windows", checked_key_windows(self.key_windows))
+    checked_cpu_fusions(self.cpu_fusions)
     if not (self.learning_rate > 0 and math.isfinite(self.learning_rate)):
       raise ValueError(f"learning_rate must be a finite number > 0, got {self.learning_rate!r}")
     if not isinstance(self.total_steps, int) or self.total_steps <= 0:
@@ -539,6 +545,7 @@ def make_policy_update(
   on_policy: bool = False,
   key_windows: tuple[int, ...] = (),
   scan_layers: bool = False,
+  cpu_fusions: str = "dots",
 ) -> Callable[..., tuple[nnx.State, optax.OptState, dict[str, jax.Array]]]:
   """A jitted `(params, opt_state, batch, ref_params) -> (params, opt_state, metrics)`.
 
@@ -590,6 +597,9 @@ def make_policy_update(
   `key_windows` (UpdateConfig.key_windows): the forward's attention under
   `models.attention.key_windows` (packed short samples read only their own keys).
 
+  `cpu_fusions` (UpdateConfig.cpu_fusions): the XLA:CPU library fusions the program is
+  compiled with (`utils.cpu_fusions.compiler_options`).
+
   A batch with "rollout_logp" [B, T] (the engine's recorded log-probs) adds
   metrics["rollout_logp_gap"]: the largest |update forward - rollout| log-prob over the
   masked tokens, the rollout-vs-trainer check without a pass of its own.
@@ -597,6 +607,35 @@ def make_policy_update(
   Metrics: loss, grad_norm (of the trained parameters, before clipping), skipped, and
   policy_loss's metrics, all of the pre-update policy on the full batch.
   """
+  step = policy_update_step(
+    graphdef,
+    optimizer,
+    loss_cfg,
+    micro_batch,
+    trainable,
+    param_sharding,
+    remat,
+    on_policy,
+    key_windows,
+    scan_layers,
+  )
+  return jax.jit(step, donate_argnums=(0, 1), compiler_options=compiler_options(cpu_fusions))
+
+
+def policy_update_step(
+  graphdef: nnx.GraphDef,
+  optimizer: optax.GradientTransformation,
+  loss_cfg: PolicyLossConfig,
+  micro_batch: int,
+  trainable: str = "",
+  param_sharding: Any = None,
+  remat: bool = False,
+  on_policy: bool = False,
+  key_windows: tuple[int, ...] = (),
+  scan_layers: bool = False,
+) -> Callable[..., tuple[nnx.State, optax.OptState, dict[str, jax.Array]]]:
+  """`make_policy_update`'s step before `jax.jit`, for a caller that compiles it itself
+  (`rollout.pool.ExecutablePool`, with `cpu_fusions.compiler_options` of its own)."""
   if not isinstance(micro_batch, int) or micro_batch <= 0:
     raise ValueError(f"micro_batch must be a positive int, got {micro_batch!r}")
   if on_policy:
@@ -641,4 +680,4 @@ def make_policy_update(
     }
     return params, opt_state, metrics
 
-  return jax.jit(step, donate_argnums=(0, 1))
+  return step

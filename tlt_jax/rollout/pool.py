@@ -151,11 +151,14 @@ class ExecutablePool:
     fn: Callable[..., Any],
     args: tuple[Any, ...],
     donate_argnums: tuple[int, ...] = (),
+    compiler_options: dict[str, str] | None = None,
   ) -> Any:
     """Returns the executable for `key`, compiling `fn` for `args` if new.
 
     `fn` must be a pure function whose static parts are already bound (the
-    key must identify them); `args` fix the shapes.
+    key must identify them), not itself jitted; `args` fix the shapes.
+    `compiler_options`: XLA's options for this program (`jax.jit`'s; part of the key), e.g.
+    `utils.cpu_fusions.compiler_options`.
     """
     # The placement is part of the program: the same shapes on 8 devices or on 2
     # are different executables (a compacted bucket runs on fewer devices). So is the
@@ -165,12 +168,15 @@ class ExecutablePool:
     # Shapes and dtypes too, as jax.jit keys them: a program compiled for bfloat16 weights
     # is not handed float32 ones (the executable would refuse them).
     avals = tuple((getattr(x, "shape", None), getattr(x, "dtype", type(x))) for x in leaves)
+    options = compiler_options or None
     key = (key, _placement(leaves), treedef, _trace_globals(), avals)
+    key += (tuple(sorted(options.items())),) if options else ()
     entry = self._entries.get(key)
     if entry is None and self._ahead is not None:
       if key not in self._ahead:
         start = time.perf_counter()
-        lowered = jax.jit(_fresh(fn), donate_argnums=donate_argnums).lower(*args)
+        jitted = jax.jit(_fresh(fn), donate_argnums=donate_argnums, compiler_options=options)
+        lowered = jitted.lower(*args)
         lower_s = time.perf_counter() - start
         future = self._executor.submit(_timed_compile, lowered, lower_s)
         self._ahead[key] = (_Compiling(lowered.out_info), future)
@@ -178,7 +184,8 @@ class ExecutablePool:
     if entry is None:
       start = time.perf_counter()
       before = _mappings()
-      compiled = jax.jit(_fresh(fn), donate_argnums=donate_argnums).lower(*args).compile()
+      jitted = jax.jit(_fresh(fn), donate_argnums=donate_argnums, compiler_options=options)
+      compiled = jitted.lower(*args).compile()
       after = _mappings()
       maps = max(after - before, 0) if before is not None and after is not None else 0
       entry = self._add(key, compiled, time.perf_counter() - start, maps)

@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 from tlt_jax.data.tokenizer import Tokenizer
 from tlt_jax.models.attention import checked_key_windows, key_windows
 from tlt_jax.models.precision import compute_model
+from tlt_jax.utils.cpu_fusions import checked_cpu_fusions, compiler_options
 from tlt_jax.utils.optim import clipped_adamw
 
 
@@ -39,9 +40,13 @@ class SFTConfig:
   # Attention key windows of the packed rows' forward (`models.attention.key_windows`;
   # tokens): a query block reads only the keys its samples hold. (): all keys up to it.
   key_windows: tuple[int, ...] = ()
+  # XLA:CPU's library fusions in the step's program (`utils.cpu_fusions`): "dots" (YNNPACK
+  # for its dots only) or "xla" (XLA's default); ignored off a CPU.
+  cpu_fusions: str = "dots"
 
   def __post_init__(self):
     object.__setattr__(self, "key_windows", checked_key_windows(self.key_windows))
+    checked_cpu_fusions(self.cpu_fusions)
     for name in ("steps", "batch_rows", "row_len"):
       if getattr(self, name) <= 0:
         raise ValueError(f"SFTConfig.{name} must be positive, got {getattr(self, name)}")
@@ -117,10 +122,14 @@ def sft_optimizer(cfg: SFTConfig) -> optax.GradientTransformation:
 
 
 def make_train_step(
-  graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation, windows: Sequence[int] = ()
+  graphdef: nnx.GraphDef,
+  optimizer: optax.GradientTransformation,
+  windows: Sequence[int] = (),
+  cpu_fusions: str = "dots",
 ):
   """A jitted `(params, opt_state, batch) -> (params, opt_state, metrics)`, state donated;
-  attention under `key_windows(windows)`."""
+  attention under `key_windows(windows)`; compiled under `cpu_fusions`
+  (`utils.cpu_fusions`: XLA:CPU's library fusions)."""
 
   def step(params, opt_state, batch):
     with key_windows(windows):  # read while the step is traced
@@ -135,7 +144,7 @@ def make_train_step(
     params = optax.apply_updates(params, updates)
     return params, opt_state, {"loss": loss, "grad_norm": optax.global_norm(grads), **aux}
 
-  return jax.jit(step, donate_argnums=(0, 1))
+  return jax.jit(step, donate_argnums=(0, 1), compiler_options=compiler_options(cpu_fusions))
 
 
 def train_sft(
@@ -151,7 +160,7 @@ def train_sft(
   batches = pack_batches(seqs, cfg.batch_rows, cfg.row_len, cfg.seed)
   optimizer = sft_optimizer(cfg)
   opt_state = optimizer.init(params)
-  step_fn = make_train_step(graphdef, optimizer, cfg.key_windows)
+  step_fn = make_train_step(graphdef, optimizer, cfg.key_windows, cfg.cpu_fusions)
   history: list[dict[str, Any]] = []
   pending = None  # Metrics are read one step late so the host never stalls the device.
   bar = tqdm(range(cfg.steps), desc="sft", disable=not progress, dynamic_ncols=True)
