@@ -130,9 +130,6 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   # Float32 products of the rollout at "highest": on GPUs the default (TF32) rounds a decode
   # step and a verification apart, and speculative rows stop being plain's token for token.
   c.engine.matmul_precision = "highest"
-  # XLA:CPU's library fusions for plain decode at one row (tlt_jax/utils/cpu_fusions.py):
-  # "dots" (YNNPACK for its products only) or "xla" (XLA's default, every other program's).
-  c.engine.single_row_fusions = "dots"
 
   # The EAGLE drafter (modes sd and tlt): warm start on the warm-start policy's rollouts,
   # then (tlt) online updates from each RL step's rollouts.

@@ -13,11 +13,9 @@ one process, `--reps` rounds; medians [min-max] and each setting's time over "xl
            the same rows;
   decode   an engine chunk's kind of device loop, 16 cached forwards of `tokens` new tokens
            at `rows` rows each, per `--cells` entry (rows x tokens: 1 token is a plain decode
-           step, 13 a chain-12 verify forward);
-  rollout  one plain engine call (`RolloutEngine.generate`, the config's engine, its
-           `single_row_fusions` set to the setting: only its one-row decode chunks change)
-           of `--rollout_rows` rows of one prompt whose lengths are drawn as the update's
-           samples (the longest ~10x the median: the call ends on one row).
+           step, 13 a chain-12 verify forward). The engine's own one-row decode chunk
+           (sampling, stop checks) ran 1.27-1.34x slower under "dots" where this loop ran
+           faster (RESULTS.md, 2026-12-02): the engine keeps XLA's default.
 
   python experiments/bench_fusions.py --config=configs/regime.py --reps=5 \
       --out=experiments/results/fusions_hostJ_2026-12-02/bench_fusions.json
@@ -25,7 +23,6 @@ one process, `--reps` rounds; medians [min-max] and each setting's time over "xl
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import statistics
@@ -48,7 +45,6 @@ from tlt_jax import configuration  # noqa: E402
 from tlt_jax.data import get_tokenizer  # noqa: E402
 from tlt_jax.models.transformer import init_model  # noqa: E402
 from tlt_jax.rl.update import make_optimizer, make_policy_update  # noqa: E402
-from tlt_jax.rollout.engine import RolloutEngine  # noqa: E402
 from tlt_jax.utils.cpu_fusions import CPU_FUSIONS, compiler_options  # noqa: E402
 from tlt_jax.warmstart.sft import make_train_step, sft_optimizer  # noqa: E402
 
@@ -59,7 +55,6 @@ _ROWS = flags.DEFINE_integer("rows", 4, "packed rows of the update and SFT steps
 _WIDTH = flags.DEFINE_integer("width", 1532, "their columns (the regime run's rows: 1,532)")
 _CELLS = flags.DEFINE_list("cells", ["1x1", "2x1", "4x1", "8x1", "1x5", "1x13", "2x13"], "")
 _CONTEXT = flags.DEFINE_integer("context", 400, "the decode loops' cache length")
-_ROLLOUT_ROWS = flags.DEFINE_integer("rollout_rows", 8, "rows of the rollout call")
 _REPS = flags.DEFINE_integer("reps", 5, "interleaved timed rounds")
 _OUT = flags.DEFINE_string("out", "", "write the results as JSON here too")
 
@@ -93,29 +88,6 @@ def _stepper(fn, state, batch) -> Callable[[], None]:
   return call
 
 
-def rollout_call(config, cfg, graphdef, params, setting: str) -> Callable[[], None]:
-  """One plain engine call of `--rollout_rows` long-tailed rows, its one-row decode chunks
-  compiled under `setting`; the same lengths and key every call. No stop token: random
-  weights would end rows at random, and each row must run to its drawn length."""
-  tok = get_tokenizer(config.task.tokenizer)
-  engine_cfg = dataclasses.replace(
-    configuration.engine_config(config, tok), single_row_fusions=setting, stop_tokens=()
-  )
-  engine = RolloutEngine(graphdef, cfg, engine_cfg, configuration.sampling_config(config))
-  rng = np.random.default_rng(1)
-  cap = engine_cfg.max_new_tokens
-  lengths = np.minimum(cap, np.maximum(30, rng.lognormal(np.log(123), 1.0, _ROLLOUT_ROWS.value)))
-  lengths[0] = cap // 2  # one long row, as a step's longest
-  prompt = [tok.encode("23+7x12=", add_bos=True)]
-
-  def call():
-    engine.generate(
-      params, prompt, num_samples=_ROLLOUT_ROWS.value, key=0, max_new_tokens=lengths.astype(int)
-    )
-
-  return call
-
-
 def programs(config, cfg, graphdef, params, settings: list[str]) -> dict[tuple[str, str], Callable]:
   """Every (program, setting) as a callable, compiled and run once."""
   rows = packed_rows(np.random.default_rng(0), _ROWS.value, _WIDTH.value, cfg.vocab_size)
@@ -145,8 +117,6 @@ def programs(config, cfg, graphdef, params, settings: list[str]) -> dict[tuple[s
       fn = make_train_step(graphdef, opt, sft_cfg.key_windows, cpu_fusions=setting)
       p = fresh()
       calls["sft", setting] = _stepper(fn, [p, opt.init(p)], batch)
-    if "rollout" in _PROGRAMS.value:
-      calls["rollout", setting] = rollout_call(config, cfg, graphdef, params, setting)
     if "decode" in _PROGRAMS.value:
       for cell in _CELLS.value:
         b, t = (int(x) for x in cell.split("x"))

@@ -10,7 +10,6 @@ from tlt_jax.decode.group_drafts import GroupMatch
 from tlt_jax.rollout.bandit import PLAIN, BanditSettings
 from tlt_jax.rollout.speculative import SpecStrategy
 from tlt_jax.rollout.state import power_of_two_buckets
-from tlt_jax.utils.cpu_fusions import checked_cpu_fusions
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,11 +56,6 @@ class EngineConfig:
       exactness test passed (experiments/RESULTS.md, 2026-11-26, the second H200
       sitting). CPUs compute float32 products in float32 either way. bfloat16 compute is
       exact in distribution but not token-identical on GPUs (near ties round apart).
-    single_row_fusions: XLA:CPU's library fusions for the plain decode chunk at a batch
-      bucket of one row (`utils.cpu_fusions`: "dots", YNNPACK for its products only, or
-      "xla", XLA's default). Every other rollout program keeps XLA's default: its
-      multiply-reduce attention over a few new tokens a row needs YNNPACK's reductions
-      (experiments/bench_fusions.py). Ignored off a CPU.
   """
 
   max_prompt_len: int = 64
@@ -89,10 +83,8 @@ class EngineConfig:
   group_history: int = 4
   bandit_exploration: float = 0.2
   matmul_precision: str | None = "highest"
-  single_row_fusions: str = "dots"
 
   def __post_init__(self):
-    checked_cpu_fusions(self.single_row_fusions)
     for name in (
       "max_prompt_len",
       "max_new_tokens",

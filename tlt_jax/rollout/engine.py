@@ -54,7 +54,6 @@ from tlt_jax.rollout.result import RolloutResult
 from tlt_jax.rollout.run import RolloutRun
 from tlt_jax.rollout.speculative import SpecStrategy, spec_decode_chunk
 from tlt_jax.rollout.state import RolloutState, round_up
-from tlt_jax.utils.cpu_fusions import compiler_options
 
 
 class EnginePrograms:
@@ -152,11 +151,7 @@ class EnginePrograms:
       self.model_config,
       self.config.matmul_precision,
     )
-    single = args[1].batch == 1
-    options = compiler_options(self.config.single_row_fusions) if single else None
-    return self.pool.get(
-      key, self.at_precision(fn), args, donate_argnums=(1,), compiler_options=options
-    )
+    return self.pool.get(key, self.at_precision(fn), args, donate_argnums=(1,))
 
   def spec(self, sampling, strategy: SpecStrategy, view_len: int, args):
     """(params, drafter params, state, drafter cache, drafter length, corpus, key, rounds)

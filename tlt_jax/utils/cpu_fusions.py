@@ -2,12 +2,13 @@
 
 XLA:CPU hands parts of a program to YNNPACK as "library fusions": the dots, and by its
 default list also fusions of elementwise ops and reductions. Which of those pay depends on
-the program: the policy update's many small reductions (softmax and norm backward passes
-over packed rows) ran faster with XLA emitting them itself, while the engine's
-multiply-reduce attention over a few new tokens a row ran many times slower that way
-(`experiments/bench_fusions.py`; experiments/RESULTS.md, 2026-12-02). So the choice is
-made per program, through `jax.jit(..., compiler_options=...)`, not with the process-wide
-XLA_FLAGS: the other programs of the process keep XLA's default.
+the program: the policy update's and SFT's many small reductions (softmax and norm
+backward passes over packed rows) ran faster with XLA emitting them itself, while the
+engine's multiply-reduce attention over a few new tokens a row ran many times slower that
+way, and its one-row decode chunk slower too (`experiments/bench_fusions.py`;
+experiments/RESULTS.md, 2026-12-02). So the choice is made per program, through
+`jax.jit(..., compiler_options=...)`, not with the process-wide XLA_FLAGS: the rollout's
+programs keep XLA's default.
 
 Settings:
   "xla"   nothing passed: XLA's own default list;
