@@ -147,6 +147,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.drafter.buffer_bytes = 2**31  # host memory cap on the buffer (caps buffer_rows)
   c.drafter.buffer_dtype = "bfloat16"  # the buffered target features
   c.drafter.keep_steps = 2
+  # XLA:CPU's library fusions in the drafter's update (tlt_jax/utils/cpu_fusions.py).
+  c.drafter.cpu_fusions = "dots"
   c.scheduler = ml_collections.ConfigDict()
   c.scheduler.rollout_budget = 0.05
   c.scheduler.long_tail_batch = 8

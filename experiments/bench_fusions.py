@@ -11,6 +11,9 @@ one process, `--reps` rounds; medians [min-max] and each setting's time over "xl
            samples of log-normal lengths (median 123 tokens, as the regime curve's);
   sft      one SFT step (`warmstart.sft.make_train_step`, the config's SFT key windows) on
            the same rows;
+  drafter  one online drafter update (`drafter.make_drafter_update`, the config's drafter
+           batch: `batch_rows` rows of the engine's cache slots, pairs from random rollouts
+           of the rows' lengths, features from the policy's forward);
   decode   an engine chunk's kind of device loop, 16 cached forwards of `tokens` new tokens
            at `rows` rows each, per `--cells` entry (rows x tokens: 1 token is a plain decode
            step, 13 a chain-12 verify forward). The engine's own one-row decode chunk
@@ -43,6 +46,8 @@ from experiments.common import decode_loop  # noqa: E402
 from experiments.host import format_host, host_info  # noqa: E402
 from tlt_jax import configuration  # noqa: E402
 from tlt_jax.data import get_tokenizer  # noqa: E402
+from tlt_jax.drafter import drafter_optimizer, make_drafter_update, make_training_batch  # noqa: E402
+from tlt_jax.models.drafter import init_drafter  # noqa: E402
 from tlt_jax.models.transformer import init_model  # noqa: E402
 from tlt_jax.rl.update import make_optimizer, make_policy_update  # noqa: E402
 from tlt_jax.utils.cpu_fusions import CPU_FUSIONS, compiler_options  # noqa: E402
@@ -88,10 +93,43 @@ def _stepper(fn, state, batch) -> Callable[[], None]:
   return call
 
 
+def drafter_call(config, cfg, graphdef, params, rows, setting: str) -> Callable[[], None]:
+  """One online drafter update under `setting`, on pairs packed from the update's rows read
+  as rollouts (each row one sample, the first 12 tokens its prompt)."""
+  dcfg = configuration.drafter_config(config)
+  slots = configuration.engine_config(config, get_tokenizer(config.task.tokenizer)).slots
+  width = rows["tokens"].shape[1]
+  hidden = jax.jit(lambda p, t: nnx.merge(graphdef, p)(t, jnp.arange(t.shape[1])[None])[0])(
+    params, jnp.asarray(rows["tokens"])
+  )
+  n = len(rows["tokens"])
+  batch = make_training_batch(
+    rows["tokens"],
+    np.asarray(hidden),
+    np.full(n, 12),
+    np.full(n, width),
+    row_len=dcfg.row_len or slots,
+    num_rows=dcfg.batch_rows,
+    skip_overflow=True,
+  )
+  batch = {k: jnp.asarray(v) for k, v in batch.items()}
+  dgraph, dparams = nnx.split(init_drafter(cfg))
+  opt = drafter_optimizer(dcfg.learning_rate, dcfg.warmup_steps, dcfg.decay_steps or None)
+  fn = make_drafter_update(
+    dgraph, graphdef, opt, logit_weight=dcfg.logit_weight, donate=True, cpu_fusions=setting
+  )
+  state = [dparams, opt.init(dparams)]
+
+  def call():
+    state[:] = jax.block_until_ready(fn(state[0], state[1], params, batch)[:2])
+
+  return call
+
+
 def programs(config, cfg, graphdef, params, settings: list[str]) -> dict[tuple[str, str], Callable]:
   """Every (program, setting) as a callable, compiled and run once."""
   rows = packed_rows(np.random.default_rng(0), _ROWS.value, _WIDTH.value, cfg.vocab_size)
-  batch = {k: jnp.asarray(v) for k, v in rows.items()}
+  batch = {k: jnp.asarray(v) for k, v in rows.items()}  # the update's and SFT's
   _, loss_cfg, update_cfg = configuration.rl_configs(config)
   sft_cfg = configuration.sft_config(config)
   calls = {}
@@ -117,6 +155,8 @@ def programs(config, cfg, graphdef, params, settings: list[str]) -> dict[tuple[s
       fn = make_train_step(graphdef, opt, sft_cfg.key_windows, cpu_fusions=setting)
       p = fresh()
       calls["sft", setting] = _stepper(fn, [p, opt.init(p)], batch)
+    if "drafter" in _PROGRAMS.value:
+      calls["drafter", setting] = drafter_call(config, cfg, graphdef, params, rows, setting)
     if "decode" in _PROGRAMS.value:
       for cell in _CELLS.value:
         b, t = (int(x) for x in cell.split("x"))

@@ -437,7 +437,8 @@ def _recipe(config: dict) -> dict:
   out["task"].pop("data_dir", None)  # where the data lies, not what it is
   out["model"].pop("checkpoint", None)  # checked against the summary's source instead
   out["sft"].pop("key_windows", None)  # how fast attention runs, not what it computes
-  out["sft"].pop("cpu_fusions", None)  # how fast the step runs (float rounding aside)
+  for section in ("sft", "drafter"):  # how fast their steps run (float rounding aside)
+    out[section].pop("cpu_fusions", None)
   return out
 
 

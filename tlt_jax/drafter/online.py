@@ -25,6 +25,7 @@ from jax.sharding import Mesh
 from tlt_jax.drafter.buffer import DrafterBuffer
 from tlt_jax.drafter.training import drafter_optimizer, make_drafter_update
 from tlt_jax.parallel.meshes import replicated, rows_sharding
+from tlt_jax.utils.cpu_fusions import checked_cpu_fusions
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +52,8 @@ class DrafterTrainConfig:
       drafter's loss upcasts).
     keep_steps: RL steps of rollouts the buffer samples from (newest first).
     seed: batch sampling.
+    cpu_fusions: XLA:CPU's library fusions of the update's program (`utils.cpu_fusions`):
+      "dots" (YNNPACK for its products only) or "xla" (XLA's default); ignored off a CPU.
   """
 
   learning_rate: float = 1e-3
@@ -67,8 +70,10 @@ class DrafterTrainConfig:
   buffer_dtype: str = "bfloat16"
   keep_steps: int = 2
   seed: int = 0
+  cpu_fusions: str = "dots"
 
   def __post_init__(self):
+    checked_cpu_fusions(self.cpu_fusions)
     if not (self.learning_rate > 0):
       raise ValueError(f"DrafterTrainConfig.learning_rate must be > 0, got {self.learning_rate}")
     for name in ("batch_rows", "buffer_rows", "keep_steps"):
@@ -148,6 +153,7 @@ class OnlineDrafter:
       target_graphdef,
       self.optimizer,
       logit_weight=config.logit_weight,
+      cpu_fusions=config.cpu_fusions,
       teacher_temperature=config.teacher_temperature,
       donate=False,
     )

@@ -29,6 +29,7 @@ from flax import nnx
 from jaxtyping import Array, Float
 
 from tlt_jax.models.drafter import draft_logits, drafter_forward
+from tlt_jax.utils.cpu_fusions import compiler_options
 from tlt_jax.utils.optim import clipped_adamw
 
 Batch = dict[str, Any]
@@ -219,11 +220,13 @@ def make_drafter_update(
   logit_weight: float = 0.1,
   teacher_temperature: float = 1.0,
   donate: bool = True,
+  cpu_fusions: str = "dots",
 ) -> Callable[..., tuple[nnx.State, Any, dict[str, jax.Array]]]:
   """A jitted `(drafter_params, opt_state, target_params, batch) -> (drafter_params,
   opt_state, metrics)`; drafter params and opt_state are donated (unless `donate`
   is False: a rollout may still read the old params), the target's params are
-  read only (never differentiated, never returned)."""
+  read only (never differentiated, never returned). `cpu_fusions`: XLA:CPU's library
+  fusions of the program (`utils.cpu_fusions`)."""
 
   def update(drafter_params, opt_state, target_params, batch):
     def loss_fn(dp):
@@ -243,4 +246,5 @@ def make_drafter_update(
     drafter_params = optax.apply_updates(drafter_params, updates)
     return drafter_params, opt_state, {**metrics, "grad_norm": optax.global_norm(grads)}
 
-  return jax.jit(update, donate_argnums=(0, 1) if donate else (1,))
+  donated = (0, 1) if donate else (1,)
+  return jax.jit(update, donate_argnums=donated, compiler_options=compiler_options(cpu_fusions))
