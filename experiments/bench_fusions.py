@@ -42,13 +42,12 @@ from ml_collections import config_flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from experiments.common import decode_loop  # noqa: E402
+from experiments.common import config_policy, decode_loop  # noqa: E402
 from experiments.host import format_host, host_info  # noqa: E402
 from tlt_jax import configuration  # noqa: E402
 from tlt_jax.data import get_tokenizer  # noqa: E402
 from tlt_jax.drafter import drafter_optimizer, make_drafter_update, make_training_batch  # noqa: E402
 from tlt_jax.models.drafter import init_drafter  # noqa: E402
-from tlt_jax.models.transformer import init_model  # noqa: E402
 from tlt_jax.rl.update import make_optimizer, make_policy_update  # noqa: E402
 from tlt_jax.utils.cpu_fusions import CPU_FUSIONS, compiler_options  # noqa: E402
 from tlt_jax.warmstart.sft import make_train_step, sft_optimizer  # noqa: E402
@@ -174,8 +173,7 @@ def programs(config, cfg, graphdef, params, settings: list[str]) -> dict[tuple[s
 def main(argv):
   del argv
   config = _CONFIG.value
-  cfg = configuration.model_config(config, get_tokenizer(config.task.tokenizer))
-  graphdef, params = nnx.split(init_model(cfg, seed=0))
+  cfg, graphdef, params = config_policy(config)
   host = host_info((graphdef, params))
   print(format_host(host), flush=True)
   calls = programs(config, cfg, graphdef, params, _SETTINGS.value)

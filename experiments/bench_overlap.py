@@ -27,16 +27,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
-from flax import nnx
 from ml_collections import config_flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from experiments.common import decode_loop  # noqa: E402
+from experiments.common import config_policy, decode_loop  # noqa: E402
 from experiments.host import format_host, host_info  # noqa: E402
-from tlt_jax import configuration  # noqa: E402
-from tlt_jax.data import get_tokenizer  # noqa: E402
-from tlt_jax.models.transformer import init_model  # noqa: E402
 from tlt_jax.rl.loss import PolicyLossConfig  # noqa: E402
 from tlt_jax.rl.update import UpdateConfig, make_optimizer, make_policy_update  # noqa: E402
 
@@ -100,8 +96,7 @@ def together(decode, update, seconds: float) -> tuple[float, float]:
 def main(argv):
   del argv
   config = _CONFIG.value
-  cfg = configuration.model_config(config, get_tokenizer(config.task.tokenizer))
-  graphdef, params = nnx.split(init_model(cfg, seed=0))
+  cfg, graphdef, params = config_policy(config)
   host = host_info((graphdef, params))
   print(format_host(host))
   update = update_call(graphdef, params, cfg, _COLUMNS.value)

@@ -24,12 +24,12 @@ from flax import nnx
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tlt_jax import checkpoint, train  # noqa: E402
+from tlt_jax import checkpoint, configuration, train  # noqa: E402
 from tlt_jax.data import get_tokenizer  # noqa: E402
 from tlt_jax.data.checkers import CAREFUL, HASTY  # noqa: E402
 from tlt_jax.models.attention import current_causal_block  # noqa: E402
 from tlt_jax.models.config import ModelConfig  # noqa: E402
-from tlt_jax.models.transformer import KVCache, Transformer  # noqa: E402
+from tlt_jax.models.transformer import KVCache, Transformer, init_model  # noqa: E402
 from tlt_jax.parallel.memory import qwen25  # noqa: E402
 
 
@@ -303,6 +303,14 @@ def published_shape(name: str) -> ModelConfig:
 @functools.partial(jax.jit, static_argnums=(2, 3))
 def _normal_leaf(key, std, shape, dtype):
   return (std * jax.random.normal(key, shape, jnp.float32)).astype(dtype)
+
+
+def config_policy(config) -> tuple[ModelConfig, nnx.GraphDef, nnx.State]:
+  """A job config's policy, randomly initialised (seed 0): its model config, graphdef and
+  params (what the benchmarks time, where weights do not matter)."""
+  cfg = configuration.model_config(config, get_tokenizer(config.task.tokenizer))
+  graphdef, params = nnx.split(init_model(cfg, seed=0))
+  return cfg, graphdef, params
 
 
 def random_params(cfg: ModelConfig) -> tuple[nnx.GraphDef, nnx.State]:
