@@ -42,7 +42,7 @@ from ml_collections import config_flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from experiments.common import config_policy, decode_loop  # noqa: E402
+from experiments.common import config_policy, decode_loop, packed_rows  # noqa: E402
 from experiments.host import format_host, host_info  # noqa: E402
 from tlt_jax import configuration  # noqa: E402
 from tlt_jax.data import get_tokenizer  # noqa: E402
@@ -61,25 +61,6 @@ _CELLS = flags.DEFINE_list("cells", ["1x1", "2x1", "4x1", "8x1", "1x5", "1x13", 
 _CONTEXT = flags.DEFINE_integer("context", 400, "the decode loops' cache length")
 _REPS = flags.DEFINE_integer("reps", 5, "interleaved timed rounds")
 _OUT = flags.DEFINE_string("out", "", "write the results as JSON here too")
-
-
-def packed_rows(rng, rows: int, width: int, vocab: int) -> dict[str, np.ndarray]:
-  """Rows packed with samples of log-normal lengths (median 123, sigma 1, >= 30 tokens,
-  12-token prompts), the last sample of a row cut at its end: the fields both the policy
-  update and SFT read."""
-  out = {k: np.zeros((rows, width), np.int32) for k in ("tokens", "segment_ids", "positions")}
-  mask = np.zeros((rows, width), np.float32)
-  for r in range(rows):
-    col, seg = 0, 1
-    while col < width - 30:
-      n = int(min(width - col, max(30, rng.lognormal(np.log(123), 1.0))))
-      out["tokens"][r, col : col + n] = rng.integers(3, vocab, n)
-      out["segment_ids"][r, col : col + n] = seg
-      out["positions"][r, col : col + n] = np.arange(n)
-      mask[r, col + 12 : col + n] = 1.0
-      col, seg = col + n, seg + 1
-  advantages = rng.normal(size=(rows, width)).astype(np.float32) * mask
-  return dict(out, mask=mask, loss_mask=mask, advantages=advantages, weights=mask / mask.sum())
 
 
 def _stepper(fn, state, batch) -> Callable[[], None]:

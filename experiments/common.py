@@ -1,8 +1,8 @@
 """What the experiment scripts share: the warm-started policy of a workdir (or one of its RL
 checkpoints); row comparison; where a rollout call's time goes; the FLOPs of a policy
 update's products and attention; how far parameters moved; the fields of a worked line; a
-comparison's warm starts packed to travel to an accelerator; published model shapes; an
-engine chunk's kind of device loop."""
+comparison's warm starts packed to travel to an accelerator; published model shapes; rows
+packed with samples of the curve's lengths; an engine chunk's kind of device loop."""
 
 from __future__ import annotations
 
@@ -125,14 +125,55 @@ def dense_shapes(params: Any) -> list[tuple[int, int]]:
   return shapes
 
 
-def attention_flops(model_cfg, rows: int, width: int) -> float:
+def attention_flops(
+  model_cfg, rows: int, width: int, segment_ids: np.ndarray | None = None, windows=()
+) -> float:
   """Forward + backward FLOPs of attention's two products (scores q k^T and the weighted
   values) over `rows` packed rows, as `attend_causal` computes them: each query block
-  against the keys up to its end, whatever the segments."""
+  against the keys up to its end; with `segment_ids` [rows, width] (one micro-batch row
+  each, the update's micro-batch of 1) and key `windows` (`models.attention.key_windows`),
+  a block reads only the narrowest window holding the keys its queries see."""
   block = current_causal_block()
-  pairs = sum(min(block, width - s) * min(s + block, width) for s in range(0, width, block))
-  per_layer = 2 * 2 * rows * pairs * model_cfg.num_heads * model_cfg.head_dim
+  pairs = 0
+  for s in range(0, width, block):
+    e = min(s + block, width)
+    spans = [e] * rows
+    fits = [w for w in sorted(windows) if e - s <= w < e]
+    if segment_ids is not None and fits:
+      spans = [_window_span(segment_ids[r], s, e, fits) for r in range(rows)]
+    pairs += (e - s) * sum(spans)
+  per_layer = 2 * 2 * pairs * model_cfg.num_heads * model_cfg.head_dim
   return 3.0 * per_layer * model_cfg.num_layers
+
+
+def _window_span(segments: np.ndarray, s: int, e: int, fits: list[int]) -> int:
+  """Keys block [s, e) of one packed row reads under key windows `fits`: the first key
+  any of its queries sees is its first sample's start (padding, segment 0, sees itself)."""
+  seg = segments[s]
+  first = s
+  if seg > 0:
+    while first > 0 and segments[first - 1] == seg:
+      first -= 1
+  return next((w for w in fits if w >= e - first), e)
+
+
+def packed_rows(rng, rows: int, width: int, vocab: int, median: int = 123) -> dict[str, np.ndarray]:
+  """Rows packed with samples of log-normal lengths (`median`, sigma 1, >= 30 tokens,
+  12-token prompts), the last sample of a row cut at its end: the fields both the policy
+  update and SFT read."""
+  out = {k: np.zeros((rows, width), np.int32) for k in ("tokens", "segment_ids", "positions")}
+  mask = np.zeros((rows, width), np.float32)
+  for r in range(rows):
+    col, seg = 0, 1
+    while col < width - 30:
+      n = int(min(width - col, max(30, rng.lognormal(np.log(median), 1.0))))
+      out["tokens"][r, col : col + n] = rng.integers(3, vocab, n)
+      out["segment_ids"][r, col : col + n] = seg
+      out["positions"][r, col : col + n] = np.arange(n)
+      mask[r, col + 12 : col + n] = 1.0
+      col, seg = col + n, seg + 1
+  advantages = rng.normal(size=(rows, width)).astype(np.float32) * mask
+  return dict(out, mask=mask, loss_mask=mask, advantages=advantages, weights=mask / mask.sum())
 
 
 def split_calls(traces, prompts, rows: int):

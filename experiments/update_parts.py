@@ -15,13 +15,17 @@ This script takes that figure apart at the run's own shapes, so a low fraction s
   update       the same update over `--rows` rows (a scan over micro-batches);
   optimizer    AdamW (with clipping and the run's learning-rate groups) alone.
 
-Attention is not in the 6 x params count: its FLOPs (scores and values over the packed
-width, causal query blocks) are given beside, as a share of the model FLOPs. All tokens
-are real here; a run's padding (`update/padding_fraction` in its metrics) divides its rate
-by 1 / (1 - padding) more, and `--run` reads it from a run's metrics.jsonl.
+Every part compiles as the run's update does: under the config's `rl_update.cpu_fusions`
+and, where attention runs, its `rl_update.key_windows`. Rows are packed as the regime
+curve's (`--packed`: samples of log-normal lengths, median 123 tokens, a row's last few
+columns padding) or hold one sample each (`--nopacked`). Rates count real tokens (6 x
+params each). Attention is not in that count: its FLOPs (scores and values of the causal
+query blocks, each reading the key window its samples need) are given beside, as a share
+of the model FLOPs. A run's padding rows and columns (`update/padding_fraction` in its
+metrics) divide its rate further; `--run` reads that from a run's metrics.jsonl.
 
-  python experiments/update_parts.py --config=configs/regime.py:small --columns=512,1024 \
-      --run=runs/small/curve_s2/baseline_s2/metrics.jsonl
+  python experiments/update_parts.py --config=configs/regime.py --columns=1532 --rows=4 \
+      --out=experiments/results/update_parts_hostK_2026-12-02.json
 """
 
 from __future__ import annotations
@@ -42,13 +46,14 @@ from ml_collections import config_flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from experiments.common import attention_flops, dense_shapes  # noqa: E402
+from experiments.common import attention_flops, dense_shapes, packed_rows  # noqa: E402
 from experiments.host import cpu_model, matmul_flops  # noqa: E402
 from tlt_jax import configuration  # noqa: E402
 from tlt_jax.data import get_tokenizer  # noqa: E402
-from tlt_jax.models.attention import attend_causal  # noqa: E402
+from tlt_jax.models.attention import attend_causal, full_mask, key_windows  # noqa: E402
 from tlt_jax.models.transformer import init_model  # noqa: E402
 from tlt_jax.rl.update import make_optimizer, make_policy_update, token_logprobs  # noqa: E402
+from tlt_jax.utils.cpu_fusions import compiler_options  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file(
   "config", "configs/regime.py:small", "the policy and its update settings"
@@ -56,12 +61,16 @@ _CONFIG = config_flags.DEFINE_config_file(
 _COLUMNS = flags.DEFINE_list("columns", ["512", "1024"], "packed row widths to measure")
 _ROWS = flags.DEFINE_integer("rows", 32, "rows of the full update (a multiple of micro_batch)")
 _REPS = flags.DEFINE_integer("reps", 5, "timed calls per part, interleaved; medians reported")
+_PACKED = flags.DEFINE_bool(
+  "packed", True, "rows packed with samples of the curve's lengths (else one sample a row)"
+)
 _RUN = flags.DEFINE_string("run", "", "a run's metrics.jsonl: its padding and update rate")
 _OUT = flags.DEFINE_string("out", "", "write the results as JSON here too")
 
 
-def products_fn(shapes: list[tuple[int, int]]) -> Callable:
-  """One jitted call running, per weight, the forward product and the backward's two."""
+def products_fn(shapes: list[tuple[int, int]], options: dict[str, str]) -> Callable:
+  """One jitted call (under `options`) running, per weight, the forward product and the
+  backward's two."""
 
   def run(xs, dys, ws):
     out = []
@@ -69,11 +78,16 @@ def products_fn(shapes: list[tuple[int, int]]) -> Callable:
       out += [x @ w, dy @ w.T, x.T @ dy]
     return out
 
-  return jax.jit(run)
+  return jax.jit(run, compiler_options=options)
 
 
 def _batch(rng, rows: int, width: int, vocab: int) -> dict[str, np.ndarray]:
-  """A packed batch with every cell real: one sample a row, a 32-token prompt."""
+  """`--packed`: rows packed with samples of log-normal lengths around the regime curve's
+  median (`common.packed_rows`); else every cell real, one sample a row, a 32-token prompt."""
+  if _PACKED.value:
+    batch = packed_rows(rng, rows, width, vocab)
+    del batch["loss_mask"]
+    return batch
   mask = np.zeros((rows, width), np.float32)
   mask[:, 32:] = 1.0
   return dict(
@@ -129,31 +143,51 @@ def measure(config, width: int, rows: int, reps: int) -> dict[str, object]:
     for n, (_, o) in enumerate(shapes)
   ]
   ws = [jax.random.normal(jax.random.fold_in(key, 3 * n + 2), s) for n, s in enumerate(shapes)]
-  products = products_fn(shapes)
-  one = {k: jnp.asarray(v) for k, v in _batch(rng, micro, width, model_cfg.vocab_size).items()}
-  full = {k: jnp.asarray(v) for k, v in _batch(rng, rows, width, model_cfg.vocab_size).items()}
+  # Every part compiles as the run's update does: its library fusions and key windows.
+  options = compiler_options(update_cfg.cpu_fusions)
+  windows = update_cfg.key_windows
+  products = products_fn(shapes, options)
+  full_np = _batch(rng, rows, width, model_cfg.vocab_size)
+  one_np = {k: v[:micro] for k, v in full_np.items()}
+  full = {k: jnp.asarray(v) for k, v in full_np.items()}
+  one = {k: jnp.asarray(v) for k, v in one_np.items()}
+  real = lambda b: int((b["segment_ids"] > 0).sum())  # noqa: E731
   heads, kv, dim = model_cfg.num_heads, model_cfg.num_kv_heads, model_cfg.head_dim
   q = jax.random.normal(jax.random.fold_in(key, 10**6), (micro, width, heads, dim))
   k, v = (
     jax.random.normal(jax.random.fold_in(key, 10**6 + i), (micro, kv, width, dim)) for i in (1, 2)
   )
-  causal = jnp.broadcast_to(jnp.tril(jnp.ones((width, width), bool)), (micro, width, width))
-  attention = jax.jit(
-    jax.grad(lambda q, k, v: jnp.sum(attend_causal(q, k, v, causal) ** 2), argnums=(0, 1, 2))
+  causal = full_mask(jnp.ones((micro, width), bool), one["segment_ids"])
+
+  def attention_loss(q, k, v, mask):  # the mask an argument, as in the update: not folded
+    with key_windows(windows):
+      return jnp.sum(attend_causal(q, k, v, mask) ** 2)
+
+  def logprobs(p, t, pos, seg):
+    with key_windows(windows):
+      return token_logprobs(graphdef, p, t, 1.0, positions=pos, segment_ids=seg)[0]
+
+  attention = jax.jit(jax.grad(attention_loss, argnums=(0, 1, 2)), compiler_options=options)
+  forward = jax.jit(logprobs, compiler_options=options)
+  step = make_policy_update(
+    graphdef,
+    optimizer,
+    loss_cfg,
+    micro,
+    on_policy=True,
+    key_windows=windows,
+    cpu_fusions=update_cfg.cpu_fusions,
   )
-  forward = jax.jit(
-    lambda p, t, pos, seg: token_logprobs(graphdef, p, t, 1.0, positions=pos, segment_ids=seg)[0]
-  )
-  step = make_policy_update(graphdef, optimizer, loss_cfg, micro, on_policy=True)
   states = {
     name: (jax.tree.map(jnp.copy, params), optimizer.init(params)) for name in ("micro", "full")
   }
   grads = jax.tree.map(lambda x: 1e-3 * jnp.ones_like(x), params)
 
-  @jax.jit
   def opt_only(p, s, g):
     updates, s = optimizer.update(g, s, p)
     return jax.tree.map(jnp.add, p, updates), s
+
+  opt_only = jax.jit(opt_only, compiler_options=options)
 
   opt_state = optimizer.init(params)
 
@@ -165,7 +199,7 @@ def measure(config, width: int, rows: int, reps: int) -> dict[str, object]:
 
   parts = {
     "products": lambda: products(xs, dys, ws),
-    "attention": lambda: [attention(q, k, v) for _ in range(model_cfg.num_layers)],
+    "attention": lambda: [attention(q, k, v, causal) for _ in range(model_cfg.num_layers)],
     "forward": lambda: forward(params, one["tokens"], one["positions"], one["segment_ids"]),
     "micro step": lambda: run_step("micro", one),
     "update": lambda: run_step("full", full),
@@ -182,6 +216,10 @@ def measure(config, width: int, rows: int, reps: int) -> dict[str, object]:
     "width": width,
     "rows": rows,
     "micro_batch": micro,
+    "packed": _PACKED.value,
+    "cpu_fusions": update_cfg.cpu_fusions,
+    "key_windows": list(windows),
+    "real_fraction": real(full_np) / (rows * width),
     "params": int(num_params),
     "dense_params": int(dense),
     "first_call_s": first,
@@ -189,9 +227,10 @@ def measure(config, width: int, rows: int, reps: int) -> dict[str, object]:
     "range_s": {name: (min(v), max(v)) for name, v in times.items()},
     "flops": {
       "products": 6.0 * dense * tokens,
-      "micro step": 6.0 * num_params * tokens,
-      "update": 6.0 * num_params * rows * width,
-      "attention_share": attention_flops(model_cfg, micro, width) / (6.0 * num_params * tokens),
+      "micro step": 6.0 * num_params * real(one_np),
+      "update": 6.0 * num_params * real(full_np),
+      "attention_share": attention_flops(model_cfg, micro, width, one_np["segment_ids"], windows)
+      / (6.0 * num_params * real(one_np)),
     },
   }
 
@@ -211,7 +250,8 @@ def main(argv):
     results["widths"].append(r)
     m, f = r["median_s"], r["flops"]
     print(
-      f"\nwidth {width}, {r['rows']} rows, micro-batch {r['micro_batch']} "
+      f"\nwidth {width}, {r['rows']} rows ({r['real_fraction']:.2f} real), micro-batch "
+      f"{r['micro_batch']}, {r['cpu_fusions']}, key windows {r['key_windows']} "
       f"({r['params'] / 1e6:.2f}M params, {r['dense_params'] / 1e6:.2f}M in products); "
       f"attention adds {f['attention_share']:.2f} of the model FLOPs"
     )
@@ -235,6 +275,8 @@ def main(argv):
       f"scan of {n_micro} micro-batches vs {n_micro} x one: "
       f"{(m['update'] - m['optimizer']) / (n_micro * (m['micro step'] - m['optimizer'])):.2f}"
     )
+  results["square_gflops_end"] = matmul_flops() / 1e9
+  print(f"\nsquare matmul at the end {results['square_gflops_end']:.1f} GFLOP/s")
   if _RUN.value:
     results["run"] = _run_stats(_RUN.value)
     run = results["run"]

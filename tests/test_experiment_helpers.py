@@ -57,6 +57,80 @@ def test_update_parts_counts_the_products_and_attention_the_update_runs():
     assert attention_flops(cfg, rows=3, width=64) == full * (32 * 32 + 32 * 64) / (64 * 64)
 
 
+def test_attention_flops_of_packed_rows_follow_the_key_windows_the_update_picks():
+  """Under key windows, `attention_flops` counts for each query block of a packed row the
+  window `models.attention.key_window` picks from the row's mask (all keys up to the
+  block's end where none holds them), and `packed_rows` packs whole samples with padding
+  only at a row's end."""
+  import jax.numpy as jnp
+
+  from experiments.common import attention_flops, packed_rows
+  from tlt_jax.models.attention import causal_block, full_mask, key_window
+  from tlt_jax.models.config import ModelConfig
+
+  cfg = ModelConfig(
+    vocab_size=50, num_layers=2, d_model=16, num_heads=4, num_kv_heads=2, head_dim=8, mlp_dim=24
+  )
+  rows, width, block, windows = 3, 320, 64, (64, 128, 192)
+  batch = packed_rows(np.random.default_rng(1), rows, width, cfg.vocab_size, median=40)
+  seg = batch["segment_ids"]
+  for row in seg:  # samples 1, 2, ... in order, then under 30 columns of padding
+    pad = int((row == 0).sum())
+    assert row[0] == 1 and (np.diff(row[: width - pad]) >= 0).all() and pad < 30
+    assert (row[width - pad :] == 0).all()
+  assert batch["mask"].sum() > 0 and (batch["mask"] <= (seg > 0)).all()
+  pairs = 0
+  for r in range(rows):
+    mask = full_mask(jnp.ones((1, width), bool), jnp.asarray(seg[r : r + 1]))
+    for s in range(0, width, block):
+      e = min(s + block, width)
+      fits = [w for w in windows if e - s <= w < e]
+      span = e
+      if fits:
+        picked = int(key_window(mask[:, s:e, :e], fits))
+        span = fits[picked] if picked < len(fits) else e
+      pairs += (e - s) * span
+  per_pair = 2 * 2 * cfg.num_heads * cfg.head_dim * 3 * cfg.num_layers
+  with causal_block(block):
+    got = attention_flops(cfg, rows, width, seg, windows)
+    assert got == pairs * per_pair
+    assert got < attention_flops(cfg, rows, width)  # the windows read fewer keys
+
+
+def test_update_parts_runs_at_the_runs_settings(tmp_path):
+  """experiments/update_parts.py on the regime's tiny variant: every part timed, compiled
+  under the config's library fusions and key windows, written out (the figures are the
+  RESULTS entries'; here, that it runs and counts real tokens)."""
+  import json
+  import subprocess
+
+  out = tmp_path / "parts.json"
+  cmd = [
+    sys.executable,
+    "experiments/update_parts.py",
+    "--config=configs/regime.py:tiny",
+    "--config.rl_update.key_windows=(128,)",
+    "--columns=256",
+    "--rows=8",
+    "--reps=1",
+    f"--out={out}",
+  ]
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  done = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=600)
+  assert done.returncode == 0, done.stderr[-3000:]
+  (width,) = json.loads(out.read_text())["widths"]
+  assert width["packed"] and width["key_windows"] == [128]
+  assert 0.7 < width["real_fraction"] <= 1.0
+  assert set(width["median_s"]) == {
+    "products",
+    "attention",
+    "forward",
+    "micro step",
+    "update",
+    "optimizer",
+  }
+
+
 def test_train_drafter_stacks_rollouts_of_different_hidden_widths():
   """`warmstart.drafter.stack_rollouts` (experiments/train_drafter.py's data): a rollout's
   hidden states are only as wide as its rows reach, so rollouts' arrays are padded to the

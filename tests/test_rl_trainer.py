@@ -492,6 +492,8 @@ def test_one_optimizer_step_skips_the_old_logprob_pass(tmp_path):
   assert a["update/real_tokens"] == tokens
   assert a["update/padding_fraction"] == pytest.approx(1 - a["loss/update_fill"])
   assert 0 < a["update/padding_fraction"] < 1 and a["update/model_tflops"] > 0
+  assert 0 <= a["update/computed_padding"] <= a["update/padding_fraction"]
+  assert a["update/computed_padding"] == pytest.approx(1 - a["loss/update_computed_fill"])
   # Several optimizer steps per batch keep the pass (its log-probs are the old policy's).
   ppo = UpdateConfig(learning_rate=3e-3, total_steps=10, micro_batch=2, mini_batches=2)
   assert not _trainer(tmp_path / "ppo", 1, update=ppo).skip_old_logp

@@ -669,7 +669,8 @@ class GRPOTrainer:
     """The update's loss metrics (loss/...) and its throughput: every non-padding token of
     the packed rows (prompts and responses, each epoch), the model FLOPs they cost (6 x
     params a token, forward and backward) per second of the update's compute (programs
-    compiled for new shapes left out), and the share of packed cells that are padding."""
+    compiled for new shapes left out), and the share of packed cells that are padding, of
+    all rows and of the micro-batches computed."""
     update_compute = max(update_s - m.pop("compile_seconds"), 1e-9)
     real_tokens = m.pop("real_tokens")
     m.pop("rollout_logp_gap", None)
@@ -680,6 +681,7 @@ class GRPOTrainer:
         6.0 * self.num_params * real_tokens / update_compute / 1e12 if real_tokens else 0.0
       ),
       "update/padding_fraction": 1.0 - m.get("update_fill", 1.0),
+      "update/computed_padding": 1.0 - m.get("update_computed_fill", 1.0),
     }
 
   def _rows(self, x: np.ndarray) -> jax.Array:
@@ -697,7 +699,8 @@ class GRPOTrainer:
     Metrics: the first mini-batch's (its ratio is 1: the policy that sampled the
     batch) for the loss terms, with clip fractions, approx_kl, skips and grad
     norms averaged over all optimizer steps; update_rows / update_fill (share of
-    the packed cells holding sample tokens) of all of them; real_tokens (those
+    the packed cells holding sample tokens) of all of them, update_computed_fill (that
+    share of the micro-batches computed: those holding no sample are skipped); real_tokens (those
     tokens), compile_seconds (the update programs compiled for new shapes) and, on
     the on-policy path (`skip_old_logp`), rollout_logp_gap (the update forward's
     largest gap to the engine's log-probs), for `train_step` to report.
@@ -711,7 +714,7 @@ class GRPOTrainer:
     elif not self.loss_cfg.tis_cap:  # the gap came from the old-log-prob pass (TIS needs it)
       samples = {k: v for k, v in samples.items() if k != "rollout_logp"}
     rng = np.random.default_rng([self.cfg.seed, self.step])
-    rows, cells, real = [], 0, 0
+    rows, cells, computed, real = [], 0, 0, 0
     for _ in range(ucfg.epochs):
       perm = np.arange(n) if ucfg.mini_batches == 1 else rng.permutation(n)
       # Equal parts when the batch is full; a short (refill-limited) batch splits unevenly.
@@ -728,6 +731,8 @@ class GRPOTrainer:
           min_rows=ucfg.min_rows,
         )
         cells += plan.num_rows * plan.width
+        # Micro-batches holding no sample skip their forward and backward.
+        computed += len(np.unique(plan.row // ucfg.micro_batch)) * ucfg.micro_batch * plan.width
         real += int(plan.length.sum())
         batch = {k: self._rows(v) for k, v in batch.items()}
         args = (self.params, self.opt_state, batch, self.ref_params)
@@ -750,6 +755,7 @@ class GRPOTrainer:
     out["optimizer_steps"] = float(len(rows))
     out["update_rows"] = float(cells // width)
     out["update_fill"] = float(real / cells)
+    out["update_computed_fill"] = float(real / computed)
     out["real_tokens"] = real
     out["compile_seconds"] = self.programs.compile_seconds - compiled
     return out
