@@ -197,9 +197,10 @@ def warm_start_eval(summary_path: str, fast: FastEvaluation, trainer, warm) -> d
   return summary["eval"]
 
 
-def speed_table(rows: dict[str, list[dict]], modes: list[str]) -> dict:
+def speed_table(rows: dict[str, list[dict]], modes: list[str], matmul_gflops: float) -> dict:
   """Per mode: mean step / rollout seconds (steps after the first), paired ratios against
-  the baseline per step, r, s and Amdahl; compile seconds."""
+  the baseline per step, r, s and Amdahl; compile seconds; the update's throughput over
+  the host's matmul rate (`curves.update_throughput`)."""
   base = next(label for label in rows if label.startswith("baseline"))
   b = rows[base][1:]
   table = {}
@@ -212,6 +213,7 @@ def speed_table(rows: dict[str, list[dict]], modes: list[str]) -> dict:
       "wall_s": float(sum(r["step_s"] for r in mine)),
     }
     t["rollout_share"] = t["rollout_s"] / t["step_s"]
+    t["update"] = curves.update_throughput(timed, matmul_gflops)
     if label != base:
       t["step_speedup"] = curves.ratio_spread(
         [r["step_s"] for r in b], [r["step_s"] for r in timed]
@@ -337,7 +339,12 @@ def main(argv):
     "params_mismatches": evaluation.mismatches,
     "learning": curves.quarter_rise(rewards[base]),
     "warm_start_replay": replay,
-    "speed": speed_table(rows, list(_MODES.value)),
+    # The matmul rate: the mean of the host lines at the run's start and end (it drifts).
+    "speed": speed_table(
+      rows,
+      list(_MODES.value),
+      (host_start["matmul_GFLOPs"] + host_end["matmul_GFLOPs"]) / 2,
+    ),
     "programs": programs,
   }
   keys = (
@@ -360,6 +367,12 @@ def main(argv):
       f"[{t['step_speedup']['range'][0]:.2f}-{t['step_speedup']['range'][1]:.2f}], "
       f"rollout {t['rollout_speedup']['of_totals']:.2f}x, Amdahl {t['amdahl']:.2f}x"
       if "step_speedup" in t
+      else ""
+    )
+    + (
+      f"; update {t['update']['median_gflops']:.0f} GFLOP/s, {t['update']['of_matmul']:.2f} "
+      "of the matmul rate"
+      if t["update"]
       else ""
     )
     + f"; compiles {t['compile_s']:.0f} s"

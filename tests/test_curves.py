@@ -146,3 +146,30 @@ def test_seeds_summary_averages_the_seeds_curves_and_keeps_each_seeds_speedup(tm
     curves.seeds_summary(reports + [partial])
   with pytest.raises(ValueError, match="at least one"):
     curves.seeds_summary([])
+
+
+def test_update_throughput_summarises_the_steps_that_updated_against_the_matmul_rate():
+  """The learning curve's item-3 figure: the update's model GFLOP/s per step (`step_row`
+  reads it from the trainer's metrics), its median over the host's matmul rate, and the
+  padding of the micro-batches it computed; steps that updated nothing are left out."""
+  metrics = {
+    "step": 1,
+    "time/step": 10.0,
+    "time/rollout": 6.0,
+    "time/rollout_compile": 0.0,
+    "reward_mean": 0.5,
+    "update/model_tflops": 0.08,
+    "update/computed_padding": 0.06,
+  }
+  row = compare.step_row("baseline", metrics)
+  assert row["update_gflops"] == pytest.approx(80.0) and row["update_padding"] == 0.06
+  idle = compare.step_row(
+    "baseline", {**metrics, "update/model_tflops": 0.0, "update/computed_padding": 0.0}
+  )
+  assert idle["update_gflops"] == ""
+  rows = [{**row, "update_gflops": g, "update_padding": p} for g, p in [(40, 0.1), (60, 0.0)]]
+  out = curves.update_throughput([*rows, row, idle], matmul_gflops=200.0)
+  assert out["steps"] == 3 and out["median_gflops"] == pytest.approx(60.0)
+  assert out["range"] == [40.0, 80.0] and out["of_matmul"] == pytest.approx(0.3)
+  assert out["computed_padding"] == pytest.approx(0.06)
+  assert curves.update_throughput([idle], 200.0) == {}

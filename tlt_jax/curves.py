@@ -83,6 +83,28 @@ def amdahl(share: float, speedup: float) -> float:
   return 1.0 / ((1.0 - share) + share / speedup)
 
 
+def update_throughput(rows: Sequence[dict[str, Any]], matmul_gflops: float) -> dict[str, Any]:
+  """The policy update's model GFLOP/s over a run's steps (`compare.step_row`'s
+  "update_gflops"; steps that updated nothing are left out): median, quartiles and
+  extremes, the median over the host's matmul rate `matmul_gflops` (measured in the same
+  run), and the median padding share of the micro-batches computed. {} when no step
+  updated."""
+  updated = [r for r in rows if r.get("update_gflops") not in ("", None)]
+  if not updated:
+    return {}
+  rates = [r["update_gflops"] for r in updated]
+  q = np.quantile(np.asarray(rates, np.float64), [0.0, 0.25, 0.5, 0.75, 1.0])
+  padding = [r["update_padding"] for r in updated if r.get("update_padding") not in ("", None)]
+  return {
+    "steps": len(rates),
+    "median_gflops": float(q[2]),
+    "quartiles": [float(q[1]), float(q[3])],
+    "range": [float(q[0]), float(q[4])],
+    "of_matmul": float(q[2] / matmul_gflops),
+    "computed_padding": float(np.median(padding)) if padding else None,
+  }
+
+
 def elapsed(rows: Sequence[dict[str, Any]]) -> np.ndarray:
   """Wall-clock seconds at the end of each step: the running sum of the steps' times
   (compiles and held-out evaluation left out, as `compare.step_row` does)."""
