@@ -385,6 +385,8 @@ def main(argv):
     warm_eval=warm_eval,
     title=f"{os.path.basename(out)}: training reward and held-out pass@1 against wall-clock",
   )
+  with open(os.path.join(out, "learning_curve.md"), "w") as f:
+    f.write(curves.report_markdown(report, rows[base], notes))
   if _KEEP.value:
     os.makedirs(_KEEP.value, exist_ok=True)
     for name in os.listdir(out):

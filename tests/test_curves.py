@@ -173,3 +173,29 @@ def test_update_throughput_summarises_the_steps_that_updated_against_the_matmul_
   assert out["range"] == [40.0, 80.0] and out["of_matmul"] == pytest.approx(0.3)
   assert out["computed_padding"] == pytest.approx(0.06)
   assert curves.update_throughput([idle], 200.0) == {}
+
+
+def test_report_markdown_says_whether_it_learnt_the_held_out_points_and_the_speed():
+  """learning_curve.md: the rise with its interval, the gap over the warm start, held-out
+  pass@1 at the warm start and each evaluated step, and every mode's speed line."""
+  host = {"time": "t", "cpu": "cpu", "matmul_GFLOPs": 200.0, "read_GBps": 30.0}
+  report = {
+    "host_start": host,
+    "host_end": host,
+    "rewards_equal_steps": [40, 40],
+    "params_mismatches": [],
+    "learning": curves.quarter_rise([0.1] * 10 + [0.5] * 10, reps=200),
+    "warm_start_replay": {"trained_minus_warm_start": curves.paired_gap([0.5, 0.6], [0.4, 0.4])},
+    "warm_start_eval": {"accuracy": 0.25, "sampled_accuracy": 0.3},
+  }
+  rows = [
+    {"step": 0, "eval": "", "eval_sampled": ""},
+    {"step": 9, "eval": 0.5, "eval_sampled": 0.4},
+    {"step": 19, "eval": 0.6, "eval_sampled": ""},
+  ]
+  text = curves.report_markdown(report, rows, ["baseline_s0: step 1.0 s", "tlt_s0: 1.6x"])
+  assert "at 40 of 40 steps" in text and "at 0 evaluations" in text
+  assert "first quarter 0.100 -> last 0.500: rise +0.400 [+0.400, +0.400]" in text
+  assert "Over the warm start on the last quarter's prompts: +0.150 [" in text
+  assert "warm start 0.250 / 0.300; step 9: 0.500 / 0.400; step 19: 0.600." in text
+  assert "- baseline_s0: step 1.0 s\n- tlt_s0: 1.6x" in text

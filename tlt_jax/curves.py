@@ -105,6 +105,49 @@ def update_throughput(rows: Sequence[dict[str, Any]], matmul_gflops: float) -> d
   }
 
 
+def _interval(x: dict[str, Any], key: str) -> str:
+  lo_hi = x.get("interval")
+  return f"{x[key]:+.3f}" + (f" [{lo_hi[0]:+.3f}, {lo_hi[1]:+.3f}]" if lo_hi else "")
+
+
+def report_markdown(
+  report: dict[str, Any], rows: Sequence[dict[str, Any]], notes: Sequence[str]
+) -> str:
+  """A learning-curve report (experiments/learning_curve.py's JSON) as a short Markdown
+  page: hosts, whether the policy learnt, held-out pass@1 at each evaluation of the
+  baseline's `rows` (`compare.step_row`), and the modes' speed lines `notes`."""
+  learn, replay = report["learning"], report.get("warm_start_replay") or {}
+  equal, steps = report["rewards_equal_steps"]
+  host = lambda h: f"{h['time']}, {h['cpu']}, {h['matmul_GFLOPs']} GFLOP/s, {h['read_GBps']} GB/s"  # noqa: E731
+  lines = [
+    "# Learning curve",
+    "",
+    f"Host at the start: {host(report['host_start'])}; at the end: {host(report['host_end'])}.",
+    f"Rewards equal in every mode at {equal} of {steps} steps; parameter digests differing "
+    f"at {len(report['params_mismatches'])} evaluations.",
+    "",
+    "## Learning",
+    "",
+    f"- Training reward, first quarter {learn['first_quarter']:.3f} -> last "
+    f"{learn['last_quarter']:.3f}: rise {_interval(learn, 'rise')} "
+    f"({learn['steps_per_quarter']} steps a quarter).",
+  ]
+  if replay.get("trained_minus_warm_start"):
+    lines.append(
+      "- Over the warm start on the last quarter's prompts: "
+      f"{_interval(replay['trained_minus_warm_start'], 'mean')}."
+    )
+  warm = report.get("warm_start_eval")
+  evals = [(r["step"], r["eval"], r["eval_sampled"]) for r in rows if r.get("eval") != ""]
+  if warm or evals:
+    pair = lambda g, m: f"{g:.3f}" + (f" / {m:.3f}" if m not in ("", None) else "")  # noqa: E731
+    points = [f"warm start {pair(warm['accuracy'], warm.get('sampled_accuracy'))}"] if warm else []
+    points += [f"step {s}: {pair(g, m)}" for s, g, m in evals]
+    lines.append("- Held-out pass@1, greedy / sampled: " + "; ".join(points) + ".")
+  lines += ["", "## Speed", "", *[f"- {n}" for n in notes], ""]
+  return "\n".join(lines)
+
+
 def elapsed(rows: Sequence[dict[str, Any]]) -> np.ndarray:
   """Wall-clock seconds at the end of each step: the running sum of the steps' times
   (compiles and held-out evaluation left out, as `compare.step_row` does)."""
