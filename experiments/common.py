@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from tlt_jax import checkpoint, configuration, train  # noqa: E402
 from tlt_jax.data import get_tokenizer  # noqa: E402
 from tlt_jax.data.checkers import CAREFUL, HASTY  # noqa: E402
-from tlt_jax.models.attention import current_causal_block  # noqa: E402
+from tlt_jax.models.attention import current_causal_block, full_mask, key_window  # noqa: E402
 from tlt_jax.models.config import ModelConfig  # noqa: E402
 from tlt_jax.models.transformer import KVCache, Transformer, init_model  # noqa: E402
 from tlt_jax.parallel.memory import qwen25  # noqa: E402
@@ -132,29 +132,22 @@ def attention_flops(
   values) over `rows` packed rows, as `attend_causal` computes them: each query block
   against the keys up to its end; with `segment_ids` [rows, width] (one micro-batch row
   each, the update's micro-batch of 1) and key `windows` (`models.attention.key_windows`),
-  a block reads only the narrowest window holding the keys its queries see."""
+  a block reads the window `models.attention.key_window` picks from its row's mask."""
   block = current_causal_block()
+  masks = None
+  if segment_ids is not None and windows:
+    masks = full_mask(jnp.ones(segment_ids.shape, bool), jnp.asarray(segment_ids))
   pairs = 0
   for s in range(0, width, block):
     e = min(s + block, width)
     spans = [e] * rows
     fits = [w for w in sorted(windows) if e - s <= w < e]
-    if segment_ids is not None and fits:
-      spans = [_window_span(segment_ids[r], s, e, fits) for r in range(rows)]
+    if masks is not None and fits:
+      picked = [int(key_window(masks[r : r + 1, s:e, :e], fits)) for r in range(rows)]
+      spans = [fits[i] if i < len(fits) else e for i in picked]
     pairs += (e - s) * sum(spans)
   per_layer = 2 * 2 * pairs * model_cfg.num_heads * model_cfg.head_dim
   return 3.0 * per_layer * model_cfg.num_layers
-
-
-def _window_span(segments: np.ndarray, s: int, e: int, fits: list[int]) -> int:
-  """Keys block [s, e) of one packed row reads under key windows `fits`: the first key
-  any of its queries sees is its first sample's start (padding, segment 0, sees itself)."""
-  seg = segments[s]
-  first = s
-  if seg > 0:
-    while first > 0 and segments[first - 1] == seg:
-      first -= 1
-  return next((w for w in fits if w >= e - first), e)
 
 
 def packed_rows(rng, rows: int, width: int, vocab: int, median: int = 123) -> dict[str, np.ndarray]:

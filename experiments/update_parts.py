@@ -21,11 +21,12 @@ curve's (`--packed`: samples of log-normal lengths, median 123 tokens, a row's l
 columns padding) or hold one sample each (`--nopacked`). Rates count real tokens (6 x
 params each). Attention is not in that count: its FLOPs (scores and values of the causal
 query blocks, each reading the key window its samples need) are given beside, as a share
-of the model FLOPs. A run's padding rows and columns (`update/padding_fraction` in its
-metrics) divide its rate further; `--run` reads that from a run's metrics.jsonl.
+of the model FLOPs. A run's padding in the micro-batches it computes
+(`update/computed_padding` in its metrics; rows holding no sample are skipped) divides its
+rate further; `--run` reads that and the run's rate from its metrics.jsonl.
 
   python experiments/update_parts.py --config=configs/regime.py --columns=1532 --rows=4 \
-      --out=experiments/results/update_parts_hostK_2026-12-02.json
+      --out=experiments/results/update_parts_hostK_2026-12-02/update_parts.json
 """
 
 from __future__ import annotations
@@ -107,14 +108,19 @@ def _time(fn: Callable[[], object]) -> float:
 
 
 def _run_stats(path: str) -> dict[str, float]:
-  """Median padding fraction and update rate of a run's RL steps."""
+  """Median padding and update rate of a run's RL steps (the padding of the micro-batches
+  computed where the run logged it, else of all packed cells)."""
   with open(path) as f:
     rows = [json.loads(line) for line in f]
   rows = [r for r in rows if r.get("update/real_tokens")]
   pick = lambda key: statistics.median(r[key] for r in rows)  # noqa: E731
   return {
     "steps": len(rows),
-    "padding_fraction": pick("update/padding_fraction"),
+    "padding_fraction": pick(
+      "update/computed_padding"
+      if "update/computed_padding" in rows[0]
+      else "update/padding_fraction"
+    ),
     "model_gflops": 1e3 * pick("update/model_tflops"),
   }
 

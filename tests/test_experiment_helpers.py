@@ -59,42 +59,33 @@ def test_update_parts_counts_the_products_and_attention_the_update_runs():
 
 def test_attention_flops_of_packed_rows_follow_the_key_windows_the_update_picks():
   """Under key windows, `attention_flops` counts for each query block of a packed row the
-  window `models.attention.key_window` picks from the row's mask (all keys up to the
-  block's end where none holds them), and `packed_rows` packs whole samples with padding
-  only at a row's end."""
-  import jax.numpy as jnp
-
+  narrowest window holding its first query's sample (all keys up to the block's end where
+  none does), and `packed_rows` packs whole samples with padding only at a row's end."""
   from experiments.common import attention_flops, packed_rows
-  from tlt_jax.models.attention import causal_block, full_mask, key_window
+  from tlt_jax.models.attention import causal_block
   from tlt_jax.models.config import ModelConfig
 
   cfg = ModelConfig(
     vocab_size=50, num_layers=2, d_model=16, num_heads=4, num_kv_heads=2, head_dim=8, mlp_dim=24
   )
-  rows, width, block, windows = 3, 320, 64, (64, 128, 192)
-  batch = packed_rows(np.random.default_rng(1), rows, width, cfg.vocab_size, median=40)
-  seg = batch["segment_ids"]
-  for row in seg:  # samples 1, 2, ... in order, then under 30 columns of padding
-    pad = int((row == 0).sum())
-    assert row[0] == 1 and (np.diff(row[: width - pad]) >= 0).all() and pad < 30
-    assert (row[width - pad :] == 0).all()
-  assert batch["mask"].sum() > 0 and (batch["mask"] <= (seg > 0)).all()
-  pairs = 0
-  for r in range(rows):
-    mask = full_mask(jnp.ones((1, width), bool), jnp.asarray(seg[r : r + 1]))
-    for s in range(0, width, block):
-      e = min(s + block, width)
-      fits = [w for w in windows if e - s <= w < e]
-      span = e
-      if fits:
-        picked = int(key_window(mask[:, s:e, :e], fits))
-        span = fits[picked] if picked < len(fits) else e
-      pairs += (e - s) * span
+  # Row 0: samples at columns 0-99, 100-139, 140-255; row 1: one sample 0-229, then padding.
+  seg = np.zeros((2, 256), np.int32)
+  seg[0, :100], seg[0, 100:140], seg[0, 140:] = 1, 2, 3
+  seg[1, :230] = 1
+  # Blocks of 64 with windows 64 / 128 / 192 (a window is tried only if the block fits in
+  # it and it is shorter than the block's end): row 0 reads 64, 128 (sample 1 from 0),
+  # 128 (sample 2 from 100) and 128 (sample 3 from 140) keys; row 1 64, 128, 192, 256.
+  pairs = 64 * (64 + 128 + 128 + 128) + 64 * (64 + 128 + 192 + 256)
   per_pair = 2 * 2 * cfg.num_heads * cfg.head_dim * 3 * cfg.num_layers
-  with causal_block(block):
-    got = attention_flops(cfg, rows, width, seg, windows)
-    assert got == pairs * per_pair
-    assert got < attention_flops(cfg, rows, width)  # the windows read fewer keys
+  with causal_block(64):
+    assert attention_flops(cfg, 2, 256, seg, (64, 128, 192)) == pairs * per_pair
+    assert attention_flops(cfg, 2, 256) == 2 * 64 * (64 + 128 + 192 + 256) * per_pair
+  batch = packed_rows(np.random.default_rng(1), 3, 320, cfg.vocab_size, median=40)
+  for row in batch["segment_ids"]:  # samples 1, 2, ... in order, then < 30 columns of padding
+    pad = int((row == 0).sum())
+    assert row[0] == 1 and (np.diff(row[: 320 - pad]) >= 0).all() and pad < 30
+    assert (row[320 - pad :] == 0).all()
+  assert batch["mask"].sum() > 0 and (batch["mask"] <= (batch["segment_ids"] > 0)).all()
 
 
 def test_update_parts_runs_at_the_runs_settings(tmp_path):
