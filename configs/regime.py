@@ -104,8 +104,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.sft.row_len = 1024
   c.sft.learning_rate = 3e-3
   c.sft.warmup_steps = 20
-  # Key windows (see rl_update.key_windows below): an SFT step of 4 x 1,024 packed rows
-  # 1.09-1.16x faster (experiments/bench_attention.py; RESULTS.md, 2026-11-29, seed 1's).
+  # Key windows (see rl_update.key_windows below) speed SFT's packed rows too
+  # (experiments/bench_attention.py; RESULTS.md, 2026-11-29, seed 1's entry).
   c.sft.key_windows = (256, 512)
 
   c.engine.max_prompt_len = 16  # the longest question (10 characters) and BOS
@@ -152,13 +152,12 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   # One update program: rows as wide as the cache (every sample fits) and at least 16 of
   # them (a step's kept groups fill 2-14; padding rows skip their forward and backward).
   # With the width of the longest sample, the CPU gate compiled one program per packed
-  # shape it met: 13 in 20 steps, 98 s (RESULTS.md, 2026-11-28).
+  # shape it met, a dozen in 20 steps (RESULTS.md, 2026-11-28).
   c.rl_update.pack_width = c.engine.max_prompt_len + c.engine.max_new_tokens
   c.rl_update.min_rows = 16
-  # A query block of a packed row reads only the keys its samples hold: 0.33-0.43 of the
-  # key columns at the curve's rows, the update 1.17-1.20x faster (1.15x in the live loop)
-  # for ~22-25 s more compile (experiments/bench_key_windows.py; RESULTS.md, 2026-11-29,
-  # seed 1's entry): ~2% end to end, within the curves' noise.
+  # A query block of a packed row reads only the keys its samples hold (a third to a half
+  # of the key columns at the curve's rows): a faster update for a longer compile, little
+  # end to end (experiments/bench_key_windows.py; RESULTS.md, 2026-11-29, seed 1's entry).
   c.rl_update.key_windows = (256, 512, 1024)
   c.reference = ml_collections.ConfigDict()  # nothing measured to compare with yet
   if arg == "gpu":
@@ -182,8 +181,8 @@ def _gpu(c: ml_collections.ConfigDict) -> None:
   hours on host H, and a sitting has fifteen minutes. The model, task, SFT and drafter
   settings therefore stay the CPU recipe's (`configuration.check_same_recipe` refuses
   another). The variant it replaces built a 12-layer x 128 policy (2.4M) in the sitting:
-  it learnt in 10 steps, but its decode step was 0.68 ms of launches and a chain-8 round
-  cost 5.3 of them for 5.6 accepted tokens, so generation ran only 1.1x faster (RESULTS.md,
+  it learnt in 10 steps, but its decode step was kernel launches and a chain-8 round cost
+  about as many of them as it accepted tokens, so speculation barely paid (RESULTS.md,
   2026-11-28, second H200 sitting). Here the countdown format's drafter accepts 9-11 tokens
   of a chain-12 round on the CPU (RESULTS.md, 2026-11-29), each round's verify pass is 16
   layers, and the curve is the one three CPU seeds drew: the GPU adds only its speed.
@@ -198,14 +197,14 @@ def _gpu(c: ml_collections.ConfigDict) -> None:
   c.engine.min_cache_bucket = 512
   c.engine.spec_threshold = 64
   c.engine.spec_strategies = ("chain4", "chain8", "chain12")
-  # Each device call costs a host round trip (~5 ms there against ~0.1 ms a step): longer
-  # plain chunks in every mode.
+  # Each device call costs a host round trip, many decode steps' worth on a GPU (RESULTS.md,
+  # the H200 sittings): longer plain chunks in every mode.
   c.engine.chunk_steps = 32
   c.rl_update.micro_batch = 8
   # Key windows choose their keys by `lax.switch` on the device: measured on a CPU only.
   c.rl_update.key_windows = ()
   # Every rollout program compiled before the first step, on 8 threads of the GPU's host
-  # (compare.warm_up): lazily, one at a time, the first sitting's 131 programs took 217 s.
+  # (compare.warm_up): lazily, one at a time, the first sitting's programs took minutes.
   c.rl.warmup_engine = True
 
 

@@ -506,7 +506,7 @@ class GRPOTrainer:
     """TLT: the updates the step's slices left short of its minimum, blocking, before the
     checkpoint (which saves them); a phase of their own (added to what train_step timed
     there, between its engine calls). A first update compiles here (mode tlt's step 0,
-    when no rollout primed it: 12.6 s on an H200, RESULTS.md 2026-11-28): counted as a
+    when no rollout primed it; seconds on an H200, RESULTS.md 2026-11-28): counted as a
     compile, as train_step counts its own."""
     row.setdefault("time/drafter", 0.0)
     if self.scheduler is not None:

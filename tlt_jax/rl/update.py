@@ -156,8 +156,8 @@ class UpdateConfig:
       to compile, for up to twice the rows. False: any multiple of micro_batch.
     min_rows: pad packed rows to at least this many: every rollout batch that fits them
       shares one update program (the micro-batches of padding skip their forward and
-      backward). 0: no floor. On a GPU, where an update program of a 12-layer policy took
-      ~43 s to compile (RESULTS.md, 2026-11-28), one program instead of three.
+      backward). 0: no floor. On a GPU, where an update program of a 12-layer policy takes
+      most of a minute to compile (RESULTS.md, 2026-11-28), one program instead of three.
     mini_batches: optimizer steps per rollout batch (PPO mini-batches): the batch's
       samples are shuffled and split into this many equal parts, each one update
       against the same old log-probs, so the clipped ratio does its job. 1: one

@@ -598,10 +598,10 @@ class RolloutEngine:
     """The warm-up's rows made active, one token from their end (length 1 of 2).
 
     A program's first run must execute its decode loop's body: on XLA:CPU the first
-    execution of a loop body that never ran cost ~150 ms (the 50M policy at batch 1, each
-    chunk program and cache view), so a warm-up of zero steps left that cost to the first
-    real chunk of every arm, where it became the bandit's first measurement of that arm
-    (2x slow) and kept the arm out of its choices."""
+    execution of a loop body that never ran is far slower than the next (each chunk program
+    and cache view; experiments/RESULTS.md), so a warm-up of zero steps left that cost to
+    the first real chunk of every arm, where it became the bandit's first measurement of
+    that arm and kept the arm out of its choices."""
     b = state.batch  # distinct buffers: the state is donated
     live = state.replace(
       length=jnp.ones((b,), jnp.int32),
