@@ -15,19 +15,16 @@ import optax
 import pytest
 from flax import nnx
 from rl_helpers import IdTokenizer, seven_reward, tiny_grpo
+from tiny_models import ONE_PROGRAM_ENGINE, TINY_ONE_LAYER
 
 from tlt_jax.decode.sampling import SamplingConfig
-from tlt_jax.models.config import ModelConfig
 from tlt_jax.models.transformer import init_model
 from tlt_jax.rl import PolicyLossConfig, UpdateConfig, make_policy_update, token_logprobs
 from tlt_jax.rl.packing import pack_policy_batch
 from tlt_jax.rl.trainer import GRPOTrainer
-from tlt_jax.rollout.config import EngineConfig
 from tlt_jax.rollout.engine import RolloutEngine
 
-MODEL = ModelConfig(
-  vocab_size=40, num_layers=1, d_model=32, num_heads=4, num_kv_heads=2, head_dim=8, mlp_dim=64
-)
+MODEL = TINY_ONE_LAYER
 N, T, WIDTH = 8, 24, 48  # samples of up to T tokens, packed two or more to a row of WIDTH
 sg = jax.lax.stop_gradient
 
@@ -196,19 +193,7 @@ def test_tis_on_the_on_policy_path(model):
     update(_copy(params), sgd.init(params), batch, None)
 
 
-ENGINE = EngineConfig(
-  max_prompt_len=8,
-  max_new_tokens=12,
-  max_batch=8,
-  chunk_steps=12,
-  min_batch_bucket=8,
-  min_cache_bucket=32,
-  min_prompt_bucket=8,
-  compact=False,
-  cache_buckets=False,
-  capture_hidden=False,
-  stop_tokens=(0,),
-)
+ENGINE = ONE_PROGRAM_ENGINE
 
 
 @pytest.mark.parametrize(

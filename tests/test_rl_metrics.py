@@ -12,15 +12,14 @@ import numpy as np
 import pytest
 from flax import nnx
 from rl_helpers import IdTokenizer, seven_reward, tiny_grpo
+from tiny_models import ONE_PROGRAM_ENGINE, TINY_ONE_LAYER
 
 from tlt_jax.configuration import ConfigError
 from tlt_jax.decode.sampling import SamplingConfig
-from tlt_jax.models.config import ModelConfig
 from tlt_jax.models.transformer import init_model
 from tlt_jax.rl import PolicyLossConfig, UpdateConfig
 from tlt_jax.rl.metrics import MetricsConfig, MetricsLog, metrics_config, progress_postfix
 from tlt_jax.rl.trainer import GRPOTrainer
-from tlt_jax.rollout.config import EngineConfig
 from tlt_jax.rollout.engine import RolloutEngine
 
 
@@ -189,24 +188,10 @@ def test_trainer_logs_every_step_and_shows_throughput(tmp_path, trackers, capsys
   """The trainer hands its MetricsConfig to the log: each step's numbers reach W&B at that
   step, and the progress bar shows the rollout's tokens per second."""
   wandb, _ = trackers
-  model = ModelConfig(
-    vocab_size=40, num_layers=1, d_model=32, num_heads=4, num_kv_heads=2, head_dim=8, mlp_dim=64
+  graphdef, params = nnx.split(init_model(TINY_ONE_LAYER, seed=0))
+  engine = RolloutEngine(
+    graphdef, TINY_ONE_LAYER, ONE_PROGRAM_ENGINE, SamplingConfig(temperature=1.0)
   )
-  graphdef, params = nnx.split(init_model(model, seed=0))
-  engine_cfg = EngineConfig(
-    max_prompt_len=8,
-    max_new_tokens=12,
-    max_batch=8,
-    chunk_steps=12,
-    min_batch_bucket=8,
-    min_cache_bucket=32,
-    min_prompt_bucket=8,
-    compact=False,
-    cache_buckets=False,
-    capture_hidden=False,
-    stop_tokens=(0,),
-  )
-  engine = RolloutEngine(graphdef, model, engine_cfg, SamplingConfig(temperature=1.0))
   prompts = [{"question": f"{i} {i + 1} {i + 2}", "answer": ""} for i in range(1, 9)]
   trainer = GRPOTrainer(
     graphdef, params, engine, IdTokenizer(), prompts, prompts[:2], seven_reward,

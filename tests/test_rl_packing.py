@@ -8,17 +8,15 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
+from tiny_models import TINY_ONE_LAYER
 
 from tlt_jax.models.attention import causal_block
-from tlt_jax.models.config import ModelConfig
 from tlt_jax.models.transformer import init_model
 from tlt_jax.rl import PolicyLossConfig, make_policy_update, token_logprobs
 from tlt_jax.rl.loss import AGGREGATIONS
 from tlt_jax.rl.packing import pack_policy_batch, plan_packing, token_weights
 
-MODEL = ModelConfig(
-  vocab_size=40, num_layers=1, d_model=32, num_heads=4, num_kv_heads=2, head_dim=8, mlp_dim=64
-)
+MODEL = TINY_ONE_LAYER
 N, T, WIDTH = 8, 24, 32
 
 

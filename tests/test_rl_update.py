@@ -12,9 +12,9 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
+from tiny_models import TINY_ONE_LAYER
 
 from tlt_jax.decode.sampling import SamplingConfig
-from tlt_jax.models.config import ModelConfig
 from tlt_jax.models.transformer import init_model
 from tlt_jax.rl import (
   PolicyLossConfig,
@@ -28,9 +28,7 @@ from tlt_jax.rollout.config import EngineConfig
 from tlt_jax.rollout.engine import RolloutEngine
 from tlt_jax.utils.trees import path_name
 
-MODEL = ModelConfig(
-  vocab_size=40, num_layers=1, d_model=32, num_heads=4, num_kv_heads=2, head_dim=8, mlp_dim=64
-)
+MODEL = TINY_ONE_LAYER
 # One batch, cache and prompt bucket and one chunk: as few compiled programs as possible.
 ENGINE = EngineConfig(
   max_prompt_len=6,
