@@ -12,7 +12,7 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
-from tiny_models import TINY_ONE_LAYER
+from tiny_models import ONE_PROGRAM_ENGINE, TINY_ONE_LAYER
 
 from tlt_jax.decode.sampling import SamplingConfig
 from tlt_jax.models.transformer import init_model
@@ -24,24 +24,12 @@ from tlt_jax.rl import (
   token_logprobs,
 )
 from tlt_jax.rl.update import OUT_OF_SET_LOGP
-from tlt_jax.rollout.config import EngineConfig
 from tlt_jax.rollout.engine import RolloutEngine
 from tlt_jax.utils.trees import path_name
 
 MODEL = TINY_ONE_LAYER
-# One batch, cache and prompt bucket and one chunk: as few compiled programs as possible.
-ENGINE = EngineConfig(
-  max_prompt_len=6,
-  max_new_tokens=10,
-  max_batch=8,
-  chunk_steps=10,
-  min_batch_bucket=8,
-  min_cache_bucket=32,
-  min_prompt_bucket=8,
-  compact=False,
-  cache_buckets=False,
-  capture_hidden=False,
-)
+# No stop token: every row runs to its budget.
+ENGINE = dataclasses.replace(ONE_PROGRAM_ENGINE, stop_tokens=())
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8], [9], [10, 11, 12, 13, 14, 15]]
 B, T = 8, ENGINE.slots  # rollout and training batches share one log-prob program
 
