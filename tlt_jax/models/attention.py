@@ -66,10 +66,9 @@ def reduces(batch: int, new_tokens: int, form: str | None = None) -> bool:
   """Whether `attend` takes the multiply-reduce form (else the dots) under `form` (default:
   `current_attention_form()`). "auto": one new token over at
   least 16 rows (decode of a larger batch), or 2-31 new tokens over at least 2 rows (draft
-  verification, extends). Measured on XLA:CPU, 50M bench policy shapes, 512 cache slots, all
-  16 layers (`experiments/bench_decode_attention.py --parts=attention`), ms per step, dots ->
-  reduce: 1 token, batch 1 1.0 -> 1.7, 8 13.0 -> 18.4, 16 32.7 -> 22.4, 64 464 -> 108;
-  5 tokens, batch 1 3.0 -> 7.6, 2 7.0 -> 4.8; 17 tokens, batch 1 6.4 -> 12.2, 2 13.2 -> 8.6."""
+  verification, extends): where the multiply-reduce ran faster on XLA:CPU
+  (`experiments/bench_decode_attention.py --parts=attention`; the timings are in
+  experiments/RESULTS.md, "the README's former results section")."""
   form = _checked_form(current_attention_form() if form is None else form)
   if form != "auto":
     return form == "reduce"
