@@ -80,6 +80,22 @@ def test_every_example_is_checked():
   assert sorted({h for h, _ in EXAMPLES}) == sorted(CHECKS)
 
 
+def test_the_layout_table_names_every_part_of_the_package():
+  """The guide's map of the source stays whole: each package folder and top-level module
+  of tlt_jax appears in the Layout table (a newcomer looks there first)."""
+  table = DOC.read_text().split("## Layout", 1)[1].split("\n## ", 1)[0]
+  package = DOC.parents[1] / "tlt_jax"
+  parts = [p.name for p in package.iterdir() if p.is_dir() and (p / "__init__.py").exists()]
+  parts += [p.name for p in package.glob("*.py") if p.name != "__init__.py"]
+  assert len(parts) > 10
+  missing = [
+    name
+    for name in sorted(parts)
+    if f"`tlt_jax/{name}" not in table and not re.search(rf"`{re.escape(name)}`", table)
+  ]
+  assert not missing, f"docs/library.md's Layout table does not name {missing}"
+
+
 @pytest.mark.parametrize("code", [c for _, c in EXAMPLES], ids=[h for h, _ in EXAMPLES])
 def test_example_runs(code, tmp_path, monkeypatch):
   heading = next(h for h, c in EXAMPLES if c == code)
