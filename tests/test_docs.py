@@ -96,6 +96,18 @@ def test_the_layout_table_names_every_part_of_the_package():
   assert not missing, f"docs/library.md's Layout table does not name {missing}"
 
 
+def test_the_experiments_index_names_every_script():
+  """experiments/README.md has a line for each script there, and names no script that is
+  gone."""
+  folder = DOC.parents[1] / "experiments"
+  index = (folder / "README.md").read_text()
+  scripts = {p.name for p in folder.iterdir() if p.suffix in (".py", ".sh")}
+  named = set(re.findall(r"`([\w.]+\.(?:py|sh))`", index))
+  assert len(scripts) > 20
+  assert not scripts - named, f"experiments/README.md does not name {sorted(scripts - named)}"
+  assert not named - scripts, f"experiments/README.md names missing {sorted(named - scripts)}"
+
+
 @pytest.mark.parametrize("code", [c for _, c in EXAMPLES], ids=[h for h, _ in EXAMPLES])
 def test_example_runs(code, tmp_path, monkeypatch):
   heading = next(h for h, c in EXAMPLES if c == code)
