@@ -138,6 +138,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.drafter.warmup_prompts = 256  # training prompts rolled out (G = 1) for the warm start
   c.drafter.offline_steps = 300
   c.drafter.learning_rate = 2e-3
+  # The online phase's peak rate (mode tlt; 0: learning_rate). It restarts from the warm
+  # start's parameters with a new optimizer state and its own warm-up.
+  c.drafter.online_learning_rate = 0.0
   c.drafter.warmup_steps = 20
   c.drafter.weight_decay = 0.01
   c.drafter.grad_clip = 1.0

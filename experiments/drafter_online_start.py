@@ -6,7 +6,7 @@ one on the same fixed prompts after step 9 (its first 10-16 updates), and more f
 the drafter's optimisation can move its acceptance:
 
 1. the drafter's warm start is fitted as a job fits it (`train.prepare`: warm-up prompts
-   rolled out, `drafter.offline_steps` updates), keeping the fit's optimizer state;
+   rolled out, `drafter.offline_steps` updates), or restored from the work folder;
 2. steps of RL-like data (`--prompts` prompts x G samples of the training split, rolled
    out by the warm-start policy in calls of `rl.rows_per_call` rows) are fed, the same rows
    to every variant, each variant taking `--updates` updates a step on the same sampled
@@ -16,10 +16,11 @@ the drafter's optimisation can move its acceptance:
    every drafter sees the very same tokens), in slices of the engine's batch, so each
    variant's difference from the warm start is paired slice by slice.
 
-Variants (`--variants`): `fresh` (what a job does now: the warm start's parameters with a
-new optimizer state), `carried` (the fit's optimizer state and schedule carried over; needs
-`--refit`), or online settings joined by "+": `lr=<peak rate>`, `keep=<RL steps the buffer
-samples>`, `warmup=<updates>` (e.g. `lr=5e-4+keep=8`).
+Variants (`--variants`): `fresh` (what a job does: the warm start's parameters with a new
+optimizer state at the config's online settings), or online settings joined by "+":
+`lr=<peak rate>`, `keep=<RL steps the buffer samples>`, `warmup=<updates>` (e.g.
+`lr=5e-4+keep=8`). A variant that carried the fit's optimizer state on (what a job that
+fitted its warm start in the same process did until 2026-12-03) is at commit 8f8fb61.
 
   python experiments/drafter_online_start.py --config=configs/regime.py --refit \
     --warm=experiments/warm_starts/regime_stage8_hostH_2026-11-29 --out=runs/dstart
@@ -49,13 +50,13 @@ from tlt_jax.drafter.online import OnlineDrafter  # noqa: E402
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/regime.py", "job config")
 _WARM = flags.DEFINE_string("warm", "", "a folder holding the policy's warm_start (copied in)")
 _OUT = flags.DEFINE_string("out", "runs/drafter_online_start", "work folder and report")
-_VARIANTS = flags.DEFINE_list("variants", ["fresh", "carried", "lr=5e-4"], "see the docstring")
+_VARIANTS = flags.DEFINE_list("variants", ["fresh", "lr=5e-4"], "see the docstring")
 _STEPS = flags.DEFINE_integer("steps", 6, "steps of RL-like data")
 _PROMPTS = flags.DEFINE_integer("prompts", 8, "training prompts a step (G samples each)")
 _UPDATES = flags.DEFINE_integer("updates", 3, "drafter updates per step, per variant")
 _MEASURE = flags.DEFINE_list("measure_after", ["1", "2", "3", "4", "6"], "steps to measure after")
 _EVAL_PROMPTS = flags.DEFINE_integer("eval_prompts", 48, "held-out prompts (engine-batch slices)")
-_REFIT = flags.DEFINE_bool("refit", False, "fit the drafter's warm start again (variant carried)")
+_REFIT = flags.DEFINE_bool("refit", False, "fit the drafter's warm start again")
 
 
 _SETTINGS = {
@@ -68,13 +69,13 @@ _SETTINGS = {
 def variant_drafter(name: str, fitted: OnlineDrafter, job) -> OnlineDrafter:
   """A drafter starting from the fitted warm start's parameters, with a fresh buffer,
   version 0 (so every variant samples the same batches) and the variant's optimizer:
-  "fresh", "carried", or settings joined by "+" (e.g. "lr=5e-4+keep=8")."""
+  "fresh", or settings joined by "+" (e.g. "lr=5e-4+keep=8")."""
   cfg = configuration.drafter_config(job.config)
-  if name not in ("fresh", "carried"):
+  if name != "fresh":
     for part in name.split("+"):
       key, _, value = part.partition("=")
       if key not in _SETTINGS:
-        raise ValueError(f"unknown variant {name!r}: fresh, carried or {sorted(_SETTINGS)}")
+        raise ValueError(f"unknown variant {name!r}: fresh or {sorted(_SETTINGS)}")
       field, kind = _SETTINGS[key]
       cfg = dataclasses.replace(cfg, **{field: kind(value)})
   d = OnlineDrafter(
@@ -85,10 +86,6 @@ def variant_drafter(name: str, fitted: OnlineDrafter, job) -> OnlineDrafter:
     slots=job.engine.config.slots,
     feature_dim=job.model_cfg.d_model,
   )
-  if name == "carried":
-    if fitted.version == 0:
-      raise ValueError("variant carried needs the fit's optimizer state: pass --refit")
-    d.opt_state = jax.tree.map(lambda x: x.copy(), fitted.opt_state)
   return d
 
 
@@ -101,7 +98,7 @@ def main(argv):
   if _WARM.value and not os.path.isdir(os.path.join(work, "warm_start")):
     os.makedirs(work, exist_ok=True)
     shutil.copytree(os.path.join(_WARM.value, "warm_start"), os.path.join(work, "warm_start"))
-  if _REFIT.value:  # prepare then fits the drafter's warm start and keeps its optimizer state
+  if _REFIT.value:  # prepare then fits the drafter's warm start
     shutil.rmtree(os.path.join(work, "drafter_warm_start"), ignore_errors=True)
   t = time.perf_counter()
   job = train.prepare(config, work)

@@ -219,15 +219,23 @@ def engine_config(config: ml_collections.ConfigDict, tokenizer: Tokenizer) -> En
   return engine
 
 
-def drafter_config(config: ml_collections.ConfigDict) -> DrafterTrainConfig:
-  # warmup_prompts / offline_steps are the drafter's warm start (train.build_drafter).
-  return to_dataclass(
+def drafter_config(config: ml_collections.ConfigDict, online: bool = True) -> DrafterTrainConfig:
+  """The drafter's training settings: of its online phase (mode tlt, at
+  `drafter.online_learning_rate` where that is set), or with `online=False` of its warm
+  start's offline fit (`train.build_drafter`, with warmup_prompts / offline_steps)."""
+  cfg = to_dataclass(
     DrafterTrainConfig,
     config.drafter,
     "drafter",
-    ignore=("warmup_prompts", "offline_steps", "init_seed"),
+    ignore=("warmup_prompts", "offline_steps", "init_seed", "online_learning_rate"),
     seed=int(config.seed),
   )
+  rate = config.drafter.get("online_learning_rate", 0.0)
+  if not (isinstance(rate, int | float) and not isinstance(rate, bool) and rate >= 0):
+    raise ConfigError(
+      f"config.drafter.online_learning_rate must be a number >= 0 (0: learning_rate), got {rate!r}"
+    )
+  return dataclasses.replace(cfg, learning_rate=float(rate)) if online and rate else cfg
 
 
 def scheduler_config(config: ml_collections.ConfigDict) -> SchedulerConfig:
@@ -439,6 +447,7 @@ def _recipe(config: dict) -> dict:
   out["sft"].pop("key_windows", None)  # how fast attention runs, not what it computes
   for section in ("sft", "drafter"):  # how fast their steps run (float rounding aside)
     out[section].pop("cpu_fusions", None)
+  out["drafter"].pop("online_learning_rate", None)  # the online phase's, after the warm start
   return out
 
 

@@ -147,16 +147,32 @@ def build_drafter(
   """The EAGLE drafter's warm start for modes sd and tlt (reused from
   workdir/drafter_warm_start when present): `drafter.warmup_prompts` training
   prompts rolled out once by the warm-start policy (features captured), then
-  `drafter.offline_steps` optax updates on them."""
-  dcfg = configuration.drafter_config(config)
+  `drafter.offline_steps` optax updates on them.
+
+  The drafter returned holds the warm start's parameters and nothing else of the fit (a
+  new optimizer state at the online settings, `configuration.drafter_config`, an empty
+  buffer, version 0), whether the warm start was fitted here or restored: a run trains
+  on from it the same way either way. Carrying the fit's optimizer state on instead cost
+  accept length in the first online updates (experiments/drafter_online_start.py)."""
   dg, dp = nnx.split(init_drafter(model_cfg, seed=config.drafter.init_seed))
-  drafter = OnlineDrafter(
-    dg, dp, graphdef, dcfg, slots=engine.config.slots, feature_dim=model_cfg.d_model
-  )
   path = os.path.join(workdir, "drafter_warm_start")
-  if os.path.isdir(path):
-    drafter.params = checkpoint.restore_params(path, dp)
-    return drafter, {"source": path}
+  info: dict[str, Any] = {"source": path}
+  sizes = {"slots": engine.config.slots, "feature_dim": model_cfg.d_model}
+  if not os.path.isdir(path):
+    fit_cfg = configuration.drafter_config(config, online=False)
+    fit = OnlineDrafter(dg, dp, graphdef, fit_cfg, **sizes)
+    info = _fit_drafter_warm_start(
+      config, fit, params, engine, tokenizer, train, progress, prompt, path
+    )
+  restored = checkpoint.restore_params(path, dp)
+  return OnlineDrafter(dg, restored, graphdef, configuration.drafter_config(config), **sizes), info
+
+
+def _fit_drafter_warm_start(
+  config, drafter: OnlineDrafter, params, engine, tokenizer, train, progress, prompt, path
+) -> dict[str, Any]:
+  """Fits `drafter` on the warm-start policy's rollouts of `drafter.warmup_prompts`
+  training prompts and saves its parameters to `path`; returns what the fit measured."""
   start = time.perf_counter()
   # Prompts disjoint from the RL stream's first steps: drawn from the end of a fixed shuffle.
   order = np.random.default_rng(config.seed + 1).permutation(len(train))
@@ -181,7 +197,7 @@ def build_drafter(
     "final_top1_agreement": m["top1_agreement"],
   }
   logging.info("drafter warm start: %s", info)
-  return drafter, info
+  return info
 
 
 @dataclasses.dataclass
