@@ -447,7 +447,10 @@ def _recipe(config: dict) -> dict:
   out["sft"].pop("key_windows", None)  # how fast attention runs, not what it computes
   for section in ("sft", "drafter"):  # how fast their steps run (float rounding aside)
     out[section].pop("cpu_fusions", None)
-  out["drafter"].pop("online_learning_rate", None)  # the online phase's, after the warm start
+  # The online phase's, after the warm start (the fit's rows all come from one step, so
+  # keep_steps does not change it).
+  for key in ("online_learning_rate", "keep_steps"):
+    out["drafter"].pop(key, None)
   return out
 
 
