@@ -267,3 +267,52 @@ def test_random_params_have_the_models_tree_and_a_scale_per_kind():
   tokens = jnp.arange(8, dtype=jnp.int32)[None]
   h, _, _ = model(tokens, tokens)
   assert np.isfinite(np.asarray(model.logits(h), np.float32)).all()
+
+
+def test_compare_drafter_runs_pairs_the_runs_and_flags_a_different_policy(tmp_path):
+  """experiments/compare_drafter_runs.py on two made-up runs: the drafter evaluations,
+  updates a step and rollout seconds paired over the steps free of compiles in both; a
+  step whose reward differs is named (those runs did not train the same policy)."""
+  import json
+  import subprocess
+
+  def write(name, rollout_s, online, reward_at_3):
+    run = tmp_path / name
+    run.mkdir()
+    rows = []
+    for step in range(6):
+      row = {
+        "step": step,
+        "reward_mean": reward_at_3 if step == 3 else 0.5,
+        "length_mean": 100.0,
+        "time/rollout": rollout_s[step],
+        "time/step": rollout_s[step] + 10.0,
+        "time/drafter": 1.0,
+        "time/rollout_compile": 30.0 if step in (0, 2) else 0.0,
+        "time/train_compile": 0.0,
+        "drafter/updates": 2,
+        "spec/accept_length": 4.0,
+      }
+      if step == 4:
+        row.update({"drafter_eval/accept_online": online, "drafter_eval/accept_frozen": 9.0})
+        row["drafter_eval/online_version"] = 10
+      rows.append(row)
+    (run / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return str(run)
+
+  a = write("a", [50, 20, 40, 20, 20, 20], 9.5, 0.5)
+  b = write("b", [50, 30, 40, 30, 10, 30], 8.5, 0.25)
+  out = tmp_path / "report.json"
+  cmd = [sys.executable, "experiments/compare_drafter_runs.py", f"--runs={a},{b}", f"--out={out}"]
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  done = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=600)
+  assert done.returncode == 0, done.stderr[-3000:]
+  rep = json.loads(out.read_text())
+  assert rep["timed_steps"] == [1, 3, 4, 5]
+  assert rep["same_policy"] == {"b": {"steps": 6, "differing_steps": [3]}}
+  (eval_a,) = rep["runs"]["a"]["drafter_evals"]
+  (eval_b,) = rep["runs"]["b"]["drafter_evals"]
+  assert (eval_a["online_minus_frozen"], eval_b["online_minus_frozen"]) == (0.5, -0.5)
+  ratio = rep["runs"]["b"]["rollout_over_a"]
+  assert ratio["of_totals"] == 100 / 80 and ratio["median"] == 1.5 and ratio["range"] == [0.5, 1.5]
+  assert "| b | 4 | 8.50 | 9.00 | -0.50 | 10 |" in done.stdout
