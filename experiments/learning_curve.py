@@ -197,12 +197,16 @@ def warm_start_eval(summary_path: str, fast: FastEvaluation, trainer, warm) -> d
   return summary["eval"]
 
 
+def baseline_label(rows: dict[str, list[dict]]) -> str | None:
+  return next((label for label in rows if label.startswith("baseline")), None)
+
+
 def speed_table(rows: dict[str, list[dict]], modes: list[str], matmul_gflops: float) -> dict:
   """Per mode: mean step / rollout seconds (steps after the first), paired ratios against
   the baseline per step, r, s and Amdahl; compile seconds; the update's throughput over
-  the host's matmul rate (`curves.update_throughput`)."""
-  base = next(label for label in rows if label.startswith("baseline"))
-  b = rows[base][1:]
+  the host's matmul rate (`curves.update_throughput`). Without a baseline run, no ratios."""
+  base = baseline_label(rows)
+  b = rows[base][1:] if base else []
   table = {}
   for label, mine in rows.items():
     timed = mine[1:]
@@ -214,7 +218,7 @@ def speed_table(rows: dict[str, list[dict]], modes: list[str], matmul_gflops: fl
     }
     t["rollout_share"] = t["rollout_s"] / t["step_s"]
     t["update"] = curves.update_throughput(timed, matmul_gflops)
-    if label != base:
+    if base and label != base:
       t["step_speedup"] = curves.ratio_spread(
         [r["step_s"] for r in b], [r["step_s"] for r in timed]
       )
@@ -283,7 +287,8 @@ def main(argv):
       w = csv.DictWriter(f, fieldnames=list(rs[0]))
       w.writeheader()
       w.writerows(rs)
-  base = next(label for label in rows if label.startswith("baseline"))
+  # Every mode trains the same policy: the baseline's rows, or the first mode's without one.
+  base = baseline_label(rows) or next(iter(rows))
   rewards = {label: [r["reward"] for r in rs] for label, rs in rows.items()}
   equal = sum(
     len({round(rewards[label][i], 12) for label in rows}) == 1 for i in range(len(rewards[base]))

@@ -316,3 +316,24 @@ def test_compare_drafter_runs_pairs_the_runs_and_flags_a_different_policy(tmp_pa
   ratio = rep["runs"]["b"]["rollout_over_a"]
   assert ratio["of_totals"] == 100 / 80 and ratio["median"] == 1.5 and ratio["range"] == [0.5, 1.5]
   assert "| b | 4 | 8.50 | 9.00 | -0.50 | 10 |" in done.stdout
+
+
+def test_learning_curves_speed_table_runs_without_a_baseline():
+  """experiments/learning_curve.py with --modes=sd,tlt (no baseline): per-mode step times
+  and r, no ratios, instead of failing after the runs (it did, 2026-12-03)."""
+  import subprocess
+
+  code = (
+    "from experiments.learning_curve import speed_table\n"
+    "row = lambda s: {'step_s': 10.0 + s, 'rollout_s': 6.0, 'compile_s': 0.0, "
+    "'update_s': 0.0, 'update_tokens': 0}\n"
+    "rows = {m: [row(s) for s in range(3)] for m in ('sd_s0', 'tlt_s0')}\n"
+    "t = speed_table(rows, ['sd', 'tlt'], 100.0)\n"
+    "assert set(t) == {'sd_s0', 'tlt_s0'} and 'step_speedup' not in t['tlt_s0'], t\n"
+    "assert abs(t['tlt_s0']['rollout_share'] - 6.0 / 11.5) < 1e-9, t\n"
+    "rows['baseline_s0'] = [row(s) for s in range(3)]\n"
+    "assert speed_table(rows, ['baseline', 'sd', 'tlt'], 100.0)['tlt_s0']['step_speedup']\n"
+  )
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True)
+  assert done.returncode == 0, done.stderr[-3000:]
