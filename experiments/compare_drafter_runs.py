@@ -4,8 +4,10 @@ Speculative decoding never changes a token, so such runs train the very same pol
 rewards match step by step (checked here) and only the drafter, hence the rollout's seconds,
 can differ. Per run: the online and the frozen drafter's accept length on the fixed prompts
 at each drafter evaluation (`rl.drafter_eval_every`), drafter updates a step, the rollout's
-accept length by quarter of the run, and the rollout's seconds over the steps free of
-compiles, paired step by step with the first run's.
+accept length by quarter of the run, and the rollout's and the step's seconds after the
+first step, lazy compiles and evaluations left out as the learning curve leaves them out,
+paired step by step with the first run's; the update's seconds too, the same work in every
+run, so its ratio is the host's drift between the runs.
 
   python experiments/learning_curve.py --config=configs/regime.py --modes=tlt --seed=5 \
     --config.rl.steps=20 --config.rl.drafter_eval_every=5 --config.rl.eval_every=0 \
@@ -28,7 +30,7 @@ from absl import app, flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tlt_jax import curves  # noqa: E402
+from tlt_jax import compare, curves  # noqa: E402
 
 _RUNS = flags.DEFINE_list(
   "runs", [], "run folders (each with a metrics.jsonl); the first is the reference"
@@ -84,12 +86,9 @@ def by_quarter(rows: list[dict], key: str) -> list[float]:
 
 
 def timed_steps(rows: list[dict]) -> dict[int, dict]:
-  """Steps whose seconds compare: after the first, with no program compiled in them."""
-  return {
-    r["step"]: r
-    for r in rows[1:]
-    if r.get("time/rollout_compile", 0.0) == 0.0 and r.get("time/train_compile", 0.0) == 0.0
-  }
+  """Steps after the first, as the learning curve times them (`compare.step_row`): lazy
+  compiles and evaluations (the drafter's included) taken out of their seconds."""
+  return {r["step"]: {**compare.step_row("", r), "update_s": r["time/update"]} for r in rows[1:]}
 
 
 def report(runs: dict[str, list[dict]]) -> dict[str, Any]:
@@ -104,16 +103,17 @@ def report(runs: dict[str, list[dict]]) -> dict[str, Any]:
       "drafter_evals": drafter_evals(rows),
       "drafter_updates": {"min": int(min(updates)), "mean": float(np.mean(updates))},
       "rollout_accept_by_quarter": by_quarter(rows, "spec/accept_length"),
-      "rollout_s": float(sum(timed[label][s]["time/rollout"] for s in common)),
-      "drafter_s": float(sum(timed[label][s]["time/drafter"] for s in common)),
-      "step_s": float(sum(timed[label][s]["time/step"] for s in common)),
+      "rollout_s": float(sum(timed[label][s]["rollout_s"] for s in common)),
+      "step_s": float(sum(timed[label][s]["step_s"] for s in common)),
     }
     if label != ref_label and common:
       ref = timed[ref_label]
-      for what in ("rollout", "step"):
+      # The update is the same work in every run (same policy, same tokens): its ratio is
+      # the host's drift between the runs, the control for the others.
+      for what in ("rollout", "step", "update"):
         entry[f"{what}_over_{ref_label}"] = curves.ratio_spread(
-          [timed[label][s][f"time/{what}"] for s in common],
-          [ref[s][f"time/{what}"] for s in common],
+          [timed[label][s][f"{what}_s"] for s in common],
+          [ref[s][f"{what}_s"] for s in common],
         )
     out["runs"][label] = entry
   return out
@@ -143,7 +143,7 @@ def markdown(rep: dict[str, Any]) -> str:
       f"{e['rollout_s']:.1f} | {e['step_s']:.1f} |"
     )
   for label, e in rep["runs"].items():
-    for what in ("rollout", "step"):
+    for what in ("rollout", "step", "update"):
       key = next((k for k in e if k.startswith(f"{what}_over_")), None)
       if key:
         r = e[key]
@@ -151,7 +151,9 @@ def markdown(rep: dict[str, Any]) -> str:
           f"\n{label} {key.replace('_', ' ')}: {r['of_totals']:.3f} of totals, per step median "
           f"{r['median']:.3f} [{r['quartiles'][0]:.3f}-{r['quartiles'][1]:.3f}]"
         )
-  lines.append(f"\nsteps timed (no compile in any run): {len(rep['timed_steps'])}")
+  lines.append(
+    f"\nsteps timed (after the first, compiles and evaluations out): {len(rep['timed_steps'])}"
+  )
   lines.append(f"same policy: {json.dumps(rep['same_policy'])}")
   return "\n".join(lines)
 

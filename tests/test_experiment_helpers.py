@@ -271,7 +271,7 @@ def test_random_params_have_the_models_tree_and_a_scale_per_kind():
 
 def test_compare_drafter_runs_pairs_the_runs_and_flags_a_different_policy(tmp_path):
   """experiments/compare_drafter_runs.py on two made-up runs: the drafter evaluations,
-  updates a step and rollout seconds paired over the steps free of compiles in both; a
+  updates a step and rollout seconds paired after the first step, compiles left out; a
   step whose reward differs is named (those runs did not train the same policy)."""
   import json
   import subprocess
@@ -290,6 +290,7 @@ def test_compare_drafter_runs_pairs_the_runs_and_flags_a_different_policy(tmp_pa
         "time/drafter": 1.0,
         "time/rollout_compile": 30.0 if step in (0, 2) else 0.0,
         "time/train_compile": 0.0,
+        "time/update": 8.0,
         "drafter/updates": 2,
         "spec/accept_length": 4.0,
       }
@@ -308,13 +309,15 @@ def test_compare_drafter_runs_pairs_the_runs_and_flags_a_different_policy(tmp_pa
   done = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=600)
   assert done.returncode == 0, done.stderr[-3000:]
   rep = json.loads(out.read_text())
-  assert rep["timed_steps"] == [1, 3, 4, 5]
+  assert rep["timed_steps"] == [1, 2, 3, 4, 5]
   assert rep["same_policy"] == {"b": {"steps": 6, "differing_steps": [3]}}
   (eval_a,) = rep["runs"]["a"]["drafter_evals"]
   (eval_b,) = rep["runs"]["b"]["drafter_evals"]
   assert (eval_a["online_minus_frozen"], eval_b["online_minus_frozen"]) == (0.5, -0.5)
   ratio = rep["runs"]["b"]["rollout_over_a"]
-  assert ratio["of_totals"] == 100 / 80 and ratio["median"] == 1.5 and ratio["range"] == [0.5, 1.5]
+  # Step 2's 30 s of compiles are left out: 10 s of rollout in both runs.
+  assert ratio["of_totals"] == 110 / 90 and ratio["median"] == 1.5 and ratio["range"] == [0.5, 1.5]
+  assert rep["runs"]["b"]["update_over_a"]["of_totals"] == 1.0
   assert "| b | 4 | 8.50 | 9.00 | -0.50 | 10 |" in done.stdout
 
 
