@@ -123,8 +123,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   # Online (mode tlt), from the warm start's parameters: at the fit's 2e-3 the first ~10
   # updates cost accept length; at 1e-3, sampling the buffer's last 8 steps (its 512 rows
   # hold 4 of this curve's), no dip and ~0.25 more tokens a round after 50 updates, with the
-  # policy held fixed (experiments/drafter_online_start.py; RESULTS.md, 2026-12-03). The
-  # five seeds of 2026-11-29..12-02 ran at 2e-3 and 2 steps.
+  # policy held fixed (experiments/drafter_online_start.py; RESULTS.md, 2026-12-03). Inside
+  # RL the dip is smaller, not gone (RESULTS.md, 2026-12-03, "inside RL"). The five seeds of
+  # 2026-11-29..12-02 ran at 2e-3 and 2 steps.
   c.drafter.online_learning_rate = 1e-3
   c.drafter.keep_steps = 8
 
