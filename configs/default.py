@@ -150,6 +150,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.drafter.buffer_bytes = 2**31  # host memory cap on the buffer (caps buffer_rows)
   c.drafter.buffer_dtype = "bfloat16"  # the buffered target features
   c.drafter.keep_steps = 2
+  # Online updates wait for this many rows in the buffer (1: from the first row in).
+  c.drafter.min_rows = 1
   # XLA:CPU's library fusions in the drafter's update (tlt_jax/utils/cpu_fusions.py).
   c.drafter.cpu_fusions = "dots"
   c.scheduler = ml_collections.ConfigDict()

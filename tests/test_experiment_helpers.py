@@ -340,3 +340,42 @@ def test_learning_curves_speed_table_runs_without_a_baseline():
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True)
   assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_drafter_eval_checkpoints_restores_a_tlt_runs_saved_drafter(tmp_path):
+  """experiments/drafter_eval_checkpoints.py on a tiny tlt run: the policy and online
+  drafter it saved at a checkpoint, against the frozen warm start on slices of held-out
+  prompts (the same run twice: equal figures, the saved version); a step without a
+  checkpoint is named."""
+  import json
+  import subprocess
+
+  from configs import default
+  from tlt_jax import compare
+
+  c = default.get_config("tiny")
+  c.rl.update(steps=1, checkpoint_every=1)
+  out = str(tmp_path / "out")
+  compare.run_interleaved(c, out, ["tlt"], 0, 1, progress=False)
+  run, rep = os.path.join(out, "tlt_s0"), tmp_path / "eval.json"
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  cmd = [
+    sys.executable,
+    "experiments/drafter_eval_checkpoints.py",
+    "--config=configs/default.py:tiny",
+    f"--runs={run},{run}",
+    "--labels=a,b",
+    "--prompts=4",
+  ]
+  step1 = [*cmd, "--step=1", f"--out={rep}"]
+  done = subprocess.run(step1, cwd=root, capture_output=True, text=True)
+  assert done.returncode == 0, done.stderr[-3000:]
+  got = json.loads(rep.read_text())
+  assert got["prompts"] == 4 and len(got["frozen"]) == got["slices"] == 1
+  a, b = got["runs"]["a"], got["runs"]["b"]
+  with open(os.path.join(run, "metrics.jsonl")) as f:
+    (row,) = [json.loads(line) for line in f]
+  assert a["version"] == row["drafter/version"] >= 1  # the saved drafter, not the warm start
+  assert a["online"] == b["online"] and a["online_minus_frozen"]["pairs"] == 1
+  done = subprocess.run([*cmd, "--step=7"], cwd=root, capture_output=True, text=True)
+  assert done.returncode != 0 and "has no step 7" in done.stderr

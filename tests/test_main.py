@@ -561,16 +561,21 @@ def test_the_online_drafter_starts_from_the_warm_starts_parameters_alone(tmp_pat
 
 
 def test_the_online_rate_is_not_part_of_the_warm_starts_recipe(tmp_path):
-  """drafter.online_learning_rate and keep_steps act after the warm start: a folder built at
-  others is reused; another fit rate is refused; a negative rate is a config error."""
+  """drafter.online_learning_rate, keep_steps and min_rows act after the warm start: a
+  folder built at others is reused; another fit rate is refused; a negative rate is a
+  config error."""
   built = default.get_config("")
   (tmp_path / "drafter_warm_start").mkdir()
   (tmp_path / "config.json").write_text(built.to_json_best_effort())
   online = built.copy_and_resolve_references()
   online.drafter.online_learning_rate = 1e-4
   online.drafter.keep_steps = 8
+  online.drafter.min_rows = 128
   configuration.check_same_recipe(online, str(tmp_path), "no")
   assert configuration.drafter_config(online).learning_rate == 1e-4
+  assert configuration.drafter_config(online).min_rows == 128
+  # The fit observes all its rows before it updates: min_rows is the online phase's.
+  assert configuration.drafter_config(online, online=False).min_rows == 1
   fit = built.copy_and_resolve_references()
   fit.drafter.learning_rate = 1e-4
   with pytest.raises(configuration.ConfigError, match="drafter.learning_rate"):

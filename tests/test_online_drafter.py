@@ -130,7 +130,7 @@ def online():
 
 def test_online_drafter_learns_from_its_buffer(online):
   drafter, tp, tokens, hidden = online
-  with pytest.raises(ValueError, match="empty"):
+  with pytest.raises(ValueError, match="holds 0 rows it may sample, fewer than min_rows=1"):
     drafter.update(tp)
   drafter.buffer.add(tokens, hidden, np.full((8,), 4), np.full((8,), 24), step=0)
   losses = [float(drafter.update(tp)["loss"]) for _ in range(30)]
@@ -138,6 +138,32 @@ def test_online_drafter_learns_from_its_buffer(online):
   assert np.mean(losses[-5:]) < 0.7 * np.mean(losses[:5])
   with pytest.raises(ValueError, match="batch_rows"):
     DrafterTrainConfig(batch_rows=0)
+
+
+def test_online_updates_wait_for_min_rows_the_buffer_may_sample(online):
+  """min_rows: not ready, and no update, until the buffer holds that many rows of its
+  newest keep_steps steps (a step's first engine call holds a prompt or two's samples)."""
+  _, tp, tokens, hidden = online
+  tg = nnx.split(init_model(MODEL, seed=0))[0]
+  dg, dp = nnx.split(init_drafter(MODEL, seed=1))
+  cfg = DrafterTrainConfig(batch_rows=2, row_len=24, min_rows=6, keep_steps=1)
+  drafter = OnlineDrafter(dg, dp, tg, cfg, slots=24, feature_dim=MODEL.d_model)
+
+  def add(rows, step):
+    drafter.buffer.add(tokens[rows], hidden[rows], np.full((4,), 4), np.full((4,), 24), step)
+
+  add(slice(0, 4), step=0)
+  assert not drafter.ready()
+  with pytest.raises(ValueError, match="holds 4 rows it may sample, fewer than min_rows=6"):
+    drafter.update(tp)
+  assert drafter.version == 0
+  add(slice(4, 8), step=0)
+  assert drafter.ready()
+  drafter.update(tp)
+  add(slice(0, 4), step=1)  # keep_steps=1: step 0's rows no longer count
+  assert len(drafter.buffer) == 4 and not drafter.ready()
+  with pytest.raises(ValueError, match="min_rows must be a positive int"):
+    DrafterTrainConfig(min_rows=0)
 
 
 def _fresh_like(drafter, seed):

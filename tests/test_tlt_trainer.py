@@ -190,3 +190,31 @@ def test_without_a_minimum_shut_slices_never_train_and_both_drafters_measure_ali
   assert default_strategy(ENGINE) == "chain2"
   with pytest.raises(ValueError, match="strategy"):
     DrafterEvalConfig(every=1, strategy="group4")
+
+
+def test_the_drafter_evaluation_spans_several_engine_calls(models, pool):
+  """More prompts than the engine's max_batch: one call per max_batch of them, each with its
+  own sequence ids, and the accept length is all calls' tokens over all their row-rounds
+  (not a mean of the calls' means); within one call it is that call's figure."""
+  from tlt_jax.drafter.acceptance import DrafterAcceptance
+
+  tg, tp, dg, dp = models
+  engine = RolloutEngine(tg, MODEL, ENGINE, SamplingConfig(temperature=1.0), pool, dg)
+  prompts = [[1 + (i % 5), 2 + i] for i in range(ENGINE.max_batch + 3)]
+  many = DrafterAcceptance(engine, prompts, DrafterEvalConfig(every=1, prompts=len(prompts)))
+  calls = []
+  generate = many.engine.generate
+
+  def counted(params, batch, *args, **kwargs):
+    result = generate(params, batch, *args, **kwargs)
+    calls.append((len(batch), kwargs["seq_id_offset"], result.spec_summary()))
+    return result
+
+  many.engine.generate = counted
+  got = many.accept_length(tp, dp)
+  (n0, off0, s0), (n1, off1, s1) = calls
+  assert (n0, n1) == (ENGINE.max_batch, 3) and off1 - off0 == ENGINE.max_batch
+  rounds = s0["row_rounds"] + s1["row_rounds"]
+  assert got == pytest.approx((s0["tokens"] + s1["tokens"]) / rounds)
+  one = DrafterAcceptance(engine, prompts, DrafterEvalConfig(every=1, prompts=ENGINE.max_batch))
+  assert one.accept_length(tp, dp) == pytest.approx(s0["accept_length"])

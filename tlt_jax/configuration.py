@@ -235,7 +235,9 @@ def drafter_config(config: ml_collections.ConfigDict, online: bool = True) -> Dr
     raise ConfigError(
       f"config.drafter.online_learning_rate must be a number >= 0 (0: learning_rate), got {rate!r}"
     )
-  return dataclasses.replace(cfg, learning_rate=float(rate)) if online and rate else cfg
+  if not online:  # the fit observes all its rows before its first update
+    return dataclasses.replace(cfg, min_rows=1)
+  return dataclasses.replace(cfg, learning_rate=float(rate)) if rate else cfg
 
 
 def scheduler_config(config: ml_collections.ConfigDict) -> SchedulerConfig:
@@ -447,9 +449,9 @@ def _recipe(config: dict) -> dict:
   out["sft"].pop("key_windows", None)  # how fast attention runs, not what it computes
   for section in ("sft", "drafter"):  # how fast their steps run (float rounding aside)
     out[section].pop("cpu_fusions", None)
-  # The online phase's, after the warm start (the fit's rows all come from one step, so
-  # keep_steps does not change it).
-  for key in ("online_learning_rate", "keep_steps"):
+  # The online phase's, after the warm start (the fit's rows all come from one step and are
+  # all in before its first update, so keep_steps and min_rows do not change it).
+  for key in ("online_learning_rate", "keep_steps", "min_rows"):
     out["drafter"].pop(key, None)
   return out
 

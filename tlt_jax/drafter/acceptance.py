@@ -38,7 +38,8 @@ class DrafterEvalConfig:
     every: RL steps between measurements (0: never); measured after steps every,
       2 x every, ... (the step's metrics row gets drafter_eval/*).
     prompts: held-out prompts rolled out (one sample each) per drafter, the first ones of
-      the trainer's held-out examples (at most the engine's max_batch).
+      the trainer's held-out examples, in engine calls of its max_batch (one call's worth
+      is a small sample: slices of 8 prompts differed by up to a token a round).
     strategy: the draft strategy every chunk runs, a drafter's chain or tree ("": the
       deepest chain among the engine's strategies, "chain4" when it has none).
   """
@@ -91,7 +92,7 @@ class DrafterAcceptance:
       raise ValueError("a drafter evaluation needs an engine built with drafter_graphdef")
     ecfg = engine.config
     self.strategy = config.strategy or default_strategy(ecfg)
-    self.prompts = [list(p) for p in prompts[: min(config.prompts, ecfg.max_batch)]]
+    self.prompts = [list(p) for p in prompts[: config.prompts]]
     if not self.prompts:
       raise ValueError("a drafter evaluation needs held-out prompts; none were given")
     # Every batch bucket speculative with the one strategy: no bandit, no plain chunk.
@@ -111,19 +112,25 @@ class DrafterAcceptance:
     self.key = key
 
   def accept_length(self, params: nnx.State, drafter_params: nnx.State) -> float:
-    """Tokens committed per speculative round per row with `drafter_params` (the same
-    tokens whatever the drafter: only the rounds they take differ)."""
-    result = self.engine.generate(
-      params,
-      self.prompts,
-      1,
-      key=self.key,
-      seq_id_offset=_SEQ_OFFSET,
-      drafter_params=drafter_params,
-    )
-    summary = result.spec_summary()
+    """Tokens committed per speculative round per row with `drafter_params`, over all the
+    prompts (one engine call per max_batch of them; the same tokens whatever the drafter:
+    only the rounds they take differ)."""
+    tokens = row_rounds = 0
+    batch = self.engine.config.max_batch
+    for start in range(0, len(self.prompts), batch):
+      result = self.engine.generate(
+        params,
+        self.prompts[start : start + batch],
+        1,
+        key=self.key,
+        seq_id_offset=_SEQ_OFFSET + start,
+        drafter_params=drafter_params,
+      )
+      summary = result.spec_summary()
+      tokens += summary["tokens"]
+      row_rounds += summary["row_rounds"]
     # No round at all (every row ended at its prompt): nothing was measured.
-    return summary["accept_length"] if summary["row_rounds"] else float("nan")
+    return tokens / row_rounds if row_rounds else float("nan")
 
   def compare(
     self, params: nnx.State, frozen: nnx.State, online: nnx.State | None = None

@@ -51,6 +51,9 @@ class DrafterTrainConfig:
     buffer_dtype: the features' storage dtype ("bfloat16" halves float32's bytes; the
       drafter's loss upcasts).
     keep_steps: RL steps of rollouts the buffer samples from (newest first).
+    min_rows: updates wait until the buffer holds this many rows it may sample: a step's
+      first engine calls hold the samples of a prompt or two, and updates on those alone
+      fit them and cost accept length everywhere else (1: update as soon as a row is in).
     seed: batch sampling.
     cpu_fusions: XLA:CPU's library fusions of the update's program (`utils.cpu_fusions`):
       "dots" (YNNPACK for its products only) or "xla" (XLA's default); ignored off a CPU.
@@ -69,6 +72,7 @@ class DrafterTrainConfig:
   buffer_bytes: int = 2**31
   buffer_dtype: str = "bfloat16"
   keep_steps: int = 2
+  min_rows: int = 1
   seed: int = 0
   cpu_fusions: str = "dots"
 
@@ -76,7 +80,7 @@ class DrafterTrainConfig:
     checked_cpu_fusions(self.cpu_fusions)
     if not (self.learning_rate > 0):
       raise ValueError(f"DrafterTrainConfig.learning_rate must be > 0, got {self.learning_rate}")
-    for name in ("batch_rows", "buffer_rows", "keep_steps"):
+    for name in ("batch_rows", "buffer_rows", "keep_steps", "min_rows"):
       v = getattr(self, name)
       if not isinstance(v, int) or v < 1:
         raise ValueError(f"DrafterTrainConfig.{name} must be a positive int, got {v!r}")
@@ -166,8 +170,8 @@ class OnlineDrafter:
     self.last_metrics: dict[str, jax.Array] = {}
 
   def ready(self) -> bool:
-    """Whether the buffer holds data to train on."""
-    return len(self.buffer) > 0
+    """Whether the buffer holds enough rows to train on (`config.min_rows`)."""
+    return len(self.buffer) >= self.config.min_rows
 
   def observe(self, result: Any, step: int) -> int:
     """Adds a RolloutResult's rows (tokens + target features) from RL step `step`."""
@@ -218,7 +222,10 @@ class OnlineDrafter:
     """(params, opt_state, target_params, batch) on `mesh` (None: as they are), the batch
     sampled for the current version."""
     if not self.ready():
-      raise ValueError("the drafter buffer is empty: observe rollouts before updating")
+      raise ValueError(
+        f"the drafter buffer holds {len(self.buffer)} rows it may sample, fewer than "
+        f"min_rows={self.config.min_rows}: observe rollouts before updating"
+      )
     rng = np.random.default_rng([self.config.seed, self.version])
     batch = self.buffer.sample(rng, self.config.batch_rows, self.row_len)
     if mesh is not None:
