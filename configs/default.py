@@ -224,9 +224,10 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.rl.rewards = ""
   # Modes sd and tlt: every this many steps (0: never), the accept length (tokens per
   # speculative round per row, at the rollout temperature, one fixed key) of the online
-  # and the warm-start drafter on the same first drafter_eval_prompts held-out prompts,
-  # every chunk drafted by drafter_eval_strategy ("": the engine's deepest chain);
-  # drafter_eval/* metrics, in time/eval.
+  # and the warm-start drafter on the same first drafter_eval_prompts held-out prompts
+  # (in engine calls of max_batch; at most rl.eval_examples), every chunk drafted by
+  # drafter_eval_strategy ("": the engine's deepest chain); drafter_eval/* metrics, in
+  # time/eval.
   c.rl.drafter_eval_every = 0
   c.rl.drafter_eval_prompts = 8
   c.rl.drafter_eval_strategy = ""

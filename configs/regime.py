@@ -124,8 +124,10 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   # updates cost accept length; at 1e-3, sampling the buffer's last 8 steps (its 512 rows
   # hold 4 of this curve's), no dip and ~0.25 more tokens a round after 50 updates, with the
   # policy held fixed (experiments/drafter_online_start.py; RESULTS.md, 2026-12-03). Inside
-  # RL the dip is smaller, not gone (RESULTS.md, 2026-12-03, "inside RL"). The five seeds of
-  # 2026-11-29..12-02 ran at 2e-3 and 2 steps.
+  # RL the dip stayed until updates waited for a step's rows (min_rows, set below): a step's
+  # first engine calls hold one or two prompts' samples, and the updates the rollout's long
+  # tail ran on those alone cost ~0.6 tokens a round for 20 steps (RESULTS.md, 2026-12-03,
+  # "min_rows"). The five seeds of 2026-11-29..12-02 ran at 2e-3 and 2 steps, from 1 row.
   c.drafter.online_learning_rate = 1e-3
   c.drafter.keep_steps = 8
 
@@ -143,7 +145,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.rl.eval_samples = 4
   c.rl.checkpoint_every = 10
   c.rl.drafter_eval_every = 10
-  c.rl.drafter_eval_prompts = 8
+  # Six engine calls of 8: one call's prompts gave the online drafter's gain within a token
+  # a round either way (RESULTS.md, 2026-12-03, "min_rows").
+  c.rl.drafter_eval_prompts = 48
   # Programs compile lazily, when a rollout first needs them: their seconds are taken out of
   # the step times and of the bandit's rewards, and most of the (batch bucket x cache
   # bucket x arm) programs an eager warm-up would compile are never run.
@@ -175,6 +179,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   elif arg == "tiny":
     _gpu(c)
     _tiny(c)
+  # Online drafter updates wait for one RL step's rows (see online_learning_rate above).
+  c.drafter.min_rows = min(c.rl.prompts_per_step * c.rl.group_size, c.drafter.buffer_rows)
   return c
 
 

@@ -401,6 +401,11 @@ def test_regime_config_is_in_tlts_regime():
   assert all(e["solution"].rsplit(";", 2)[-2].lstrip("~!")[:2] in ("1:", "2:") for e in examples)
   # One update program: every sample fits a row, and the rows a step fills fit the floor.
   assert update.pack_width == engine.slots and update.min_rows >= 16
+  # Online drafter updates wait for a whole step's rows, in every variant.
+  for variant in ("", "gpu", "small", "tiny"):
+    c = regime.get_config(variant)
+    want = c.rl.prompts_per_step * c.rl.group_size
+    assert configuration.drafter_config(c).min_rows == want <= c.drafter.buffer_rows
 
 
 def test_regime_gpu_variant_is_the_cpu_curve_at_a_gpus_rows(tmp_path):
