@@ -1,10 +1,10 @@
 r"""Online against frozen drafter on many held-out prompts, from tlt runs' checkpoints.
 
 The RL loop's drafter evaluation (`rl.drafter_eval_every`) rolls out the first
-`rl.drafter_eval_prompts` held-out prompts, one engine call at most (8 prompts in the
-regime). One slice of 8 is a small sample: with the policy fixed, slices of 8 prompts
-differed by up to a token a round in what the same online drafter gained (RESULTS.md,
-2026-12-03). This measures saved checkpoints of tlt runs on many more: per run, the policy
+`rl.drafter_eval_prompts` held-out prompts (8 in the runs of 2026-12-03, one engine call).
+One slice of 8 is a small sample: with the policy fixed, slices of 8 prompts differed by
+up to a token a round in what the same online drafter gained (RESULTS.md, 2026-12-03).
+This measures saved checkpoints of tlt runs on many more, slice by slice: per run, the policy
 and the online drafter as the run saved them at `--step`, and the frozen drafter (its warm
 start), by `DrafterAcceptance` on consecutive slices of held-out prompts (one engine call
 each, the loop's key). Runs of one seed that differ only in drafter settings trained the
