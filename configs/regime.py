@@ -127,7 +127,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   # RL the dip stayed until updates waited for a step's rows (min_rows, set below): a step's
   # first engine calls hold one or two prompts' samples, and the updates the rollout's long
   # tail ran on those alone still cost ~0.6 tokens a round after 10 steps (RESULTS.md,
-  # 2026-12-03, "min_rows"). The five seeds of 2026-11-29..12-02 ran at 2e-3 and 2 steps, from 1 row.
+  # 2026-12-03, "min_rows"). The five seeds of 2026-11-29..12-02 ran at 2e-3 and 2 steps,
+  # from 1 row.
   c.drafter.online_learning_rate = 1e-3
   c.drafter.keep_steps = 8
 
