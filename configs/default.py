@@ -259,6 +259,11 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   # (experiments/gradient_signal.py measures it; figures in experiments/RESULTS.md.)
   c.rl_update.learning_rate = 0.2
   c.rl_update.warmup_steps = 2
+  # RL steps the warmup-cosine schedule spans (0: rl.steps). The schedule's horizon sets
+  # every step's rate after the warmup, so a shorter run repeats a longer one's first steps
+  # exactly only with the longer one's horizon: --config.rl.steps=5
+  # --config.rl_update.schedule_steps=40 replays the first 5 steps of a 40-step run.
+  c.rl_update.schedule_steps = 0
   c.rl_update.weight_decay = 0.0
   c.rl_update.grad_clip = 1.0
   c.rl_update.micro_batch = 8  # packed rows (rl/packing.py)

@@ -167,7 +167,15 @@ def main(argv):
     raise app.UsageError("--labels needs a name per run")
   runs = {label: load_rows(run) for label, run in zip(labels, _RUNS.value)}
   rep = report(runs)
+  horizons = {label: compare.schedule_horizon(run) for label, run in zip(labels, _RUNS.value)}
+  rep["schedule_horizons"] = horizons
   print(markdown(rep))
+  if len(set(horizons.values())) > 1:
+    # Past the warmup every step's learning rate depends on the horizon.
+    print(
+      f"\nWARNING: the runs' learning-rate schedules span different RL steps {horizons}: "
+      "their policies part after the warmup (rerun with --config.rl_update.schedule_steps)"
+    )
   if _OUT.value:
     with open(_OUT.value, "w") as f:
       json.dump(rep, f, indent=1)

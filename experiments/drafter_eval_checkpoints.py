@@ -119,7 +119,12 @@ def main(argv):
         f"frozen: {np.mean(report['frozen']):.3f} ({time.perf_counter() - t:.0f} s)", flush=True
       )
     elif digest != policy_hash:
-      raise ValueError(f"{run} saved another policy at step {_STEP.value} than {first}")
+      horizons = [compare.schedule_horizon(r) for r in (first, run)]
+      why = f" (learning-rate schedules over {horizons[0]} and {horizons[1]} RL steps)"
+      raise ValueError(
+        f"{run} saved another policy at step {_STEP.value} than {first}"
+        + (why if horizons[0] != horizons[1] else "")
+      )
     got = [s.accept_length(params, online) for s in slices]
     gap = np.subtract(got, report["frozen"])
     report["runs"][label] = {

@@ -1,6 +1,7 @@
 """Helpers the experiment scripts share (experiments/common.py)."""
 
 import os
+import shutil
 import sys
 from types import SimpleNamespace
 
@@ -272,13 +273,19 @@ def test_random_params_have_the_models_tree_and_a_scale_per_kind():
 def test_compare_drafter_runs_pairs_the_runs_and_flags_a_different_policy(tmp_path):
   """experiments/compare_drafter_runs.py on two made-up runs: the drafter evaluations,
   updates a step and rollout seconds paired after the first step, compiles left out; a
-  step whose reward differs is named (those runs did not train the same policy)."""
+  step whose reward differs is named (those runs did not train the same policy), and so
+  are learning-rate schedules over different horizons (one reason why)."""
   import json
   import subprocess
 
-  def write(name, rollout_s, online, reward_at_3):
+  from configs import default
+
+  def write(name, rollout_s, online, reward_at_3, steps):
     run = tmp_path / name
     run.mkdir()
+    config = default.get_config("tiny")
+    config.rl.steps = steps
+    (run / "config.json").write_text(config.to_json_best_effort())
     rows = []
     for step in range(6):
       row = {
@@ -301,8 +308,8 @@ def test_compare_drafter_runs_pairs_the_runs_and_flags_a_different_policy(tmp_pa
     (run / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     return str(run)
 
-  a = write("a", [50, 20, 40, 20, 20, 20], 9.5, 0.5)
-  b = write("b", [50, 30, 40, 30, 10, 30], 8.5, 0.25)
+  a = write("a", [50, 20, 40, 20, 20, 20], 9.5, 0.5, 6)
+  b = write("b", [50, 30, 40, 30, 10, 30], 8.5, 0.25, 20)
   out = tmp_path / "report.json"
   cmd = [sys.executable, "experiments/compare_drafter_runs.py", f"--runs={a},{b}", f"--out={out}"]
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -319,6 +326,8 @@ def test_compare_drafter_runs_pairs_the_runs_and_flags_a_different_policy(tmp_pa
   assert ratio["of_totals"] == 110 / 90 and ratio["median"] == 1.5 and ratio["range"] == [0.5, 1.5]
   assert rep["runs"]["b"]["update_over_a"]["of_totals"] == 1.0
   assert "| b | 4 | 8.50 | 9.00 | -0.50 | 10 |" in done.stdout
+  assert rep["schedule_horizons"] == {"a": 6, "b": 20}
+  assert "schedules span different RL steps" in done.stdout
 
 
 def test_learning_curves_speed_table_runs_without_a_baseline():
@@ -342,7 +351,20 @@ def test_learning_curves_speed_table_runs_without_a_baseline():
   assert done.returncode == 0, done.stderr[-3000:]
 
 
-def test_drafter_eval_checkpoints_restores_a_tlt_runs_saved_drafter(tmp_path):
+@pytest.fixture(scope="module")
+def tiny_tlt_run(tmp_path_factory):
+  """A tiny tlt run of 2 steps, checkpointed after each (its folder)."""
+  from configs import default
+  from tlt_jax import compare
+
+  c = default.get_config("tiny")
+  c.rl.update(steps=2, checkpoint_every=1)
+  out = str(tmp_path_factory.mktemp("tiny_tlt") / "out")
+  compare.run_interleaved(c, out, ["tlt"], 0, 2, progress=False)
+  return os.path.join(out, "tlt_s0")
+
+
+def test_drafter_eval_checkpoints_restores_a_tlt_runs_saved_drafter(tmp_path, tiny_tlt_run):
   """experiments/drafter_eval_checkpoints.py on a tiny tlt run: the policy and online
   drafter it saved at a checkpoint, against the frozen warm start on slices of held-out
   prompts (the same run twice: equal figures, the saved version); a step without a
@@ -350,14 +372,7 @@ def test_drafter_eval_checkpoints_restores_a_tlt_runs_saved_drafter(tmp_path):
   import json
   import subprocess
 
-  from configs import default
-  from tlt_jax import compare
-
-  c = default.get_config("tiny")
-  c.rl.update(steps=1, checkpoint_every=1)
-  out = str(tmp_path / "out")
-  compare.run_interleaved(c, out, ["tlt"], 0, 1, progress=False)
-  run, rep = os.path.join(out, "tlt_s0"), tmp_path / "eval.json"
+  run, rep = tiny_tlt_run, tmp_path / "eval.json"
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   cmd = [
     sys.executable,
@@ -374,8 +389,93 @@ def test_drafter_eval_checkpoints_restores_a_tlt_runs_saved_drafter(tmp_path):
   assert got["prompts"] == 4 and len(got["frozen"]) == got["slices"] == 1
   a, b = got["runs"]["a"], got["runs"]["b"]
   with open(os.path.join(run, "metrics.jsonl")) as f:
-    (row,) = [json.loads(line) for line in f]
+    row = json.loads(f.readline())  # step 0's, the one checkpoint 1 closed
   assert a["version"] == row["drafter/version"] >= 1  # the saved drafter, not the warm start
   assert a["online"] == b["online"] and a["online_minus_frozen"]["pairs"] == 1
   done = subprocess.run([*cmd, "--step=7"], cwd=root, capture_output=True, text=True)
   assert done.returncode != 0 and "has no step 7" in done.stderr
+
+
+def test_replay_step_reproduces_a_tlt_runs_rollout_with_plain_decoding(tmp_path, tiny_tlt_run):
+  """experiments/replay_step.py: step 1 of a tiny tlt run (speculative rollouts, an online
+  drafter) rolled out again with plain decoding under the policy its checkpoint 1 holds
+  gives every row's recorded tokens; a recorded token digest changed, or (in a run from
+  before digests) a length changed by one, is caught (exit 1); a step without a checkpoint
+  is named."""
+  import json
+  import subprocess
+
+  run = str(tmp_path / "run")
+  shutil.copytree(tiny_tlt_run, run)
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  out = tmp_path / "replay.json"
+  cmd = [sys.executable, "experiments/replay_step.py", f"--run={run}", f"--out={out}"]
+  done = subprocess.run([*cmd, "--step=1"], cwd=root, capture_output=True, text=True)
+  assert done.returncode == 0, done.stderr[-3000:]
+  got = json.loads(out.read_text())
+  assert got["rows"] == 8 and got["differing_rows"] == 0 and got["compared"] == "tokens"
+  with open(os.path.join(run, "metrics.jsonl")) as f:
+    row = [json.loads(line) for line in f][1]
+  assert row["spec/tokens"] > 0  # step 1 itself decoded speculatively
+  lengths = os.path.join(run, "rollout_lengths.jsonl")
+  with open(lengths) as f:
+    steps = [json.loads(line) for line in f]
+
+  def replay_tampered():
+    """The replay of step 1 against the record as `steps` now holds it: (the row it
+    names, what it compared)."""
+    with open(lengths, "w") as f:
+      f.write("".join(json.dumps(s) + "\n" for s in steps))
+    done = subprocess.run([*cmd, "--step=1"], cwd=root, capture_output=True, text=True)
+    assert done.returncode == 1 and "1 of 8 rows differ" in done.stdout, done.stderr[-3000:]
+    got = json.loads(out.read_text())
+    (row,) = got["calls"][0]["differing_rows"]
+    return row, got["compared"]
+
+  record = steps[1]
+  record["digests"][0][3] ^= 1  # one bit of row 3's token digest
+  assert replay_tampered() == (3, "tokens")
+  record["digests"][0][3] ^= 1
+  del record["digests"]  # a run from before digests: lengths only
+  record["rollouts"][0][2] += 1
+  assert replay_tampered() == (2, "lengths")
+  done = subprocess.run([*cmd, "--step=2"], cwd=root, capture_output=True, text=True)
+  assert done.returncode != 0 and "has no step 2" in done.stderr
+
+
+def test_checkpoint_digests_match_a_run_with_itself_and_name_what_differs(tmp_path, tiny_tlt_run):
+  """experiments/checkpoint_digests.py: a run against its copy hashes alike at every step;
+  against a copy whose saved final norm moved by 1e-3 it differs at every step, most
+  there, by that much; the runs' schedule horizons."""
+  import json
+  import subprocess
+
+  import orbax.checkpoint as ocp
+
+  same, moved = str(tmp_path / "same"), str(tmp_path / "moved")
+  shutil.copytree(tiny_tlt_run, same)
+  shutil.copytree(tiny_tlt_run, moved)
+  manager = ocp.CheckpointManager(os.path.join(moved, "checkpoints"))
+  for step in manager.all_steps():
+    args = ocp.args.Composite(state=ocp.args.StandardRestore())
+    state = manager.restore(step, args=args)["state"]
+    state["params"]["final_norm"]["scale"] = state["params"]["final_norm"]["scale"] + 1e-3
+    manager.delete(step)
+    manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state)), force=True)
+  manager.wait_until_finished()
+  out = tmp_path / "digests.json"
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  runs = f"--runs={tiny_tlt_run},{same},{moved}"
+  cmd = [sys.executable, "experiments/checkpoint_digests.py", runs, f"--out={out}"]
+  done = subprocess.run(cmd, cwd=root, capture_output=True, text=True)
+  assert done.returncode == 0, done.stderr[-3000:]
+  rep = json.loads(out.read_text())
+  assert [row["step"] for row in rep["steps"]] == [1, 2]
+  assert set(rep["schedule_horizons"].values()) == {2}
+  for row in rep["steps"]:
+    d = row["digests"]
+    assert d[tiny_tlt_run] == d[same] != d[moved]
+    assert list(row["differ"]) == [moved]
+    (name, value), (_, second) = row["differ"][moved][:2]
+    assert "final_norm" in name and value == pytest.approx(1e-3, rel=1e-3) and second == 0
+  assert "differs from" in done.stdout

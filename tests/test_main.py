@@ -324,6 +324,27 @@ def test_invalid_values_fail_with_the_config_path(section, field, value, message
     configuration.engine_config(config, tok)
 
 
+def test_a_short_run_with_a_longer_runs_schedule_steps_has_its_optimizer():
+  """rl_update.schedule_steps: the learning-rate schedule's horizon apart from rl.steps, so
+  a 5-step rerun of a 40-step run takes the very optimizer (so the very updates) of that
+  run's first 5 steps; 0 spans the run; a horizon shorter than the run is refused."""
+  long, short = default.get_config("tiny"), default.get_config("tiny")
+  long.rl.steps, short.rl.steps = 40, 5
+  _, _, spanning = configuration.rl_configs(short)
+  short.rl_update.schedule_steps = 40
+  _, _, want = configuration.rl_configs(long)
+  _, _, got = configuration.rl_configs(short)
+  assert got == want and got.total_steps == 40 and spanning.total_steps == 5
+  short.rl_update.mini_batches = 2  # the schedule counts optimizer steps
+  assert configuration.rl_configs(short)[2].total_steps == 80
+  short.rl_update.schedule_steps = 4
+  with pytest.raises(configuration.ConfigError, match="shorter than rl.steps=5"):
+    configuration.rl_configs(short)
+  short.rl_update.schedule_steps = -1
+  with pytest.raises(configuration.ConfigError, match="schedule_steps must be an int"):
+    configuration.rl_configs(short)
+
+
 def test_sd_bench_config_is_a_50m_policy():
   from configs import sd_bench
 

@@ -137,6 +137,9 @@ def test_runs_and_resumes_exactly(tmp_path):
   for r in lengths:
     assert [len(p) for p in r["prompts"]] == [len(x) for x in r["rollouts"]]
     assert all(n >= 2 for p in r["prompts"] for n in p)  # BOS and some question
+    # And each row's completion as a CRC-32 (runs and replays compared token for token).
+    assert [len(d) for d in r["digests"]] == [len(x) for x in r["rollouts"]]
+    assert len(set(sum(r["digests"], []))) > 1
 
 
 def _events(logdir):
@@ -398,9 +401,10 @@ def _leaves(params):
 
 
 def _lengths(workdir):
-  """Per step, (response lengths, prompt lengths) per engine call: rollout_lengths.jsonl."""
+  """Per step, (response lengths, prompt lengths, completion digests) per engine call:
+  rollout_lengths.jsonl."""
   with open(workdir / "rollout_lengths.jsonl") as f:
-    return [(r["rollouts"], r["prompts"]) for r in map(json.loads, f)]
+    return [(r["rollouts"], r["prompts"], r["digests"]) for r in map(json.loads, f)]
 
 
 def test_rows_per_call_rolls_out_the_same_step_in_several_calls(tmp_path):
@@ -435,7 +439,7 @@ def test_rows_per_call_rolls_out_the_same_step_in_several_calls(tmp_path):
   assert all(c[2] for c in split_calls[1:])  # the reward pool kept up with the calls
   strip = lambda r: {k: v for k, v in _comparable(r).items() if k != "rollout_calls"}
   for a, b, la, lb in zip(one, split, one_lengths, split_lengths, strict=True):
-    for x, y in zip(la, lb):  # responses, prompts: the same rows, one list per call
+    for x, y in zip(la, lb):  # responses, prompts, tokens: the same rows, a list per call
       assert sum(x, []) == sum(y, []) and len(y) == b["rollout_calls"]
     assert strip(a) == strip(b)
   for x, y in zip(one_params, split_params, strict=True):
@@ -488,7 +492,7 @@ def test_one_optimizer_step_skips_the_old_logprob_pass(tmp_path):
   for x, y in zip(_leaves(skipped.params), _leaves(passed.params), strict=True):
     np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-6)
   assert a["loss/grad_norm"] == pytest.approx(b["loss/grad_norm"], rel=1e-4)
-  tokens = sum(sum(sum(x, [])) for x in lengths)
+  tokens = sum(sum(sum(x, [])) for x in lengths[:2])  # responses and prompts
   assert a["update/real_tokens"] == tokens
   assert a["update/padding_fraction"] == pytest.approx(1 - a["loss/update_fill"])
   assert 0 < a["update/padding_fraction"] < 1 and a["update/model_tflops"] > 0

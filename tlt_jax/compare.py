@@ -155,6 +155,18 @@ def run_modes(
   return results, rows
 
 
+def schedule_horizon(workdir: str) -> int | None:
+  """The RL steps the learning-rate schedule of the run in `workdir` spans (from its
+  config.json; None without one). Runs of one seed train the same policy only under the same
+  horizon: past the warmup every step's rate depends on it (`rl_update.schedule_steps`)."""
+  path = os.path.join(workdir, "config.json")
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    config = ml_collections.ConfigDict(json.load(f))
+  return configuration.schedule_steps(config, configuration.rl_steps(config))
+
+
 def params_digest(params: Any) -> str:
   """A hash of a parameter tree's bytes: equal digests, equal parameters."""
   h = hashlib.sha256()

@@ -347,9 +347,30 @@ def rl_configs(
   # The schedule counts optimizer steps: mini_batches x epochs per RL step.
   per_step = config.rl_update.get("mini_batches", 1) * config.rl_update.get("epochs", 1)
   update = to_dataclass(
-    UpdateConfig, config.rl_update, "rl_update", total_steps=max(rl.steps, 1) * per_step
+    UpdateConfig,
+    config.rl_update,
+    "rl_update",
+    ignore=("schedule_steps",),
+    total_steps=schedule_steps(config, rl.steps) * per_step,
   )
   return rl, loss, update
+
+
+def schedule_steps(config: ml_collections.ConfigDict, steps: int) -> int:
+  """The RL steps the learning-rate schedule spans: config.rl_update.schedule_steps, or
+  `steps` (the run's, at least 1) where it is 0 or absent (configs older than the field).
+  A horizon shorter than the run would leave its last steps at a zero rate: an error."""
+  horizon = config.rl_update.get("schedule_steps", 0)
+  if isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 0:
+    raise ConfigError(
+      f"config.rl_update.schedule_steps must be an int >= 0 (0: rl.steps), got {horizon!r}"
+    )
+  if horizon and horizon < steps:
+    raise ConfigError(
+      f"config.rl_update.schedule_steps={horizon} is shorter than rl.steps={steps}: the "
+      "learning rate would reach 0 before the run ends (0 spans the run)"
+    )
+  return horizon or max(steps, 1)
 
 
 # ------------------------------------------------------------------ a job's inputs, checked

@@ -217,11 +217,13 @@ class MetricsLog:
         raise
 
   def write(self, row: dict[str, Any]) -> None:
-    """Writes `row`; its "rollout_lengths" and "rollout_prompt_lengths" entries go to the
-    lengths file only (as "rollouts" and "prompts": per rollout, one length per row)."""
+    """Writes `row`; its "rollout_lengths", "rollout_prompt_lengths" and "rollout_digests"
+    entries go to the lengths file only (as "rollouts", "prompts" and "digests": per
+    rollout, one length or completion CRC-32 per row)."""
     lengths = {"step": row["step"], "rollouts": row.pop("rollout_lengths")}
-    if "rollout_prompt_lengths" in row:
-      lengths["prompts"] = row.pop("rollout_prompt_lengths")
+    for key, name in (("rollout_prompt_lengths", "prompts"), ("rollout_digests", "digests")):
+      if key in row:
+        lengths[name] = row.pop(key)
     with open(self.lengths_path, "a") as f:
       f.write(json.dumps(lengths) + "\n")
     with open(self.metrics_path, "a") as f:

@@ -418,6 +418,12 @@ class GRPOTrainer:
     per = self.cfg.rows_per_call // self.cfg.group_size or prompts
     return [(a, min(a + per, prompts)) for a in range(0, prompts, per)]
 
+  def rollout_key(self, salt: int = 0) -> jax.Array:
+    """The sampling key of this step's rollout batch `salt` (0, then refills 1, 2, ...).
+    One key serves all of a batch's engine calls: row n of the prompt at position i of the
+    data order has sequence id i x group_size + n, so the calls reproduce one call."""
+    return jax.random.fold_in(jax.random.key(self.cfg.seed), self.step * 64 + salt)
+
   def _rollout(self, examples, rewards: RewardPool, salt: int, times: dict[str, float]):
     """Rolls out G samples of each example, one engine call per `call_groups` range, each
     row's reward scored (host threads) from its harvest on, while the rest decode; then
@@ -430,8 +436,7 @@ class GRPOTrainer:
     t = time.perf_counter()
     cfg, p, g = self.cfg, len(examples), self.cfg.group_size
     first = self.data.position - p  # the batch's first example in the data order: its sequence ids
-    # One key for the batch: rows differ by sequence id, so calls reproduce one call.
-    key = jax.random.fold_in(jax.random.key(cfg.seed), self.step * 64 + salt)
+    key = self.rollout_key(salt)
     calls, between = [], 0.0
     for a, b in self.call_groups(p):
       part = examples[a:b]
@@ -587,6 +592,8 @@ class GRPOTrainer:
       # it to rollout_lengths.jsonl.
       "rollout_lengths": [r.num_generated.tolist() for r in results],
       "rollout_prompt_lengths": [r.prompt_len.tolist() for r in results],  # the rows' prompts
+      # Each row's completion tokens as a CRC-32: runs and replays compared token for token.
+      "rollout_digests": [r.completion_digests() for r in results],
       **self._update_metrics(m, times["update"]),
       **{f"time/{k}": v for k, v in times.items() if k != "rollout_drafter_compile"},
       # Programs the rollouts compiled lazily (inside time/rollout), the drafter's update

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import zlib
 from typing import Any
 
 import numpy as np
@@ -33,6 +34,14 @@ class RolloutResult:
 
   def completion(self, n: int) -> np.ndarray:
     return self.tokens[n, self.prompt_len[n] : self.length[n]]
+
+  def completion_digests(self) -> list[int]:
+    """A CRC-32 of each row's completion tokens (as int32): rows of two rollouts with
+    equal digests drew the same tokens (up to a 2^-32 collision)."""
+    return [
+      zlib.crc32(np.ascontiguousarray(self.completion(n), dtype=np.int32).tobytes())
+      for n in range(len(self.length))
+    ]
 
   def completion_logprobs(self, n: int) -> np.ndarray:
     return self.logprobs[n, self.prompt_len[n] : self.length[n]]
