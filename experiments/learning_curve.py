@@ -341,6 +341,10 @@ def main(argv):
     "config": config.to_dict(),
     "warm_start_eval": warm_eval,
     "rewards_equal_steps": [equal, len(rewards[base])],
+    # Token for token: every row's completion digest equal in every mode.
+    "tokens_equal_steps": compare.tokens_equal_steps(
+      [run["trainer"].workdir for run in runs.values()]
+    ),
     "params_mismatches": evaluation.mismatches,
     "learning": curves.quarter_rise(rewards[base]),
     "warm_start_replay": replay,
@@ -358,6 +362,7 @@ def main(argv):
     "speed",
     "programs",
     "rewards_equal_steps",
+    "tokens_equal_steps",
     "params_mismatches",
   )
   print(json.dumps({k: report[k] for k in keys}, indent=1))

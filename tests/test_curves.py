@@ -76,6 +76,30 @@ class _Trainer:
     return {"accuracy": float(self.params["w"].sum())}
 
 
+def test_tokens_equal_steps_compares_the_runs_row_digests(tmp_path):
+  """compare.tokens_equal_steps: the steps every run recorded token digests for, and those
+  whose digests agree in every run (a step recorded without digests is not compared)."""
+  import json
+
+  def run(name, digests_by_step):
+    folder = tmp_path / name
+    folder.mkdir()
+    lines = []
+    for step, digests in enumerate(digests_by_step):
+      row = {"step": step, "rollouts": [[5, 6]]}
+      if digests is not None:
+        row["digests"] = [digests]
+      lines.append(json.dumps(row))
+    (folder / "rollout_lengths.jsonl").write_text("\n".join(lines) + "\n")
+    return str(folder)
+
+  a = run("a", [[1, 2], [3, 4], [5, 6], None])
+  b = run("b", [[1, 2], [3, 9], [5, 6], [7, 8]])
+  assert compare.tokens_equal_steps([a, b]) == [2, 3]
+  assert compare.tokens_equal_steps([a, a]) == [3, 3]
+  assert compare.tokens_equal_steps([run("old", [None, None])]) == [0, 0]
+
+
 def test_shared_evaluation_evaluates_once_per_step_and_checks_the_digests():
   shared = compare.SharedEvaluation()
   a = _Trainer(10, {"w": np.ones(3)})
@@ -183,6 +207,7 @@ def test_report_markdown_says_whether_it_learnt_the_held_out_points_and_the_spee
     "host_start": host,
     "host_end": host,
     "rewards_equal_steps": [40, 40],
+    "tokens_equal_steps": [40, 40],
     "params_mismatches": [],
     "learning": curves.quarter_rise([0.1] * 10 + [0.5] * 10, reps=200),
     "warm_start_replay": {"trained_minus_warm_start": curves.paired_gap([0.5, 0.6], [0.4, 0.4])},
@@ -194,7 +219,7 @@ def test_report_markdown_says_whether_it_learnt_the_held_out_points_and_the_spee
     {"step": 19, "eval": 0.6, "eval_sampled": ""},
   ]
   text = curves.report_markdown(report, rows, ["baseline_s0: step 1.0 s", "tlt_s0: 1.6x"])
-  assert "at 40 of 40 steps" in text and "at 0 evaluations" in text
+  assert "at 40 of 40 steps, every row's tokens at 40 of 40" in text and "at 0 evaluations" in text
   assert "first quarter 0.100 -> last 0.500: rise +0.400 [+0.400, +0.400]" in text
   assert "Over the warm start on the last quarter's prompts: +0.150 [" in text
   assert "warm start 0.250 / 0.300; step 9: 0.500 / 0.400; step 19: 0.600." in text

@@ -167,6 +167,20 @@ def schedule_horizon(workdir: str) -> int | None:
   return configuration.schedule_steps(config, configuration.rl_steps(config))
 
 
+def tokens_equal_steps(workdirs: list[str]) -> list[int]:
+  """[steps whose rows drew the same tokens in every run, steps compared]: from the runs'
+  rollout_lengths.jsonl, the steps all of them recorded token digests for (runs from
+  before 2026-12-03 recorded none: [0, 0])."""
+  by_run = []
+  for workdir in workdirs:
+    with open(os.path.join(workdir, "rollout_lengths.jsonl")) as f:
+      rows = (json.loads(line) for line in f if line.strip())
+      by_run.append({r["step"]: r["digests"] for r in rows if "digests" in r})
+  steps = set.intersection(*(set(d) for d in by_run)) if by_run else set()
+  equal = sum(all(d[s] == by_run[0][s] for d in by_run) for s in steps)
+  return [equal, len(steps)]
+
+
 def params_digest(params: Any) -> str:
   """A hash of a parameter tree's bytes: equal digests, equal parameters."""
   h = hashlib.sha256()

@@ -118,13 +118,16 @@ def report_markdown(
   baseline's `rows` (`compare.step_row`), and the modes' speed lines `notes`."""
   learn, replay = report["learning"], report.get("warm_start_replay") or {}
   equal, steps = report["rewards_equal_steps"]
+  # Runs since 2026-12-03 record each row's token digest: the modes compared token for token.
+  same, compared = report.get("tokens_equal_steps") or (0, 0)
+  tokens = f", every row's tokens at {same} of {compared}" if compared else ""
   host = lambda h: f"{h['time']}, {h['cpu']}, {h['matmul_GFLOPs']} GFLOP/s, {h['read_GBps']} GB/s"  # noqa: E731
   lines = [
     "# Learning curve",
     "",
     f"Host at the start: {host(report['host_start'])}; at the end: {host(report['host_end'])}.",
-    f"Rewards equal in every mode at {equal} of {steps} steps; parameter digests differing "
-    f"at {len(report['params_mismatches'])} evaluations.",
+    f"Rewards equal in every mode at {equal} of {steps} steps{tokens}; parameter digests "
+    f"differing at {len(report['params_mismatches'])} evaluations.",
     "",
     "## Learning",
     "",
