@@ -13,7 +13,6 @@ rounding-sized one at arithmetic. Reads the checkpoints alone (no model is built
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import sys
@@ -44,13 +43,6 @@ def saved_params(run: str) -> dict[int, dict]:
   return out
 
 
-def digest(params) -> str:
-  h = hashlib.sha256()
-  for leaf in jax.tree.leaves(params):
-    h.update(np.ascontiguousarray(np.asarray(leaf)).tobytes())
-  return h.hexdigest()[:16]
-
-
 def largest_differences(a, b, top: int) -> list[tuple[str, float]]:
   """The `top` parameters by max |a - b| (name, value)."""
   diffs = jax.tree.map(lambda x, y: float(np.max(np.abs(np.asarray(x) - np.asarray(y)))), a, b)
@@ -64,7 +56,10 @@ def report(runs: list[str], top: int) -> dict:
   steps = sorted({s for by_step in saved.values() for s in by_step})
   rows = []
   for step in steps:
-    row = {"step": step, "digests": {r: digest(p[step]) for r, p in saved.items() if step in p}}
+    row = {
+      "step": step,
+      "digests": {r: compare.params_digest(p[step]) for r, p in saved.items() if step in p},
+    }
     if step in saved[ref]:
       for run in runs[1:]:
         if step in saved[run] and row["digests"][run] != row["digests"][ref]:
