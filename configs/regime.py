@@ -32,11 +32,13 @@ keep the devices busy. Why each setting (figures in experiments/RESULTS.md):
   logit) and the final norm (a sharpness) faster than the rest (`lr_multipliers`): with Adam
   every parameter moves by about its learning rate a step whatever the batch, and the body's
   skills do not survive the rate that moves a decision in 40 steps. The base rate is the one
-  a 12-layer policy learnt at in 10 steps on an H200 (2026-11-28). The embedding's 10x moves
-  the effort choice over about 30 of the 40 steps. At 30x (the first curve, 2026-11-29) care
-  was chosen within 9 steps, but the digits' embedding rows (the same table: inputs too)
-  drifted 7-14% in 40 steps, and forced careful answers, sampled, fell from 0.38 to 0.27 on
-  64 training problems: RL unlearnt the skill it chose.
+  a 12-layer policy learnt at in 10 steps on an H200 (2026-11-28). At the embedding's 10x
+  care's share of openings goes 0.3 -> ~0.8 by step 9 and > 0.9 by step ~15 (six seeds);
+  at 5x more slowly, with the same reward rise (RESULTS.md, 2026-12-03, seed 5's gate).
+  At 30x (the first curve, 2026-11-29) care was chosen within 9 steps, but the digits'
+  embedding rows (the same table: inputs too) drifted 7-14% in 40 steps, and forced careful
+  answers, sampled, fell from 0.38 to 0.27 on 64 training problems: RL unlearnt the skill it
+  chose.
 The curve's warm start is built in eight SFT stages (experiments/regime_warm_start.sh,
 about three hours on host H; RESULTS.md 2026-11-28/29): 1,710 steps with an 80%-hasty
 demonstrator and counters counting up, whose careful answers, sampled, passed less often
