@@ -3,10 +3,12 @@
 #
 # The learning curve inside TLT's regime (`configs/regime.py`: a 13M policy, 40 GRPO steps
 # of 16 prompts x 8 samples, baseline, sd and tlt interleaved in blocks of 10 steps on a
-# 2-core CPU) ran for four seeds; their per-step tables and metrics are committed under
-# `experiments/results/`. This notebook trains nothing: it reads those tables, checks the
-# claims the README makes from them, takes a step apart into its parts, and asks what
-# would have to change for the paper's 1.7x.
+# 2-core CPU) ran for six seeds: seeds 0-3 on host H (2026-11-29), seeds 4 and 5 on host J
+# (2026-12-02/03, seed 5 with the online drafter's later settings); their per-step tables
+# are committed under `experiments/results/`. This notebook trains nothing: it reads those
+# tables, checks the claims the README makes from them, takes a step apart into its parts,
+# and asks what would have to change for the paper's 1.7x. Seconds are compared within a
+# host only: host H's four seeds make the timing figures, host J's two sit beside them.
 # Paired `# %%` script: runs as a plain Python file (the test suite executes it).
 
 # %%
@@ -26,13 +28,19 @@ from tlt_jax.curves import COLOURS, amdahl, quarter_rise, seeds_summary
 
 MODES = ("baseline", "sd", "tlt")
 ROOT = next(p for p in (Path.cwd(), *Path.cwd().parents) if (p / "experiments/results").is_dir())
-RUNS = ROOT / "experiments/results/regime_curve_stage8_hostH_2026-11-29"
-SEEDS = (0, 1, 2, 3)  # seed 3 started from the bfloat16-packed warm start the GPU run carries
-
-
-def report(seed):
-  """experiments/learning_curve.py's report of one seed (seed 0's file has no suffix)."""
-  return json.loads((RUNS / f"learning_curve{f'_s{seed}' if seed else ''}.json").read_text())
+RESULTS = ROOT / "experiments/results"
+RUNS = RESULTS / "regime_curve_stage8_hostH_2026-11-29"
+# Each seed's report (experiments/learning_curve.py's JSON). Seeds 3-5 started from the
+# bfloat16-packed warm start the GPU run carries.
+REPORTS = {
+  0: RUNS / "learning_curve.json",
+  **{s: RUNS / f"learning_curve_s{s}.json" for s in (1, 2, 3)},
+  4: RESULTS / "regime_curve_fusions_hostJ_2026-12-02/learning_curve.json",
+  5: RESULTS / "regime_curve_current_s5_hostJ_2026-12-03/learning_curve.json",
+}
+SEEDS = tuple(REPORTS)
+HOST_H = (0, 1, 2, 3)  # one host's seeds: the timing figures; their metrics are committed too
+HOST_J = (4, 5)
 
 
 def metrics(mode, seed):
@@ -41,7 +49,7 @@ def metrics(mode, seed):
   return [json.loads(line) for line in lines]
 
 
-reports = {s: report(s) for s in SEEDS}
+reports = {s: json.loads(REPORTS[s].read_text()) for s in SEEDS}
 rows = {s: {m: reports[s]["rows"][f"{m}_s{s}"] for m in MODES} for s in SEEDS}
 
 # %% [markdown]
@@ -49,9 +57,11 @@ rows = {s: {m: reports[s]["rows"][f"{m}_s{s}"] for m in MODES} for s in SEEDS}
 # three modes draw the same samples and earn the same rewards at every step: the curves
 # can differ only in their time axis. The rise is the training reward's last quarter over
 # its first, with a bootstrap interval over steps (`tlt_jax.curves.quarter_rise`),
-# recomputed here from the rows.
+# recomputed here from the rows; beside it, the trained policy's lead over the warm start
+# replayed on the same last-quarter prompts (learning, not an easier data order).
 
 # %%
+rises = []
 for s in SEEDS:
   rewards = {m: [r["reward"] for r in rows[s][m]] for m in MODES}
   equal = sum(len({rewards[m][i] for m in MODES}) == 1 for i in range(len(rewards["tlt"])))
@@ -59,41 +69,56 @@ for s in SEEDS:
   held_out = [r["eval"] for r in rows[s]["baseline"] if r["eval"] != ""]
   warm = reports[s]["warm_start_eval"]["accuracy"]
   lo, hi = rise["interval"]
+  rises.append((rise["rise"], lo))
+  replay = reports[s]["warm_start_replay"]
   print(
     f"seed {s}: rewards equal in all modes at {equal} of {len(rewards['tlt'])} steps; "
     f"reward {rise['first_quarter']:.3f} -> {rise['last_quarter']:.3f}, rise "
-    f"{rise['rise']:+.3f} [{lo:+.3f}, {hi:+.3f}]; held-out greedy {warm:.2f} -> "
+    f"{rise['rise']:+.3f} [{lo:+.3f}, {hi:+.3f}]; last quarter's prompts: warm start "
+    f"{replay['warm_start_last_quarter']:.3f}, trained "
+    f"{replay['trained_minus_warm_start']['mean']:+.3f}; held-out greedy {warm:.2f} -> "
     + " / ".join(f"{a:.2f}" for a in held_out)
   )
+rise_values = np.array([r for r, _ in rises])
+passed = sum(r >= 0.10 and lo > 0 for r, lo in rises)
+print(
+  f"rise over {len(SEEDS)} seeds: mean {rise_values.mean():+.3f}, "
+  f"SD {rise_values.std(ddof=1):.3f}; "
+  f"{passed} of {len(SEEDS)} seeds rise by >= 0.10 with an interval above 0"
+)
 
 # %% [markdown]
 # **Sooner.** The training reward's 5-step moving average against wall-clock seconds
 # (compiles and held-out evaluation left out), each seed thin and the seeds' mean bold
-# (`tlt_jax.curves.seeds_summary`, the README figure's numbers).
+# (`tlt_jax.curves.seeds_summary`, the README figures' numbers), one panel a host.
 
 # %%
-summary = seeds_summary([reports[s] for s in SEEDS])
-fig, ax = plt.subplots(figsize=(8, 4))
-for mode, curve in summary["curves"].items():
-  for seconds, reward in curve["per_seed"]:
-    ax.plot(seconds, reward, color=COLOURS[mode], alpha=0.25, lw=1)
-  ax.plot(curve["seconds"], curve["reward"], color=COLOURS[mode], lw=2.5, label=mode)
-ax.set_xlabel("wall-clock seconds")
-ax.set_ylabel("training reward (5-step mean)")
-ax.set_title(f"four seeds, {summary['steps']} steps each")
-ax.legend()
-ax.grid(alpha=0.3)
+fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+for ax, (host, seeds) in zip(axes, (("H", HOST_H), ("J", HOST_J))):
+  summary = seeds_summary([reports[s] for s in seeds])
+  for mode, curve in summary["curves"].items():
+    for seconds, reward in curve["per_seed"]:
+      ax.plot(seconds, reward, color=COLOURS[mode], alpha=0.25, lw=1)
+    ax.plot(curve["seconds"], curve["reward"], color=COLOURS[mode], lw=2.5, label=mode)
+    print(
+      f"host {host}, {mode}: step {summary['steps']} reached at "
+      f"{curve['seconds'][-1]:.0f} s on average"
+    )
+  ax.set_xlabel("wall-clock seconds")
+  ax.set_title(f"host {host}: seeds {', '.join(map(str, seeds))}, {summary['steps']} steps each")
+  ax.grid(alpha=0.3)
+axes[0].set_ylabel("training reward (5-step mean)")
+axes[0].legend()
 plt.show()
-for mode, curve in summary["curves"].items():
-  print(f"{mode}: step {summary['steps']} reached at {curve['seconds'][-1]:.0f} s on average")
 
 # %% [markdown]
-# **Where a step's seconds go.** Per mode, the mean over every seed's steps 1-39 (step 0
-# holds the first compiles): the rollout (generation, with tlt's drafter work inside its
-# idle time), the policy update, the drafter's training outside the rollout, and the rest
-# (rewards, bookkeeping). The update and the rest cost every mode the same; speculation
-# shrinks only the rollout, so the rollout's share r of a baseline step and its speedup s
-# bound the whole: Amdahl's 1 / ((1 - r) + r / s).
+# **Where a step's seconds go.** Per mode, the mean over host H's seeds' steps 1-39
+# (step 0 holds the first compiles; their per-step metrics are committed): the rollout
+# (generation, with tlt's drafter work inside its idle time), the policy update, the
+# drafter's training outside the rollout, and the rest (rewards, bookkeeping). The update
+# and the rest cost every mode the same; speculation shrinks only the rollout, so the
+# rollout's share r of a baseline step and its speedup s bound the whole: Amdahl's
+# 1 / ((1 - r) + r / s).
 
 
 # %%
@@ -109,7 +134,7 @@ def parts(mode, seed):
   return np.mean(out, axis=0)
 
 
-table = {m: np.mean([parts(m, s) for s in SEEDS], axis=0) for m in MODES}
+table = {m: np.mean([parts(m, s) for s in HOST_H], axis=0) for m in MODES}
 names = ("rollout", "update", "drafter", "rest")
 fig, ax = plt.subplots(figsize=(7, 3))
 left = np.zeros(len(MODES))
@@ -117,7 +142,7 @@ for i, name in enumerate(names):
   widths = np.array([table[m][i] for m in MODES])
   ax.barh(MODES, widths, left=left, label=name)
   left += widths
-ax.set_xlabel("seconds a step (mean of four seeds, steps 1-39)")
+ax.set_xlabel("seconds a step (mean of host H's four seeds, steps 1-39)")
 ax.legend(ncol=4, fontsize=8, loc="lower center", bbox_to_anchor=(0.5, 1.0))
 plt.show()
 for m in MODES:
@@ -134,9 +159,9 @@ print(
 # %% [markdown]
 # **What 1.7x would take here.** With the rollout sped up s times, the end-to-end figure
 # is Amdahl's in r: below, each seed's measured paired speedup (median of its steps) at
-# its own r, on the curve of the mean s. Solving 1.7 = 1 / ((1 - r) + r / s) for r gives
-# the rollout share this CPU would need, and from it how much faster the update would have
-# to run with the rollout as it is.
+# its own r (circles host H, squares host J), on the curve of host H's mean s. Solving
+# 1.7 = 1 / ((1 - r) + r / s) for r gives the rollout share this CPU would need, and from
+# it how much faster the update would have to run with the rollout as it is.
 
 # %%
 rs = np.linspace(0.3, 1.0, 71)
@@ -147,7 +172,7 @@ for seed in SEEDS:
   ax.plot(
     speed[f"baseline_s{seed}"]["rollout_share"],
     speed[f"tlt_s{seed}"]["step_speedup"]["median"],
-    "o",
+    "o" if seed in HOST_H else "s",
     color=COLOURS["tlt"],
   )
 ax.axhline(1.7, ls="--", color="tab:red", label="the paper's 1.7x")
@@ -167,20 +192,51 @@ print(
 
 # %% [markdown]
 # **The drafter keeps up.** sd runs the warm-start drafter frozen; tlt trains it online
-# from the rollouts' own hidden states, inside its step time. Accepted tokens a round in
-# each step's rollout (the mean over seeds), and tlt's drafter updates a step.
+# from the rollouts' own hidden states, inside its step time. A round's accepted tokens
+# depend on the chain the bandit chose as much as on the drafter (seed 5's tlt bandit ran
+# chain4 for its first 12 steps), so each panel holds one chain: its accepted tokens a
+# round in each step's rollout, averaged over the seeds' rounds (steps where a seed ran it
+# fewer than 20 times left out). Seeds 0-4 trained the drafter at 2e-3 from whatever rows
+# had finished; seed 5 at 1e-3, waiting for a step's rows (`configs/regime.py`,
+# `drafter.min_rows`): its own line.
+
 
 # %%
-fig, ax = plt.subplots(figsize=(7, 3))
-for mode in ("sd", "tlt"):
-  accept = np.mean([[r["accept_length"] for r in rows[s][mode]] for s in SEEDS], axis=0)
-  ax.plot(
-    accept, ".-", color=COLOURS[mode], label=f"{mode} ({'online' if mode == 'tlt' else 'frozen'})"
-  )
-ax.set_xlabel("RL step")
-ax.set_ylabel("accepted tokens a round")
-ax.legend()
-ax.grid(alpha=0.3)
+def arm_accept(mode, seeds, arm, min_rounds=20):
+  """A chain's accepted tokens a round at each step: the mean over the seeds' rounds."""
+  out = []
+  for step in range(len(rows[seeds[0]][mode])):
+    pairs = []
+    for s in seeds:
+      row = rows[s][mode][step]
+      rounds = json.loads(row["arm_row_rounds"]).get(arm, 0)
+      if rounds >= min_rounds:
+        pairs.append((json.loads(row["arm_accept"])[arm], rounds))
+    accept, weight = zip(*pairs) if pairs else ((np.nan,), (1,))
+    out.append(np.average(accept, weights=weight))
+  return np.array(out)
+
+
+lines = (
+  ("sd", SEEDS, "sd (frozen), six seeds", "-"),
+  ("tlt", SEEDS[:5], "tlt (online, 2e-3), seeds 0-4", "-"),
+  ("tlt", (5,), "tlt (online, 1e-3 after a step's rows), seed 5", "--"),
+)
+fig, axes = plt.subplots(1, 2, figsize=(11, 3), sharey=True)
+for ax, arm in zip(axes, ("chain8", "chain12")):
+  for mode, seeds, label, style in lines:
+    ax.plot(arm_accept(mode, seeds, arm), "." + style, color=COLOURS[mode], label=label)
+  ax.set_title(arm)
+  ax.set_xlabel("RL step")
+  ax.grid(alpha=0.3)
+axes[0].set_ylabel("accepted tokens a round")
+axes[0].legend(fontsize=8)
 plt.show()
+for arm in ("chain8", "chain12"):
+  gains = [
+    np.nanmean(arm_accept("tlt", (s,), arm)[30:] - arm_accept("sd", (s,), arm)[30:]) for s in SEEDS
+  ]
+  by_seed = " / ".join(f"{g:+.2f}" for g in gains)
+  print(f"{arm}, steps 30-39, online minus frozen by seed: {by_seed}")
 updates = [r["drafter_updates"] for s in SEEDS for r in rows[s]["tlt"]]
 print(f"drafter updates in each tlt step: {min(updates)}-{max(updates)} ({len(updates)} steps)")
