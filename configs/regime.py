@@ -12,7 +12,8 @@ keep the devices busy. Why each setting (figures in experiments/RESULTS.md):
   measured b*: 4.2 rows on host G, 10.8 on host H, 10-12 on host I), 16 calls of 8 rows
   per RL step (16 prompts x 8 samples): what 16 devices would decode side by side, run one
   after another here (`rl.rows_per_call`). Every mode pays the same sum of calls, so the ratios stay
-  honest, and the optimiser sees 128 samples a step, as in the small variant's gates.
+  honest, and the optimiser sees 128 samples a step, as in the small variant's gates. Twice
+  that (32 prompts) narrowed the reward rise's interval, not its size (RESULTS.md, 2026-12-04).
 - task (`stride` on a clock of 100, counters counting down): from a start, add a stride a
   given number of times modulo 100 (`23+7x12=`); the worked solution writes one line a step
   (`12:23+7=30;11:30+7=37;...;1:...;#..`), each line's counter the steps still to go, so
