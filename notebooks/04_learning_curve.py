@@ -203,7 +203,10 @@ print(
 
 # %%
 def arm_accept(mode, seeds, arm, min_rounds=20):
-  """A chain's accepted tokens a round at each step: the mean over the seeds' rounds."""
+  """A chain's accepted tokens a round at each step: the mean over the seeds' rounds.
+
+  Per step, not per data epoch as `tlt_jax.compare.arms_by_epoch`, and without a step's
+  few-round arms, whose means swing by tokens (seed 4's chain8 gain reads -1.25 with them)."""
   out = []
   for step in range(len(rows[seeds[0]][mode])):
     pairs = []
