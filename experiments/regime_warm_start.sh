@@ -21,6 +21,9 @@
 #        of the tokens. Forced careful, sampled: 0.52 after stage 7, 0.57 after stage 8
 #        (greedy 0.66; the policy's pick: careful 0.58, hasty 0.31, care's share 0.31): the
 #        second curve's warm start, on which the reward rose +0.13 in 40 steps.
+#   9    (only with STAGE9=1; a gate, 2026-12-04, experiments/RESULTS.md) 90% hasty, median 4,
+#        100 steps at 3e-4 (8 min on host J): care's share of openings 0.31 -> 0.08, so the
+#        effort choice falls inside the curve rather than mostly before its first quarter.
 #
 # Then the curve on it (the drafter's warm start is built there, from this policy):
 #   mkdir -p runs/curve/shared && cp -r <OUT>/8/warm_start runs/curve/shared/
@@ -57,4 +60,9 @@ stage 5 "$OUT/4/warm_start" 320 1e-3 0.7 True
 stage 6 "$OUT/5/warm_start" 200 5e-4 0.7 True
 stage 7 "$OUT/6/warm_start" 250 5e-4 0.7 True 4
 stage 8 "$OUT/7/warm_start" 250 5e-4 0.7 True 2
+if [ "${STAGE9:-0}" = 1 ]; then
+  stage 9 "$OUT/8/warm_start" 100 3e-4 0.9 True 4
+  echo "the curve's warm start: $OUT/9/warm_start"
+  exit 0
+fi
 echo "the curve's warm start: $OUT/8/warm_start"
