@@ -23,7 +23,8 @@
 #        second curve's warm start, on which the reward rose +0.13 in 40 steps.
 #   9    (only with STAGE9=1; a gate, 2026-12-04, experiments/RESULTS.md) 90% hasty, median 4,
 #        100 steps at 3e-4 (8 min on host J): care's share of openings 0.31 -> 0.08, so the
-#        effort choice falls inside the curve rather than mostly before its first quarter.
+#        effort choice falls inside the curve rather than mostly before its first quarter;
+#        the rise doubled on the two seeds that missed the bar on stage 8 (baseline only).
 #
 # Then the curve on it (the drafter's warm start is built there, from this policy):
 #   mkdir -p runs/curve/shared && cp -r <OUT>/8/warm_start runs/curve/shared/
