@@ -185,10 +185,13 @@ def replay_rewards(engine, params, trainer, steps, drafter_params=None) -> list[
 
 def warm_start_eval(summary_path: str, fast: FastEvaluation, trainer, warm) -> dict:
   """The warm start's held-out row from the shared summary; a packed warm start
-  (pack_warm_start.py: rounded, built on another host) has none, so it is evaluated here,
-  on the runs' problems and keys, and written back."""
-  with open(summary_path) as f:
-    summary = json.load(f)
+  (pack_warm_start.py: rounded, built on another host) has none, and a warm start copied in
+  by hand (regime_warm_start.sh's instructions) has no summary at all, so it is evaluated
+  here, on the runs' problems and keys, and written back."""
+  summary = {}
+  if os.path.exists(summary_path):
+    with open(summary_path) as f:
+      summary = json.load(f)
   if "eval" not in summary:
     t = time.perf_counter()
     summary["eval"] = {**fast.evaluate(trainer, warm), "seconds": time.perf_counter() - t}

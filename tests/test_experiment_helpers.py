@@ -351,6 +351,31 @@ def test_learning_curves_speed_table_runs_without_a_baseline():
   assert done.returncode == 0, done.stderr[-3000:]
 
 
+def test_warm_start_eval_evaluates_a_warm_start_copied_in_without_a_summary(tmp_path):
+  """A warm start copied into shared/ by hand has no summary.json: evaluated and written
+  there, not a crash after the runs (it was, 2026-12-04); a recorded row is reused."""
+  import subprocess
+
+  path = str(tmp_path / "summary.json")
+  code = (
+    "import json\n"
+    "from experiments.learning_curve import warm_start_eval\n"
+    "class Fast:\n"
+    "  calls = 0\n"
+    "  def evaluate(self, trainer, warm):\n"
+    "    Fast.calls += 1\n"
+    "    return {'accuracy': 0.25}\n"
+    f"row = warm_start_eval({path!r}, Fast(), None, None)\n"
+    "assert row['accuracy'] == 0.25 and Fast.calls == 1, row\n"
+    f"assert json.load(open({path!r}))['eval']['accuracy'] == 0.25\n"
+    f"assert warm_start_eval({path!r}, Fast(), None, None)['accuracy'] == 0.25\n"
+    "assert Fast.calls == 1\n"
+  )
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True)
+  assert done.returncode == 0, done.stderr[-3000:]
+
+
 @pytest.fixture(scope="module")
 def tiny_tlt_run(tmp_path_factory):
   """A tiny tlt run of 2 steps, checkpointed after each (its folder)."""
