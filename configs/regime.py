@@ -40,7 +40,7 @@ keep the devices busy. Why each setting (figures in experiments/RESULTS.md):
   embedding rows (the same table: inputs too) drifted 7-14% in 40 steps, and forced careful
   answers, sampled, fell from 0.38 to 0.27 on 64 training problems: RL unlearnt the skill it
   chose.
-The curve's warm start is built in eight SFT stages (experiments/regime_warm_start.sh,
+The curve's warm start is built in nine SFT stages (experiments/regime_warm_start.sh,
 about three hours on host H; RESULTS.md 2026-11-28/29): 1,710 steps with an 80%-hasty
 demonstrator and counters counting up, whose careful answers, sampled, passed less often
 than hasty ones (0.13 vs 0.30: GRPO rightly dropped care and the reward stayed flat over
@@ -50,7 +50,10 @@ hasty 0.24, care's share 0.32: the first curve's warm start, whose reward barely
 then 500 on short problems (median 4 steps, then 2), because careful answers failed in
 their first line, which copies the count and stride from the question (teacher-forced,
 7% of its tokens wrong, the count often read 2 off), where later lines erred < 0.2% a
-token (experiments/line_errors.py).
+token (experiments/line_errors.py). A ninth (2026-12-04, host J: 100 steps at 3e-4 on 90%
+hasty demonstrations) lowers care's share of openings from 0.31 to 0.08, so RL makes the
+effort choice inside the curve: the rise doubled on the two seeds that missed the bar on
+stage 8 (RESULTS.md, 2026-12-04); the committed warm start is this one.
 The SFT fields below are the first stage's steps and rate, in the countdown format
 (`learning_curve.py` builds that when the workdir has no warm start; a from-scratch
 countdown warm start is not measured); the drafter's warm start is built from the
@@ -195,15 +198,15 @@ def _gpu(c: ml_collections.ConfigDict) -> None:
   of 16 calls of 8 (one device decodes them all at once).
 
   The warm start is the CPU's, carried over (experiments/pack_warm_start.py: its weights
-  travel as bfloat16 and are restored to float32): its eight SFT stages took about three
-  hours on host H, and a sitting has fifteen minutes. The model, task, SFT and drafter
+  travel as bfloat16 and are restored to float32): its nine SFT stages took about three
+  hours on hosts H and J, and a sitting has fifteen minutes. The model, task, SFT and drafter
   settings therefore stay the CPU recipe's (`configuration.check_same_recipe` refuses
   another). The variant it replaces built a 12-layer x 128 policy (2.4M) in the sitting:
   it learnt in 10 steps, but its decode step was kernel launches and a chain-8 round cost
   about as many of them as it accepted tokens, so speculation barely paid (RESULTS.md,
   2026-11-28, second H200 sitting). Here the countdown format's drafter accepts 9-11 tokens
   of a chain-12 round on the CPU (RESULTS.md, 2026-11-29), each round's verify pass is 16
-  layers, and the curve is the one three CPU seeds drew: the GPU adds only its speed.
+  layers, and the curve is the one the CPU seeds drew: the GPU adds only its speed.
   Programs are capped for the sitting's compiles: five batch buckets (8-128 rows), three
   cache views, speculation from 64 rows down with three chains (chain2 pays only where a
   round costs about a step, not on a GPU's launches), one update program (`min_rows` 16

@@ -46,7 +46,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from experiments.host import cpu_model, matmul_flops, read_bandwidth  # noqa: E402
 from tlt_jax import checkpoint, compare, curves  # noqa: E402
-from tlt_jax.evaluation import GREEDY, held_out_metrics  # noqa: E402
+from tlt_jax.evaluation import GREEDY, held_out_metrics, problems_digest  # noqa: E402
 from tlt_jax.rollout.engine import RolloutEngine  # noqa: E402
 from tlt_jax.utils import compile_cache  # noqa: E402
 
@@ -184,17 +184,26 @@ def replay_rewards(engine, params, trainer, steps, drafter_params=None) -> list[
 
 
 def warm_start_eval(summary_path: str, fast: FastEvaluation, trainer, warm) -> dict:
-  """The warm start's held-out row from the shared summary; a packed warm start
-  (pack_warm_start.py: rounded, built on another host) has none, and a warm start copied in
-  by hand (regime_warm_start.sh's instructions) has no summary at all, so it is evaluated
-  here, on the runs' problems and keys, and written back."""
+  """The warm start's held-out row from the shared summary, when it was evaluated on the
+  runs' own problems (`problems_digest`). Otherwise it is evaluated here, on the runs'
+  problems and keys, and written back: a packed warm start (pack_warm_start.py: rounded,
+  built on another host) has no row, a warm start copied in by hand (regime_warm_start.sh's
+  instructions) may have no summary at all, or the summary of its SFT stage, whose task
+  parameters drew other held-out problems (2026-12-04: a stage built with `median_steps` 4
+  recorded 0.273 greedy where the curve's problems gave 0.289)."""
   summary = {}
   if os.path.exists(summary_path):
     with open(summary_path) as f:
       summary = json.load(f)
-  if "eval" not in summary:
+  problems = problems_digest(trainer.evals)
+  recorded = summary.get("eval")
+  if recorded is None or recorded.get("problems") != problems:
+    if recorded is not None:
+      print(f"{summary_path}: its warm-start evaluation is of other problems; evaluating again")
+      summary["eval_of_other_problems"] = recorded
     t = time.perf_counter()
-    summary["eval"] = {**fast.evaluate(trainer, warm), "seconds": time.perf_counter() - t}
+    row = fast.evaluate(trainer, warm)
+    summary["eval"] = {**row, "problems": problems, "seconds": time.perf_counter() - t}
     with open(summary_path, "w") as f:
       json.dump(summary, f, indent=1)
   return summary["eval"]

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The warm start of configs/regime.py's curve, as it was built on host H (2-core CPU,
 # 2026-11-28/29; experiments/RESULTS.md): eight SFT stages, each continuing the last, about
-# three hours in all (3.2-3.4 s a step of 4 rows x 1,024 tokens there).
+# three hours in all (3.2-3.4 s a step of 4 rows x 1,024 tokens there), and a ninth added on
+# host J (2026-12-04).
 #
 #   1-3  the demonstrator 80% hasty, counters that count up: 700 steps at 3e-3 from random
 #        weights, 560 at 1e-3, 450 at 5e-4 (7.0M tokens). Careful answers stopped a line or
@@ -21,13 +22,14 @@
 #        of the tokens. Forced careful, sampled: 0.52 after stage 7, 0.57 after stage 8
 #        (greedy 0.66; the policy's pick: careful 0.58, hasty 0.31, care's share 0.31): the
 #        second curve's warm start, on which the reward rose +0.13 in 40 steps.
-#   9    (only with STAGE9=1; a gate, 2026-12-04, experiments/RESULTS.md) 90% hasty, median 4,
-#        100 steps at 3e-4 (8 min on host J): care's share of openings 0.31 -> 0.08, so the
-#        effort choice falls inside the curve rather than mostly before its first quarter;
-#        the rise doubled on the two seeds that missed the bar on stage 8 (baseline only).
+#   9    90% hasty, median 4, 100 steps at 3e-4 (8 min on host J; STAGE9=0 stops after
+#        stage 8): care's share of openings 0.31 -> 0.08, so the effort choice falls inside
+#        the curve rather than mostly before its first quarter; the rise doubled on the two
+#        seeds that missed the bar on stage 8 (2026-12-04, experiments/RESULTS.md). Packed,
+#        with its drafter: experiments/warm_starts/regime_stage9_hostJ_2026-12-04.
 #
 # Then the curve on it (the drafter's warm start is built there, from this policy):
-#   mkdir -p runs/curve/shared && cp -r <OUT>/8/warm_start runs/curve/shared/
+#   mkdir -p runs/curve/shared && cp -r <OUT>/9/warm_start runs/curve/shared/
 #   python experiments/learning_curve.py --config=configs/regime.py --out=runs/curve
 #
 #   bash experiments/regime_warm_start.sh runs/regime_warm_start
@@ -61,9 +63,9 @@ stage 5 "$OUT/4/warm_start" 320 1e-3 0.7 True
 stage 6 "$OUT/5/warm_start" 200 5e-4 0.7 True
 stage 7 "$OUT/6/warm_start" 250 5e-4 0.7 True 4
 stage 8 "$OUT/7/warm_start" 250 5e-4 0.7 True 2
-if [ "${STAGE9:-0}" = 1 ]; then
+if [ "${STAGE9:-1}" = 1 ]; then
   stage 9 "$OUT/8/warm_start" 100 3e-4 0.9 True 4
   echo "the curve's warm start: $OUT/9/warm_start"
   exit 0
 fi
-echo "the curve's warm start: $OUT/8/warm_start"
+echo "stage 8's warm start (the curve's until 2026-12-04): $OUT/8/warm_start"

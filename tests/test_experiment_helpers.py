@@ -351,25 +351,36 @@ def test_learning_curves_speed_table_runs_without_a_baseline():
   assert done.returncode == 0, done.stderr[-3000:]
 
 
-def test_warm_start_eval_evaluates_a_warm_start_copied_in_without_a_summary(tmp_path):
-  """A warm start copied into shared/ by hand has no summary.json: evaluated and written
-  there, not a crash after the runs (it was, 2026-12-04); a recorded row is reused."""
+def test_warm_start_eval_evaluates_a_warm_start_without_a_row_of_the_runs_problems(tmp_path):
+  """A warm start copied into shared/ by hand may have no summary.json (a crash after the
+  runs, 2026-12-04), or its SFT stage's, evaluated on the held-out problems of other task
+  parameters (a wrong warm-start row, 2026-12-04): both are evaluated on the runs' problems
+  and written there; a row of the runs' own problems is reused."""
   import subprocess
 
   path = str(tmp_path / "summary.json")
   code = (
     "import json\n"
+    "from types import SimpleNamespace\n"
     "from experiments.learning_curve import warm_start_eval\n"
+    "from tlt_jax.evaluation import problems_digest\n"
     "class Fast:\n"
     "  calls = 0\n"
     "  def evaluate(self, trainer, warm):\n"
     "    Fast.calls += 1\n"
     "    return {'accuracy': 0.25}\n"
-    f"row = warm_start_eval({path!r}, Fast(), None, None)\n"
+    "runs = SimpleNamespace(evals=[{'question': '1+1=', 'answer': '2'}])\n"
+    f"row = warm_start_eval({path!r}, Fast(), runs, None)\n"
     "assert row['accuracy'] == 0.25 and Fast.calls == 1, row\n"
-    f"assert json.load(open({path!r}))['eval']['accuracy'] == 0.25\n"
-    f"assert warm_start_eval({path!r}, Fast(), None, None)['accuracy'] == 0.25\n"
+    f"assert json.load(open({path!r}))['eval']['problems'] == problems_digest(runs.evals)\n"
+    f"assert warm_start_eval({path!r}, Fast(), runs, None)['accuracy'] == 0.25\n"
     "assert Fast.calls == 1\n"
+    "other = [{'question': '2+2=', 'answer': '4'}]\n"
+    "stage = {'eval': {'accuracy': 0.5, 'problems': problems_digest(other)}}\n"
+    f"json.dump(stage, open({path!r}, 'w'))\n"
+    f"assert warm_start_eval({path!r}, Fast(), runs, None)['accuracy'] == 0.25\n"
+    "assert Fast.calls == 2\n"
+    f"assert json.load(open({path!r}))['eval_of_other_problems']['accuracy'] == 0.5\n"
   )
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True)

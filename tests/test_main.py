@@ -501,7 +501,7 @@ def test_committed_regime_warm_start_fits_the_gpu_variant():
   from tlt_jax import checkpoint
   from tlt_jax.models.transformer import init_model
 
-  folder = os.path.join(ROOT, "experiments", "warm_starts", "regime_stage8_hostH_2026-11-29")
+  folder = os.path.join(ROOT, "experiments", "warm_starts", "regime_stage9_hostJ_2026-12-04")
   with open(os.path.join(ROOT, "experiments", "gpu_curve.sh")) as f:
     assert os.path.relpath(folder, ROOT) in f.read()  # the script's default
   config = regime.get_config("gpu")

@@ -9,6 +9,8 @@ so two policies are compared on the same random numbers.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -60,6 +62,15 @@ def completions(
   return texts, lengths
 
 
+def problems_digest(examples: Sequence[Mapping[str, str]]) -> str:
+  """A short fingerprint of held-out problems (their questions and answers, in order): a
+  recorded evaluation is comparable with another only on the same problems, and a task's
+  held-out split changes with its parameters (e.g. a warm start's SFT stage built with
+  another `median_steps` scores other problems)."""
+  text = json.dumps([[ex["question"], ex["answer"]] for ex in examples])
+  return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 def evaluate_pass_at_1(
   engine: RolloutEngine,
   params: nnx.State,
@@ -78,7 +89,8 @@ def evaluate_pass_at_1(
   accuracy of `num_samples` samples per problem drawn with `key`. `drafter_params` (an
   engine built with a drafter): decode speculatively, the same tokens sooner.
 
-  Returns accuracy, num_examples, num_samples, mean_length and a few samples.
+  Returns accuracy, num_examples, num_samples, mean_length, the problems' digest
+  (`problems_digest`) and a few samples.
   """
   texts, lengths = completions(
     engine,
@@ -103,6 +115,7 @@ def evaluate_pass_at_1(
     "num_examples": len(examples),
     "num_samples": num_samples,
     "mean_length": float(np.mean(lengths)),
+    "problems": problems_digest(examples),
     "samples": samples,
   }
 
