@@ -63,11 +63,11 @@ def completions(
 
 
 def problems_digest(examples: Sequence[Mapping[str, str]]) -> str:
-  """A short fingerprint of held-out problems (their questions and answers, in order): a
-  recorded evaluation is comparable with another only on the same problems, and a task's
-  held-out split changes with its parameters (e.g. a warm start's SFT stage built with
-  another `median_steps` scores other problems)."""
-  text = json.dumps([[ex["question"], ex["answer"]] for ex in examples])
+  """A short fingerprint of held-out problems (every field of each, in order): a recorded
+  evaluation is comparable with another only on the same problems, and a task's held-out
+  split changes with its parameters (e.g. a warm start's SFT stage built with another
+  `median_steps` scores other problems)."""
+  text = json.dumps([dict(ex) for ex in examples], sort_keys=True, default=str)
   return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
