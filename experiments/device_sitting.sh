@@ -10,9 +10,10 @@
 #   bash experiments/device_sitting.sh /tmp/sitting tiny   # the CPU rehearsal, ~5 minutes
 #
 # DEADLINE: seconds for the whole call (default 570); CURVE_S: the curve's part (default
-# 480); RUNS: where the runs live on the machine (default runs/sitting_<variant>). Real
-# sizes start from the H200's recorded results (experiments/results/gpu_curve12_h200_2026-
-# 11-28), whose finished stages are skipped.
+# 480; the stage-9 curve took 453 s on the H200 on 2026-12-04); RUNS: where the runs live on
+# the machine (default runs/sitting_<variant>). Real
+# sizes start from the H200's recorded results (experiments/results/regime_curve_stage9_h200_
+# 2026-12-04), whose finished stages are skipped.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 KEEP=${1:?usage: experiments/device_sitting.sh KEEP [gpu|tiny]}
@@ -38,15 +39,13 @@ else
     "${resume[@]}" >"$KEEP/curve.log" 2>&1
   say "curve: rc $?"
 fi
-# The report, its plot and the per-step tables (what learning_curve.py's --keep copies; here
-# also when an earlier call finished the curve).
-cp "$curve"/learning_curve* "$curve"/steps_* "$KEEP/" 2>/dev/null
-[ -f "$curve/shared/summary.json" ] && cp "$curve/shared/summary.json" "$KEEP/warm_summary.json"
-if [ ! -f "$KEEP/learning_curve.json" ]; then # cut short: each run's own per-step metrics
-  for mode in baseline sd tlt; do
-    [ -f "$curve/${mode}_s0/metrics.jsonl" ] && cp "$curve/${mode}_s0/metrics.jsonl" "$KEEP/metrics_$mode.jsonl"
-  done
-fi
+# The report and its plot, and in one archive (a device call brings back 8 files at most)
+# the per-step tables, the warm start's summary, the script's log and, when the curve was
+# cut short, each run's own per-step metrics; here also when an earlier call finished it.
+cp "$curve"/learning_curve.json "$curve"/learning_curve.md "$curve"/learning_curve.png \
+  "$KEEP/" 2>/dev/null
+(cd "$curve" && tar czf "$KEEP/curve_files.tgz" --ignore-failed-read steps_*.csv \
+  shared/summary.json gpu_curve.log ./*_s0/metrics.jsonl 2>/dev/null)
 
 # 2. Real sizes in the time left (a stage's cell is not cut: the timeout leaves a margin).
 sizes=$RUNS/rs
@@ -55,7 +54,7 @@ if [ "$VARIANT" = tiny ]; then # the flags of tests/test_real_sizes.py
   args=(--shapes=tiny --contexts=16 --tokens=1,5 --overhead_tokens=5 --accept=chain4=3.0
     --max_batch=2 --copy_gb=0.01 --update_rows=4 --update_width=16 --reps=2 --steps=2)
 else
-  recorded=experiments/results/gpu_curve12_h200_2026-11-28/real_sizes.json
+  recorded=experiments/results/regime_curve_stage9_h200_2026-12-04/real_sizes.json
   [ -f "$sizes/real_sizes.json" ] || cp "$recorded" "$sizes/"
   args=(--stages=decode_b1,bandwidth,verify_b1,overhead,decode_grid,rounds,update,update_unrolled)
 fi
