@@ -9,6 +9,7 @@ import pytest
 from flax import nnx
 
 from tlt_jax.decode.sampling import SamplingConfig
+from tlt_jax.drafter.buffer import DrafterBuffer
 from tlt_jax.models.config import ModelConfig
 from tlt_jax.models.transformer import init_model
 from tlt_jax.rollout.config import EngineConfig
@@ -187,6 +188,33 @@ def test_hidden_states_are_copied_only_as_wide_as_the_rows_reach(model, pool):
   assert full.hidden.shape[1] == ENGINE.slots
   assert ENGINE.harvest_widths == (16, 32, 48)
   assert dataclasses.replace(ENGINE, harvest_hidden=False).harvest_widths == (0,)
+
+
+def test_hidden_states_arrive_in_the_harvest_dtype_as_the_drafter_buffer_would_store_them(
+  model, pool
+):
+  """harvest_dtype casts the copied hidden states on the device: the rows' tokens are the
+  same, the hidden states are float32's rounded to bfloat16 bit for bit, and a drafter
+  buffer of that dtype stores the same features from either."""
+  _, _, params = model
+  sampling = SamplingConfig(temperature=1.0)
+  args = (params, PROMPTS, 2)
+  kw = {"key": 5, "max_new_tokens": LIMITS}
+  f32 = _engine(model, pool, sampling).generate(*args, **kw)
+  bf16 = _engine(model, pool, sampling, harvest_dtype="bfloat16").generate(*args, **kw)
+  np.testing.assert_array_equal(f32.tokens, bf16.tokens)
+  assert f32.hidden.dtype == np.float32 and bf16.hidden.dtype == jnp.bfloat16
+  np.testing.assert_array_equal(
+    f32.hidden.astype(jnp.bfloat16).view(np.uint16), bf16.hidden.view(np.uint16)
+  )
+  stored = []
+  for result in (f32, bf16):
+    buffer = DrafterBuffer(8, ENGINE.slots, MODEL.d_model, keep_steps=1, dtype=jnp.bfloat16)
+    buffer.add(result.tokens, result.hidden, result.prompt_len, result.length, step=0)
+    stored.append(buffer.features.view(np.uint16))
+  np.testing.assert_array_equal(*stored)
+  with pytest.raises(ValueError, match="harvest_dtype"):
+    dataclasses.replace(ENGINE, harvest_dtype="int8")
 
 
 def test_no_recompiles_after_warmup(model):

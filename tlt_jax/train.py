@@ -259,7 +259,10 @@ def prepare(config: ml_collections.ConfigDict, workdir: str, progress: bool = Tr
     )
     # Only the online drafter (tlt) trains on the rollouts' hidden states: in sd they stay
     # on the device, where the drafter's cache is rebuilt from them.
-    engine_cfg = dataclasses.replace(engine_cfg, harvest_hidden=mode == "tlt")
+    # It receives them in its buffer's dtype, cast on the device (half the bytes to copy).
+    engine_cfg = dataclasses.replace(
+      engine_cfg, harvest_hidden=mode == "tlt", harvest_dtype=drafter.config.buffer_dtype
+    )
     engine = RolloutEngine(
       graphdef,
       model_cfg,

@@ -30,6 +30,9 @@ class EngineConfig:
       `hidden`: the online drafter's training data). Off, they stay on the device, where
       speculative decoding rebuilds the drafter's cache from them: a frozen drafter has
       no use for the copy, which at a GPU's batch costs more than the decoding.
+    harvest_dtype: the dtype those copies arrive in, cast on the device ("bfloat16", the
+      online drafter's buffer dtype, halves float32's bytes and leaves the host no
+      conversion; the buffer's contents are the same either way).
     stop_tokens: token ids that end a sequence (the stop token is kept).
     spec_threshold: speculative decoding is considered for batch buckets at or
       below this many rows (0: never). Needs capture_hidden.
@@ -69,6 +72,7 @@ class EngineConfig:
   cache_buckets: bool = True
   capture_hidden: bool = True
   harvest_hidden: bool = True
+  harvest_dtype: str = "float32"
   stop_tokens: tuple[int, ...] = ()
   spec_threshold: int = 0
   spec_strategies: tuple[str, ...] = ("chain4",)
@@ -135,6 +139,11 @@ class EngineConfig:
       )
     if not isinstance(self.harvest_hidden, bool):
       raise ValueError(f"EngineConfig.harvest_hidden must be a bool, got {self.harvest_hidden!r}")
+    if self.harvest_dtype not in ("float32", "bfloat16", "float16"):
+      raise ValueError(
+        "EngineConfig.harvest_dtype must be float32, bfloat16 or float16, got "
+        f"{self.harvest_dtype!r}"
+      )
 
   @property
   def slots(self) -> int:

@@ -263,9 +263,12 @@ class EnginePrograms:
 
   def harvest(self, args, width: int):
     """(state, rows) -> the arrays of `rows` to copy to the host, hidden states `width`
-    positions wide (`programs.harvest`; one of `config.harvest_widths`)."""
-    key = ("harvest", args[0].batch, args[1].shape[0], width, *self._shapes())
-    return self.pool.get(key, functools.partial(programs.harvest, width=width), args)
+    positions wide (`programs.harvest`; one of `config.harvest_widths`) in
+    `config.harvest_dtype`."""
+    dtype = self.config.harvest_dtype
+    key = ("harvest", args[0].batch, args[1].shape[0], width, dtype, *self._shapes())
+    fn = functools.partial(programs.harvest, width=width, dtype=dtype)
+    return self.pool.get(key, fn, args)
 
   def run_prefill(
     self, params, prompts_np, plen_np, num_samples, max_new_rows, seq_ids, sampling, key

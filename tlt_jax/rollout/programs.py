@@ -172,9 +172,11 @@ def take_rows(state: RolloutState, rows: Int[Array, " B2"], valid: jax.Array) ->
   return out.replace(done=out.done | ~valid, seq_id=jnp.where(valid, out.seq_id, -1))
 
 
-def harvest(state: RolloutState, rows: Int[Array, " N"], width: int) -> dict[str, jax.Array]:
+def harvest(
+  state: RolloutState, rows: Int[Array, " N"], width: int, dtype: str = "float32"
+) -> dict[str, jax.Array]:
   """The per-sequence outputs of the given rows (no cache), for transfer to host; their
-  hidden states' first `width` positions (none when 0)."""
+  hidden states' first `width` positions (none when 0), cast to `dtype`."""
   pick = lambda x: jnp.take(x, rows, axis=0)
   out = {
     "tokens": pick(state.tokens),
@@ -184,5 +186,5 @@ def harvest(state: RolloutState, rows: Int[Array, " N"], width: int) -> dict[str
     "seq_id": pick(state.seq_id),
   }
   if width:
-    out["hidden"] = pick(state.hidden[:, :width])
+    out["hidden"] = pick(state.hidden[:, :width]).astype(dtype)
   return out

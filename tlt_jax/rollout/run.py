@@ -106,6 +106,9 @@ class RolloutRun:
       prefill["compile_s"] = engine.pool.compile_seconds - compile_s
     self.timeline: list[dict[str, Any]] = [prefill]
     self.outputs: dict[int, dict[str, np.ndarray]] = {}
+    # Harvested hidden states still on their way to the host: (device block, [(row n,
+    # its index in the block)]), read into `outputs` when the rollout finishes.
+    self.hidden_in_flight: list[tuple[jax.Array, list[tuple[int, int]]]] = []
     # Group drafts: the corpus of the current layout (built on the first group chunk
     # after a change; the siblings' progress is read on the device).
     self.group_corpus: GroupCorpus | None = None
@@ -216,6 +219,7 @@ class RolloutRun:
     if self.on_chunk is not None and self.owed_rebuild_s:
       self._call_hook(0, 0)  # the last push-forced rebuild's report
     self.harvest(np.nonzero(self.row_seq >= 0)[0])
+    self.receive_hidden()
     wall = time.perf_counter() - self.start
     eng = self.engine
     if eng.history is not None and self.sampling == eng.sampling:
@@ -225,21 +229,44 @@ class RolloutRun:
     return eng.programs.assemble(self.outputs, self.n_rows, self.num_samples, self.timeline, wall)
 
   def harvest(self, rows: np.ndarray) -> None:
-    """Copies finished rows (their tokens, log-probs, features) to the host."""
+    """Copies finished rows (their tokens, log-probs, features) to the host.
+
+    The hidden states (the bulk: rows x width x features) are only started on their way
+    (`copy_to_host_async`) and read at the next harvest or when the rollout finishes
+    (`receive_hidden`): on an accelerator the copy overlaps the chunks that decode the
+    rest, where waiting for it here stalled the long tail (experiments/RESULTS.md,
+    2026-12-04, the H200's curve), and at most one harvest's copy holds device memory."""
     if rows.size == 0:
       return
+    self.receive_hidden()
     padded = np.zeros((self.state.batch,), np.int32)
     padded[: rows.size] = rows
     args = (self.state, jnp.asarray(padded))
     widths = self.cfg.harvest_widths
     width = round_up(int(self.length[rows].max()), widths) if widths != (0,) else 0
-    got = jax.device_get(self.engine.programs.harvest(args, width)(*args))
+    out = dict(self.engine.programs.harvest(args, width)(*args))
+    hidden = out.pop("hidden", None)
+    if hidden is not None:
+      hidden.copy_to_host_async()
+    got = jax.device_get(out)
+    pairs = []
     for j in range(rows.size):
       n = int(got["seq_id"][j]) - self.seq_id_offset
       self.outputs[n] = {k: v[j] for k, v in got.items()}
+      pairs.append((n, j))
       if self.on_finished is not None:
         self.on_finished(n, completion(self.outputs[n]))
+    if hidden is not None:
+      self.hidden_in_flight.append((hidden, pairs))
     self.group_corpus = None  # finished rows move from the live siblings to the reference
+
+  def receive_hidden(self) -> None:
+    """The harvested rows' hidden states, now on the host, into their `outputs`."""
+    for block, pairs in self.hidden_in_flight:
+      host = np.asarray(block)
+      for n, j in pairs:
+        self.outputs[n]["hidden"] = host[j]
+    self.hidden_in_flight = []
 
   # ------------------------------------------------------------------ chunk kinds
   def _last_bucket(self) -> bool:
