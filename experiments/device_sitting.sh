@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One lent device sitting, in the order the issues ask: TLT's learning curve on the GPU first
-# (experiments/gpu_curve.sh), then the real-sizes stages (experiments/real_sizes.py) in the
-# time left. What is worth keeping is copied into KEEP (the folder a device call brings
+# (experiments/gpu_curve.sh), a minute of experiments/bench_harvest.py (what mode tlt's copy
+# of hidden states to the host costs its rollout), then the real-sizes stages
+# (experiments/real_sizes.py) in the time left. What is worth keeping is copied into KEEP (the folder a device call brings
 # back) as each part ends, so a sitting cut short returns what it reached; called again while
 # the machine is warm, it goes on where the last call stopped (the curve from its
 # checkpoints, real sizes from its results file).
@@ -39,15 +40,34 @@ else
     "${resume[@]}" >"$KEEP/curve.log" 2>&1
   say "curve: rc $?"
 fi
+# 2. What carrying the rows' hidden states to the host costs a tlt rollout: off, float32 and
+# bfloat16 cast on the device, copied asynchronously (experiments/bench_harvest.py, ~1 minute).
+harvest=$RUNS/bench_harvest.json
+if [ -f "$harvest" ]; then
+  say "harvest: finished in an earlier call"
+else
+  say "harvest: up to 150s"
+  if [ "$VARIANT" = tiny ]; then
+    hargs=(--config=configs/regime.py:tiny --prompts=2 --rounds=1)
+  else
+    hargs=(--config=configs/regime.py:gpu --rounds=5)
+  fi
+  timeout -k 5 150 "$PY" experiments/bench_harvest.py "${hargs[@]}" --out="$harvest.part" \
+    >"$RUNS/bench_harvest.log" 2>&1 && mv "$harvest.part" "$harvest"
+  say "harvest: rc $?"
+  grep "^|" "$RUNS/bench_harvest.log" | tee -a "$KEEP/sitting.log"
+fi
+
 # The report and its plot, and in one archive (a device call brings back 8 files at most)
-# the per-step tables, the warm start's summary, the script's log and, when the curve was
-# cut short, each run's own per-step metrics; here also when an earlier call finished it.
+# the per-step tables, the warm start's summary, the script's log, the copy's benchmark and,
+# when the curve was cut short, each run's own per-step metrics; here also when an earlier
+# call finished them.
 cp "$curve"/learning_curve.json "$curve"/learning_curve.md "$curve"/learning_curve.png \
   "$KEEP/" 2>/dev/null
 (cd "$curve" && tar czf "$KEEP/curve_files.tgz" --ignore-failed-read steps_*.csv \
-  shared/summary.json gpu_curve.log ./*_s0/metrics.jsonl 2>/dev/null)
-
-# 2. Real sizes in the time left (a stage's cell is not cut: the timeout leaves a margin).
+  shared/summary.json gpu_curve.log ./*_s0/metrics.jsonl ../bench_harvest.json \
+  ../bench_harvest.log 2>/dev/null)
+# 3. Real sizes in the time left (a stage's cell is not cut: the timeout leaves a margin).
 sizes=$RUNS/rs
 mkdir -p "$sizes"
 if [ "$VARIANT" = tiny ]; then # the flags of tests/test_real_sizes.py
