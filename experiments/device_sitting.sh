@@ -47,11 +47,10 @@ if [ -f "$harvest" ]; then
   say "harvest: finished in an earlier call"
 else
   say "harvest: up to 150s"
-  if [ "$VARIANT" = tiny ]; then
-    hargs=(--config=configs/regime.py:tiny --prompts=2 --rounds=1)
-  else
-    hargs=(--config=configs/regime.py:gpu --rounds=5)
-  fi
+  case $VARIANT in
+    tiny) hargs=(--config=configs/regime.py:tiny --prompts=2 --rounds=1) ;;
+    *) hargs=(--config=configs/regime.py:gpu --rounds=5) ;;
+  esac
   timeout -k 5 150 "$PY" experiments/bench_harvest.py "${hargs[@]}" --out="$harvest.part" \
     >"$RUNS/bench_harvest.log" 2>&1 && mv "$harvest.part" "$harvest"
   say "harvest: rc $?"
