@@ -2,19 +2,19 @@
 # One lent device sitting, in the order the issues ask: TLT's learning curve on the GPU first
 # (experiments/gpu_curve.sh), a minute of experiments/bench_harvest.py (what mode tlt's copy
 # of hidden states to the host costs its rollout), then the real-sizes stages
-# (experiments/real_sizes.py) in the time left. What is worth keeping is copied into KEEP (the folder a device call brings
-# back) as each part ends, so a sitting cut short returns what it reached; called again while
-# the machine is warm, it goes on where the last call stopped (the curve from its
-# checkpoints, real sizes from its results file).
+# (experiments/real_sizes.py) in the time left. What is worth keeping is copied into KEEP
+# (the folder a device call brings back) as each part ends, so a sitting cut short returns
+# what it reached; called again while the machine is warm, it goes on where the last call
+# stopped (the curve from its checkpoints, real sizes from its results file).
 #
 #   bash experiments/device_sitting.sh "$OUT"              # on the device, ~9.5 minutes
 #   bash experiments/device_sitting.sh /tmp/sitting tiny   # the CPU rehearsal, ~5 minutes
 #
 # DEADLINE: seconds for the whole call (default 570); CURVE_S: the curve's part (default
 # 480; the stage-9 curve took 453 s on the H200 on 2026-12-04); RUNS: where the runs live on
-# the machine (default runs/sitting_<variant>). Real
-# sizes start from the H200's recorded results (experiments/results/regime_curve_stage9_h200_
-# 2026-12-04), whose finished stages are skipped.
+# the machine (default runs/sitting_<variant>). Real sizes start from the H200's recorded
+# results (experiments/results/regime_curve_stage9_h200_2026-12-04), whose finished stages
+# are skipped.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 KEEP=${1:?usage: experiments/device_sitting.sh KEEP [gpu|tiny]}

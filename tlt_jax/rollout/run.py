@@ -106,9 +106,9 @@ class RolloutRun:
       prefill["compile_s"] = engine.pool.compile_seconds - compile_s
     self.timeline: list[dict[str, Any]] = [prefill]
     self.outputs: dict[int, dict[str, np.ndarray]] = {}
-    # Harvested hidden states still on their way to the host: (device block, [(row n,
-    # its index in the block)]), read into `outputs` when the rollout finishes.
-    self.hidden_in_flight: list[tuple[jax.Array, list[tuple[int, int]]]] = []
+    # The last harvest's hidden states on their way to the host: (device block, [(row n,
+    # its index in the block)]), read into `outputs` at the next harvest or the end.
+    self.hidden_in_flight: tuple[jax.Array, list[tuple[int, int]]] | None = None
     # Group drafts: the corpus of the current layout (built on the first group chunk
     # after a change; the siblings' progress is read on the device).
     self.group_corpus: GroupCorpus | None = None
@@ -257,16 +257,18 @@ class RolloutRun:
       if self.on_finished is not None:
         self.on_finished(n, completion(self.outputs[n]))
     if hidden is not None:
-      self.hidden_in_flight.append((hidden, pairs))
+      self.hidden_in_flight = (hidden, pairs)
     self.group_corpus = None  # finished rows move from the live siblings to the reference
 
   def receive_hidden(self) -> None:
-    """The harvested rows' hidden states, now on the host, into their `outputs`."""
-    for block, pairs in self.hidden_in_flight:
-      host = np.asarray(block)
-      for n, j in pairs:
-        self.outputs[n]["hidden"] = host[j]
-    self.hidden_in_flight = []
+    """The last harvest's hidden states, now on the host, into their rows' `outputs`."""
+    if self.hidden_in_flight is None:
+      return
+    block, pairs = self.hidden_in_flight
+    host = np.asarray(block)
+    for n, j in pairs:
+      self.outputs[n]["hidden"] = host[j]
+    self.hidden_in_flight = None
 
   # ------------------------------------------------------------------ chunk kinds
   def _last_bucket(self) -> bool:
