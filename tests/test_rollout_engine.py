@@ -188,6 +188,13 @@ def test_hidden_states_are_copied_only_as_wide_as_the_rows_reach(model, pool):
   assert full.hidden.shape[1] == ENGINE.slots
   assert ENGINE.harvest_widths == (16, 32, 48)
   assert dataclasses.replace(ENGINE, harvest_hidden=False).harvest_widths == (0,)
+  # Each harvest is a timeline entry of its rows: every row harvested once, the widths
+  # the copies took, and their host seconds inside the rollout's.
+  harvests = [e for e in full.timeline if e["phase"] == "harvest"]
+  assert sum(e["rows"] for e in harvests) == 8 and len(harvests) >= 2
+  assert {e["width"] for e in harvests if e["rows"]} <= set(ENGINE.harvest_widths)
+  assert 0 < full.phase_seconds("harvest") < full.wall_seconds
+  assert all(e["width"] == 0 for e in dropped.timeline if e["phase"] == "harvest")
 
 
 def test_hidden_states_arrive_in_the_harvest_dtype_as_the_drafter_buffer_would_store_them(

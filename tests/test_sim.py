@@ -240,7 +240,9 @@ def test_engine_cost_reads_the_engines_timelines():
     },
     {"t": 9.7, "dt": 0.32, "phase": "decode", "batch": 8, "view": 128, "steps": 16},
     {"t": 10.1, "dt": 0.16, "phase": "decode", "batch": 8, "view": 128, "steps": 8},
-    # Compaction to 4 rows (0.3 s of host time), a drafter-cache rebuild, a chain4 chunk.
+    # Compaction to 4 rows (0.3 s of host time, its harvest included), a drafter-cache
+    # rebuild, a chain4 chunk.
+    {"t": 10.3, "dt": 0.2, "phase": "harvest", "batch": 8, "view": 0, "rows": 4},
     {"t": 10.56, "dt": 0.05, "phase": "drafter_prefill", "batch": 4, "view": 256},
     {
       "t": 10.61,
@@ -264,13 +266,16 @@ def test_engine_cost_reads_the_engines_timelines():
   ]
   # A second rollout, compiled already: its end is timed (wall - last call's end).
   second = [dict(e, t=e["t"], compile_s=0.0) for e in timeline[2:4]]
+  end = second[-1]["t"] + second[-1]["dt"]
+  second.append({"t": end + 0.01, "dt": 0.05, "phase": "harvest", "batch": 8, "view": 0})
   cost = EngineCost.from_timelines([(timeline, 11.5), (second, 10.35)])
   assert cost.cells["plain"] == ((8, 128, pytest.approx(0.02)),)
   assert cost.cells["chain4"] == ((4, 256, pytest.approx(0.05)),)
   assert cost.cells["prefill"] == ((2, 64, 0.5),)
   assert cost.cells["drafter_prefill"] == ((4, 256, 0.05),)
   # Gaps 0.08 (between the decode chunks, twice) and 0.13 (hook included): median 0.08; the
-  # compaction 0.3; the first rollout compiled, so only the second's end counts.
+  # compaction 0.3, its harvest inside; the first rollout compiled, so only the second's end
+  # counts (its last harvest inside).
   assert cost.gap_s == pytest.approx(0.08) and cost.compact_s == pytest.approx(0.3)
   assert cost.finish_s == pytest.approx(0.09)
   assert EngineCost.from_dict(cost.to_dict()) == cost

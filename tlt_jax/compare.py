@@ -317,6 +317,7 @@ def step_row(label: str, r: dict[str, Any]) -> dict[str, Any]:
     "checkpoint_s": r.get("time/checkpoint", 0.0),
     "tail_s": r.get("time/rollout_tail", ""),
     "generate_s": r.get("time/rollout_generate", ""),
+    "harvest_s": r.get("time/rollout_harvest", ""),
     "reward": r["reward_mean"],
     "eval": r.get("eval", {}).get("accuracy", ""),
     "eval_sampled": r.get("eval", {}).get("sampled_accuracy", ""),

@@ -609,6 +609,8 @@ class GRPOTrainer:
       # their ratio caps what speculative decoding can save (1 / (1 - share)).
       "time/rollout_tail": sum(r.generation_seconds(self._tail_batch) for r in results),
       "time/rollout_generate": sum(r.generation_seconds() for r in results),
+      # Host seconds copying finished rows off the device (mode tlt: their hidden states).
+      "time/rollout_harvest": sum(r.phase_seconds("harvest") for r in results),
     }
 
   def _collect_rollouts(self, rewards: RewardPool, times: dict[str, float]):

@@ -670,7 +670,8 @@ class RolloutEngine:
         ("drafter_hook"), each push-forced rebuild marked (`forced_by_push`). Never
         changes the output: verification is exact whatever the drafter.
       on_finished: called as `on_finished(n, completion_tokens)` once per row n, when the
-        row is copied to the host: at the compaction that drops it, or at the end. The
+        row is copied to the host (each such harvest timed in the timeline, "harvest"):
+        at the compaction that drops it, or at the end. The
         trainer starts scoring its reward there, so the reward threads work while the
         device decodes the long tail. Never changes the output.
     """

@@ -62,6 +62,11 @@ class RolloutResult:
       if e["phase"] in phases and (max_batch is None or e["batch"] <= max_batch)
     )
 
+  def phase_seconds(self, phase: str) -> float:
+    """Seconds of the timeline's entries of one phase, e.g. "harvest": the host time that
+    copies finished rows (and in mode tlt their hidden states) off the device."""
+    return sum(e["dt"] for e in self.timeline if e["phase"] == phase)
+
   def spec_summary(self) -> dict[str, float]:
     """Speculative chunks of this rollout: rounds, and per active row-round the
     tokens committed (`accept_length`, the bonus/correction token included) and

@@ -219,7 +219,10 @@ class RolloutRun:
     if self.on_chunk is not None and self.owed_rebuild_s:
       self._call_hook(0, 0)  # the last push-forced rebuild's report
     self.harvest(np.nonzero(self.row_seq >= 0)[0])
-    self.receive_hidden()
+    if self.hidden_in_flight is not None:
+      t0 = time.perf_counter()
+      self.receive_hidden()
+      self._host_entry("harvest", t0, rows=0)
     wall = time.perf_counter() - self.start
     eng = self.engine
     if eng.history is not None and self.sampling == eng.sampling:
@@ -235,9 +238,11 @@ class RolloutRun:
     (`copy_to_host_async`) and read at the next harvest or when the rollout finishes
     (`receive_hidden`): on an accelerator the copy overlaps the chunks that decode the
     rest, where waiting for it here stalled the long tail (experiments/RESULTS.md,
-    2026-12-04, the H200's curve), and at most one harvest's copy holds device memory."""
+    2026-12-04, the H200's curve), and at most one harvest's copy holds device memory.
+    Its host seconds are a "harvest" entry of the timeline (`RolloutResult.phase_seconds`)."""
     if rows.size == 0:
       return
+    t0 = time.perf_counter()
     self.receive_hidden()
     padded = np.zeros((self.state.batch,), np.int32)
     padded[: rows.size] = rows
@@ -259,6 +264,7 @@ class RolloutRun:
     if hidden is not None:
       self.hidden_in_flight = (hidden, pairs)
     self.group_corpus = None  # finished rows move from the live siblings to the reference
+    self._host_entry("harvest", t0, rows=int(rows.size), width=width)
 
   def receive_hidden(self) -> None:
     """The last harvest's hidden states, now on the host, into their rows' `outputs`."""
@@ -416,6 +422,21 @@ class RolloutRun:
       entry["run_s"] = run_s  # the seconds the reward divides by
 
   # ------------------------------------------------------------------ helpers
+  def _host_entry(self, phase: str, t0: float, **extra: Any) -> None:
+    """A timeline entry for host work between device chunks that began at `t0`."""
+    self.timeline.append(
+      {
+        "t": t0 - self.start,
+        "dt": time.perf_counter() - t0,
+        "phase": phase,
+        "active": int(self.active().sum()),
+        "batch": self.state.batch,
+        "view": 0,
+        "tokens": 0,
+        **extra,
+      }
+    )
+
   def _call_hook(self, batch: int, active_rows: int):
     t_hook = time.perf_counter()
     pushed = self.on_chunk(batch, self.owed_rebuild_s)

@@ -296,7 +296,9 @@ class EngineCost:
       samples.setdefault(kind, {}).setdefault((int(batch), int(length)), []).append(seconds)
 
     for timeline, wall in rollouts:
-      entries = sorted(timeline, key=lambda e: e["t"])
+      # Harvests are host work inside the gaps between chunks (a compaction's, the finish's):
+      # the gaps below measure them whole.
+      entries = sorted((e for e in timeline if e["phase"] != "harvest"), key=lambda e: e["t"])
       clean = True  # no compile in this rollout's calls so far
       for e in entries:
         compiled = e.get("compile_s", 0.0) or e.get("rebuild_compile_s", 0.0)
