@@ -222,7 +222,7 @@ class RolloutRun:
     if self.hidden_in_flight is not None:
       t0 = time.perf_counter()
       self.receive_hidden()
-      self._host_entry("harvest", t0, rows=0)
+      self._host_entry("harvest", t0, rows=0, width=0)  # the last copy's wait
     wall = time.perf_counter() - self.start
     eng = self.engine
     if eng.history is not None and self.sampling == eng.sampling:
@@ -423,7 +423,8 @@ class RolloutRun:
 
   # ------------------------------------------------------------------ helpers
   def _host_entry(self, phase: str, t0: float, **extra: Any) -> None:
-    """A timeline entry for host work between device chunks that began at `t0`."""
+    """A timeline entry for host work between device chunks that began at `t0` (`extra`
+    adds fields or replaces the defaults: the active rows and batch bucket now)."""
     self.timeline.append(
       {
         "t": t0 - self.start,
@@ -440,20 +441,10 @@ class RolloutRun:
   def _call_hook(self, batch: int, active_rows: int):
     t_hook = time.perf_counter()
     pushed = self.on_chunk(batch, self.owed_rebuild_s)
-    hook_s = time.perf_counter() - t_hook
     self.owed_rebuild_s = 0.0
-    self.timeline.append(
-      {
-        "t": t_hook - self.start,
-        "dt": hook_s,
-        "phase": "drafter_hook",
-        "active": active_rows,
-        "batch": batch,
-        "view": 0,
-        "tokens": 0,
-        "pushed": pushed is not None and batch > 0,  # batch 0: the return is ignored
-      }
-    )
+    # `batch`: the next chunk's bucket (0: the rollout ended, the return is ignored).
+    pushed_now = pushed is not None and batch > 0
+    self._host_entry("drafter_hook", t_hook, active=active_rows, batch=batch, pushed=pushed_now)
     return pushed
 
   def _build_corpus(self) -> GroupCorpus:
