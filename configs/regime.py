@@ -21,8 +21,10 @@ keep the devices busy. Why each setting (figures in experiments/RESULTS.md):
   what a small model does reliably, where lookups into the question it does not (with
   counters counting up, stopping meant comparing with the count far back in the question,
   and half the careful answers stopped a line or two off). The number of steps is
-  log-normal (median 12, spread 1.3, up to 125), so responses are long-tailed: the longest
-  of a step's 16 problems is ~8x their median, the longest of a run's ~17x.
+  log-normal (median 12, spread 1.5, up to 250), so responses are long-tailed: a careful
+  demonstrator's longest answer to a step's 16 problems is ~12x their median, a run's ~23x
+  (at spread 1.3 and up to 125 steps, the curves until 2026-12-04: ~8x and ~11x; the
+  policy's answers to problems of more than 99 steps were cut to its two-digit counts).
   The warm start's demonstrator mixes two efforts (`hasty_fraction`): careful solutions
   open with "~" and write a line per step (median 134 tokens), hasty ones with "!" and
   jump two steps a line, so they are shorter and overshoot every odd count. The outcome
@@ -40,8 +42,9 @@ keep the devices busy. Why each setting (figures in experiments/RESULTS.md):
   embedding rows (the same table: inputs too) drifted 7-14% in 40 steps, and forced careful
   answers, sampled, fell from 0.38 to 0.27 on 64 training problems: RL unlearnt the skill it
   chose.
-The curve's warm start is built in nine SFT stages (experiments/regime_warm_start.sh,
-about three hours on host H; RESULTS.md 2026-11-28/29): 1,710 steps with an 80%-hasty
+The curve's warm start is built in eleven SFT stages (experiments/regime_warm_start.sh,
+about three hours on host H and one and a half on host J; RESULTS.md 2026-11-28/29 and
+2026-12-04): 1,710 steps with an 80%-hasty
 demonstrator and counters counting up, whose careful answers, sampled, passed less often
 than hasty ones (0.13 vs 0.30: GRPO rightly dropped care and the reward stayed flat over
 20 steps); 220 with half hasty, which did not fix that (0.16 vs 0.30: careful answers
@@ -53,7 +56,14 @@ their first line, which copies the count and stride from the question (teacher-f
 token (experiments/line_errors.py). A ninth (2026-12-04, host J: 100 steps at 3e-4 on 90%
 hasty demonstrations) lowers care's share of openings from 0.31 to 0.08, so RL makes the
 effort choice inside the curve: the rise doubled on the two seeds that missed the bar on
-stage 8 (RESULTS.md, 2026-12-04); the committed warm start is this one.
+stage 8 (RESULTS.md, 2026-12-04). A tenth (350 steps on rows of
+2,048 tokens, problems of up to 250 steps) taught the later lines of long answers but not
+their first, which copies a three-digit count (98% wrong); an eleventh
+(experiments/sft_openings.py: 150 steps mixing the openings of long demonstrations, their
+first 2-16 lines with no end taught, ~15 three-digit first lines a step, into whole ones)
+did (35% wrong, later lines < 0.5% a token to line 160), and the longest answer of a step
+went from 7.7x its median to ~18x (RESULTS.md, 2026-12-04); the committed warm start is
+this one.
 The SFT fields below are the first stage's steps and rate, in the countdown format
 (`learning_curve.py` builds that when the workdir has no warm start; a from-scratch
 countdown warm start is not measured); the drafter's warm start is built from the
@@ -70,7 +80,7 @@ import ml_collections
 from configs import sd_bench
 
 # Steps per question: log-normal around the median, capped (a line ~11 characters).
-MEDIAN_STEPS, MAX_STEPS = 12, 125
+MEDIAN_STEPS, MAX_STEPS = 12, 250
 
 
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
@@ -90,7 +100,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.task.params = ml_collections.ConfigDict(
     {
       "median_steps": MEDIAN_STEPS,
-      "steps_sigma": 1.3,
+      "steps_sigma": 1.5,
       "max_steps": MAX_STEPS,
       "max_start": 99,
       "max_stride": 9,
@@ -103,8 +113,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.task.train_size = 20_000
   c.task.test_size = 400
 
-  # Packed rows of many short solutions and a few long ones; the ~1% of examples longer
-  # than a row are left out of SFT (the policy still meets them in RL: the tail).
+  # Packed rows of many short solutions and a few long ones; the ~5% of examples longer
+  # than a row are left out of these first stages' SFT (the tenth stage's rows of 2,048
+  # tokens hold all but ~1%; the eleventh shows the openings of problems of 100-250 steps).
   c.sft.steps = 700
   c.sft.batch_rows = 4
   c.sft.row_len = 1024
@@ -115,7 +126,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.sft.key_windows = (256, 512)
 
   c.engine.max_prompt_len = 16  # the longest question (10 characters) and BOS
-  c.engine.max_new_tokens = 12 * MAX_STEPS + 16  # the longest solution (~1,450), "#answer"
+  c.engine.max_new_tokens = 12 * MAX_STEPS + 16  # the longest solution (~2,860), "#answer"
   c.engine.max_batch = 8
   c.engine.min_cache_bucket = 128
   c.engine.min_prompt_bucket = 16
@@ -259,6 +270,8 @@ def _small(c: ml_collections.ConfigDict) -> None:
   c.rl_update.pack_width = 0  # the width of the longest sample, as in its gates
   c.rl_update.min_rows = 0
   c.task.params.steps_sigma = 0.9  # its curves' tails (RESULTS.md, 2026-11-27/28)
+  c.task.params.max_steps = 125  # as in its gates (the CPU curve's until 2026-12-04)
+  c.engine.max_new_tokens = 12 * 125 + 16
   c.task.params.countdown = False  # counters that count up, as in its gates
   c.rl.prompts_per_step = 16
   c.rl.rows_per_call = 64

@@ -23,7 +23,7 @@ optimizer state at the config's online settings), or online settings joined by "
 fitted its warm start in the same process did until 2026-12-03) is at commit 8f8fb61.
 
   python experiments/drafter_online_start.py --config=configs/regime.py --refit \
-    --warm=experiments/warm_starts/regime_stage9_hostJ_2026-12-04 --out=runs/dstart
+    --warm=experiments/warm_starts/regime_stage11_hostJ_2026-12-04 --out=runs/dstart
 """
 
 from __future__ import annotations

@@ -6,8 +6,8 @@
 # Variant gpu (configs/regime.py:gpu) is the CPU regime's own curve (the 13M policy, 16
 # prompts x 8 samples, 40 RL steps) with a step's 128 rows in one engine call, from the
 # CPU's warm start carried over: WARM_START names a folder experiments/pack_warm_start.py
-# wrote (by default the committed experiments/warm_starts/regime_stage9_hostJ_2026-12-04,
-# the ninth SFT stage's policy and its drafter), copied into <out>/shared (its SFT took
+# wrote (by default the committed experiments/warm_starts/regime_stage11_hostJ_2026-12-04,
+# the eleventh SFT stage's policy and its drafter), copied into <out>/shared (its SFT took
 # hours). Sized for ~9 minutes of device time with its compiles: programs capped by few
 # batch and cache buckets, three chains, one packed update width and a plain held-out
 # evaluation. Float32 products at "highest" and XLA's deterministic GPU ops, so the three
@@ -29,7 +29,7 @@ shift $(($# < 2 ? $# : 2))
 PY=${PYTHON:-python}
 mkdir -p "$OUT"
 if [ "$VARIANT" = gpu ]; then
-  WARM_START=${WARM_START:-experiments/warm_starts/regime_stage9_hostJ_2026-12-04}
+  WARM_START=${WARM_START:-experiments/warm_starts/regime_stage11_hostJ_2026-12-04}
 fi
 if [ -n "${WARM_START:-}" ]; then
   if [ ! -d "$WARM_START/warm_start" ]; then

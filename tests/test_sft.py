@@ -13,8 +13,10 @@ from tlt_jax.models.transformer import init_model
 from tlt_jax.warmstart.sft import (
   SFTConfig,
   encode_example,
+  encode_opening,
   make_train_step,
   pack_batches,
+  sft_loss,
   sft_optimizer,
   train_sft,
 )
@@ -56,6 +58,36 @@ def test_packing_keeps_samples_apart_and_masks_only_targets():
       assert tok.decode(predicted[:-1]) in ("3;#3", "8;#8")
   with pytest.raises(ValueError, match="fits"):
     next(pack_batches(seqs, rows=1, row_len=4, seed=0))
+
+
+def test_an_opening_is_trained_on_its_tokens_and_never_on_an_end():
+  tok = CharTokenizer()
+  seqs = [encode_opening(tok, "7+3x40=", "~40:7+3=10;39:"), encode_example(tok, "1+2=", "3;#3")]
+  assert seqs[0][0][-1] != tok.eos_id
+  batch = next(pack_batches(seqs, rows=1, row_len=40, seed=0))
+  targets = {}
+  for s in (1, 2):
+    idx = np.nonzero(batch["segment_ids"][0] == s)[0]
+    predicted = batch["tokens"][0, idx[1:]][batch["loss_mask"][0, idx[:-1]] == 1]
+    # An opening's last token predicts nothing: no end is taught where it was cut.
+    assert batch["loss_mask"][0, idx[-1]] == 0
+    targets[tok.decode(predicted[predicted != tok.eos_id])] = int(predicted[-1] == tok.eos_id)
+  assert targets == {"~40:7+3=10;39:": 0, "3;#3": 1}
+
+
+def test_sft_learns_openings_beside_whole_examples():
+  tok = CharTokenizer()
+  graphdef, params = _tiny_policy(tok)
+  sft = SFTConfig(steps=60, batch_rows=2, row_len=32, learning_rate=1e-2, warmup_steps=5)
+  openings = [("3x9=", "~9:1+3=4;8:"), ("2x7=", "~7:1+2=3;6:")]
+  trained, history = train_sft(
+    graphdef, params, tok, [("1+2=", "3;#3")], sft, progress=False, openings=openings
+  )
+  assert history[-1]["loss"] < 0.5 * history[0]["loss"]
+  # Teacher-forced on the openings alone, the trained policy has learnt them.
+  batch = next(pack_batches([encode_opening(tok, *o) for o in openings], 1, 32, seed=0))
+  _, aux = sft_loss(nnx.merge(graphdef, trained), batch)
+  assert aux["token_accuracy"] > 0.9
 
 
 def test_sft_overfits_a_few_examples():

@@ -3,7 +3,8 @@
 Examples are packed into fixed-length rows (segment ids keep packed samples
 from attending to each other, positions restart per sample) so the long tail
 of solution lengths costs no padding. The loss covers solution tokens and the
-closing EOS only: the policy learns to answer, not to write questions.
+closing EOS only: the policy learns to answer, not to write questions. Openings (the first
+part of a target, no EOS) pack the same way: a row holds how many long answers begin.
 """
 
 from __future__ import annotations
@@ -62,13 +63,24 @@ def encode_example(tokenizer: Tokenizer, prompt: str, target: str) -> tuple[list
   return p + tokenizer.encode(target) + [tokenizer.eos_id], len(p)
 
 
+def encode_opening(tokenizer: Tokenizer, prompt: str, opening: str) -> tuple[list[int], int]:
+  """BOS + prompt + the opening of a target, with no EOS, and the index where the loss starts.
+
+  Packed like a whole example, its loss covers the opening's tokens and predicts no end, so
+  SFT can show a policy the openings of many demonstrations too long to fit a row whole (or
+  too rare for a row to hold many) without teaching it to stop where they were cut."""
+  p = tokenizer.encode(prompt, add_bos=True)
+  return p + tokenizer.encode(opening), len(p)
+
+
 def pack_batches(
   sequences: Sequence[tuple[list[int], int]], rows: int, row_len: int, seed: int
 ) -> Iterator[dict[str, np.ndarray]]:
   """Endless batches of packed rows, reshuffled every epoch.
 
   Each batch: tokens, positions, segment_ids (0 = padding) [rows, row_len] and
-  loss_mask, which marks positions whose NEXT token is a target token.
+  loss_mask, which marks positions whose NEXT token is a target token (from the last prompt
+  token to the one before the sequence's last: its EOS, or an opening's last token).
   Sequences longer than a row are skipped (counted once in `skipped`).
   """
   fit = [s for s in sequences if len(s[0]) <= row_len]
@@ -96,7 +108,7 @@ def pack_batches(
         batch["positions"][r, col : col + n] = np.arange(n)
         batch["segment_ids"][r, col : col + n] = seg
         # Position t predicts token t + 1: the loss runs from the last prompt
-        # token to the token before EOS.
+        # token to the one before the last (which predicts nothing here).
         batch["loss_mask"][r, col + start - 1 : col + n - 1] = 1
         col += n
     yield batch
@@ -154,9 +166,12 @@ def train_sft(
   examples: Sequence[tuple[str, str]],
   cfg: SFTConfig,
   progress: bool = True,
+  openings: Sequence[tuple[str, str]] = (),
 ) -> tuple[nnx.State, list[dict[str, Any]]]:
-  """Trains on (prompt, target) text pairs; returns new params and per-step metrics."""
+  """Trains on (prompt, target) text pairs and (prompt, opening) pairs (`encode_opening`),
+  shuffled together; returns new params and per-step metrics."""
   seqs = [encode_example(tokenizer, p, t) for p, t in examples]
+  seqs += [encode_opening(tokenizer, p, o) for p, o in openings]
   batches = pack_batches(seqs, cfg.batch_rows, cfg.row_len, cfg.seed)
   optimizer = sft_optimizer(cfg)
   opt_state = optimizer.init(params)
