@@ -232,6 +232,13 @@ def summarise(texts, answers, sizes, check, questions=None, steps_of=None) -> di
 LINE_FIELDS = ("marker", "label", "prev", "stride", "result", "answer")
 
 
+def opening(solution: str, lines: int) -> str | None:
+  """The first `lines` lines of a worked solution (through their ';'); None when it has no
+  more lines than that (then it is kept whole)."""
+  ends = [i + 1 for i, ch in enumerate(solution) if ch == ";"]
+  return solution[: ends[lines - 1]] if lines < len(ends) else None
+
+
 def line_fields(solution: str) -> list[tuple[int, str]]:
   """(line index, field) of each character of a stride solution: the effort marker opens
   line 0; then per line its counter ("label", up to ":"), the value it starts from ("prev",

@@ -36,7 +36,7 @@
 #   11   experiments/sft_openings.py: 150 steps at 5e-4 on a)'s whole demonstrations mixed
 #        with 20,000 openings (the first 2-16 lines, no EOS) of problems of median 130
 #        steps: ~15 three-digit first lines a step. Such first lines 98% -> 35% wrong,
-#        free careful answers to 90-250-step problems 864 -> 1,564 tokens, a step's
+#        free careful answers to 90-250-step problems 864 -> 1,537 tokens, a step's
 #        longest answer 7.7x -> 17.7x its median (2026-12-04). Packed, with its drafter:
 #        experiments/warm_starts/regime_stage11_hostJ_2026-12-04.
 #

@@ -30,6 +30,7 @@ from ml_collections import config_flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from experiments.common import opening  # noqa: E402
 from tlt_jax import checkpoint, configuration  # noqa: E402
 from tlt_jax.data import get_task, get_tokenizer  # noqa: E402
 from tlt_jax.data.tasks import format_prompt, format_target  # noqa: E402
@@ -53,13 +54,6 @@ _HASTY = flags.DEFINE_float("hasty", 0.9, "the whole demonstrations' hasty share
 _ROWS = flags.DEFINE_integer("rows", 4, "rows a step")
 _ROW_LEN = flags.DEFINE_integer("row_len", 1024, "tokens a row")
 _SEED = flags.DEFINE_integer("data_seed", 777, "whole demonstrations' seed; openings' is +1")
-
-
-def opening(solution: str, lines: int) -> str | None:
-  """The first `lines` lines of a worked solution (through their ';'); None when it has no
-  more lines than that (then it is kept whole)."""
-  ends = [i + 1 for i, ch in enumerate(solution) if ch == ";"]
-  return solution[: ends[lines - 1]] if lines < len(ends) else None
 
 
 def training_data(params: dict) -> tuple[list, list, dict]:

@@ -1,6 +1,6 @@
-"""experiments/sft_openings.py: long demonstrations cut at a line's end, and the stage run end
-to end on the regime's tiny variant (its figures are the RESULTS entry's; here, that it runs
-and writes what it says)."""
+"""experiments/sft_openings.py: long demonstrations cut after a whole line
+(`experiments.common.opening`), and the stage run end to end on the regime's tiny variant
+(its figures are the RESULTS entry's; here, that it runs and writes what it says)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from flax import nnx
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from experiments.sft_openings import opening  # noqa: E402
+from experiments.common import opening  # noqa: E402
 
 
 def test_an_opening_ends_after_a_whole_line():
