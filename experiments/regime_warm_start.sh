@@ -30,9 +30,10 @@
 #        (experiments/warm_starts/regime_stage9_hostJ_2026-12-04).
 #   10   longer problems in rows of 2,048 tokens, 90% hasty, at 5e-4 (host J, 2026-12-04,
 #        from stage 9's packed copy): a) 100 steps on median 20, spread 1.3, up to 250
-#        steps; b) 150 on median 100, spread 0.6; c) 100 on a)'s mix. Later lines of 100-170-line answers learnt (token
-#        errors 0.3-7%), short counts kept, but the first line of a problem of more than
-#        99 steps (which copies its three-digit count) still wrong in 98%.
+#        steps; b) 150 on median 100, spread 0.6; c) 100 on a)'s mix. Later lines of
+#        100-170-line answers learnt (token errors 0.3-7%), short counts kept, but the
+#        first line of a problem of more than 99 steps (its three-digit count) still wrong
+#        in 98%.
 #   11   experiments/sft_openings.py: 150 steps at 5e-4 on a)'s whole demonstrations mixed
 #        with 20,000 openings (the first 2-16 lines, no EOS) of problems of median 130
 #        steps: ~15 three-digit first lines a step. Such first lines 98% -> 35% wrong,

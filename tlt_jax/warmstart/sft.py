@@ -59,8 +59,8 @@ class SFTConfig:
 
 def encode_example(tokenizer: Tokenizer, prompt: str, target: str) -> tuple[list[int], int]:
   """BOS + prompt + target + EOS, and the index where the loss starts (first target token)."""
-  p = tokenizer.encode(prompt, add_bos=True)
-  return p + tokenizer.encode(target) + [tokenizer.eos_id], len(p)
+  tokens, start = encode_opening(tokenizer, prompt, target)
+  return tokens + [tokenizer.eos_id], start
 
 
 def encode_opening(tokenizer: Tokenizer, prompt: str, opening: str) -> tuple[list[int], int]:
