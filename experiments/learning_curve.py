@@ -70,6 +70,13 @@ _PREPARE = flags.DEFINE_bool("prepare_only", False, "build the warm starts and s
 _RESUME = flags.DEFINE_bool(
   "resume", False, "continue the runs in --out from their checkpoints (a comparison cut short)"
 )
+_TABLES_ONLY = flags.DEFINE_bool(
+  "tables_only",
+  False,
+  "write the per-step tables, the plot and the speed lines of the runs in --out as they "
+  "stand (a comparison running, or cut short: ratios over the steps every mode reached), "
+  "copy them to --keep, and stop",
+)
 _KEEP = flags.DEFINE_string(
   "keep", "", "a folder (e.g. experiments/results/curve_s0) to copy the per-step tables into"
 )
@@ -278,6 +285,9 @@ def main(argv):
   if _PREPARE.value:
     print(f"warm starts ready in {compare.prepare_shared(config, out)}")
     return
+  if _TABLES_ONLY.value:
+    tables_only(out, list(_MODES.value), _SEED.value)
+    return
   host_start = host_line()
   print("host at start:", host_start, flush=True)
   fast = FastEvaluation(_EVAL_BATCH.value, _EVAL_SPECULATIVE.value)
@@ -294,11 +304,7 @@ def main(argv):
   print("host at end:", host_end, flush=True)
   # The per-step tables first: a rerun starts every run afresh (its workdir is wiped), so
   # nothing after this point may be the only copy of what the runs measured.
-  for label, rs in rows.items():
-    with open(os.path.join(out, f"steps_{label}.csv"), "w", newline="") as f:
-      w = csv.DictWriter(f, fieldnames=list(rs[0]))
-      w.writeheader()
-      w.writerows(rs)
+  write_step_tables(out, rows)
   # Every mode trains the same policy: the baseline's rows, or the first mode's without one.
   base = baseline_label(rows) or next(iter(rows))
   rewards = {label: [r["reward"] for r in rs] for label, rs in rows.items()}
@@ -380,8 +386,44 @@ def main(argv):
   print(json.dumps({k: report[k] for k in keys}, indent=1))
   with open(os.path.join(out, "learning_curve.json"), "w") as f:
     json.dump({**report, "rows": rows}, f, indent=1, default=str)
-  sp = report["speed"]
-  notes = [
+  notes = speed_notes(report["speed"])
+  curves.plot_learning_curves(
+    rows,
+    os.path.join(out, "learning_curve.png"),
+    notes=notes,
+    warm_eval=warm_eval,
+    title=f"{os.path.basename(out)}: training reward and held-out pass@1 against wall-clock",
+  )
+  with open(os.path.join(out, "learning_curve.md"), "w") as f:
+    f.write(curves.report_markdown(report, rows[base], notes))
+  keep(out)
+  print("\n".join(notes))
+
+
+def write_step_tables(out: str, rows: dict[str, list[dict]]) -> None:
+  """<out>/steps_<label>.csv: every run's step rows (`compare.step_row`)."""
+  for label, rs in rows.items():
+    if not rs:
+      continue
+    with open(os.path.join(out, f"steps_{label}.csv"), "w", newline="") as f:
+      w = csv.DictWriter(f, fieldnames=list(rs[0]))
+      w.writeheader()
+      w.writerows(rs)
+
+
+def keep(out: str) -> None:
+  """Copies the tables, plots and reports in `out` to --keep (when given)."""
+  if _KEEP.value:
+    os.makedirs(_KEEP.value, exist_ok=True)
+    for name in os.listdir(out):
+      if name.startswith(("steps_", "learning_curve")):
+        shutil.copy(os.path.join(out, name), _KEEP.value)
+
+
+def speed_notes(sp: dict) -> list[str]:
+  """One line a mode of `speed_table`: step and rollout seconds, r, the ratios against the
+  baseline with their range, Amdahl's bound, the update's share of the matmul rate."""
+  return [
     f"{label}: step {t['step_s']:.1f} s, rollout {t['rollout_s']:.1f} s "
     f"(r {t['rollout_share']:.2f})"
     + (
@@ -400,20 +442,51 @@ def main(argv):
     + f"; compiles {t['compile_s']:.0f} s"
     for label, t in sp.items()
   ]
+
+
+def tables_only(out: str, modes: list[str], seed: int) -> None:
+  """The tables, plot and speed lines of the runs in `out` as they stand, without running
+  anything: a comparison still running (its finished steps) or cut short (before a
+  `--resume`), so that what it measured outlives the machine. The plot and the ratios
+  cover the steps every mode reached; the warm start's held-out row is drawn where the
+  shared summary has one; no warm-start replay (that needs the engines)."""
+  labels = [f"{m}_s{seed}" for m in modes if os.path.isdir(os.path.join(out, f"{m}_s{seed}"))]
+  if not labels:
+    raise app.UsageError(f"no runs of seed {seed} in {out}")
+  rows = {label: compare.read_step_rows(os.path.join(out, label), label) for label in labels}
+  write_step_tables(out, rows)
+  n = min(len(rs) for rs in rows.values())
+  if n < 2:
+    print(f"steps every mode reached: {n}; tables written, no plot or ratios")
+    keep(out)
+    return
+  common = {label: rs[:n] for label, rs in rows.items()}
+  base = baseline_label(common) or labels[0]
+  summary_path = os.path.join(out, "shared", "summary.json")
+  warm_eval = None
+  if os.path.exists(summary_path):
+    with open(summary_path) as f:
+      warm_eval = json.load(f).get("eval")
+  report = {
+    "steps_reached": {label: len(rs) for label, rs in rows.items()},
+    "steps_compared": n,
+    "learning": curves.quarter_rise([r["reward"] for r in common[base]]),
+    "speed": speed_table(
+      common, [label.rsplit("_s", 1)[0] for label in labels], matmul_flops() / 1e9
+    ),
+  }
+  notes = speed_notes(report["speed"])
+  with open(os.path.join(out, "learning_curve_partial.json"), "w") as f:
+    json.dump({**report, "rows": common}, f, indent=1, default=str)
   curves.plot_learning_curves(
-    rows,
-    os.path.join(out, "learning_curve.png"),
+    common,
+    os.path.join(out, "learning_curve_partial.png"),
     notes=notes,
     warm_eval=warm_eval,
-    title=f"{os.path.basename(out)}: training reward and held-out pass@1 against wall-clock",
+    title=f"{os.path.basename(out)}: the first {n} steps of every mode (comparison unfinished)",
   )
-  with open(os.path.join(out, "learning_curve.md"), "w") as f:
-    f.write(curves.report_markdown(report, rows[base], notes))
-  if _KEEP.value:
-    os.makedirs(_KEEP.value, exist_ok=True)
-    for name in os.listdir(out):
-      if name.startswith(("steps_", "learning_curve")):
-        shutil.copy(os.path.join(out, name), _KEEP.value)
+  keep(out)
+  print(json.dumps({k: report[k] for k in ("steps_reached", "learning")}, indent=1))
   print("\n".join(notes))
 
 

@@ -351,6 +351,54 @@ def test_learning_curves_speed_table_runs_without_a_baseline():
   assert done.returncode == 0, done.stderr[-3000:]
 
 
+def test_learning_curve_tables_only_reports_a_comparison_cut_short(tmp_path):
+  """experiments/learning_curve.py --tables_only on runs that stopped at different steps
+  (a comparison killed mid-block): every run's table in full, a line cut short by the kill
+  left out, the plot and ratios over the steps every mode reached, all copied to --keep."""
+  import csv
+  import json
+  import subprocess
+
+  def row(step, step_s, rollout_s):
+    return {
+      "step": step,
+      "reward_mean": 0.1 * step,
+      "time/step": step_s,
+      "time/rollout": rollout_s,
+      "time/rollout_compile": 0.0,
+    }
+
+  out, kept = tmp_path / "curve", tmp_path / "kept"
+  for label, n, step_s in (("baseline_s0", 6, 10.0), ("tlt_s0", 4, 5.0)):
+    (out / label).mkdir(parents=True)
+    lines = [json.dumps(row(k, step_s, step_s - 2.0)) for k in range(n)]
+    (out / label / "metrics.jsonl").write_text("\n".join(lines) + '\n{"step": 9, "rew')
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  done = subprocess.run(
+    [
+      sys.executable,
+      "experiments/learning_curve.py",
+      f"--out={out}",
+      f"--keep={kept}",
+      "--modes=baseline,tlt",
+      "--tables_only",
+    ],
+    cwd=root,
+    capture_output=True,
+    text=True,
+  )
+  assert done.returncode == 0, done.stderr[-3000:]
+  with open(kept / "steps_baseline_s0.csv") as f:
+    assert [int(r["step"]) for r in csv.DictReader(f)] == list(range(6))
+  report = json.loads((kept / "learning_curve_partial.json").read_text())
+  assert report["steps_reached"] == {"baseline_s0": 6, "tlt_s0": 4}
+  assert report["steps_compared"] == 4
+  # Steps 1-3 of both (step 0 carries compiles): 10 s against 5 s a step.
+  assert report["speed"]["tlt_s0"]["step_speedup"]["of_totals"] == pytest.approx(2.0)
+  assert (kept / "learning_curve_partial.png").stat().st_size > 0
+  assert "end to end 2.00x" in done.stdout
+
+
 def test_warm_start_eval_evaluates_a_warm_start_without_a_row_of_the_runs_problems(tmp_path):
   """A warm start copied into shared/ by hand may have no summary.json (a crash after the
   runs, 2026-12-04), or its SFT stage's, evaluated on the held-out problems of other task

@@ -146,13 +146,24 @@ def run_modes(
           "seed": seed,
           "wall_seconds": time.perf_counter() - start,
         }
-      with open(os.path.join(workdir, "metrics.jsonl")) as f:
-        for line in f:
-          r = json.loads(line)
-          # A checkpoint window (and in tlt the drafter updates it holds) inflates its
-          # step: `mode_table` leaves such steps out of the ratios.
-          rows.append({**step_row(label, r), "checkpoint_s": r.get("time/checkpoint", 0.0)})
+      # A checkpoint window (and in tlt the drafter updates it holds) inflates its step:
+      # `mode_table` leaves such steps out of the ratios (the rows carry checkpoint_s).
+      rows += read_step_rows(workdir, label)
   return results, rows
+
+
+def read_step_rows(workdir: str, label: str) -> list[dict[str, Any]]:
+  """The step rows (`step_row`) of the run in `workdir`, from its metrics.jsonl: a finished
+  run's, or the steps a running or killed one has written (a line cut short by a kill is
+  left out)."""
+  rows = []
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    for line in f:
+      try:
+        rows.append(step_row(label, json.loads(line)))
+      except json.JSONDecodeError:
+        continue
+  return rows
 
 
 def schedule_horizon(workdir: str) -> int | None:
@@ -281,10 +292,7 @@ def run_interleaved(
         until=end,
         evaluate=lambda t, label=label: evaluation(label, t),
       )
-  rows = {}
-  for label, trainer in trainers.items():
-    with open(trainer.metrics_path) as f:
-      rows[label] = [step_row(label, json.loads(line)) for line in f]
+  rows = {label: read_step_rows(trainer.workdir, label) for label, trainer in trainers.items()}
   return runs, rows, evaluation
 
 
