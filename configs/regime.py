@@ -209,20 +209,21 @@ def _gpu(c: ml_collections.ConfigDict) -> None:
   of 16 calls of 8 (one device decodes them all at once).
 
   The warm start is the CPU's, carried over (experiments/pack_warm_start.py: its weights
-  travel as bfloat16 and are restored to float32): its nine SFT stages took about three
-  hours on hosts H and J, and a sitting has fifteen minutes. The model, task, SFT and drafter
-  settings therefore stay the CPU recipe's (`configuration.check_same_recipe` refuses
-  another). The variant it replaces built a 12-layer x 128 policy (2.4M) in the sitting:
-  it learnt in 10 steps, but its decode step was kernel launches and a chain-8 round cost
-  about as many of them as it accepted tokens, so speculation barely paid (RESULTS.md,
-  2026-11-28, second H200 sitting). Here the countdown format's drafter accepts 9-11 tokens
-  of a chain-12 round on the CPU (RESULTS.md, 2026-11-29), each round's verify pass is 16
-  layers, and the curve is the one the CPU seeds drew: the GPU adds only its speed.
-  Programs are capped for the sitting's compiles: five batch buckets (8-128 rows), three
-  cache views, speculation from 64 rows down with three chains (chain2 pays only where a
-  round costs about a step, not on a GPU's launches), one update program (`min_rows` 16
-  rows as wide as the cache, 8 a micro-batch); all compiled side by side before the first
-  step; float32 products at "highest" (gpu_curve.sh) so the modes' curves coincide."""
+  travel as bfloat16 and are restored to float32): its eleven SFT stages took about four and
+  a half hours on hosts H and J, and a sitting has fifteen minutes. The model, task, SFT and
+  drafter settings therefore stay the CPU recipe's (`configuration.check_same_recipe`
+  refuses another). The variant it replaces built a 12-layer x 128 policy (2.4M) in the
+  sitting: it learnt in 10 steps, but its decode step was kernel launches and a chain-8
+  round cost about as many of them as it accepted tokens, so speculation barely paid
+  (RESULTS.md, 2026-11-28, second H200 sitting). Here the countdown format's drafter accepts
+  9-11 tokens of a chain-12 round on the CPU (RESULTS.md, 2026-11-29), each round's verify
+  pass is 16 layers, and the curve is the one the CPU seeds drew: the GPU adds only its
+  speed. Programs are capped for the sitting's compiles: five batch buckets (8-128 rows),
+  four cache views (three until answers grew to 3,016 tokens, 2026-12-04), speculation
+  from 64 rows down with three chains (chain2 pays only where a round costs about a step,
+  not on a GPU's launches), one update program (`min_rows` 16 rows as wide as the cache, 8
+  a micro-batch); all compiled side by side before the first step; float32 products at
+  "highest" (gpu_curve.sh) so the modes' curves coincide."""
   c.rl.rows_per_call = 0
   c.engine.max_batch = c.rl.prompts_per_step * c.rl.group_size
   c.engine.min_batch_bucket = 8
