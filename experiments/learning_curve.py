@@ -77,6 +77,12 @@ _TABLES_ONLY = flags.DEFINE_bool(
   "stand (a comparison running, or cut short: ratios over the steps every mode reached), "
   "copy them to --keep, and stop",
 )
+_MATMUL = flags.DEFINE_float(
+  "matmul_gflops",
+  0.0,
+  "with --tables_only: the host's matmul rate the update is measured against (e.g. the "
+  "run's 'host at start' line; 0: measured now, wrong while the runs still compute)",
+)
 _KEEP = flags.DEFINE_string(
   "keep", "", "a folder (e.g. experiments/results/curve_s0) to copy the per-step tables into"
 )
@@ -467,13 +473,13 @@ def tables_only(out: str, modes: list[str], seed: int) -> None:
   if os.path.exists(summary_path):
     with open(summary_path) as f:
       warm_eval = json.load(f).get("eval")
+  matmul = _MATMUL.value or matmul_flops() / 1e9
   report = {
     "steps_reached": {label: len(rs) for label, rs in rows.items()},
     "steps_compared": n,
+    "matmul_gflops": matmul,
     "learning": curves.quarter_rise([r["reward"] for r in common[base]]),
-    "speed": speed_table(
-      common, [label.rsplit("_s", 1)[0] for label in labels], matmul_flops() / 1e9
-    ),
+    "speed": speed_table(common, [label.rsplit("_s", 1)[0] for label in labels], matmul),
   }
   notes = speed_notes(report["speed"])
   with open(os.path.join(out, "learning_curve_partial.json"), "w") as f:
