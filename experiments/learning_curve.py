@@ -83,6 +83,15 @@ _MATMUL = flags.DEFINE_float(
   "with --tables_only: the host's matmul rate the update is measured against (e.g. the "
   "run's 'host at start' line; 0: measured now, wrong while the runs still compute)",
 )
+_FROM_STEP = flags.DEFINE_integer(
+  "from_step",
+  0,
+  "with --tables_only: compare the steps from this one on (e.g. the steps that runs resumed "
+  "from a checkpoint reran)",
+)
+_REFERENCE = flags.DEFINE_string(
+  "reference", "baseline", "with --tables_only: the mode the speed ratios are taken against"
+)
 _KEEP = flags.DEFINE_string(
   "keep", "", "a folder (e.g. experiments/results/curve_s0) to copy the per-step tables into"
 )
@@ -226,11 +235,14 @@ def baseline_label(rows: dict[str, list[dict]]) -> str | None:
   return next((label for label in rows if label.startswith("baseline")), None)
 
 
-def speed_table(rows: dict[str, list[dict]], modes: list[str], matmul_gflops: float) -> dict:
+def speed_table(
+  rows: dict[str, list[dict]], modes: list[str], matmul_gflops: float, reference: str = ""
+) -> dict:
   """Per mode: mean step / rollout seconds (steps after the first), paired ratios against
-  the baseline per step, r, s and Amdahl; compile seconds; the update's throughput over
-  the host's matmul rate (`curves.update_throughput`). Without a baseline run, no ratios."""
-  base = baseline_label(rows)
+  the baseline (or the `reference` run's label) per step, r, s and Amdahl; compile
+  seconds; the update's throughput over the host's matmul rate (`curves.update_throughput`).
+  Without a baseline run, no ratios."""
+  base = reference if reference in rows else baseline_label(rows)
   b = rows[base][1:] if base else []
   table = {}
   for label, mine in rows.items():
@@ -454,20 +466,23 @@ def tables_only(out: str, modes: list[str], seed: int) -> None:
   """The tables, plot and speed lines of the runs in `out` as they stand, without running
   anything: a comparison still running (its finished steps) or cut short (before a
   `--resume`), so that what it measured outlives the machine. The plot and the ratios
-  cover the steps every mode reached; the warm start's held-out row is drawn where the
-  shared summary has one; no warm-start replay (that needs the engines)."""
+  cover the steps every mode reached (from `--from_step` on, against `--reference`); the
+  warm start's held-out row is drawn where the shared summary has one; no warm-start
+  replay (that needs the engines)."""
   labels = [f"{m}_s{seed}" for m in modes if os.path.isdir(os.path.join(out, f"{m}_s{seed}"))]
   if not labels:
     raise app.UsageError(f"no runs of seed {seed} in {out}")
   rows = {label: compare.read_step_rows(os.path.join(out, label), label) for label in labels}
   write_step_tables(out, rows)
+  rows = {label: [r for r in rs if r["step"] >= _FROM_STEP.value] for label, rs in rows.items()}
   n = min(len(rs) for rs in rows.values())
   if n < 2:
     print(f"steps every mode reached: {n}; tables written, no plot or ratios")
     keep(out)
     return
   common = {label: rs[:n] for label, rs in rows.items()}
-  base = baseline_label(common) or labels[0]
+  reference = f"{_REFERENCE.value}_s{seed}"
+  base = reference if reference in common else baseline_label(common) or labels[0]
   summary_path = os.path.join(out, "shared", "summary.json")
   warm_eval = None
   if os.path.exists(summary_path):
@@ -476,11 +491,14 @@ def tables_only(out: str, modes: list[str], seed: int) -> None:
   matmul = _MATMUL.value or matmul_flops() / 1e9
   report = {
     "steps_reached": {label: len(rs) for label, rs in rows.items()},
+    "from_step": _FROM_STEP.value,
     "steps_compared": n,
+    "reference": base,
     "matmul_gflops": matmul,
     "learning": curves.quarter_rise([r["reward"] for r in common[base]]),
-    "speed": speed_table(common, [label.rsplit("_s", 1)[0] for label in labels], matmul),
+    "speed": speed_table(common, [label.rsplit("_s", 1)[0] for label in labels], matmul, reference),
   }
+  first = common[base][0]["step"]
   notes = speed_notes(report["speed"])
   with open(os.path.join(out, "learning_curve_partial.json"), "w") as f:
     json.dump({**report, "rows": common}, f, indent=1, default=str)
@@ -489,7 +507,8 @@ def tables_only(out: str, modes: list[str], seed: int) -> None:
     os.path.join(out, "learning_curve_partial.png"),
     notes=notes,
     warm_eval=warm_eval,
-    title=f"{os.path.basename(out)}: the first {n} steps of every mode (comparison unfinished)",
+    title=f"{os.path.basename(out)}: steps {first}-{first + n - 1} of every mode "
+    "(comparison unfinished)",
   )
   keep(out)
   print(json.dumps({k: report[k] for k in ("steps_reached", "learning")}, indent=1))

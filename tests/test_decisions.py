@@ -15,7 +15,7 @@ from tlt_jax.decode.sampling import SamplingConfig
 from tlt_jax.models.drafter import init_drafter
 from tlt_jax.models.transformer import init_model
 from tlt_jax.rollout import RolloutEngine, decisions
-from tlt_jax.rollout.bandit import PLAIN, StrategyBandit
+from tlt_jax.rollout.bandit import PLAIN, BanditSettings, StrategyBandit
 from tlt_jax.rollout.config import EngineConfig
 from tlt_jax.rollout.pool import ExecutablePool
 from tlt_jax.rollout.run import RolloutRun
@@ -189,5 +189,27 @@ def test_a_settled_bandit_runs_the_last_bucket_plain_to_the_end():
     bandit.update(2, "chain4", 1.0)
   arm, learn = decisions.choose_arm(bandit, 2, speculate=True, default="chain4", last_bucket=True)
   assert (arm, learn) == (PLAIN, False)
+  # The settled chunk counts as a pull of plain at plain's mean: nothing learnt, but aged.
+  assert bandit.summary()[2][PLAIN] == {"pulls": 21, "mean": pytest.approx(10.0), "last": 10.0}
   arm, learn = decisions.choose_arm(bandit, 2, speculate=True, default="chain4", last_bucket=False)
   assert (arm, learn) == (PLAIN, True)
+  assert bandit.summary()[2][PLAIN]["pulls"] == 21  # a chunk that learns is taught after it
+
+
+def test_a_last_bucket_settled_on_plain_by_its_warm_up_retries_the_drafter_arms():
+  """The lock-in seen in the regime curve (experiments/RESULTS.md, 2026-12-05): one warm-up
+  pull each, plain's a hair faster, and plain settled in the last bucket. Settled chunks
+  must still age the bucket, so a drafter arm is chosen again within a few chunks and, if
+  it is the faster one after all, takes over."""
+  arms = (PLAIN, "chain2", "chain8", "chain12")
+  bandit = StrategyBandit(arms, BanditSettings(exploration=0.1))
+  for arm, reward in zip(arms, (294.0, 289.0, 292.0, 273.0), strict=True):
+    bandit.update(1, arm, reward)
+  chosen = []
+  for _ in range(10):
+    arm, learn = decisions.choose_arm(bandit, 1, speculate=True, default=PLAIN, last_bucket=True)
+    chosen.append(arm)
+    if learn:  # a drafter arm, really faster than its one warm-up chunk said
+      decisions.teach_bandit(bandit, 1, arm, run_s=1.0, full=True, tokens=400.0, mean_rows=1.0)
+  # chain8, second in the warm-up, is retried at once and, now measured faster, kept.
+  assert chosen == [PLAIN] + ["chain8"] * 9, chosen

@@ -397,6 +397,15 @@ def test_learning_curve_tables_only_reports_a_comparison_cut_short(tmp_path):
   assert report["speed"]["tlt_s0"]["step_speedup"]["of_totals"] == pytest.approx(2.0)
   assert (kept / "learning_curve_partial.png").stat().st_size > 0
   assert "end to end 2.00x" in done.stdout
+  # Steps rerun from a checkpoint at step 2, against tlt: steps 2-3, step 2 skipped.
+  done = subprocess.run(
+    [*done.args, "--from_step=2", "--reference=tlt"], cwd=root, capture_output=True, text=True
+  )
+  assert done.returncode == 0, done.stderr[-3000:]
+  report = json.loads((kept / "learning_curve_partial.json").read_text())
+  assert report["steps_compared"] == 2 and report["reference"] == "tlt_s0"
+  assert report["speed"]["baseline_s0"]["step_speedup"]["of_totals"] == pytest.approx(0.5)
+  assert "tlt_s0" not in report["speed"] or "step_speedup" not in report["speed"]["tlt_s0"]
 
 
 def test_warm_start_eval_evaluates_a_warm_start_without_a_row_of_the_runs_problems(tmp_path):

@@ -49,7 +49,8 @@ def choose_arm(
   plain decode, teaching nothing. With a bandit, its choice, learning from the chunk;
   without one, the `default` strategy. Once the bandit has settled on plain decode for the
   last bucket (`last_bucket`), that chunk runs to the end in one call (`plain_steps`): it is
-  not chunk-sized, so it teaches nothing.
+  not chunk-sized, so it teaches nothing, but it counts as a pull of plain at plain's mean
+  (`StrategyBandit.repeat`), so the bucket ages and the other arms are retried in time.
   """
   if not speculate:
     return PLAIN, False
@@ -57,6 +58,8 @@ def choose_arm(
     return default, False
   arm = bandit.select(batch)
   settled = arm == PLAIN and last_bucket and exploits_plain(bandit, batch)
+  if settled:
+    bandit.repeat(batch, PLAIN)
   return arm, not settled
 
 
