@@ -243,3 +243,75 @@ for arm in ("chain8", "chain12"):
   print(f"{arm}, steps 30-39, online minus frozen by seed: {by_seed}")
 updates = [r["drafter_updates"] for s in SEEDS for r in rows[s]["tlt"]]
 print(f"drafter updates in each tlt step: {min(updates)}-{max(updates)} ({len(updates)} steps)")
+
+# %% [markdown]
+# **A longer tail, and a bandit that stopped looking.** The seeds above ran on a tail of
+# 8-10x a step's median answer: their policy could not count down from more than 99. An
+# eleventh SFT stage on the openings of long answers taught it, and the curve on that warm
+# start (seed 0, host J, 2026-12-05) runs on a tail of about 14x. There tlt trailed sd in
+# every block, with the better drafter: its bandit's batch-1 bucket had settled on plain
+# decoding after one noisy warm-up chunk an arm, and a settled plain chunk (run to the end
+# of its cache view) taught the bandit nothing, so no draft was tried there again. Settled
+# chunks now count as pulls of plain at plain's mean (`StrategyBandit.repeat`), so the
+# bucket ages and the drafts are retried; a gate reran sd and tlt from the curve's step-30
+# checkpoints with that change, interleaved in one process. Below: plain chunks a step
+# (left) and tlt's step seconds over sd's (right), the curve's and the gate's.
+
+# %%
+STAGE11 = RESULTS / "regime_curve_stage11_s0_hostJ_2026-12-05"
+GATE = RESULTS / "bandit_settled_gate_s0_hostJ_2026-12-05"
+s11 = json.loads((STAGE11 / "learning_curve.json").read_text())
+gate = json.loads((GATE / "learning_curve_partial.json").read_text())
+curve_rows = {m: s11["rows"][f"{m}_s0"] for m in MODES}
+gate_rows = {m: gate["rows"][f"{m}_s0"] for m in ("sd", "tlt")}
+rise = quarter_rise([r["reward"] for r in curve_rows["baseline"]])
+tail = [r["length_max"] / r["length_median"] for r in curve_rows["baseline"]]
+print(
+  f"stage 11, seed 0: rise {rise['rise']:+.3f} [{rise['interval'][0]:+.3f}, "
+  f"{rise['interval'][1]:+.3f}]; tail (longest / median answer) median {np.median(tail):.1f}"
+)
+
+
+def plain_chunks(rs):
+  return np.array([json.loads(r["arm_chunks"]).get("plain", 0) for r in rs])
+
+
+def by_step(rs):
+  return {r["step"]: r for r in rs}
+
+
+fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3))
+for label, rs, style in (
+  ("sd, curve", curve_rows["sd"], "-"),
+  ("tlt, curve", curve_rows["tlt"], "-"),
+  ("tlt, gate (settled chunks age the bucket)", gate_rows["tlt"], "--"),
+):
+  colour = COLOURS[label.split(",")[0]]
+  left.plot([r["step"] for r in rs], plain_chunks(rs), "." + style, color=colour, label=label)
+left.set_xlabel("RL step")
+left.set_ylabel("plain chunks a step")
+left.legend(fontsize=8)
+left.grid(alpha=0.3)
+for label, pair, style in (
+  ("curve", (curve_rows["sd"], curve_rows["tlt"]), "-"),
+  ("gate", (gate_rows["sd"], gate_rows["tlt"]), "--"),
+):
+  sd, tlt = (by_step(rs) for rs in pair)
+  steps = [k for k in sorted(tlt) if k in sd and k >= gate_rows["tlt"][0]["step"] + 1]
+  ratio = [tlt[k]["step_s"] / sd[k]["step_s"] for k in steps]
+  right.plot(steps, ratio, "o" + style, color=COLOURS["tlt"], label=label)
+  total, rollout = (
+    sum(tlt[k][key] for k in steps) / sum(sd[k][key] for k in steps)
+    for key in ("step_s", "rollout_s")
+  )
+  print(
+    f"{label}, steps {steps[0]}-{steps[-1]}: tlt's seconds over sd's, step {total:.2f}, "
+    f"rollout {rollout:.2f}; tlt's plain chunks a step "
+    f"{np.mean([plain_chunks([tlt[k]])[0] for k in steps]):.1f}"
+  )
+right.axhline(1.0, color="k", lw=0.8)
+right.set_xlabel("RL step")
+right.set_ylabel("tlt step s / sd step s")
+right.legend(fontsize=8)
+right.grid(alpha=0.3)
+plt.show()
