@@ -739,13 +739,14 @@ def test_round_costs_of_group_drafts(models, pool):
 def test_chunks_record_their_place_and_the_bandit_counts_their_rewards(models, pool):
   """Each chunk records where in the answers it starts (tokens generated per active row:
   it grows by a chunk's tokens per row while no row finishes), and the bandit holds one
-  reward per rewarded chunk of each (bucket, arm)."""
+  reward per rewarded chunk of each (bucket, arm): their mean, and a pull each (plain may
+  have more: a settled plain chunk counts as a pull at plain's mean)."""
   from tlt_jax.rollout.bandit import BanditSettings, StrategyBandit
 
   _, tp, _, dp = models
   engine = _engine(models, pool, spec_adaptive=True, spec_threshold=16)
   engine.bandit = StrategyBandit(engine.bandit.arms, BanditSettings(discount=1.0, min_pulls=1))
-  rewarded: dict[tuple[int, str], int] = {}
+  rewarded: dict[tuple[int, str], list[float]] = {}
   followed = 0
   for key in (3, 4):
     result = _run(engine, tp, dp, num_samples=2, key=key)
@@ -759,12 +760,17 @@ def test_chunks_record_their_place_and_the_bandit_counts_their_rewards(models, p
     for entry in chunks:
       if "reward" in entry:
         cell = (entry["batch"], entry.get("strategy", "plain"))
-        rewarded[cell] = rewarded.get(cell, 0) + 1
+        rewarded.setdefault(cell, []).append(entry["reward"])
   assert followed > 0 and rewarded
-  arms = engine.bandit.arms
-  for entry in engine.bandit.state_dict()["buckets"]:
-    for a, n in enumerate(entry["count"]):
-      assert n == rewarded.get((entry["bucket"], arms[a]), 0), (entry["bucket"], arms[a])
+  for bucket, arms in engine.bandit.summary().items():
+    for arm, stats in arms.items():
+      rewards = rewarded.get((bucket, arm), [])
+      if arm == "plain":
+        assert stats["pulls"] >= len(rewards), (bucket, arm)
+      else:
+        assert stats["pulls"] == len(rewards), (bucket, arm)
+      if rewards:
+        assert stats["mean"] == pytest.approx(np.mean(rewards)), (bucket, arm)
 
 
 def test_cut_short_chunks_are_not_rewarded(models, pool):
