@@ -251,28 +251,6 @@ def test_best_and_summary():
   assert "chain4" in repr(bandit) and "buckets=[4]" in repr(bandit)
 
 
-def test_repeat_ages_the_bucket_without_changing_a_mean():
-  """`repeat` counts an unmeasured pull at the arm's mean: means and last rewards stay, the
-  pulled arm's count grows, and the other arms' discounted counts shrink, as with a pull."""
-  bandit = StrategyBandit(ARMS, BanditSettings(discount=0.5))
-  with pytest.raises(ValueError, match="no measurement"):
-    bandit.repeat(4, "plain")
-  bandit.update(4, "plain", 12.0)
-  bandit.update(4, "chain4", 10.0)
-  with pytest.raises(ValueError, match="no measurement"):
-    bandit.repeat(4, "chain2")
-  with pytest.raises(ValueError, match="unknown arm"):
-    bandit.repeat(4, "chain9")
-  before = bandit.state_dict()
-  bandit.repeat(4, "plain")
-  after = bandit.summary()[4]
-  assert after["plain"] == {"pulls": 2, "mean": pytest.approx(12.0), "last": 12.0}
-  assert after["chain4"] == {"pulls": 1, "mean": 10.0, "last": 10.0}
-  count = {b["bucket"]: b["count"] for b in bandit.state_dict()["buckets"]}[4]
-  old = before["buckets"][0]["count"]
-  assert count[0] == pytest.approx(old[0] * 0.5 + 1) and count[2] == pytest.approx(old[2] * 0.5)
-
-
 def test_exploration_weight_sets_how_often_close_seconds_are_tried():
   """The bonus is a plain UCB's on rewards normalised by the best mean: with 5% timing
   noise and 10% gaps, the default weight spends most chunks on the best arm, a 10x larger

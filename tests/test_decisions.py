@@ -161,55 +161,69 @@ def test_decisions():
   assert decisions.plain_steps(4, view=32, reach=20, run_to_end=True) == 13
   assert decisions.plain_steps(4, view=32, reach=20, run_to_end=False) == 4
   # Above the threshold plain, learning nothing; without a bandit the default arm.
-  assert decisions.choose_arm(None, 8, speculate=False, default="chain4", last_bucket=True) == (
-    PLAIN,
-    False,
-  )
-  assert decisions.choose_arm(None, 8, speculate=True, default="chain4", last_bucket=True) == (
-    "chain4",
-    False,
-  )
+  assert decisions.choose_arm(None, 8, speculate=False, default="chain4") == (PLAIN, False)
+  assert decisions.choose_arm(None, 8, speculate=True, default="chain4") == ("chain4", False)
+  # Plain runs to the end in the last bucket when nothing learns from it.
+  assert decisions.runs_to_end(None, 2, learn=False, last_bucket=True)
+  assert not decisions.runs_to_end(None, 2, learn=False, last_bucket=False)
+  # A plain chunk measures plain once it ran a chunk's steps, even when it asked for more;
+  # a speculative one only when it ran every round it asked for.
+  assert decisions.measured(PLAIN, 4, 4, chunk_steps=4)
+  assert decisions.measured(PLAIN, 9, 13, chunk_steps=4)
+  assert not decisions.measured(PLAIN, 3, 4, chunk_steps=4)
+  assert not decisions.measured(PLAIN, 3, 13, chunk_steps=4)
+  assert decisions.measured("chain4", 2, 2, chunk_steps=4)
+  assert not decisions.measured("chain4", 1, 2, chunk_steps=4)
   # Rewards: the mean active row's advance per second.
   kw = dict(tokens=30.0, mean_rows=3.0)
   assert decisions.chunk_reward(2.0, **kw) == 5.0
   # A chunk cut short, or one that emitted nothing, teaches nothing.
   bandit = StrategyBandit((PLAIN, "chain4"))
   lesson = dict(run_s=2.0, **kw)
-  assert decisions.teach_bandit(bandit, 2, "chain4", full=False, **lesson) is None
-  assert decisions.teach_bandit(bandit, 2, "chain4", full=True, **{**lesson, "tokens": 0}) is None
+  assert decisions.teach_bandit(bandit, 2, "chain4", measured=False, **lesson) is None
+  no_tokens = {**lesson, "tokens": 0}
+  assert decisions.teach_bandit(bandit, 2, "chain4", measured=True, **no_tokens) is None
   assert bandit.buckets == []
-  assert decisions.teach_bandit(bandit, 2, "chain4", full=True, **lesson) == 5.0
+  assert decisions.teach_bandit(bandit, 2, "chain4", measured=True, **lesson) == 5.0
   assert bandit.summary()[2]["chain4"] == {"pulls": 1, "mean": 5.0, "last": 5.0}
 
 
-def test_a_settled_bandit_runs_the_last_bucket_plain_to_the_end():
+def test_a_settled_bandit_runs_the_last_bucket_plain_to_the_end_and_learns_from_it():
   bandit = StrategyBandit((PLAIN, "chain4"))
   for _ in range(20):
     bandit.update(2, PLAIN, 10.0)
     bandit.update(2, "chain4", 1.0)
-  arm, learn = decisions.choose_arm(bandit, 2, speculate=True, default="chain4", last_bucket=True)
-  assert (arm, learn) == (PLAIN, False)
-  # The settled chunk counts as a pull of plain at plain's mean: nothing learnt, but aged.
-  assert bandit.summary()[2][PLAIN] == {"pulls": 21, "mean": pytest.approx(10.0), "last": 10.0}
-  arm, learn = decisions.choose_arm(bandit, 2, speculate=True, default="chain4", last_bucket=False)
-  assert (arm, learn) == (PLAIN, True)
-  assert bandit.summary()[2][PLAIN]["pulls"] == 21  # a chunk that learns is taught after it
+  choose = dict(speculate=True, default="chain4")
+  assert decisions.choose_arm(bandit, 2, **choose) == (PLAIN, True)
+  assert decisions.runs_to_end(bandit, 2, learn=True, last_bucket=True)
+  assert not decisions.runs_to_end(bandit, 2, learn=True, last_bucket=False)
+  # While the bandit still compares arms in the last bucket, its chunks are chunk-sized.
+  fresh = StrategyBandit((PLAIN, "chain4"))
+  assert not decisions.runs_to_end(fresh, 2, learn=True, last_bucket=True)
+  fresh.update(2, PLAIN, 10.0)
+  fresh.update(2, "chain4", 20.0)
+  assert fresh.warmed_up(2) and not decisions.runs_to_end(fresh, 2, learn=True, last_bucket=True)
 
 
 def test_a_last_bucket_settled_on_plain_by_its_warm_up_retries_the_drafter_arms():
   """The lock-in seen in the regime curve (experiments/RESULTS.md, 2026-12-05): one warm-up
-  pull each, plain's a hair faster, and plain settled in the last bucket. Settled chunks
-  must still age the bucket, so a drafter arm is chosen again within a few chunks and, if
-  it is the faster one after all, takes over."""
+  pull each, plain's an outlier (its real speed is a third of it), so plain settled in the
+  last bucket. The settled chunks, run to the end, measure plain's real speed, and a
+  drafter arm takes over within a few chunks."""
   arms = (PLAIN, "chain2", "chain8", "chain12")
+  speed = {PLAIN: 90.0, "chain2": 289.0, "chain8": 400.0, "chain12": 380.0}
   bandit = StrategyBandit(arms, BanditSettings(exploration=0.1))
   for arm, reward in zip(arms, (294.0, 289.0, 292.0, 273.0), strict=True):
     bandit.update(1, arm, reward)
   chosen = []
   for _ in range(10):
-    arm, learn = decisions.choose_arm(bandit, 1, speculate=True, default=PLAIN, last_bucket=True)
+    arm, learn = decisions.choose_arm(bandit, 1, speculate=True, default=PLAIN)
+    assert learn
     chosen.append(arm)
-    if learn:  # a drafter arm, really faster than its one warm-up chunk said
-      decisions.teach_bandit(bandit, 1, arm, run_s=1.0, full=True, tokens=400.0, mean_rows=1.0)
-  # chain8, second in the warm-up, is retried at once and, now measured faster, kept.
-  assert chosen == [PLAIN] + ["chain8"] * 9, chosen
+    to_end = arm == PLAIN and decisions.runs_to_end(bandit, 1, learn=True, last_bucket=True)
+    ran = 200 if to_end else 16  # a settled chunk runs (and measures) many steps
+    lesson = dict(tokens=float(ran), mean_rows=1.0, run_s=ran / speed[arm])
+    decisions.teach_bandit(bandit, 1, arm, measured=True, **lesson)
+  assert chosen[0] == PLAIN and chosen[1] != PLAIN, chosen
+  assert chosen[-5:] == ["chain8"] * 5, chosen
+  assert bandit.summary()[1][PLAIN]["last"] == pytest.approx(90.0)

@@ -269,21 +269,6 @@ class StrategyBandit:
       raise ValueError(f"reward must be finite and >= 0, got {reward!r}")
     self._bucket(bucket).record(i, value, self._settings.discount)
 
-  def repeat(self, bucket: int, arm: str) -> None:
-    """Counts one more pull of `arm` in `bucket` at its current discounted mean: a chunk the
-    arm ran without a measurement of its speed (plain decode settled in the last bucket and
-    run to the end of its cache view, `rollout.decisions.choose_arm`). No mean changes, but
-    the bucket ages as with any pull: the other arms lose confidence and their bonus grows
-    until one of them is tried again. Without it an arm settled on after one noisy warm-up
-    pull was never revisited (experiments/RESULTS.md, 2026-12-05)."""
-    i = self._arm_index(arm)
-    stats = self._buckets.get(_bucket_key(bucket))
-    if stats is None or not stats.count[i] > 0:
-      raise ValueError(f"bucket {bucket} has no measurement of {arm!r} to repeat")
-    last = stats.last[i]
-    stats.record(i, float(stats.reward_sum[i] / stats.count[i]), self._settings.discount)
-    stats.last[i] = last  # the last measured reward stays the last one reported
-
   def _bucket(self, bucket: int) -> _BucketStats:
     key = _bucket_key(bucket)
     stats = self._buckets.get(key)

@@ -4,8 +4,9 @@ and the simulator (`sim.replay`) both call these, so a change to one changes bot
 Between two device calls the engine decides, in order: the batch bucket the unfinished rows
 move to (`bucket_after_compaction`); plain decode or a draft arm, and whether the chunk
 teaches the bandit (`choose_arm`); the cache view the chunk's program reads (`chunk_view`);
-how many plain steps it runs (`plain_steps`); after it, what the bandit learns from it
-(`teach_bandit`, whose reward is `chunk_reward`). What each side does around them is its
+how many plain steps it runs (`runs_to_end`, `plain_steps`); after it, whether it measured
+its arm (`measured`) and what the bandit learns from it (`teach_bandit`, whose reward is
+`chunk_reward`). What each side does around them is its
 own: the engine runs programs and times them, the simulator charges a cost model.
 """
 
@@ -41,33 +42,47 @@ def choose_arm(
   *,
   speculate: bool,
   default: str,
-  last_bucket: bool,
 ) -> tuple[str, bool]:
   """(arm, learn) for the next chunk of a `batch`-row bucket.
 
   `speculate`: speculation is on and the bucket is at or below the threshold; otherwise
   plain decode, teaching nothing. With a bandit, its choice, learning from the chunk;
-  without one, the `default` strategy. Once the bandit has settled on plain decode for the
-  last bucket (`last_bucket`), that chunk runs to the end in one call (`plain_steps`): it is
-  not chunk-sized, so it teaches nothing, but it counts as a pull of plain at plain's mean
-  (`StrategyBandit.repeat`), so the bucket ages and the other arms are retried in time.
+  without one, the `default` strategy, teaching nothing.
   """
   if not speculate:
     return PLAIN, False
   if bandit is None:
     return default, False
-  arm = bandit.select(batch)
-  settled = arm == PLAIN and last_bucket and exploits_plain(bandit, batch)
-  if settled:
-    bandit.repeat(batch, PLAIN)
-  return arm, not settled
+  return bandit.select(batch), True
+
+
+def runs_to_end(
+  bandit: StrategyBandit | None, batch: int, *, learn: bool, last_bucket: bool
+) -> bool:
+  """Whether a plain chunk runs to the end of its cache view in one device call
+  (`plain_steps`): in the last bucket (`last_bucket`), where there is nothing left to
+  compact, unless the bandit is still comparing arms there (it needs chunk-sized samples).
+  Once plain is its settled best, the chunk runs to the end and still teaches it
+  (`measured`): plain's speed is re-measured, so a warm-up outlier does not keep the
+  drafter arms out for good (experiments/RESULTS.md, 2026-12-05)."""
+  return last_bucket and (not learn or exploits_plain(bandit, batch))
 
 
 def plain_steps(chunk_steps: int, view: int, reach: float, run_to_end: bool) -> int:
-  """Decode steps of a plain chunk: `chunk_steps`, or, with nothing left to compact and no
-  bandit comparing arms (`run_to_end`), to the end of the cache view in one device call
-  (host round trips cost more than small-batch steps); `reach` is the longest active row."""
+  """Decode steps of a plain chunk: `chunk_steps`, or, run to the end (`runs_to_end`), to
+  the end of the cache view in one device call (host round trips cost more than
+  small-batch steps); `reach` is the longest active row."""
   return max(chunk_steps, int(view - reach) + 1) if run_to_end else chunk_steps
+
+
+def measured(arm: str, ran: int, requested: int, chunk_steps: int) -> bool:
+  """Whether a chunk that ran `ran` of its `requested` steps (rounds) measures its arm's
+  speed: a speculative one that ran all its rounds; a plain one that ran at least
+  `chunk_steps` (all of a chunk-sized one's; one run to the end of its view and cut short
+  by its rows finishing has still spread its call's fixed cost over a chunk's steps or
+  more). A chunk cut shorter is mostly fixed overhead, and an arm that ends a bucket sooner
+  would be rewarded less for it."""
+  return ran >= chunk_steps if arm == PLAIN else ran == requested
 
 
 def chunk_reward(run_s: float, *, tokens: float, mean_rows: float) -> float:
@@ -84,15 +99,14 @@ def teach_bandit(
   arm: str,
   *,
   run_s: float,
-  full: bool,
+  measured: bool,
   tokens: float,
   mean_rows: float,
 ) -> float | None:
   """What the bandit learns from a chunk it chose (`choose_arm`'s learn): a reward
-  (`chunk_reward`) when the chunk ran all its steps and emitted tokens; nothing from a
-  chunk cut short by its rows finishing (mostly fixed overhead, and an arm that ends a
-  bucket sooner would be rewarded less for it). Returns the reward given, or None."""
-  if not (full and tokens > 0):
+  (`chunk_reward`) when the chunk `measured` its arm and emitted tokens; nothing
+  otherwise. Returns the reward given, or None."""
+  if not (measured and tokens > 0):
     return None
   reward = chunk_reward(run_s, tokens=tokens, mean_rows=mean_rows)
   bandit.update(batch, arm, reward)

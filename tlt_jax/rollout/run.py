@@ -179,7 +179,6 @@ class RolloutRun:
       batch,
       speculate=self.spec_on and batch <= cfg.spec_threshold,
       default=cfg.strategies[0].name if cfg.strategies else PLAIN,
-      last_bucket=self._last_bucket(),
     )
 
   def run_chunk(self, arm: str, learn: bool) -> None:
@@ -199,7 +198,9 @@ class RolloutRun:
       entry["compile_s"] = compiled  # lazy pools: this chunk (or its rebuild) compiled
     entry["full"] = bool(full)  # ran every step or round it asked for
     if learn:
-      self._teach(entry, arm, full, tokens, dt, compiled, cost)
+      ran = entry["steps"] if arm == PLAIN else entry["rounds"]
+      measured = decisions.measured(arm, ran, entry["requested"], self.cfg.chunk_steps)
+      self._teach(entry, arm, measured, tokens, dt, compiled, cost)
     self.timeline.append(
       {
         "t": t0 - self.start,
@@ -281,8 +282,9 @@ class RolloutRun:
     return self.state.batch == self.cfg.batch_buckets[0]
 
   def _decode(self, active: np.ndarray, learn: bool):
-    """Plain decode for chunk_steps (to the end of the cache bucket in the last bucket
-    when not learning). Returns (t0, entry, view, full, (charged_s, rebuild_compile))."""
+    """Plain decode for chunk_steps (to the end of the cache view in the last bucket unless
+    the bandit compares arms there, `decisions.runs_to_end`). Returns (t0, entry, view,
+    full, (charged_s, rebuild_compile))."""
     cfg, eng = self.cfg, self.engine
     t0 = time.perf_counter()
     self.switched_away = self.switched_away or self.dstate is not None
@@ -292,8 +294,9 @@ class RolloutRun:
     view = decisions.chunk_view(
       plain_reach(self.length, self.max_len, cfg.chunk_steps)[active].max(), cfg.view_buckets
     )
-    # In the last bucket, unless the bandit compares arms (it needs chunk-sized samples).
-    run_to_end = self._last_bucket() and not learn
+    run_to_end = decisions.runs_to_end(
+      self.bandit, self.state.batch, learn=learn, last_bucket=self._last_bucket()
+    )
     steps = decisions.plain_steps(cfg.chunk_steps, view, self.length[active].max(), run_to_end)
     b = self.state.batch
     args = (
@@ -393,7 +396,7 @@ class RolloutRun:
     return charged_s, rebuild_compile
 
   # ------------------------------------------------------------------ measurement
-  def _teach(self, entry, arm, full, tokens, dt, compiled, cost) -> None:
+  def _teach(self, entry, arm, measured, tokens, dt, compiled, cost) -> None:
     """The bandit's lesson from this chunk (`decisions.teach_bandit`), timed as the chunk's
     seconds plus a drafter-cache rebuild after a switch away (leaving the drafter would
     otherwise look free and the bandit would alternate too often), less any compile the
@@ -411,7 +414,7 @@ class RolloutRun:
       self.state.batch,
       arm,
       run_s=run_s,
-      full=full,
+      measured=measured,
       tokens=tokens,
       mean_rows=mean_rows,
     )

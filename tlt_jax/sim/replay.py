@@ -224,7 +224,6 @@ class RecordedChunk:
     generated: tokens generated per request row after the chunk.
     seconds: the seconds the engine's bandit reward divided by (`run_s`; any value for a
       chunk it did not reward).
-    full: it ran every step or round it asked for.
     steps: the steps or rounds it ran.
     row_rounds: rows x rounds it ran, summed over its rounds (speculative chunks; 0 for
       plain ones).
@@ -232,7 +231,6 @@ class RecordedChunk:
 
   generated: np.ndarray
   seconds: float
-  full: bool
   steps: int
   row_rounds: int = 0
 
@@ -378,10 +376,7 @@ class ReplayRun:
         name = max(self.mix, key=lambda k: self.mix[k] / total - self.mixed.get(k, 0) / done)
         self.mixed[name] = self.mixed.get(name, 0) + 1
       elif self.bandit is not None:
-        last = batch == policy.batch_buckets[0]
-        name, learn = decisions.choose_arm(
-          self.bandit, batch, speculate=True, default=PLAIN, last_bucket=last
-        )
+        name, learn = decisions.choose_arm(self.bandit, batch, speculate=True, default=PLAIN)
       else:
         context = float(self._reach().mean())
         views = self.view if policy.views else None
@@ -390,7 +385,8 @@ class ReplayRun:
     steps = policy.chunk_steps if arm is None else policy.spec_rounds
     view = self.view(arm) if policy.views else 0
     if policy.views and arm is None:
-      run_to_end = batch == policy.batch_buckets[0] and not learn
+      last = batch == policy.batch_buckets[0]
+      run_to_end = decisions.runs_to_end(self.bandit, batch, learn=learn, last_bucket=last)
       steps = decisions.plain_steps(policy.chunk_steps, view, self._reach().max(), run_to_end)
     return ChunkPlan(name, arm, learn, view, steps)
 
@@ -419,16 +415,15 @@ class ReplayRun:
     depth = 0 if arm is None else arm.nodes - 1
     if recorded is None:
       ran, row_rounds = self._advance(plan, depth)
-      full = ran == plan.steps
       run_s = self.seconds - start + charged
     else:
       self.generated = np.asarray(recorded.generated, dtype=float)
       self.remaining = self.lengths - self.generated
-      ran, full, run_s = recorded.steps, recorded.full, recorded.seconds
-      row_rounds = recorded.row_rounds
+      ran, run_s, row_rounds = recorded.steps, recorded.seconds, recorded.row_rounds
       self.seconds += run_s
     if plan.learn:
-      chunk = _Chunk(name, bool(full), run_s, ran, row_rounds)
+      measured = decisions.measured(name, ran, plan.steps, policy.chunk_steps)
+      chunk = _Chunk(name, measured, run_s, ran, row_rounds)
       tokens = float((self.generated[started] - before[started]).sum())
       _teach(self.bandit, self.batch, chunk, tokens, self.reward_noise, self.rng)
     self.by_bucket[self.batch] = self.by_bucket.get(self.batch, 0.0) + self.seconds - start
@@ -473,7 +468,7 @@ class _Chunk:
   """One replayed chunk as the bandit is told of it."""
 
   arm: str
-  full: bool  # ran all its steps (not cut short by its rows finishing)
+  measured: bool  # it measured its arm (`decisions.measured`)
   seconds: float  # its time, with a rebuild after a switch away
   steps: int  # decode steps or speculative rounds run
   row_rounds: int  # rows x rounds of a speculative chunk
@@ -490,7 +485,7 @@ def _teach(bandit, batch, chunk, tokens, noise, rng) -> None:
     batch,
     chunk.arm,
     run_s=run_s,
-    full=chunk.full,
+    measured=chunk.measured,
     tokens=tokens,
     mean_rows=row_steps / max(chunk.steps, 1),
   )

@@ -235,7 +235,7 @@ def decision_mismatch(
   `chunks`: per engine chunk, in order, its decisions (`DECISIONS`: the batch bucket after
   compaction, the arm, whether the bandit learnt from it, the cache view, the steps or
   rounds asked for) and what it did: "generated" (tokens per request row after it), "ran"
-  (steps or rounds run), "full", "run_s" (when rewarded) and "row_rounds" (speculative).
+  (steps or rounds run), "run_s" (when rewarded) and "row_rounds" (speculative).
   `bandit`: a copy of the engine's bandit as it was before the rollout (the replay teaches
   it the chunks' lessons as the engine taught its own). `lengths`: the rows' final
   completion lengths. The replay charges no cost of its own: only decisions are compared.
@@ -266,7 +266,6 @@ def decision_mismatch(
     recorded = RecordedChunk(
       np.asarray(chunk["generated"]),
       float(chunk.get("run_s", 0.0)),
-      bool(chunk["full"]),
       int(chunk["ran"]),
       int(chunk.get("row_rounds", 0)),
     )
