@@ -251,10 +251,11 @@ print(f"drafter updates in each tlt step: {min(updates)}-{max(updates)} ({len(up
 # start (seed 0, host J, 2026-12-05) runs on a tail of about 14x. There tlt trailed sd in
 # every block, with the better drafter: its bandit's batch-1 bucket had settled on plain
 # decoding after one noisy warm-up chunk an arm, and a settled plain chunk (run to the end
-# of its cache view) taught the bandit nothing, so no draft was tried there again. Settled
-# chunks now count as pulls of plain at plain's mean (`StrategyBandit.repeat`), so the
-# bucket ages and the drafts are retried; a gate reran sd and tlt from the curve's step-30
-# checkpoints with that change, interleaved in one process. Below: plain chunks a step
+# of its cache view) taught the bandit nothing, so no draft was tried there again. A gate
+# reran sd and tlt from the curve's step-30 checkpoints, interleaved in one process, with
+# settled chunks counted as pulls of plain at plain's mean, so the bucket aged and the
+# drafts were retried (since then a settled chunk measures plain's speed instead,
+# `rollout.decisions.measured`). Below: plain chunks a step
 # (left) and tlt's step seconds over sd's (right), the curve's and the gate's.
 
 # %%
