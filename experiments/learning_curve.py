@@ -158,8 +158,10 @@ class FastEvaluation:
     self.warmup_s = time.perf_counter() - t
 
   def evaluate(self, trainer, params=None):
-    """The held-out row of `params` (default: the trainer's own)."""
-    return held_out_metrics(
+    """The held-out row of `params` (default: the trainer's own), with its problems'
+    digest (`problems_digest`: `--tables_only` draws the warm start's row beside it only
+    when that row is of the same problems)."""
+    row = held_out_metrics(
       self.engine,
       trainer.params if params is None else params,
       trainer.tokenizer,
@@ -170,6 +172,7 @@ class FastEvaluation:
       key=trainer.cfg.seed,
       drafter_params=self.drafter_params,
     )
+    return {**row, "problems": problems_digest(trainer.evals)}
 
 
 def replay_rewards(engine, params, trainer, steps, drafter_params=None) -> list[float]:
@@ -462,13 +465,39 @@ def speed_notes(sp: dict) -> list[str]:
   ]
 
 
+def checked_warm_eval(summary_path: str, out: str, labels: list[str]) -> dict | None:
+  """The shared summary's warm-start held-out row, if the runs' own evaluations were of the
+  same problems (their `problems_digest`s); otherwise None, saying why: a warm start's
+  summary may hold its SFT stage's row, of other problems (`warm_start_eval`)."""
+  if not os.path.exists(summary_path):
+    return None
+  with open(summary_path) as f:
+    recorded = json.load(f).get("eval")
+  if recorded is None:
+    return None
+  digests = set()
+  for label in labels:
+    with open(os.path.join(out, label, "metrics.jsonl")) as f:
+      for line in f:
+        try:
+          digests.add(json.loads(line).get("eval", {}).get("problems"))
+        except json.JSONDecodeError:
+          continue
+  digests.discard(None)
+  if digests == {recorded.get("problems")}:
+    return recorded
+  why = "no evaluation of the runs records its problems" if not digests else "other problems"
+  print(f"warm start's held-out row left out: {why} (the full run evaluates it)")
+  return None
+
+
 def tables_only(out: str, modes: list[str], seed: int) -> None:
   """The tables, plot and speed lines of the runs in `out` as they stand, without running
   anything: a comparison still running (its finished steps) or cut short (before a
   `--resume`), so that what it measured outlives the machine. The plot and the ratios
   cover the steps every mode reached (from `--from_step` on, against `--reference`); the
-  warm start's held-out row is drawn where the shared summary has one; no warm-start
-  replay (that needs the engines)."""
+  warm start's held-out row is drawn where the shared summary has one of the runs'
+  problems (`checked_warm_eval`); no warm-start replay (that needs the engines)."""
   labels = [f"{m}_s{seed}" for m in modes if os.path.isdir(os.path.join(out, f"{m}_s{seed}"))]
   if not labels:
     raise app.UsageError(f"no runs of seed {seed} in {out}")
@@ -483,11 +512,7 @@ def tables_only(out: str, modes: list[str], seed: int) -> None:
   common = {label: rs[:n] for label, rs in rows.items()}
   reference = f"{_REFERENCE.value}_s{seed}"
   base = reference if reference in common else baseline_label(common) or labels[0]
-  summary_path = os.path.join(out, "shared", "summary.json")
-  warm_eval = None
-  if os.path.exists(summary_path):
-    with open(summary_path) as f:
-      warm_eval = json.load(f).get("eval")
+  warm_eval = checked_warm_eval(os.path.join(out, "shared", "summary.json"), out, labels)
   matmul = _MATMUL.value or matmul_flops() / 1e9
   report = {
     "steps_reached": {label: len(rs) for label, rs in rows.items()},
@@ -495,6 +520,7 @@ def tables_only(out: str, modes: list[str], seed: int) -> None:
     "steps_compared": n,
     "reference": base,
     "matmul_gflops": matmul,
+    "warm_start_eval": warm_eval,
     "learning": curves.quarter_rise([r["reward"] for r in common[base]]),
     "speed": speed_table(common, [label.rsplit("_s", 1)[0] for label in labels], matmul, reference),
   }

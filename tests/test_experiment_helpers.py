@@ -371,8 +371,14 @@ def test_learning_curve_tables_only_reports_a_comparison_cut_short(tmp_path):
   out, kept = tmp_path / "curve", tmp_path / "kept"
   for label, n, step_s in (("baseline_s0", 6, 10.0), ("tlt_s0", 4, 5.0)):
     (out / label).mkdir(parents=True)
-    lines = [json.dumps(row(k, step_s, step_s - 2.0)) for k in range(n)]
+    rows = [row(k, step_s, step_s - 2.0) for k in range(n)]
+    rows[0]["eval"] = {"accuracy": 0.5, "problems": "abc"}
+    lines = [json.dumps(r) for r in rows]
     (out / label / "metrics.jsonl").write_text("\n".join(lines) + '\n{"step": 9, "rew')
+  # The warm start's row is of other problems: left out of the plot, and said so.
+  (out / "shared").mkdir()
+  summary = {"eval": {"accuracy": 0.3, "problems": "xyz"}}
+  (out / "shared" / "summary.json").write_text(json.dumps(summary))
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   done = subprocess.run(
     [
@@ -397,6 +403,10 @@ def test_learning_curve_tables_only_reports_a_comparison_cut_short(tmp_path):
   assert report["speed"]["tlt_s0"]["step_speedup"]["of_totals"] == pytest.approx(2.0)
   assert (kept / "learning_curve_partial.png").stat().st_size > 0
   assert "end to end 2.00x" in done.stdout
+  assert "held-out row left out: other problems" in done.stdout
+  assert report["warm_start_eval"] is None
+  summary["eval"]["problems"] = "abc"  # now of the runs' problems: drawn
+  (out / "shared" / "summary.json").write_text(json.dumps(summary))
   # Steps rerun from a checkpoint at step 2, against tlt: steps 2-3, step 2 skipped.
   done = subprocess.run(
     [*done.args, "--from_step=2", "--reference=tlt"], cwd=root, capture_output=True, text=True
@@ -404,6 +414,7 @@ def test_learning_curve_tables_only_reports_a_comparison_cut_short(tmp_path):
   assert done.returncode == 0, done.stderr[-3000:]
   report = json.loads((kept / "learning_curve_partial.json").read_text())
   assert report["steps_compared"] == 2 and report["reference"] == "tlt_s0"
+  assert report["warm_start_eval"]["accuracy"] == 0.3 and "left out" not in done.stdout
   assert report["speed"]["baseline_s0"]["step_speedup"]["of_totals"] == pytest.approx(0.5)
   assert "tlt_s0" not in report["speed"] or "step_speedup" not in report["speed"]["tlt_s0"]
 
