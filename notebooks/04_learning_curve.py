@@ -316,3 +316,48 @@ right.set_ylabel("tlt step s / sd step s")
 right.legend(fontsize=8)
 right.grid(alpha=0.3)
 plt.show()
+
+# %% [markdown]
+# **Settled chunks measured.** Aging the bucket left plain's warm-up figure in place: a
+# retried draft had to beat it. A settled plain chunk, run to the end of its cache view, now
+# measures plain's speed and teaches the bandit (`rollout.decisions.measured`). Seed 1 on
+# the same warm start ran its first block of 10 steps with that (host J, 2026-12-05; the
+# rest of the seed is still to run). Below, the first blocks of both seeds: tlt's plain
+# chunks a step (left) and tlt's step seconds over sd's (right). The seeds' prompts differ,
+# so the comparison is of what tlt's bandit does, not of equal work.
+
+# %%
+SEED1 = RESULTS / "regime_curve_stage11_s1_hostJ_2026-12-05"
+s1 = json.loads((SEED1 / "learning_curve_partial.json").read_text())
+first_blocks = {
+  "seed 0 (settled chunks taught nothing)": {
+    m: [r for r in curve_rows[m] if r["step"] < 10] for m in ("sd", "tlt")
+  },
+  "seed 1 (settled chunks measured)": {m: s1["rows"][f"{m}_s1"] for m in ("sd", "tlt")},
+}
+fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3))
+for (label, rows), style in zip(first_blocks.items(), ("-", "--"), strict=True):
+  sd, tlt = (by_step(rows[m]) for m in ("sd", "tlt"))
+  every = [k for k in sorted(tlt) if k in sd]
+  steps = every[1:]  # step 0's seconds carry compiles
+  left.plot(every, plain_chunks([tlt[k] for k in every]), "o" + style, label=label)
+  right.plot(steps, [tlt[k]["step_s"] / sd[k]["step_s"] for k in steps], "o" + style, label=label)
+  total, rollout = (
+    sum(tlt[k][key] for k in steps) / sum(sd[k][key] for k in steps)
+    for key in ("step_s", "rollout_s")
+  )
+  print(
+    f"{label}, steps {steps[0]}-{steps[-1]}: tlt's seconds over sd's, step {total:.3f}, "
+    f"rollout {rollout:.3f}; tlt's plain chunks a step (steps {every[0]}-{every[-1]}) "
+    f"{np.mean(plain_chunks([tlt[k] for k in every])):.1f}"
+  )
+left.set_xlabel("RL step")
+left.set_ylabel("tlt's plain chunks a step")
+left.legend(fontsize=8)
+left.grid(alpha=0.3)
+right.axhline(1.0, color="k", lw=0.8)
+right.set_xlabel("RL step")
+right.set_ylabel("tlt step s / sd step s")
+right.legend(fontsize=8)
+right.grid(alpha=0.3)
+plt.show()
