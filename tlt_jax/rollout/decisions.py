@@ -6,8 +6,8 @@ move to (`bucket_after_compaction`); plain decode or a draft arm, and whether th
 teaches the bandit (`choose_arm`); the cache view the chunk's program reads (`chunk_view`);
 how many plain steps it runs (`runs_to_end`, `plain_steps`); after it, whether it measured
 its arm (`measured`) and what the bandit learns from it (`teach_bandit`, whose reward is
-`chunk_reward`). What each side does around them is its
-own: the engine runs programs and times them, the simulator charges a cost model.
+`chunk_reward`). What each side does around them is its own: the engine runs programs and
+times them, the simulator charges a cost model.
 """
 
 from __future__ import annotations
