@@ -50,13 +50,16 @@ def _generated(run: RolloutRun) -> np.ndarray:
   return out
 
 
-def _recorded_rollouts(monkeypatch, cfg, keys):
-  """Sampled rollouts with one adaptive engine (its bandit learning across them), each
-  rollout's chunks recorded as they ran, and a copy of the bandit from before the first."""
+def _recorded_rollouts(monkeypatch, cfg, keys, beliefs=()):
+  """Sampled rollouts with one adaptive engine (its bandit learning across them, first told
+  `beliefs`: (bucket, arm, reward) lessons), each rollout's chunks recorded as they ran,
+  and a copy of the bandit from before the first."""
   tg, tp = nnx.split(init_model(TINY_UNTIED, seed=3))
   dg, dp = nnx.split(init_drafter(TINY_UNTIED, seed=4))
   sampling = SamplingConfig(temperature=1.0)
   engine = RolloutEngine(tg, TINY_UNTIED, cfg, sampling, ExecutablePool(), drafter_graphdef=dg)
+  for bucket, arm, reward in beliefs:
+    engine.bandit.update(bucket, arm, reward)
   before = None
   if engine.bandit is not None:
     before = StrategyBandit.from_state_dict(json.loads(json.dumps(engine.bandit.state_dict())))
@@ -138,6 +141,29 @@ def test_the_replay_takes_the_engines_decisions_on_its_recorded_chunks(monkeypat
     other = _policy(dataclasses.replace(ENGINE, **change))
     fresh = StrategyBandit.from_state_dict(bandit.state_dict())
     assert _mismatch(rollouts, results, other, fresh) is not None, change
+
+
+def test_the_replay_measures_a_settled_last_bucket_as_the_engine_does(monkeypatch):
+  """With plain settled as the last bucket's best, its chunks run to the end of their view
+  and still teach the bandit (`decisions.runs_to_end`, `decisions.measured`): the replay
+  takes those decisions and lessons as the engine did."""
+  last = ENGINE.min_batch_bucket
+  beliefs = [(last, PLAIN, 1e6)] + [(last, arm, 1.0) for arm in ENGINE.spec_strategies]
+  engine, bandit, rollouts, results = _recorded_rollouts(
+    monkeypatch, ENGINE, keys=range(2), beliefs=beliefs
+  )
+  settled = [
+    c
+    for r in rollouts
+    for c in r
+    if c["batch"] == last and c["arm"] == PLAIN and c["steps"] > ENGINE.chunk_steps
+  ]
+  assert settled and all(c["learn"] for c in settled)
+  assert any(c["run_s"] > 0 for c in settled)  # measured: a reward from a run-to-end chunk
+  replayed = StrategyBandit.from_state_dict(bandit.state_dict())
+  found = _mismatch(rollouts, results, _policy(ENGINE), replayed)
+  assert found is None, found
+  assert replayed.state_dict() == engine.bandit.state_dict()
 
 
 def test_the_replay_runs_the_plain_engines_last_bucket_to_the_end_as_it_does(monkeypatch):
