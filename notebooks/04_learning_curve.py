@@ -281,6 +281,31 @@ def by_step(rs):
   return {r["step"]: r for r in rs}
 
 
+def label_steps(ax, ylabel, ratio=False):
+  """An axis over RL steps; `ratio`: a line at 1."""
+  if ratio:
+    ax.axhline(1.0, color="k", lw=0.8)
+  ax.set_xlabel("RL step")
+  ax.set_ylabel(ylabel)
+  ax.legend(fontsize=8)
+  ax.grid(alpha=0.3)
+
+
+def print_tlt_over_sd(label, sd, tlt, steps, chunk_steps=None):
+  """tlt's seconds over sd's (step and rollout, summed over `steps`) and tlt's plain chunks
+  a step (over `chunk_steps`, default `steps`); `sd`, `tlt`: rows by step."""
+  chunk_steps = chunk_steps or steps
+  total, rollout = (
+    sum(tlt[k][key] for k in steps) / sum(sd[k][key] for k in steps)
+    for key in ("step_s", "rollout_s")
+  )
+  print(
+    f"{label}, steps {steps[0]}-{steps[-1]}: tlt's seconds over sd's, step {total:.3f}, "
+    f"rollout {rollout:.3f}; tlt's plain chunks a step (steps {chunk_steps[0]}-"
+    f"{chunk_steps[-1]}) {np.mean(plain_chunks([tlt[k] for k in chunk_steps])):.1f}"
+  )
+
+
 fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3))
 for label, rs, style in (
   ("sd, curve", curve_rows["sd"], "-"),
@@ -289,10 +314,7 @@ for label, rs, style in (
 ):
   colour = COLOURS[label.split(",")[0]]
   left.plot([r["step"] for r in rs], plain_chunks(rs), "." + style, color=colour, label=label)
-left.set_xlabel("RL step")
-left.set_ylabel("plain chunks a step")
-left.legend(fontsize=8)
-left.grid(alpha=0.3)
+label_steps(left, "plain chunks a step")
 for label, pair, style in (
   ("curve", (curve_rows["sd"], curve_rows["tlt"]), "-"),
   ("gate", (gate_rows["sd"], gate_rows["tlt"]), "--"),
@@ -301,20 +323,8 @@ for label, pair, style in (
   steps = [k for k in sorted(tlt) if k in sd and k >= gate_rows["tlt"][0]["step"] + 1]
   ratio = [tlt[k]["step_s"] / sd[k]["step_s"] for k in steps]
   right.plot(steps, ratio, "o" + style, color=COLOURS["tlt"], label=label)
-  total, rollout = (
-    sum(tlt[k][key] for k in steps) / sum(sd[k][key] for k in steps)
-    for key in ("step_s", "rollout_s")
-  )
-  print(
-    f"{label}, steps {steps[0]}-{steps[-1]}: tlt's seconds over sd's, step {total:.2f}, "
-    f"rollout {rollout:.2f}; tlt's plain chunks a step "
-    f"{np.mean([plain_chunks([tlt[k]])[0] for k in steps]):.1f}"
-  )
-right.axhline(1.0, color="k", lw=0.8)
-right.set_xlabel("RL step")
-right.set_ylabel("tlt step s / sd step s")
-right.legend(fontsize=8)
-right.grid(alpha=0.3)
+  print_tlt_over_sd(label, sd, tlt, steps)
+label_steps(right, "tlt step s / sd step s", ratio=True)
 plt.show()
 
 # %% [markdown]
@@ -342,22 +352,7 @@ for (label, rows), style in zip(first_blocks.items(), ("-", "--"), strict=True):
   steps = every[1:]  # step 0's seconds carry compiles
   left.plot(every, plain_chunks([tlt[k] for k in every]), "o" + style, label=label)
   right.plot(steps, [tlt[k]["step_s"] / sd[k]["step_s"] for k in steps], "o" + style, label=label)
-  total, rollout = (
-    sum(tlt[k][key] for k in steps) / sum(sd[k][key] for k in steps)
-    for key in ("step_s", "rollout_s")
-  )
-  print(
-    f"{label}, steps {steps[0]}-{steps[-1]}: tlt's seconds over sd's, step {total:.3f}, "
-    f"rollout {rollout:.3f}; tlt's plain chunks a step (steps {every[0]}-{every[-1]}) "
-    f"{np.mean(plain_chunks([tlt[k] for k in every])):.1f}"
-  )
-left.set_xlabel("RL step")
-left.set_ylabel("tlt's plain chunks a step")
-left.legend(fontsize=8)
-left.grid(alpha=0.3)
-right.axhline(1.0, color="k", lw=0.8)
-right.set_xlabel("RL step")
-right.set_ylabel("tlt step s / sd step s")
-right.legend(fontsize=8)
-right.grid(alpha=0.3)
+  print_tlt_over_sd(label, sd, tlt, steps, every)
+label_steps(left, "tlt's plain chunks a step")
+label_steps(right, "tlt step s / sd step s", ratio=True)
 plt.show()
