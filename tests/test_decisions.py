@@ -77,7 +77,6 @@ def _recorded_rollouts(monkeypatch, cfg, keys, beliefs=()):
         "view": entry["view"],
         "steps": entry["requested"],
         "ran": entry["rounds"] if entry["phase"] == "spec" else entry["steps"],
-        "full": entry["full"],
         "run_s": entry.get("run_s", 0.0),
         "row_rounds": entry.get("row_rounds", 0),
         "generated": _generated(run),
