@@ -331,23 +331,31 @@ plt.show()
 # **Settled chunks measured.** Aging the bucket left plain's warm-up figure in place: a
 # retried draft had to beat it. A settled plain chunk, run to the end of its cache view, now
 # measures plain's speed and teaches the bandit (`rollout.decisions.measured`). Seed 1 on
-# the same warm start ran its first 30 steps (three blocks) with that (host J, 2026-12-05;
-# its last block is still to run). Below, the same steps of both seeds: tlt's plain chunks
-# a step (left) and tlt's step seconds over sd's (right). The seeds' prompts differ, so the
-# comparison is of what tlt's bandit does, not of equal work.
+# the same warm start ran its 40 steps with that (host J, 2026-12-05). Below, both seeds'
+# steps: tlt's plain chunks a step (left) and tlt's step seconds over sd's (right). The
+# seeds' prompts differ, so the comparison is of what tlt's bandit does, not of equal
+# work.
 
 # %%
 SEED1 = RESULTS / "regime_curve_stage11_s1_hostJ_2026-12-05"
-s1 = json.loads((SEED1 / "learning_curve_partial.json").read_text())
-s1_steps = len(s1["rows"]["tlt_s1"])
-same_steps = {
-  "seed 0 (settled chunks taught nothing)": {
-    m: [r for r in curve_rows[m] if r["step"] < s1_steps] for m in ("sd", "tlt")
-  },
+s1 = json.loads((SEED1 / "learning_curve.json").read_text())
+for label, report in (("seed 0", s11), ("seed 1", s1)):
+  learnt, replay = report["learning"], report["warm_start_replay"]["trained_minus_warm_start"]
+  ends = "; ".join(
+    f"{mode.split('_')[0]} {t['step_speedup']['of_totals']:.2f}x"
+    for mode, t in report["speed"].items()
+    if "step_speedup" in t
+  )
+  print(
+    f"stage 11, {label}: rise {learnt['rise']:+.3f} [{learnt['interval'][0]:+.3f}, "
+    f"{learnt['interval'][1]:+.3f}], over the warm start {replay['mean']:+.3f}; end to end {ends}"
+  )
+both_seeds = {
+  "seed 0 (settled chunks taught nothing)": {m: curve_rows[m] for m in ("sd", "tlt")},
   "seed 1 (settled chunks measured)": {m: s1["rows"][f"{m}_s1"] for m in ("sd", "tlt")},
 }
 fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3))
-for (label, rows), style in zip(same_steps.items(), ("-", "--"), strict=True):
+for (label, rows), style in zip(both_seeds.items(), ("-", "--"), strict=True):
   sd, tlt = (by_step(rows[m]) for m in ("sd", "tlt"))
   every = [k for k in sorted(tlt) if k in sd]
   steps = every[1:]  # step 0's seconds carry compiles
