@@ -24,6 +24,15 @@ Stages, in priority order (`--stages`; finished ones are skipped):
                conditionals captured too), each in a fresh process since XLA reads its flags
                once: what the device loop's per-step overhead gives back to each, and
                whether the multi-token forwards' cost follows the GEMMs' tuning
+  policy_overhead  the same per `--policies` entry: this project's own policies (a config
+               file, its dtypes, random weights) at `--policy_context`, each setting's
+               counted loop traced too and summarised (kernels a step, the ms they keep the
+               device busy): a step's time over that busy time is what launches and the loop
+               add, the part of the 50M policy's 1.3-1.9 ms step on the H200 (2026-11-26, one
+               forward a call) that is neither weights nor arithmetic
+  decode_b1_profile  the first shape's batch-1 decode loop traced: its kernels by kind and
+               its costliest kernels described from the compiled module (result and operand
+               shapes, the fused ops, the JAX op): what holds the step above its bound
   verify_b1    batch-1 forwards of each `--tokens` count (1: a decode step; 5 / 9: verifying
                a chain of 4 / 8) of the first shape, timed and traced in one process under one
                set of XLA flags, each trace summarised here by kernel kind (products,
@@ -54,10 +63,13 @@ kept; the rest wait for the next sitting).
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 import math
 import os
+import shutil
 import sys
+import tempfile
 import time
 
 import jax
@@ -71,7 +83,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from experiments.common import json_child, published_shape, random_params  # noqa: E402
 from experiments.host import matmul_flops, spec_sheet  # noqa: E402
-from experiments.traces import trace_summary  # noqa: E402
+from experiments.traces import describe_kernels, trace_summary  # noqa: E402
+from tlt_jax import configuration  # noqa: E402
+from tlt_jax.data import get_tokenizer  # noqa: E402
 from tlt_jax.models.config import ModelConfig  # noqa: E402
 from tlt_jax.models.transformer import KVCache  # noqa: E402
 from tlt_jax.parallel.memory import measured_bytes, plan_memory  # noqa: E402
@@ -83,6 +97,8 @@ _STAGES = flags.DEFINE_list(
     "decode_b1",
     "bandwidth",
     "overhead",
+    "policy_overhead",
+    "decode_b1_profile",
     "verify_b1",
     "decode_grid",
     "rounds",
@@ -123,7 +139,14 @@ _OVERHEAD_TOKENS = flags.DEFINE_list(
   ["5", "9"],
   "overhead stage: batch-1 forwards of these new-token counts timed beside each setting's decode",
 )
+_POLICIES = flags.DEFINE_list(
+  "policies",
+  ["configs/sd_bench.py"],
+  "policy_overhead stage: config files (':variant' as on a command line) of the policies",
+)
+_POLICY_CONTEXT = flags.DEFINE_integer("policy_context", 192, "policy_overhead stage's context")
 _CHILD = flags.DEFINE_bool("child", False, "internal: print batch-1 decode costs as JSON")
+_CHILD_TRACE = flags.DEFINE_bool("child_trace", False, "internal: the child traces its loop")
 _MEMORY_GIB = flags.DEFINE_float("memory_gib", 0.0, "device memory where it cannot be read")
 
 
@@ -233,12 +256,51 @@ def batch1_decode(graphdef, cfg, params, context: int) -> tuple[Forward, dict]:
   }
 
 
+def decode_shape(name: str) -> ModelConfig:
+  """A published shape (`published_shape`), or the policy of one of this project's config
+  files ("configs/sd_bench.py", a variant after ":" as on a command line) in its dtypes."""
+  if ".py" not in name:
+    return published_shape(name)
+  path, _, variant = name.partition(":")
+  module = importlib.import_module(path.removesuffix(".py").replace(os.sep, "."))
+  config = module.get_config(variant)
+  return configuration.model_config(config, get_tokenizer(config.task.tokenizer))
+
+
+def traced_ms(fwd: Forward, params, calls: int = 2) -> dict:
+  """`fwd` timed under the profiler, its trace summarised (`experiments/traces.py`), its
+  costliest kernels described from the compiled module (`top_hlo`: which product or
+  reduction each is), and the folder removed: a trace folder is too deep to come back from
+  a device sitting."""
+  trace = tempfile.mkdtemp(prefix="tlt_trace_")
+  try:
+    with jax.profiler.trace(trace, create_perfetto_trace=True):
+      fwd.ms(params, calls)
+    # `ms` runs a warm-up call, then `calls` timed ones, each of the loop's forwards.
+    summary = trace_summary(trace, steps=(calls + 1) * fwd.n)
+    top = summary.get("top_ms_per_step", {})
+    summary["top_hlo"] = describe_kernels(fwd.compiled.as_text(), list(top))
+    return summary
+  finally:
+    shutil.rmtree(trace, ignore_errors=True)
+
+
 def overhead_cell() -> dict:
-  """The overhead stage's measurements in this process: the first shape's batch-1 decode
-  (`batch1_decode`) and its forward of each `--overhead_tokens` count, in decode steps."""
-  cfg, context = published_shape(_SHAPES.value[0]), int(_CONTEXTS.value[0])
+  """The overhead stages' measurements in this process: the first shape's batch-1 decode
+  (`batch1_decode`; under `--child_trace` its counted loop's trace summary too, and the ms
+  a step over the ms its kernels keep the device busy) and its forward of each
+  `--overhead_tokens` count, in decode steps."""
+  cfg, context = decode_shape(_SHAPES.value[0]), int(_CONTEXTS.value[0])
   graphdef, params = random_params(cfg)
-  cell = batch1_decode(graphdef, cfg, params, context)[1]
+  looped, cell = batch1_decode(graphdef, cfg, params, context)
+  cell["context"] = context
+  cell["weight_bytes"], cell["kv_bytes"] = weight_bytes(params), kv_bytes(cfg, 1, context)
+  if _CHILD_TRACE.value:
+    cell["trace"] = traced_ms(looped, params)
+    busy = cell["trace"].get("busy_ms_per_step")
+    # Only a device's kernel line is busy time: a CPU trace's spans nest and overlap.
+    if busy and cell["trace"].get("device_processes"):
+      cell["over_busy"] = cell["ms_in_loop"] / busy
   cell["forwards"] = {}
   for tokens in sorted({int(t) for t in _OVERHEAD_TOKENS.value}):
     fwd = measured(graphdef, cfg, params, 1, tokens, context)[1]
@@ -322,6 +384,18 @@ class Stages:
     print(json.dumps(out, indent=1), flush=True)
     return True
 
+  def decode_b1_profile(self, start) -> bool:
+    """The first shape's batch-1 decode loop traced, its kernels by kind and the costliest
+    described (`traced_ms`): which products and reductions hold the step above its bound."""
+    name, context = _SHAPES.value[0], int(_CONTEXTS.value[0])
+    cfg, graphdef, params = self.model(name)
+    fwd = Forward(graphdef, cfg, 1, 1, context, _STEPS.value)
+    compile_s = fwd.compile(params)
+    profile = {"shape": name, "context": context, "compile_s": compile_s}
+    self.results["decode_b1_profile"] = {**profile, **traced_ms(fwd, params)}
+    print(json.dumps(self.results["decode_b1_profile"], indent=1), flush=True)
+    return True
+
   def bandwidth(self, start) -> bool:
     n = int(_COPY_GB.value * 1e9) // 2
     x = jnp.ones((n,), jnp.bfloat16)
@@ -343,6 +417,19 @@ class Stages:
 
   def overhead(self, start) -> bool:
     cells = self.results.setdefault("overhead", {})
+    return self._settings(start, cells, _SHAPES.value[0], int(_CONTEXTS.value[0]), trace=False)
+
+  def policy_overhead(self, start) -> bool:
+    cells = self.results.setdefault("policy_overhead", {})
+    for policy in _POLICIES.value:
+      policy_cells = cells.setdefault(policy, {})
+      if not self._settings(start, policy_cells, policy, _POLICY_CONTEXT.value, trace=True):
+        return False
+    return True
+
+  def _settings(self, start, cells: dict, shape: str, context: int, trace: bool) -> bool:
+    """`shape`'s batch-1 decode (`overhead_cell`) under each `--overhead_setting`, each in a
+    process of its own, into `cells` by setting."""
     for setting in _OVERHEAD_SETTINGS.value:
       if setting in cells:
         continue
@@ -352,15 +439,16 @@ class Stages:
       argv = [
         os.path.abspath(__file__),
         "--child",
-        f"--shapes={_SHAPES.value[0]}",
-        f"--contexts={_CONTEXTS.value[0]}",
+        f"--child_trace={trace}",
+        f"--shapes={shape}",
+        f"--contexts={context}",
         f"--overhead_tokens={','.join(_OVERHEAD_TOKENS.value)}",
         f"--steps={_STEPS.value}",
         f"--reps={_REPS.value}",
       ]
       # A setting XLA refuses comes back as {"error": ...}: recorded, and the stage goes on.
       cells[setting] = json_child(argv, f"{os.environ.get('XLA_FLAGS', '')} {setting}".strip())
-      print(f"XLA_FLAGS += {setting!r}: {json.dumps(cells[setting])[:400]}", flush=True)
+      print(f"{shape}, XLA_FLAGS += {setting!r}: {json.dumps(cells[setting])[:400]}", flush=True)
       self.save()
     return True
 
@@ -375,12 +463,7 @@ class Stages:
       if self._late(start):
         return False
       fwd, cell = measured(graphdef, cfg, params, 1, tokens, context)
-      trace = os.path.join(self.out, f"trace_verify_{tokens}")
-      calls = 2
-      with jax.profiler.trace(trace, create_perfetto_trace=True):
-        fwd.ms(params, calls)
-      # `ms` runs a warm-up call, then `calls` timed ones, each of `_STEPS` forwards.
-      cell["trace"] = trace_summary(trace, steps=(calls + 1) * _STEPS.value)
+      cell["trace"] = traced_ms(fwd, params)
       cells[key] = cell
       print(key, json.dumps(cell), flush=True)
       self.save()
@@ -518,6 +601,25 @@ def _until_done(cell: dict) -> str:
   return "" if ms is None else f"{ms:.2f} ms in the engine's kind of loop; "
 
 
+def _decode(cell: dict) -> str:
+  """An overhead cell's figures in words (`overhead_cell`)."""
+  if "ms_in_loop" not in cell:
+    return "XLA refused the flags"
+  value = (
+    f"{cell['ms_in_loop']:.2f} ms in a device loop; {_until_done(cell)}"
+    f"{cell['ms_per_call']:.2f} ms a call"
+  )
+  busy = cell.get("trace", {}).get("busy_ms_per_step")
+  if "over_busy" in cell:
+    value += (
+      f"; kernels busy {busy:.3f} ms a step ({cell['trace']['kernels_per_step']:.0f} of them),"
+      f" the loop's step {cell['over_busy']:.2f}x that"
+    )
+  for tokens, forward in cell.get("forwards", {}).items():
+    value += f"; {tokens}-token forward {forward['steps']:.2f} steps"
+  return value
+
+
 def summary(results: dict) -> str:
   """The README's "at real sizes" rows from what the stages measured so far."""
   lines = ["| figure | value |", "|---|---|"]
@@ -531,15 +633,12 @@ def summary(results: dict) -> str:
       f"in a device loop{bound}; {_until_done(b1)}{b1['ms_per_call']:.2f} ms a call |"
     )
   for setting, cell in results.get("overhead", {}).items():
-    value = (
-      f"{cell['ms_in_loop']:.2f} ms in a device loop; {_until_done(cell)}"
-      f"{cell['ms_per_call']:.2f} ms a call"
-      if "ms_in_loop" in cell
-      else "XLA refused the flags"
-    )
-    for tokens, forward in cell.get("forwards", {}).items():
-      value += f"; {tokens}-token forward {forward['steps']:.2f} steps"
-    lines.append(f"| batch-1 decode, XLA_FLAGS += `{setting or '(nothing)'}` | {value} |")
+    lines.append(f"| batch-1 decode, XLA_FLAGS += `{setting or '(nothing)'}` | {_decode(cell)} |")
+  for policy, cells in results.get("policy_overhead", {}).items():
+    for setting, cell in cells.items():
+      lines.append(
+        f"| {policy} batch-1 decode, XLA_FLAGS += `{setting or '(nothing)'}` | {_decode(cell)} |"
+      )
   bw = results.get("bandwidth")
   if bw:
     spec = f" (spec sheet {bw['spec'][0]} TB/s)" if bw.get("spec") else ""

@@ -98,3 +98,61 @@ def _kernel_lines(lines: dict[tuple, float], threads: dict[tuple, str]) -> set[t
   if streams:
     return streams
   return {line for line in lines if not SPAN_LINES.match(threads.get(line, ""))}
+
+
+# An HLO instruction of an optimised module's text: its name, result shape (a tuple's in
+# parentheses), opcode, operands and the rest of the line (attributes, metadata).
+_INSTRUCTION = re.compile(
+  r"^\s*(?:ROOT )?%(?P<name>\S+) = (?P<shape>\(.*?\)|\S+) (?P<op>[\w\-]+)\((?P<args>[^)]*)\)"
+  r"(?P<rest>.*)$"
+)
+_COMPUTATION = re.compile(r"^(?:ENTRY )?%(?P<name>\S+) .*\{$")
+_LAYOUT = re.compile(r"\{[^{}]*\}")
+# Opcodes that say nothing of what a fusion computes.
+_PLUMBING = {"parameter", "constant", "bitcast", "tuple", "get-tuple-element", "reshape"}
+
+
+def kernel_name(instruction: str) -> str:
+  """The name a GPU kernel of an HLO instruction carries in a trace (XLA writes '.' and '-'
+  as '_': "input_reduce_fusion.180" runs as "input_reduce_fusion_180")."""
+  return re.sub(r"[.\-]", "_", instruction)
+
+
+def describe_kernels(hlo_text: str, names: Sequence[str]) -> dict[str, str]:
+  """What each kernel of `names` computes, from the optimised module's text
+  (`compiled.as_text()`) of the traced program: its instruction's result and operand
+  shapes, the opcodes of the computation it calls (a fusion's), and the JAX op it came from.
+  A kernel's name alone ("input_reduce_fusion_180") does not say which product or
+  reduction it is. Names without an instruction (a CPU's thunks, libraries' kernels) are
+  left out."""
+  shapes: dict[str, str] = {}
+  found: dict[str, re.Match] = {}
+  opcodes: dict[str, list[str]] = {}
+  computation = ""
+  for line in hlo_text.splitlines():
+    head = _COMPUTATION.match(line)
+    if head and " = " not in line.split("{", 1)[0]:
+      computation = head["name"]
+      continue
+    m = _INSTRUCTION.match(line)
+    if not m:
+      continue
+    shapes[m["name"]] = _LAYOUT.sub("", m["shape"])
+    opcodes.setdefault(computation, []).append(m["op"])
+    found.setdefault(kernel_name(m["name"]), m)
+  out = {}
+  for name in names:
+    m = found.get(kernel_name(name))
+    if m is None:
+      continue
+    operands = [shapes.get(a.strip().lstrip("%"), "?") for a in m["args"].split(",") if a.strip()]
+    called = re.search(r"calls=%(\S+?)[,\s]", m["rest"] + " ")
+    inner = [op for op in opcodes.get(called[1], []) if op not in _PLUMBING] if called else []
+    source = re.search(r'op_name="([^"]*)"', m["rest"])
+    text = f"{m['op']} {shapes[m['name']]} <- {', '.join(operands)}"
+    if inner:
+      text += f" [{' '.join(dict.fromkeys(inner))}]"
+    if source:
+      text += f" ({source[1]})"
+    out[name] = text[:300]
+  return out

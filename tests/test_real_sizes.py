@@ -20,6 +20,7 @@ TINY = [
   "--update_width=16",
   "--reps=2",
   "--steps=2",
+  "--policies=configs/sd_bench.py:tiny",
 ]
 
 
@@ -58,6 +59,8 @@ def test_every_stage_runs_on_tiny_shapes_and_a_second_sitting_resumes(tmp_path):
     "decode_b1",
     "bandwidth",
     "overhead",
+    "policy_overhead",
+    "decode_b1_profile",
     "verify_b1",
     "decode_grid",
     "rounds",
@@ -73,6 +76,22 @@ def test_every_stage_runs_on_tiny_shapes_and_a_second_sitting_resumes(tmp_path):
   assert "xla_no_such_flag" in refused["error"]
   row = "| batch-1 decode, XLA_FLAGS += `--xla_gpu_enable_command_buffer=` | "
   assert row in printed and "; 5-token forward " in printed.split(row)[1].splitlines()[0]
+  # This project's own policy (a config file, its dtypes) under the same settings, each
+  # setting's loop traced and summarised; a CPU trace has no device line, so no busy ratio.
+  policy = second["policy_overhead"]["configs/sd_bench.py:tiny"]
+  took, refused = (policy[x] for x in settings)
+  assert took["ms_in_loop"] > 0 and took["context"] == 192 and took["weight_bytes"] > 0
+  assert took["trace"]["kernels_per_step"] > 0 and "over_busy" not in took
+  # The costliest kernels described from the compiled module, where a trace's names are
+  # its instructions' (tests/test_traces.py; on a CPU most are the runtime's).
+  assert isinstance(took["trace"]["top_hlo"], dict)
+  assert "xla_no_such_flag" in refused["error"]
+  row = "| configs/sd_bench.py:tiny batch-1 decode, XLA_FLAGS += `--xla_gpu_enable_command_buff"
+  assert row in printed
+  # The batch-1 decode loop profiled, its costliest kernels described.
+  profile = second["decode_b1_profile"]
+  assert profile["shape"] == "tiny" and profile["kernels_per_step"] > 0
+  assert isinstance(profile["top_hlo"], dict) and profile["compile_s"] > 0
   # The verify forwards, each traced and its trace summarised (no folder comes back).
   assert set(second["verify_b1"]) == {"tiny/16/1/1", "tiny/16/1/5"}
   for cell in second["verify_b1"].values():
@@ -128,3 +147,31 @@ def test_the_device_sittings_script_rehearses_these_shapes():
   tiny = text.split('if [ "$VARIANT" = tiny ]; then', 1)[1].split("args=(", 1)[1]
   assert set(tiny.split(")", 1)[0].split()) == {*TINY, "--overhead_tokens=5"}
   assert os.access(path, os.X_OK)
+
+
+def test_a_device_traced_policy_cell_says_how_far_its_step_is_over_its_kernels():
+  """On a device the policy cells carry the loop's step over its kernels' busy time (what
+  launches and the loop add); the summary says it beside the kernel count. (In a process
+  of its own: the script's absl flags would clash with other experiments' in this one.)"""
+  cell = {
+    "ms_in_loop": 0.9,
+    "ms_in_loop_until_done": 1.0,
+    "ms_per_call": 1.8,
+    "trace": {"busy_ms_per_step": 0.3, "kernels_per_step": 180.0},
+    "over_busy": 3.0,
+  }
+  code = (
+    "import json, sys\n"
+    "from experiments.real_sizes import summary\n"
+    "print(summary({'policy_overhead': {'configs/sd_bench.py': {'': json.loads(sys.argv[1])}}}))"
+  )
+  done = subprocess.run(
+    [sys.executable, "-c", code, json.dumps(cell)], cwd=ROOT, capture_output=True, text=True
+  )
+  assert done.returncode == 0, done.stderr[-2000:]
+  row = (
+    "| configs/sd_bench.py batch-1 decode, XLA_FLAGS += `(nothing)` | 0.90 ms in a device "
+    "loop; 1.00 ms in the engine's kind of loop; 1.80 ms a call; kernels busy 0.300 ms a step "
+    "(180 of them), the loop's step 3.00x that |"
+  )
+  assert row in done.stdout.splitlines()

@@ -1,6 +1,7 @@
 """The real-sizes script's device facts: spec sheets by device kind (GPU and TPU names as
 their runtimes report them) and the profiler-trace summary on GPU-, TPU- and CPU-shaped
-traces (kernels counted once, span lines left out of the kinds)."""
+traces (kernels counted once, span lines left out of the kinds), and the costliest kernels
+described from the compiled module's text."""
 
 import os
 import sys
@@ -12,7 +13,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from experiments.host import spec_sheet  # noqa: E402
-from experiments.traces import summarise_events  # noqa: E402
+from experiments.traces import describe_kernels, kernel_name, summarise_events  # noqa: E402
 
 
 @pytest.mark.parametrize(
@@ -103,3 +104,58 @@ def test_a_cpu_trace_counts_every_event_but_pythons_frames():
   got = summarise_events(events, steps=1)
   assert got["device_processes"] == [] and got["kernels_per_step"] == 2
   assert got["by_kind_ms_per_step"] == {"other": 4.0, "reductions": 1.0}
+
+
+# An optimised module's text in XLA's print format, cut to what matters: a kernel named
+# after a fusion, whose computation reads a bfloat16 matrix and reduces it.
+_HLO = "\n".join(
+  [
+    "HloModule jit_run, is_scheduled=true",
+    "",
+    "%fused_reduce.3 (param_0: f32[1,4096], param_1: bf16[4096,151936]) -> f32[1,151936] {",
+    "  %param_0 = f32[1,4096]{1,0} parameter(0)",
+    "  %param_1 = bf16[4096,151936]{1,0} parameter(1)",
+    "  %convert.2 = f32[4096,151936]{1,0} convert(%param_1)",
+    "  %broadcast.1 = f32[4096,151936]{1,0} broadcast(%param_0), dimensions={0}",
+    "  %multiply.4 = f32[4096,151936]{1,0} multiply(%broadcast.1, %convert.2)",
+    "  %constant.7 = f32[] constant(0)",
+    "  ROOT %reduce.5 = f32[1,151936]{1,0} reduce(%multiply.4, %constant.7), dimensions={0}, "
+    "to_apply=%add",
+    "}",
+    "",
+    "ENTRY %main.9 (h.1: f32[1,4096], w.2: bf16[4096,151936]) -> f32[1,151936] {",
+    '  %h.1 = f32[1,4096]{1,0} parameter(0), metadata={op_name="h"}',
+    '  %w.2 = bf16[4096,151936]{1,0} parameter(1), metadata={op_name="w"}',
+    "  ROOT %input_reduce_fusion.180 = f32[1,151936]{1,0} fusion(%h.1, %w.2), kind=kInput, "
+    'calls=%fused_reduce.3, metadata={op_name="jit(run)/while/body/dot_general" '
+    "stack_frame_id=4}",
+    "}",
+  ]
+)
+
+
+def test_a_kernel_is_described_by_its_instruction_in_the_compiled_module():
+  """A GPU kernel carries its fusion's name with '.' written '_': the description gives its
+  shapes, what the fused computation does (not the plumbing) and the JAX op it came from;
+  names with no instruction (a library's kernel) are left out."""
+  described = describe_kernels(_HLO, ["input_reduce_fusion_180", "sm90_xmma_gemm_bf16"])
+  assert described == {
+    "input_reduce_fusion_180": "fusion f32[1,151936] <- f32[1,4096], bf16[4096,151936] "
+    "[convert broadcast multiply reduce] (jit(run)/while/body/dot_general)"
+  }
+
+
+def test_the_compiled_text_of_this_jax_is_parsed():
+  """XLA's printed module as this jax writes it: a loop's instruction is found by its
+  kernel-style name and described with its fused product inside."""
+  import jax
+  import jax.numpy as jnp
+
+  def run(x, w):
+    return jax.lax.fori_loop(0, 3, lambda i, x: jnp.tanh(x @ w), x)
+
+  text = jax.jit(run).lower(jnp.ones((2, 8)), jnp.ones((8, 8))).compile().as_text()
+  loops = [line.split(" = ")[0].split("%")[-1] for line in text.splitlines() if " while(" in line]
+  assert loops, text[-2000:]
+  described = describe_kernels(text, [kernel_name(loops[0])])
+  assert described[kernel_name(loops[0])].startswith("while (s32[], f32[2,8]")
