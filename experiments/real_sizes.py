@@ -30,9 +30,11 @@ Stages, in priority order (`--stages`; finished ones are skipped):
                device busy): a step's time over that busy time is what launches and the loop
                add, the part of the 50M policy's 1.3-1.9 ms step on the H200 (2026-11-26, one
                forward a call) that is neither weights nor arithmetic
-  decode_b1_profile  the first shape's batch-1 decode loop traced: its kernels by kind and
-               its costliest kernels described from the compiled module (result and operand
-               shapes, the fused ops, the JAX op): what holds the step above its bound
+  decode_b1_profile  the first shape's batch-1 decode loop under each `--profile_forms`
+               attention form (the engine's "auto" takes batched products there), timed and
+               traced: its kernels by kind and its costliest kernels described from the
+               compiled module (result and operand shapes, the fused ops, the JAX op): what
+               holds the step above its bound
   verify_b1    batch-1 forwards of each `--tokens` count (1: a decode step; 5 / 9: verifying
                a chain of 4 / 8) of the first shape, timed and traced in one process under one
                set of XLA flags, each trace summarised here by kernel kind (products,
@@ -86,6 +88,7 @@ from experiments.host import matmul_flops, spec_sheet  # noqa: E402
 from experiments.traces import describe_kernels, trace_summary  # noqa: E402
 from tlt_jax import configuration  # noqa: E402
 from tlt_jax.data import get_tokenizer  # noqa: E402
+from tlt_jax.models.attention import attention_form  # noqa: E402
 from tlt_jax.models.config import ModelConfig  # noqa: E402
 from tlt_jax.models.transformer import KVCache  # noqa: E402
 from tlt_jax.parallel.memory import measured_bytes, plan_memory  # noqa: E402
@@ -143,6 +146,11 @@ _POLICIES = flags.DEFINE_list(
   "policies",
   ["configs/sd_bench.py"],
   "policy_overhead stage: config files (':variant' as on a command line) of the policies",
+)
+_PROFILE_FORMS = flags.DEFINE_list(
+  "profile_forms",
+  ["auto", "reduce"],
+  "decode_b1_profile stage: attention forms (models.attention.ATTENTION_FORMS) profiled",
 )
 _POLICY_CONTEXT = flags.DEFINE_integer("policy_context", 192, "policy_overhead stage's context")
 _CHILD = flags.DEFINE_bool("child", False, "internal: print batch-1 decode costs as JSON")
@@ -385,15 +393,25 @@ class Stages:
     return True
 
   def decode_b1_profile(self, start) -> bool:
-    """The first shape's batch-1 decode loop traced, its kernels by kind and the costliest
-    described (`traced_ms`): which products and reductions hold the step above its bound."""
+    """The first shape's batch-1 decode loop under each `--profile_forms` attention form,
+    timed, traced, its kernels by kind and the costliest described (`traced_ms`): which
+    products and reductions hold the step above its bound."""
     name, context = _SHAPES.value[0], int(_CONTEXTS.value[0])
     cfg, graphdef, params = self.model(name)
-    fwd = Forward(graphdef, cfg, 1, 1, context, _STEPS.value)
-    compile_s = fwd.compile(params)
-    profile = {"shape": name, "context": context, "compile_s": compile_s}
-    self.results["decode_b1_profile"] = {**profile, **traced_ms(fwd, params)}
-    print(json.dumps(self.results["decode_b1_profile"], indent=1), flush=True)
+    cells = self.results.setdefault("decode_b1_profile", {})
+    for form in _PROFILE_FORMS.value:
+      if form in cells:
+        continue
+      if self._late(start):
+        return False
+      with attention_form(form):  # read when the loop is traced, in `compile`
+        fwd = Forward(graphdef, cfg, 1, 1, context, _STEPS.value)
+        compile_s = fwd.compile(params)
+      cell = {"shape": name, "context": context, "compile_s": compile_s}
+      cell["ms"] = fwd.ms(params, _REPS.value)
+      cells[form] = {**cell, **traced_ms(fwd, params)}
+      print(f"{form}: {json.dumps(cells[form])}", flush=True)
+      self.save()
     return True
 
   def bandwidth(self, start) -> bool:
@@ -639,6 +657,12 @@ def summary(results: dict) -> str:
       lines.append(
         f"| {policy} batch-1 decode, XLA_FLAGS += `{setting or '(nothing)'}` | {_decode(cell)} |"
       )
+  for form, cell in results.get("decode_b1_profile", {}).items():
+    kinds = ", ".join(f"{k} {ms:.3f}" for k, ms in cell.get("by_kind_ms_per_step", {}).items())
+    lines.append(
+      f"| {cell['shape']} batch-1 decode, attention form {form} | {cell['ms']:.2f} ms a step; "
+      f"kernels ms a step: {kinds or cell.get('error', '-')} |"
+    )
   bw = results.get("bandwidth")
   if bw:
     spec = f" (spec sheet {bw['spec'][0]} TB/s)" if bw.get("spec") else ""

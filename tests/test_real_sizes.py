@@ -88,10 +88,13 @@ def test_every_stage_runs_on_tiny_shapes_and_a_second_sitting_resumes(tmp_path):
   assert "xla_no_such_flag" in refused["error"]
   row = "| configs/sd_bench.py:tiny batch-1 decode, XLA_FLAGS += `--xla_gpu_enable_command_buff"
   assert row in printed
-  # The batch-1 decode loop profiled, its costliest kernels described.
-  profile = second["decode_b1_profile"]
-  assert profile["shape"] == "tiny" and profile["kernels_per_step"] > 0
-  assert isinstance(profile["top_hlo"], dict) and profile["compile_s"] > 0
+  # The batch-1 decode loop profiled under two attention forms, its costliest kernels
+  # described.
+  assert list(second["decode_b1_profile"]) == ["auto", "reduce"]
+  for form, profile in second["decode_b1_profile"].items():
+    assert profile["shape"] == "tiny" and profile["kernels_per_step"] > 0 and profile["ms"] > 0
+    assert isinstance(profile["top_hlo"], dict) and profile["compile_s"] > 0
+    assert f"| tiny batch-1 decode, attention form {form} | " in printed
   # The verify forwards, each traced and its trace summarised (no folder comes back).
   assert set(second["verify_b1"]) == {"tiny/16/1/1", "tiny/16/1/5"}
   for cell in second["verify_b1"].values():
