@@ -139,10 +139,10 @@ def test_every_stage_runs_on_tiny_shapes_and_a_second_sitting_resumes(tmp_path):
 
 
 def test_the_device_sittings_script_rehearses_these_shapes():
-  """experiments/device_sitting.sh (the curve, then real sizes, in one device call) is valid
-  bash and rehearses real sizes on a CPU with this file's tiny flags. Its whole rehearsal
-  (`bash experiments/device_sitting.sh /tmp/sitting tiny`, ~4 minutes) is in
-  experiments/RESULTS.md, not here."""
+  """experiments/device_sitting.sh (real sizes, the copy's benchmark and the curve, in one
+  device call) is valid bash and rehearses real sizes on a CPU with this file's tiny flags.
+  Its whole rehearsal (`bash experiments/device_sitting.sh /tmp/sitting tiny`, ~3 minutes)
+  is in experiments/RESULTS.md, not here."""
   path = os.path.join(ROOT, "experiments", "device_sitting.sh")
   assert subprocess.run(["bash", "-n", path]).returncode == 0
   with open(path) as f:
