@@ -31,7 +31,8 @@ Stages, in priority order (`--stages`; finished ones are skipped):
                add, the part of the 50M policy's 1.3-1.9 ms step on the H200 (2026-11-26, one
                forward a call) that is neither weights nor arithmetic
   decode_b1_profile  the first shape's batch-1 decode loop under each `--profile_forms`
-               attention form (the engine's "auto" takes batched products there), timed and
+               attention form (the engine's "auto" takes batched products there), and with
+               the head's product in the weights' dtype (`weights_dtype_logits`), timed and
                traced: its kernels by kind and its costliest kernels described from the
                compiled module (result and operand shapes, the fused ops, the JAX op): what
                holds the step above its bound
@@ -152,6 +153,11 @@ _PROFILE_FORMS = flags.DEFINE_list(
   ["auto", "reduce"],
   "decode_b1_profile stage: attention forms (models.attention.ATTENTION_FORMS) profiled",
 )
+_PROFILE_WEIGHTS_HEAD = flags.DEFINE_bool(
+  "profile_weights_head",
+  True,
+  "decode_b1_profile stage: also the auto form with the head's product in its weights' dtype",
+)
 _POLICY_CONTEXT = flags.DEFINE_integer("policy_context", 192, "policy_overhead stage's context")
 _CHILD = flags.DEFINE_bool("child", False, "internal: print batch-1 decode costs as JSON")
 _CHILD_TRACE = flags.DEFINE_bool("child_trace", False, "internal: the child traces its loop")
@@ -174,6 +180,16 @@ def device_memory() -> float:
   return _MEMORY_GIB.value * 2**30 if _MEMORY_GIB.value else 8 * 2**30
 
 
+def weights_dtype_logits(model, h):
+  """The head's product in its weights' dtype, accumulated in float32 (the model's own
+  `logits` casts both sides to float32 first; for bfloat16 hidden states and weights the
+  products are the same, the sums' order may not be): whether a batch-1 decode's head then
+  runs as a matrix product where the float32 one does not."""
+  cfg = model.config
+  w = model.embed.embedding[...].T if cfg.tie_embeddings else model.lm_head.kernel[...]
+  return jnp.einsum("...d,dv->...v", h.astype(w.dtype), w, preferred_element_type=jnp.float32)
+
+
 class Forward:
   """`n` cached forwards of `tokens` new tokens per row in one device loop (each feeding
   its argmax to the next, so none is loop-invariant), at a cache view covering `context`
@@ -182,11 +198,23 @@ class Forward:
   `until_done`: the loop the engine runs (`rollout.programs`), whose condition reads a
   device value (there: whether every row has finished), so XLA cannot count its trips; on
   a GPU such a loop copies its condition to the host and waits for the device at every
-  trip (XLA's WhileThunk), where a counted loop's trips are queued without waiting."""
+  trip (XLA's WhileThunk), where a counted loop's trips are queued without waiting.
+  `weights_head`: the head's product as `weights_dtype_logits` computes it."""
 
-  def __init__(self, graphdef, cfg, batch, tokens, context, n, until_done: bool = False):
+  def __init__(
+    self,
+    graphdef,
+    cfg,
+    batch,
+    tokens,
+    context,
+    n,
+    until_done: bool = False,
+    weights_head: bool = False,
+  ):
     self.view = 1 << math.ceil(math.log2(context + n * tokens))
     self.batch, self.tokens, self.context, self.n = batch, tokens, context, n
+    head = weights_dtype_logits if weights_head else lambda model, h: model.logits(h)
 
     def run(params, cache, toks):
       model = nnx.merge(graphdef, params)
@@ -198,7 +226,7 @@ class Forward:
         h, cache, _ = model(
           toks, pos, cache=cache, cache_len=jnp.full((batch,), start), view_len=self.view
         )
-        nxt = jnp.argmax(model.logits(h), axis=-1).astype(jnp.int32)
+        nxt = jnp.argmax(head(model, h), axis=-1).astype(jnp.int32)
         return cache, nxt
 
       if not until_done:
@@ -399,18 +427,22 @@ class Stages:
     name, context = _SHAPES.value[0], int(_CONTEXTS.value[0])
     cfg, graphdef, params = self.model(name)
     cells = self.results.setdefault("decode_b1_profile", {})
-    for form in _PROFILE_FORMS.value:
-      if form in cells:
+    variants = [(form, False) for form in _PROFILE_FORMS.value]
+    if _PROFILE_WEIGHTS_HEAD.value:
+      variants.append(("auto", True))
+    for form, weights_head in variants:
+      key = f"{form}, head in the weights' dtype" if weights_head else form
+      if key in cells:
         continue
       if self._late(start):
         return False
       with attention_form(form):  # read when the loop is traced, in `compile`
-        fwd = Forward(graphdef, cfg, 1, 1, context, _STEPS.value)
+        fwd = Forward(graphdef, cfg, 1, 1, context, _STEPS.value, weights_head=weights_head)
         compile_s = fwd.compile(params)
       cell = {"shape": name, "context": context, "compile_s": compile_s}
       cell["ms"] = fwd.ms(params, _REPS.value)
-      cells[form] = {**cell, **traced_ms(fwd, params)}
-      print(f"{form}: {json.dumps(cells[form])}", flush=True)
+      cells[key] = {**cell, **traced_ms(fwd, params)}
+      print(f"{key}: {json.dumps(cells[key])}", flush=True)
       self.save()
     return True
 
@@ -657,10 +689,10 @@ def summary(results: dict) -> str:
       lines.append(
         f"| {policy} batch-1 decode, XLA_FLAGS += `{setting or '(nothing)'}` | {_decode(cell)} |"
       )
-  for form, cell in results.get("decode_b1_profile", {}).items():
+  for variant, cell in results.get("decode_b1_profile", {}).items():
     kinds = ", ".join(f"{k} {ms:.3f}" for k, ms in cell.get("by_kind_ms_per_step", {}).items())
     lines.append(
-      f"| {cell['shape']} batch-1 decode, attention form {form} | {cell['ms']:.2f} ms a step; "
+      f"| {cell['shape']} batch-1 decode, attention form {variant} | {cell['ms']:.2f} ms a step; "
       f"kernels ms a step: {kinds or cell.get('error', '-')} |"
     )
   bw = results.get("bandwidth")

@@ -90,11 +90,12 @@ def test_every_stage_runs_on_tiny_shapes_and_a_second_sitting_resumes(tmp_path):
   assert row in printed
   # The batch-1 decode loop profiled under two attention forms, its costliest kernels
   # described.
-  assert list(second["decode_b1_profile"]) == ["auto", "reduce"]
-  for form, profile in second["decode_b1_profile"].items():
+  variants = ["auto", "reduce", "auto, head in the weights' dtype"]
+  assert list(second["decode_b1_profile"]) == variants
+  for variant, profile in second["decode_b1_profile"].items():
     assert profile["shape"] == "tiny" and profile["kernels_per_step"] > 0 and profile["ms"] > 0
     assert isinstance(profile["top_hlo"], dict) and profile["compile_s"] > 0
-    assert f"| tiny batch-1 decode, attention form {form} | " in printed
+    assert f"| tiny batch-1 decode, attention form {variant} | " in printed
   # The verify forwards, each traced and its trace summarised (no folder comes back).
   assert set(second["verify_b1"]) == {"tiny/16/1/1", "tiny/16/1/5"}
   for cell in second["verify_b1"].values():
@@ -178,3 +179,29 @@ def test_a_device_traced_policy_cell_says_how_far_its_step_is_over_its_kernels()
     "(180 of them), the loop's step 3.00x that |"
   )
   assert row in done.stdout.splitlines()
+
+
+def test_the_head_in_its_weights_dtype_gives_the_models_logits_up_to_the_sums_order():
+  """The decode profile's variant head (`weights_dtype_logits`): for bfloat16 hidden states
+  and weights the products are the float32 head's, only summed in another order; tied and
+  separate heads. (A process of its own: the script's absl flags.)"""
+  code = """
+import dataclasses, jax, jax.numpy as jnp
+from experiments.common import published_shape, random_params
+from experiments.real_sizes import weights_dtype_logits
+from flax import nnx
+for tie in (True, False):
+  cfg = dataclasses.replace(published_shape("tiny"), tie_embeddings=tie)
+  graphdef, params = random_params(cfg)
+  model = nnx.merge(graphdef, params)
+  h = jax.random.normal(jax.random.key(3), (2, 3, cfg.d_model)).astype(jnp.bfloat16)
+  ours, theirs = weights_dtype_logits(model, h), model.logits(h)
+  assert ours.dtype == theirs.dtype == jnp.float32 and ours.shape == theirs.shape
+  print(tie, float(jnp.max(jnp.abs(ours - theirs))), float(jnp.max(jnp.abs(theirs))))
+"""
+  done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+  assert done.returncode == 0, done.stderr[-2000:]
+  rows = [line.split() for line in done.stdout.strip().splitlines()]
+  assert [r[0] for r in rows] == ["True", "False"]
+  for _, diff, scale in rows:
+    assert float(diff) <= 1e-5 * float(scale)
