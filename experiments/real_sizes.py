@@ -55,6 +55,10 @@ Stages, in priority order (`--stages`; finished ones are skipped):
                rate; peak memory beside parallel.memory's plan; compile seconds
   update_unrolled  the same update with its layers unrolled: what the scan saves in
                compile seconds on the device, and what it costs a step
+  update_compile  both update programs compiled from their shapes alone (nothing
+               allocated): XLA's bytes beside the plan, and compile seconds, on any host;
+               the CPU's rehearsal of the 1.5B update, whose float32 masters and Adam state
+               do not fit a 24 GiB host
 
 The decode grid is the simulator's measured cost table (`sim.TableCost.from_decode_grid`):
   python experiments/simulate.py --surface=runs/real_sizes/real_sizes.json:qwen3-8b
@@ -91,7 +95,7 @@ from tlt_jax import configuration  # noqa: E402
 from tlt_jax.data import get_tokenizer  # noqa: E402
 from tlt_jax.models.attention import attention_form  # noqa: E402
 from tlt_jax.models.config import ModelConfig  # noqa: E402
-from tlt_jax.models.transformer import KVCache  # noqa: E402
+from tlt_jax.models.transformer import KVCache, Transformer  # noqa: E402
 from tlt_jax.parallel.memory import measured_bytes, plan_memory  # noqa: E402
 
 _OUT = flags.DEFINE_string("out", "runs/real_sizes", "output folder (results resume from it)")
@@ -108,6 +112,7 @@ _STAGES = flags.DEFINE_list(
     "rounds",
     "update",
     "update_unrolled",
+    "update_compile",
   ],
   "stages, in order",
 )
@@ -588,27 +593,18 @@ class Stages:
     return self._update("update_unrolled", False)
 
   def _update(self, key: str, scan: bool) -> bool:
-    from tlt_jax.rl import PolicyLossConfig, UpdateConfig, make_optimizer, make_policy_update
-
-    name = _UPDATE_SHAPE.value or _SHAPES.value[-1]
-    # Float32 master weights, as the update keeps them.
-    cfg = dataclasses.replace(published_shape(name), param_dtype="float32")
     self.models.clear()
-    graphdef, params = random_params(cfg)
-    rows, width, micro = _UPDATE_ROWS.value, _UPDATE_WIDTH.value, 2
-    ucfg = UpdateConfig(micro_batch=micro, remat=True, scan_layers=scan)
-    opt = make_optimizer(ucfg)
-    update = make_policy_update(
-      graphdef, opt, PolicyLossConfig(), micro, remat=True, on_policy=True, scan_layers=scan
-    )
+    program = UpdateProgram(scan)
+    params = random_params(program.cfg)[1]
+    rows, width = _UPDATE_ROWS.value, _UPDATE_WIDTH.value
     batch = {
-      "tokens": jax.random.randint(jax.random.key(0), (rows, width), 0, cfg.vocab_size),
+      "tokens": jax.random.randint(jax.random.key(0), (rows, width), 0, program.cfg.vocab_size),
       "mask": jnp.ones((rows, width), jnp.float32),
       "advantages": jnp.linspace(-1.0, 1.0, rows),
     }
-    state = opt.init(params)
+    state = program.opt.init(params)
     t = time.perf_counter()
-    compiled = update.lower(params, state, batch, None).compile()
+    compiled = program.update.lower(params, state, batch, None).compile()
     compile_s = time.perf_counter() - t
     params, state, _ = jax.block_until_ready(compiled(params, state, batch, None))
     times = []
@@ -620,29 +616,95 @@ class Stages:
     spec = spec_sheet()
     peak = spec[1] * 1e12 if spec else matmul_flops()
     stats = jax.devices()[0].memory_stats() or {}
-    plan = plan_memory(
-      cfg,
-      devices=1,
-      micro_batch_rows=micro,
-      row_len=width,
-      rollout_rows=0,
-      slots=width,
-      remat=True,
-    )
     self.results[key] = {
-      "shape": name,
-      "rows": rows,
-      "width": width,
+      **program.facts(),
       "seconds": seconds,
-      "mfu": 6 * cfg.num_params * rows * width / seconds / peak,
+      "mfu": 6 * program.cfg.num_params * rows * width / seconds / peak,
       "peak_flops": peak,
       "peak_bytes": stats.get("peak_bytes_in_use", measured_bytes(compiled)),
-      "planned_bytes": plan.update_peak,
       "compile_s": compile_s,
-      "scan_layers": scan,
     }
     print(json.dumps(self.results[key], indent=1), flush=True)
     return True
+
+  def update_compile(self, start) -> bool:
+    """The update stages' programs (scanned layers, then unrolled) compiled from their
+    shapes alone, nothing allocated: XLA's bytes for each beside the plan, and compile
+    seconds, on any host (a CPU's rehearsal of the 1.5B update, whose float32 masters and
+    Adam state do not fit its memory)."""
+    cells = self.results.setdefault("update_compile", {})
+    for label, scan in (("scanned", True), ("unrolled", False)):
+      if label in cells:
+        continue
+      if self._late(start):
+        return False
+      program = UpdateProgram(scan)
+      rows, width = _UPDATE_ROWS.value, _UPDATE_WIDTH.value
+      batch = {
+        "tokens": jax.ShapeDtypeStruct((rows, width), jnp.int32),
+        "mask": jax.ShapeDtypeStruct((rows, width), jnp.float32),
+        "advantages": jax.ShapeDtypeStruct((rows,), jnp.float32),
+      }
+      state = jax.eval_shape(program.opt.init, program.abstract)
+      t = time.perf_counter()
+      compiled = program.update.lower(program.abstract, state, batch, None).compile()
+      compile_s = time.perf_counter() - t
+      cells[label] = {
+        **program.facts(),
+        "platform": jax.devices()[0].platform,
+        "compiled_bytes": measured_bytes(compiled),
+        "compile_s": compile_s,
+      }
+      print(f"update_compile {label}: {json.dumps(cells[label])}", flush=True)
+      self.save()
+    return True
+
+
+class UpdateProgram:
+  """The update stages' program: the `--update_shape` (default: the last shape) with
+  float32 master weights (as the update keeps them) and the shape's bfloat16 products,
+  AdamW, micro-batches of 2 rows, rematerialised layers, one optimiser step on policy;
+  `abstract`: its parameters' shapes (nothing allocated)."""
+
+  MICRO = 2
+
+  def __init__(self, scan: bool):
+    from tlt_jax.rl import PolicyLossConfig, UpdateConfig, make_optimizer, make_policy_update
+
+    self.name, self.scan = _UPDATE_SHAPE.value or _SHAPES.value[-1], scan
+    self.cfg = dataclasses.replace(published_shape(self.name), param_dtype="float32")
+    model = nnx.eval_shape(lambda: Transformer(self.cfg, rngs=nnx.Rngs(0)))
+    graphdef, self.abstract = nnx.split(model)
+    ucfg = UpdateConfig(micro_batch=self.MICRO, remat=True, scan_layers=scan)
+    self.opt = make_optimizer(ucfg)
+    self.update = make_policy_update(
+      graphdef,
+      self.opt,
+      PolicyLossConfig(),
+      self.MICRO,
+      remat=True,
+      on_policy=True,
+      scan_layers=scan,
+    )
+
+  def facts(self) -> dict:
+    """The program's description and the memory plan's update bytes for it."""
+    plan = plan_memory(
+      self.cfg,
+      devices=1,
+      micro_batch_rows=self.MICRO,
+      row_len=_UPDATE_WIDTH.value,
+      rollout_rows=0,
+      slots=_UPDATE_WIDTH.value,
+      remat=True,
+    )
+    return {
+      "shape": self.name,
+      "rows": _UPDATE_ROWS.value,
+      "width": _UPDATE_WIDTH.value,
+      "scan_layers": self.scan,
+      "planned_bytes": plan.update_peak,
+    }
 
 
 def _until_done(cell: dict) -> str:
@@ -711,6 +773,12 @@ def summary(results: dict) -> str:
         f"{up['mfu']:.2f}, peak {up['peak_bytes'] / 2**30:.1f} GiB (planned "
         f"{up['planned_bytes'] / 2**30:.1f}), compile {up['compile_s']:.0f} s |"
       )
+  for label, cell in results.get("update_compile", {}).items():
+    lines.append(
+      f"| {cell['shape']} update compiled from shapes on {cell['platform']}, {cell['rows']} x "
+      f"{cell['width']} tokens, layers {label} | XLA {cell['compiled_bytes'] / 2**30:.1f} GiB, "
+      f"planned {cell['planned_bytes'] / 2**30:.1f}; compile {cell['compile_s']:.0f} s |"
+    )
   return "\n".join(lines)
 
 
