@@ -170,14 +170,16 @@ def compiled_update_bytes(
   model: ModelConfig, rows: int, width: int, vocab_chunk: int = 0, remat: bool = False
 ) -> int:
   """XLA's bytes for one compiled policy update (AdamW) of `rows` x `width` tokens on one
-  device, for checking `plan_memory` against the compiler (compiles; does not run)."""
+  device, for checking `plan_memory` against the compiler (compiles from shapes; allocates
+  nothing)."""
+  import jax
   import jax.numpy as jnp
   from flax import nnx
 
   from tlt_jax.models.transformer import init_model
   from tlt_jax.rl import PolicyLossConfig, UpdateConfig, make_optimizer, make_policy_update
 
-  graphdef, params = nnx.split(init_model(model))
+  graphdef, params = nnx.split(nnx.eval_shape(lambda: init_model(model)))
   ucfg = UpdateConfig(micro_batch=rows)
   opt = make_optimizer(ucfg)
   loss_cfg = PolicyLossConfig(vocab_chunk=vocab_chunk)
@@ -188,7 +190,8 @@ def compiled_update_bytes(
     "old_logp": jnp.zeros((rows, width), jnp.float32),
     "advantages": jnp.zeros((rows,), jnp.float32),
   }
-  return measured_bytes(update.lower(params, opt.init(params), batch, None).compile())
+  state = jax.eval_shape(opt.init, params)
+  return measured_bytes(update.lower(params, state, batch, None).compile())
 
 
 def measured_bytes(compiled) -> int:
