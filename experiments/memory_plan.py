@@ -28,6 +28,9 @@ from tlt_jax.parallel.memory import (  # noqa: E402
 _DEVICES = flags.DEFINE_integer("devices", 8, "devices of the node")
 _CAPACITY = flags.DEFINE_float("capacity_gib", 80.0, "memory per device")
 _CHECK = flags.DEFINE_bool("check_cpu", False, "compare the plan with compiled programs here")
+_MICRO_BATCHES = flags.DEFINE_integer(
+  "micro_batches", 4, "micro-batches an optimiser step sums its gradient over"
+)
 
 
 def check_cpu() -> None:
@@ -108,12 +111,14 @@ def main(argv):
         vocab_chunk=8192,
         rollout_tensor=tensor if size == "32B" else 1,
         remat=remat,
+        micro_batches=_MICRO_BATCHES.value,
       )
       print(
         f"\nQwen2.5-{size} ({model.num_params / 1e9:.2f}B parameters), {n} devices, "
         f"FSDP x tensor {n // tensor} x {tensor}; update micro-batch {rows} rows x {width} "
-        f"tokens per data shard{', remat' if remat else ''}, loss over 8192-entry "
-        "vocabulary chunks; rollout 128 rows x 4096 slots"
+        f"tokens per data shard, {_MICRO_BATCHES.value} micro-batches a step"
+        f"{', remat' if remat else ''}, loss over 8192-entry vocabulary chunks; rollout 128 rows "
+        "x 4096 slots"
       )
       print(format_plan(plan, _CAPACITY.value))
 

@@ -697,6 +697,7 @@ class UpdateProgram:
       rollout_rows=0,
       slots=_UPDATE_WIDTH.value,
       remat=True,
+      micro_batches=_UPDATE_ROWS.value // self.MICRO,
     )
     return {
       "shape": self.name,

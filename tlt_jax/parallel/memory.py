@@ -5,7 +5,11 @@ The estimate is arithmetic on the shapes (`plan_memory`); `experiments/memory_pl
 prints it for real model sizes and compares it with what XLA reports for compiled
 programs on this machine. Conventions:
 - the policy update holds the master parameters, their gradients and Adam's two moments
-  (all in `param_dtype`), split over every device with FSDP, over "tensor" otherwise;
+  (all in `param_dtype`), split over every device with FSDP, over "tensor" otherwise; a
+  step that sums its gradient over several micro-batches of a narrower compute dtype holds
+  up to one more gradient's bytes (XLA's compiled updates: 0.2-0.8 of one more at four
+  micro-batches than at one, none in float32 throughout; experiments/RESULTS.md,
+  2026-12-05), counted whole;
 - the forward reads a compute-dtype copy, split like the masters, plus one layer gathered;
 - saved activations per layer and token: the residual stream and norm outputs (4 x d), the
   attention projections (q, o: 2 x heads x head_dim; k, v: 2 x kv_heads x head_dim), the
@@ -35,6 +39,7 @@ class MemoryPlan:
 
   params: int
   grads: int
+  grad_sum: int
   optimizer: int
   compute_params: int
   activations: int
@@ -48,7 +53,8 @@ class MemoryPlan:
 
   @property
   def update_peak(self) -> int:
-    return self.resident + self.grads + self.compute_params + self.activations + self.logits
+    transient = self.grads + self.grad_sum + self.compute_params + self.activations
+    return self.resident + transient + self.logits
 
   @property
   def rollout_peak(self) -> int:
@@ -88,6 +94,7 @@ def plan_memory(
   vocab_chunk: int = 0,
   rollout_tensor: int = 1,
   remat: bool = False,
+  micro_batches: int = 1,
 ) -> MemoryPlan:
   """Per-device bytes of one GRPO step's update and rollout (see the module docstring).
 
@@ -102,6 +109,7 @@ def plan_memory(
     rollout_tensor: the rollout's tensor group (1: weights whole on every device).
     remat: layers recompute their activations in the backward pass: every layer's input
       (the residual stream) is saved and one layer's activations live at a time.
+    micro_batches: micro-batches one optimiser step sums its gradient over.
   """
   if devices % tensor or devices % rollout_tensor:
     raise ValueError(f"tensor={tensor} / rollout_tensor={rollout_tensor} must divide {devices}")
@@ -125,6 +133,7 @@ def plan_memory(
   return MemoryPlan(
     params=params,
     grads=params,
+    grad_sum=params if micro_batches > 1 and model.dtype != model.param_dtype else 0,
     optimizer=2 * params,
     compute_params=n * cb // split + layer_params(model) * cb // tensor,
     activations=activations,
@@ -167,11 +176,16 @@ def qwen25(size: str) -> ModelConfig:
 
 
 def compiled_update_bytes(
-  model: ModelConfig, rows: int, width: int, vocab_chunk: int = 0, remat: bool = False
+  model: ModelConfig,
+  rows: int,
+  width: int,
+  vocab_chunk: int = 0,
+  remat: bool = False,
+  micro_batch: int | None = None,
 ) -> int:
   """XLA's bytes for one compiled policy update (AdamW) of `rows` x `width` tokens on one
-  device, for checking `plan_memory` against the compiler (compiles from shapes; allocates
-  nothing)."""
+  device in micro-batches of `micro_batch` rows (default: one of all `rows`), for checking
+  `plan_memory` against the compiler (compiles from shapes; allocates nothing)."""
   import jax
   import jax.numpy as jnp
   from flax import nnx
@@ -180,7 +194,7 @@ def compiled_update_bytes(
   from tlt_jax.rl import PolicyLossConfig, UpdateConfig, make_optimizer, make_policy_update
 
   graphdef, params = nnx.split(nnx.eval_shape(lambda: init_model(model)))
-  ucfg = UpdateConfig(micro_batch=rows)
+  ucfg = UpdateConfig(micro_batch=micro_batch or rows)
   opt = make_optimizer(ucfg)
   loss_cfg = PolicyLossConfig(vocab_chunk=vocab_chunk)
   update = make_policy_update(graphdef, opt, loss_cfg, ucfg.micro_batch, remat=remat)
