@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import sys
 
@@ -70,10 +69,13 @@ from tlt_jax.sim import (  # noqa: E402
   TableCost,
   arms_from_accept,
   compare,
+  device_roofline,
   engine_bandit,
+  lognormal_lengths,
   modelled,
-  replay_step,
-  speedup_bound,
+  paper_policy,
+  predict_modes,
+  project_step,
   step_record,
 )
 
@@ -146,15 +148,6 @@ def _accept(items) -> dict[str, float]:
   return out
 
 
-def lognormal_lengths(median, p90, cap, rows, steps, seed) -> list[list[int]]:
-  """Response lengths of `steps` rollouts of `rows`: log-normal through the median and p90,
-  capped (rows at the cap are the truncated ones)."""
-  sigma = math.log(p90 / median) / 1.2816  # the normal's 90th percentile
-  rng = np.random.default_rng(seed)
-  draws = rng.lognormal(math.log(median), sigma, size=(steps, rows))
-  return np.clip(np.rint(draws), 1, cap).astype(int).tolist()
-
-
 def run_lengths(path: str) -> tuple[list[list[int]], list[list[int]] | None]:
   """Every rollout of a run (refills included), in order, and its rows' prompt lengths
   (None: the run predates their record)."""
@@ -167,49 +160,6 @@ def run_lengths(path: str) -> tuple[list[list[int]], list[list[int]] | None]:
   if not out:
     raise ValueError(f"{path}: no rollouts")
   return out, (None if any(p is None for p in prompts) else prompts)
-
-
-def predict(
-  cost, policy, traces, arms_sd, arms_tlt, update_s, other_s, drafter_s, stochastic, prompts=None
-):
-  """Mean rollout / step seconds per mode over the traces (with their rows' prompt lengths,
-  when known), and the end-to-end ratios."""
-  modes = {"baseline": (), "sd": arms_sd, "tlt": arms_tlt}
-  out = {}
-  for mode, arms in modes.items():
-    preds = [
-      replay_step(
-        mode,
-        lengths,
-        cost,
-        policy,
-        arms,
-        update_s_per_token=update_s,
-        other_s=other_s,
-        drafter_s=drafter_s,
-        prompt_lens=prompts[i] if prompts else None,
-        stochastic=stochastic,
-        seed=i,
-      )
-      for i, lengths in enumerate(traces)
-    ]
-    arm_chunks: dict[str, int] = {}
-    for p in preds:
-      for k, v in p.rollout.chunks_by_arm.items():
-        arm_chunks[k] = arm_chunks.get(k, 0) + v
-    out[mode] = {
-      "rollout_s": float(np.mean([p.rollout_s for p in preds])),
-      "step_s": float(np.mean([p.step_s for p in preds])),
-      "chunks_by_arm": arm_chunks,
-    }
-  base = out["baseline"]
-  for mode in ("sd", "tlt"):
-    m = out[mode]
-    m["rollout_speedup"] = base["rollout_s"] / m["rollout_s"]
-    m["step_speedup"] = base["step_s"] / m["step_s"]
-    m["bound"] = speedup_bound(base["rollout_s"] / base["step_s"], m["rollout_speedup"])
-  base["rollout_share"] = base["rollout_s"] / base["step_s"]
-  return out
 
 
 def _print(title: str, pred: dict) -> None:
@@ -261,10 +211,6 @@ def _h100_model(name: str):
   return cost, (frozen, online, group), update_s, gpus
 
 
-def _paper_policy(rows: int) -> EnginePolicy:
-  return EnginePolicy(max_batch=rows, chunk_steps=16, spec_threshold=32, prompt_len=256)
-
-
 def project() -> dict:
   """The paper's settings on H100 cost models; see the module docstring."""
   results = {}
@@ -275,7 +221,7 @@ def project() -> dict:
       ("paper", ([frozen], [online])),
       ("+group", ([frozen, group], [online, group])),
     ):
-      pred = predict(cost, _paper_policy(128), traces, arms[0], arms[1], update_s, 0.0, 0.0, True)
+      pred = predict_modes(cost, paper_policy(128), traces, arms[0], arms[1], update_s)
       results[f"{name} {label}"] = pred
       _print(f"{name}, {gpus} x H100, {label}", pred)
   print(
@@ -286,38 +232,6 @@ def project() -> dict:
   return results
 
 
-def _device_roofline(measured: dict, cfg) -> tuple[RooflineCost | None, float | None]:
-  """A roofline of the device real_sizes.py measured on (its spec sheet's peaks, bandwidth
-  at the measured copy rate; on a CPU the measured copy and matmul rates), and its peak
-  FLOP/s; (None, None) where neither was measured."""
-  bw = measured.get("bandwidth") or {}
-  spec = bw.get("spec")
-  peak = spec[1] * 1e12 if spec else (measured.get("update") or {}).get("peak_flops")
-  if not (bw.get("gb_per_s") and peak):
-    return None, None
-  bandwidth = spec[0] * 1e12 if spec else bw["gb_per_s"] * 1e9
-  cost = RooflineCost(
-    params=cfg.num_params,
-    bytes_per_param=2,
-    kv_bytes_per_token=2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 2,
-    peak_flops=peak,
-    bandwidth=bandwidth,
-    bandwidth_efficiency=min(bw["gb_per_s"] * 1e9 / bandwidth, 1.0),
-    overhead_s=_H100["overhead_s"],
-  )
-  return cost, peak
-
-
-def _scaled_accept(items, factor: float) -> dict[str, float]:
-  """Accept lengths with their accepted draft tokens (length - 1) scaled, at most a chain's
-  depth."""
-  out = {}
-  for name, length in _accept(items).items():
-    depth = int("".join(ch for ch in name if ch.isdigit()))
-    out[name] = min(1.0 + (length - 1.0) * factor, depth + 1.0)
-  return out
-
-
 def project_measured(surface: str) -> dict:
   """--project --surface=<real_sizes.json>:<shape>; see the module docstring."""
   path, name = surface.rsplit(":", 1)
@@ -325,7 +239,7 @@ def project_measured(surface: str) -> dict:
     measured = json.load(f)
   table = surface_table(surface)
   cfg = published_shape(name)
-  roofline, peak = _device_roofline(measured, cfg)
+  roofline, peak = device_roofline(measured, cfg, _H100["overhead_s"])
   if peak is None:
     raise app.UsageError(f"{path}: no bandwidth stage measured (run real_sizes.py's first)")
   step_ms = 1e3 * table.seconds(1, 1, table.context)
@@ -340,11 +254,20 @@ def project_measured(surface: str) -> dict:
 
   def run(cost, **change):
     a = {**base, **change}
-    traces = lognormal_lengths(470, a["p90"], 32768, a["rows"], _STEPS.value, _SEED.value)
-    arms_sd = arms_from_accept(_scaled_accept(_ACCEPT_SD.value, a["accept"]), a["draft"])
-    arms_tlt = arms_from_accept(_scaled_accept(_ACCEPT_TLT.value, a["accept"]), a["draft"])
-    update_s = 6 * cfg.num_params / (a["mfu"] * peak)
-    return predict(cost, _paper_policy(a["rows"]), traces, arms_sd, arms_tlt, update_s, 0, 0, True)
+    return project_step(
+      cost,
+      cfg,
+      peak,
+      _accept(_ACCEPT_SD.value),
+      _accept(_ACCEPT_TLT.value),
+      rows=a["rows"],
+      draft=a["draft"],
+      mfu=a["mfu"],
+      p90=a["p90"],
+      accept=a["accept"],
+      steps=_STEPS.value,
+      seed=_SEED.value,
+    )
 
   device = ", ".join(measured.get("devices", [])) or "the measured device"
   results = {"base": base, "measured": run(table)}
@@ -422,8 +345,8 @@ def sensitivity() -> list[dict]:
       for name in _MODELS:
         cost, (frozen, online, group), update_s, _ = _h100_model(name)
         for label, arms in (("tlt", [online]), ("+group", [online, group])):
-          pred = predict(
-            cost, _paper_policy(rows), traces, [frozen], arms, update_s, 0.0, 0.0, True
+          pred = predict_modes(
+            cost, paper_policy(rows), traces, [frozen], arms, update_s, 0.0, 0.0, True
           )
           cell[f"{name} {label}"] = pred["tlt"]["step_speedup"]
           shares.append(pred["baseline"]["rollout_share"])
@@ -627,7 +550,7 @@ def main(argv):
       raise app.UsageError("--engine_costs, --surface (this host's costs) or --project")
     arms_sd = arms_from_accept(_accept(_ACCEPT_SD.value), _DRAFT_COST.value)
     arms_tlt = arms_from_accept(_accept(_ACCEPT_TLT.value), _DRAFT_COST.value)
-    results = predict(
+    results = predict_modes(
       cost,
       policy,
       traces,

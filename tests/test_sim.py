@@ -8,6 +8,7 @@ import dataclasses
 import numpy as np
 import pytest
 
+from tlt_jax.models.config import ModelConfig
 from tlt_jax.sim import (
   ArmModel,
   EngineCost,
@@ -16,8 +17,12 @@ from tlt_jax.sim import (
   TableCost,
   arms_from_accept,
   chain_accept_length,
+  device_roofline,
+  lognormal_lengths,
+  project_step,
   replay_rollout,
   replay_step,
+  scaled_accept,
   speedup_bound,
 )
 from tlt_jax.sim.costs import per_token_acceptance
@@ -405,3 +410,42 @@ def test_a_replayed_bandit_learns_the_arms_and_pays_for_its_exploration():
     )
   with pytest.raises(ValueError, match="no ArmModel"):
     replay_rollout([8], _Cost(), policy, arms[:1], bandit=_bandit(("chain4",)), stochastic=True)
+
+
+def test_projections_draw_dapo_like_lengths_and_price_the_three_modes_on_a_device():
+  """`sim.project`: log-normal lengths through the median and p90, accept lengths scaled
+  and capped by a chain's depth, a device's roofline from real_sizes' results, and the
+  three modes on it (a higher accept length, a faster tlt; none above Amdahl's bound)."""
+  draws = np.array(lognormal_lengths(470, 1000, 32768, 4000, 1, seed=0)[0])
+  assert abs(np.median(draws) / 470 - 1) < 0.05 and abs(np.quantile(draws, 0.9) / 1000 - 1) < 0.08
+  assert lognormal_lengths(470, 1000, 600, 64, 2, seed=1) == lognormal_lengths(
+    470, 1000, 600, 64, 2, seed=1
+  )
+  assert max(max(t) for t in lognormal_lengths(470, 1000, 600, 64, 2, seed=1)) == 600
+  assert scaled_accept({"chain4": 3.0, "chain8": 7.0}, 2.0) == {"chain4": 5.0, "chain8": 9.0}
+  cfg = ModelConfig(
+    vocab_size=151936,
+    num_layers=36,
+    d_model=4096,
+    num_heads=32,
+    num_kv_heads=8,
+    head_dim=128,
+    mlp_dim=12288,
+    tie_embeddings=False,
+  )
+  assert device_roofline({"bandwidth": {"gb_per_s": 2870.0, "spec": None}}, cfg, 5e-4) == (
+    None,
+    None,
+  )
+  measured = {"bandwidth": {"gb_per_s": 2870.0, "spec": [4.8, 989.0]}}
+  cost, peak = device_roofline(measured, cfg, 5e-4)
+  assert peak == 989e12 and cost.bandwidth_efficiency == pytest.approx(2870 / 4800)
+  runs = [
+    project_step(cost, cfg, peak, {"chain4": 3.0}, {"chain4": a}, rows=8, draft=0.1, steps=2)
+    for a in (3.0, 4.5)
+  ]
+  for pred in runs:
+    assert set(pred) == {"baseline", "sd", "tlt"}
+    assert all(pred[m]["step_speedup"] <= pred[m]["bound"] + 1e-9 for m in ("sd", "tlt"))
+  assert runs[0]["tlt"]["step_speedup"] == pytest.approx(runs[0]["sd"]["step_speedup"], rel=0.05)
+  assert runs[1]["tlt"]["step_speedup"] > runs[0]["tlt"]["step_speedup"] > 1.0

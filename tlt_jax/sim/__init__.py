@@ -1,7 +1,8 @@
 """A trace-driven simulator of RL steps: the rollout engine's policy replayed on response
 lengths with a decode cost model (`costs`), predicting rollout and step time per mode
-(`replay`), and checked against a measured run (`validate`). experiments/simulate.py
-calibrates it on this host and projects it to others."""
+(`replay`), projected onto a device's costs (`project`), and checked against a measured
+run (`validate`). experiments/simulate.py calibrates it on this host and projects it to
+others."""
 
 from tlt_jax.sim.costs import (
   ArmModel,
@@ -12,6 +13,14 @@ from tlt_jax.sim.costs import (
   arms_from_accept,
   chain_accept_length,
   per_token_acceptance,
+)
+from tlt_jax.sim.project import (
+  device_roofline,
+  lognormal_lengths,
+  paper_policy,
+  predict_modes,
+  project_step,
+  scaled_accept,
 )
 from tlt_jax.sim.replay import (
   ChunkPlan,
@@ -52,11 +61,17 @@ __all__ = [
   "chain_accept_length",
   "compare",
   "decision_mismatch",
+  "device_roofline",
   "engine_bandit",
+  "lognormal_lengths",
   "modelled",
+  "paper_policy",
   "per_token_acceptance",
+  "predict_modes",
+  "project_step",
   "replay_rollout",
   "replay_step",
+  "scaled_accept",
   "speedup_bound",
   "step_record",
 ]
