@@ -61,6 +61,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from experiments.common import published_shape, split_calls  # noqa: E402
 from tlt_jax.sim import (  # noqa: E402
+  ACCEPT_FROZEN,
+  ACCEPT_ONLINE,
   ArmModel,
   Calibration,
   EngineCost,
@@ -104,8 +106,12 @@ _CHUNK = flags.DEFINE_integer("chunk_steps", 16, "EngineConfig.chunk_steps")
 _THRESHOLD = flags.DEFINE_integer("spec_threshold", 32, "EngineConfig.spec_threshold")
 _ROUNDS = flags.DEFINE_integer("spec_rounds", 8, "EngineConfig.spec_rounds")
 _PROMPT = flags.DEFINE_integer("prompt_len", 128, "prompt tokens")
-_ACCEPT_SD = flags.DEFINE_list("accept_sd", ["chain4:3.4", "chain8:4.6"], "frozen drafter")
-_ACCEPT_TLT = flags.DEFINE_list("accept_tlt", ["chain4:3.9", "chain8:5.9"], "online drafter")
+_ACCEPT_SD = flags.DEFINE_list(
+  "accept_sd", [f"{k}:{v}" for k, v in ACCEPT_FROZEN.items()], "frozen drafter"
+)
+_ACCEPT_TLT = flags.DEFINE_list(
+  "accept_tlt", [f"{k}:{v}" for k, v in ACCEPT_ONLINE.items()], "online drafter"
+)
 _DRAFT_COST = flags.DEFINE_float("draft_cost", 0.1, "drafter forward / target decode step")
 _UPDATE = flags.DEFINE_float("update_ms_per_token", 1.0, "policy update, ms per token")
 _OTHER = flags.DEFINE_float("other_s", 0.0, "rewards, old log-probs etc., seconds per step")

@@ -15,6 +15,8 @@ from tlt_jax.sim.costs import (
   per_token_acceptance,
 )
 from tlt_jax.sim.project import (
+  ACCEPT_FROZEN,
+  ACCEPT_ONLINE,
   device_roofline,
   lognormal_lengths,
   paper_policy,
@@ -44,6 +46,8 @@ from tlt_jax.sim.validate import (
 )
 
 __all__ = [
+  "ACCEPT_FROZEN",
+  "ACCEPT_ONLINE",
   "ArmModel",
   "ChunkPlan",
   "Calibration",

@@ -22,6 +22,11 @@ from tlt_jax.sim.replay import EnginePolicy, replay_step, speedup_bound
 # The paper's long-tail statistics for DAPO-like runs (median ~470 tokens, p90 ~1k, 32k
 # cap; REFERENCE: "RL in the Wild" traces) and its engine settings.
 DAPO_MEDIAN, DAPO_P90, DAPO_CAP = 470.0, 1000.0, 32768
+# Chain accept lengths this project measured for a drafter trained once and then frozen
+# (sd) and for the online one (tlt), on its own policies (experiments/bench_sd.py and
+# e2e_modes.py; experiments/RESULTS.md): the projections' defaults.
+ACCEPT_FROZEN = {"chain4": 3.4, "chain8": 4.6}
+ACCEPT_ONLINE = {"chain4": 3.9, "chain8": 5.9}
 
 
 def lognormal_lengths(
