@@ -190,10 +190,10 @@ def compiled_update_bytes(
   import jax.numpy as jnp
   from flax import nnx
 
-  from tlt_jax.models.transformer import init_model
+  from tlt_jax.models.transformer import Transformer
   from tlt_jax.rl import PolicyLossConfig, UpdateConfig, make_optimizer, make_policy_update
 
-  graphdef, params = nnx.split(nnx.eval_shape(lambda: init_model(model)))
+  graphdef, params = nnx.split(nnx.eval_shape(lambda: Transformer(model, rngs=nnx.Rngs(0))))
   ucfg = UpdateConfig(micro_batch=micro_batch or rows)
   opt = make_optimizer(ucfg)
   loss_cfg = PolicyLossConfig(vocab_chunk=vocab_chunk)
