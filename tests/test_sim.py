@@ -8,7 +8,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from tlt_jax.models.config import ModelConfig
+from tlt_jax.parallel.memory import qwen25
 from tlt_jax.sim import (
   ArmModel,
   EngineCost,
@@ -423,16 +423,7 @@ def test_projections_draw_dapo_like_lengths_and_price_the_three_modes_on_a_devic
   )
   assert max(max(t) for t in lognormal_lengths(470, 1000, 600, 64, 2, seed=1)) == 600
   assert scaled_accept({"chain4": 3.0, "chain8": 7.0}, 2.0) == {"chain4": 5.0, "chain8": 9.0}
-  cfg = ModelConfig(
-    vocab_size=151936,
-    num_layers=36,
-    d_model=4096,
-    num_heads=32,
-    num_kv_heads=8,
-    head_dim=128,
-    mlp_dim=12288,
-    tie_embeddings=False,
-  )
+  cfg = qwen25("7B")
   assert device_roofline({"bandwidth": {"gb_per_s": 2870.0, "spec": None}}, cfg, 5e-4) == (
     None,
     None,
