@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One lent device sitting in one call, its parts in the order ORDER names (default: real
-# sizes first, the open work, then the rest in the time left):
+# sizes first, the measurements still missing, then the rest in the time left):
 #   sizes    the real-sizes stages (experiments/real_sizes.py), from the H200's recorded
 #            results (experiments/results/regime_curve_stage9_h200_2026-12-04), whose
 #            finished stages are skipped;
