@@ -95,8 +95,8 @@ from tlt_jax import configuration  # noqa: E402
 from tlt_jax.data import get_tokenizer  # noqa: E402
 from tlt_jax.models.attention import attention_form  # noqa: E402
 from tlt_jax.models.config import ModelConfig  # noqa: E402
-from tlt_jax.models.transformer import KVCache, Transformer  # noqa: E402
-from tlt_jax.parallel.memory import measured_bytes, plan_memory  # noqa: E402
+from tlt_jax.models.transformer import KVCache  # noqa: E402
+from tlt_jax.parallel.memory import compiled_update, measured_bytes, plan_memory  # noqa: E402
 
 _OUT = flags.DEFINE_string("out", "runs/real_sizes", "output folder (results resume from it)")
 _STAGES = flags.DEFINE_list(
@@ -595,17 +595,15 @@ class Stages:
   def _update(self, key: str, scan: bool) -> bool:
     self.models.clear()
     program = UpdateProgram(scan)
+    compiled, opt, compile_s = program.compile()
     params = random_params(program.cfg)[1]
     rows, width = _UPDATE_ROWS.value, _UPDATE_WIDTH.value
     batch = {
       "tokens": jax.random.randint(jax.random.key(0), (rows, width), 0, program.cfg.vocab_size),
       "mask": jnp.ones((rows, width), jnp.float32),
-      "advantages": jnp.linspace(-1.0, 1.0, rows),
+      "advantages": jnp.linspace(-1.0, 1.0, rows, dtype=jnp.float32),
     }
-    state = program.opt.init(params)
-    t = time.perf_counter()
-    compiled = program.update.lower(params, state, batch, None).compile()
-    compile_s = time.perf_counter() - t
+    state = opt.init(params)
     params, state, _ = jax.block_until_ready(compiled(params, state, batch, None))
     times = []
     for _ in range(max(_REPS.value // 2, 2)):
@@ -639,16 +637,7 @@ class Stages:
       if self._late(start):
         return False
       program = UpdateProgram(scan)
-      rows, width = _UPDATE_ROWS.value, _UPDATE_WIDTH.value
-      batch = {
-        "tokens": jax.ShapeDtypeStruct((rows, width), jnp.int32),
-        "mask": jax.ShapeDtypeStruct((rows, width), jnp.float32),
-        "advantages": jax.ShapeDtypeStruct((rows,), jnp.float32),
-      }
-      state = jax.eval_shape(program.opt.init, program.abstract)
-      t = time.perf_counter()
-      compiled = program.update.lower(program.abstract, state, batch, None).compile()
-      compile_s = time.perf_counter() - t
+      compiled, _, compile_s = program.compile()
       cells[label] = {
         **program.facts(),
         "platform": jax.devices()[0].platform,
@@ -663,29 +652,28 @@ class Stages:
 class UpdateProgram:
   """The update stages' program: the `--update_shape` (default: the last shape) with
   float32 master weights (as the update keeps them) and the shape's bfloat16 products,
-  AdamW, micro-batches of 2 rows, rematerialised layers, one optimiser step on policy;
-  `abstract`: its parameters' shapes (nothing allocated)."""
+  AdamW, micro-batches of 2 rows, rematerialised layers, one optimiser step on policy."""
 
   MICRO = 2
 
   def __init__(self, scan: bool):
-    from tlt_jax.rl import PolicyLossConfig, UpdateConfig, make_optimizer, make_policy_update
-
     self.name, self.scan = _UPDATE_SHAPE.value or _SHAPES.value[-1], scan
     self.cfg = dataclasses.replace(published_shape(self.name), param_dtype="float32")
-    model = nnx.eval_shape(lambda: Transformer(self.cfg, rngs=nnx.Rngs(0)))
-    graphdef, self.abstract = nnx.split(model)
-    ucfg = UpdateConfig(micro_batch=self.MICRO, remat=True, scan_layers=scan)
-    self.opt = make_optimizer(ucfg)
-    self.update = make_policy_update(
-      graphdef,
-      self.opt,
-      PolicyLossConfig(),
-      self.MICRO,
+
+  def compile(self):
+    """(the program compiled from shapes, its optimizer, compile seconds):
+    `parallel.memory.compiled_update`, nothing allocated."""
+    t = time.perf_counter()
+    compiled, opt = compiled_update(
+      self.cfg,
+      _UPDATE_ROWS.value,
+      _UPDATE_WIDTH.value,
       remat=True,
+      micro_batch=self.MICRO,
+      scan_layers=self.scan,
       on_policy=True,
-      scan_layers=scan,
     )
+    return compiled, opt, time.perf_counter() - t
 
   def facts(self) -> dict:
     """The program's description and the memory plan's update bytes for it."""

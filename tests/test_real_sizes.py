@@ -116,14 +116,13 @@ def test_every_stage_runs_on_tiny_shapes_and_a_second_sitting_resumes(tmp_path):
     update = second[key]
     assert 0 < update["mfu"] < 1 and update["peak_bytes"] > 0 and update["planned_bytes"] > 0
     assert update["scan_layers"] is scanned and update["compile_s"] > 0
-  # The same programs compiled from shapes alone: XLA's bytes near the run's and the plan's.
+  # The same programs compiled from shapes alone (the timed stages run what that compiles):
+  # XLA's bytes near the plan's.
   for label in ("scanned", "unrolled"):
     compiled = second["update_compile"][label]
     ran = second["update" if label == "scanned" else "update_unrolled"]
     assert compiled["planned_bytes"] == ran["planned_bytes"] and compiled["compile_s"] > 0
     assert 0.5 <= compiled["compiled_bytes"] / compiled["planned_bytes"] <= 2.0
-    # On a CPU the run's bytes are its compiled program's: the same program, unallocated.
-    assert compiled["compiled_bytes"] == ran["peak_bytes"]
     assert f"| tiny update compiled from shapes on cpu, 4 x 16 tokens, layers {label} |" in printed
   assert "| tiny update, 4 x 16 tokens, layers scanned | MFU" in printed
   assert "| tiny update, 4 x 16 tokens, layers unrolled | MFU" in printed

@@ -176,17 +176,20 @@ def qwen25(size: str) -> ModelConfig:
   )
 
 
-def compiled_update_bytes(
+def compiled_update(
   model: ModelConfig,
   rows: int,
   width: int,
   vocab_chunk: int = 0,
   remat: bool = False,
   micro_batch: int | None = None,
-) -> int:
-  """XLA's bytes for one compiled policy update (AdamW) of `rows` x `width` tokens on one
-  device in micro-batches of `micro_batch` rows (default: one of all `rows`), for checking
-  `plan_memory` against the compiler (compiles from shapes; allocates nothing)."""
+  scan_layers: bool = False,
+  on_policy: bool = False,
+):
+  """One policy update (AdamW) of `rows` x `width` tokens on one device in micro-batches of
+  `micro_batch` rows (default: one of all `rows`), compiled from shapes alone: nothing is
+  allocated, so real sizes compile on a small host (`make_policy_update`'s options).
+  Returns the compiled program and its optimizer (whose `init` makes the state it takes)."""
   import jax
   import jax.numpy as jnp
   from flax import nnx
@@ -198,15 +201,37 @@ def compiled_update_bytes(
   ucfg = UpdateConfig(micro_batch=micro_batch or rows)
   opt = make_optimizer(ucfg)
   loss_cfg = PolicyLossConfig(vocab_chunk=vocab_chunk)
-  update = make_policy_update(graphdef, opt, loss_cfg, ucfg.micro_batch, remat=remat)
+  update = make_policy_update(
+    graphdef,
+    opt,
+    loss_cfg,
+    ucfg.micro_batch,
+    remat=remat,
+    on_policy=on_policy,
+    scan_layers=scan_layers,
+  )
   batch = {
-    "tokens": jnp.zeros((rows, width), jnp.int32),
-    "mask": jnp.ones((rows, width), jnp.float32),
-    "old_logp": jnp.zeros((rows, width), jnp.float32),
-    "advantages": jnp.zeros((rows,), jnp.float32),
+    "tokens": jax.ShapeDtypeStruct((rows, width), jnp.int32),
+    "mask": jax.ShapeDtypeStruct((rows, width), jnp.float32),
+    "advantages": jax.ShapeDtypeStruct((rows,), jnp.float32),
   }
+  if not on_policy:  # an update that takes its old log-probs from the rollout
+    batch["old_logp"] = jax.ShapeDtypeStruct((rows, width), jnp.float32)
   state = jax.eval_shape(opt.init, params)
-  return measured_bytes(update.lower(params, state, batch, None).compile())
+  return update.lower(params, state, batch, None).compile(), opt
+
+
+def compiled_update_bytes(
+  model: ModelConfig,
+  rows: int,
+  width: int,
+  vocab_chunk: int = 0,
+  remat: bool = False,
+  micro_batch: int | None = None,
+) -> int:
+  """XLA's bytes for `compiled_update`'s program, for checking `plan_memory` against the
+  compiler."""
+  return measured_bytes(compiled_update(model, rows, width, vocab_chunk, remat, micro_batch)[0])
 
 
 def measured_bytes(compiled) -> int:
