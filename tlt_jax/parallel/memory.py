@@ -221,17 +221,10 @@ def compiled_update(
   return update.lower(params, state, batch, None).compile(), opt
 
 
-def compiled_update_bytes(
-  model: ModelConfig,
-  rows: int,
-  width: int,
-  vocab_chunk: int = 0,
-  remat: bool = False,
-  micro_batch: int | None = None,
-) -> int:
-  """XLA's bytes for `compiled_update`'s program, for checking `plan_memory` against the
-  compiler."""
-  return measured_bytes(compiled_update(model, rows, width, vocab_chunk, remat, micro_batch)[0])
+def compiled_update_bytes(model: ModelConfig, rows: int, width: int, *args, **kwargs) -> int:
+  """XLA's bytes for `compiled_update`'s program (the same arguments), for checking
+  `plan_memory` against the compiler."""
+  return measured_bytes(compiled_update(model, rows, width, *args, **kwargs)[0])
 
 
 def measured_bytes(compiled) -> int:
