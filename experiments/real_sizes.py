@@ -70,9 +70,7 @@ kept; the rest wait for the next sitting).
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
-import math
 import os
 import shutil
 import sys
@@ -83,19 +81,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
-from flax import nnx
-from jax import lax
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from experiments.common import json_child, published_shape, random_params  # noqa: E402
+from experiments.forwards import (  # noqa: E402
+  Forward,
+  decode_shape,
+  kv_bytes,
+  weight_bytes,
+)
 from experiments.host import matmul_flops, spec_sheet  # noqa: E402
 from experiments.traces import describe_kernels, trace_summary  # noqa: E402
-from tlt_jax import configuration  # noqa: E402
-from tlt_jax.data import get_tokenizer  # noqa: E402
 from tlt_jax.models.attention import attention_form  # noqa: E402
-from tlt_jax.models.config import ModelConfig  # noqa: E402
-from tlt_jax.models.transformer import KVCache  # noqa: E402
 from tlt_jax.parallel.memory import compiled_update, measured_bytes, plan_memory  # noqa: E402
 
 _OUT = flags.DEFINE_string("out", "runs/real_sizes", "output folder (results resume from it)")
@@ -169,14 +167,6 @@ _CHILD_TRACE = flags.DEFINE_bool("child_trace", False, "internal: the child trac
 _MEMORY_GIB = flags.DEFINE_float("memory_gib", 0.0, "device memory where it cannot be read")
 
 
-def kv_bytes(cfg: ModelConfig, batch: int, slots: int) -> int:
-  return cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * slots * batch * 2
-
-
-def weight_bytes(params) -> int:
-  return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
-
-
 def device_memory() -> float:
   """Bytes the default device can hold (`--memory_gib` where the runtime does not say)."""
   stats = jax.devices()[0].memory_stats() or {}
@@ -185,104 +175,18 @@ def device_memory() -> float:
   return _MEMORY_GIB.value * 2**30 if _MEMORY_GIB.value else 8 * 2**30
 
 
-def weights_dtype_logits(model, h):
-  """The head's product in its weights' dtype, accumulated in float32 (the model's own
-  `logits` casts both sides to float32 first; for bfloat16 hidden states and weights the
-  products are the same, the sums' order may not be): whether a batch-1 decode's head then
-  runs as a matrix product where the float32 one does not."""
-  cfg = model.config
-  w = model.embed.embedding[...].T if cfg.tie_embeddings else model.lm_head.kernel[...]
-  return jnp.einsum("...d,dv->...v", h.astype(w.dtype), w, preferred_element_type=jnp.float32)
-
-
-class Forward:
-  """`n` cached forwards of `tokens` new tokens per row in one device loop (each feeding
-  its argmax to the next, so none is loop-invariant), at a cache view covering `context`
-  and every new token; compile seconds recorded.
-
-  `until_done`: the loop the engine runs (`rollout.programs`), whose condition reads a
-  device value (there: whether every row has finished), so XLA cannot count its trips; on
-  a GPU such a loop copies its condition to the host and waits for the device at every
-  trip (XLA's WhileThunk), where a counted loop's trips are queued without waiting.
-  `weights_head`: the head's product as `weights_dtype_logits` computes it."""
-
-  def __init__(
-    self,
-    graphdef,
-    cfg,
-    batch,
-    tokens,
-    context,
-    n,
-    until_done: bool = False,
-    weights_head: bool = False,
-  ):
-    self.view = 1 << math.ceil(math.log2(context + n * tokens))
-    self.batch, self.tokens, self.context, self.n = batch, tokens, context, n
-    head = weights_dtype_logits if weights_head else lambda model, h: model.logits(h)
-
-    def run(params, cache, toks):
-      model = nnx.merge(graphdef, params)
-
-      def body(i, carry):
-        cache, toks = carry
-        start = context + i * tokens
-        pos = start + jnp.broadcast_to(jnp.arange(tokens), (batch, tokens))
-        h, cache, _ = model(
-          toks, pos, cache=cache, cache_len=jnp.full((batch,), start), view_len=self.view
-        )
-        nxt = jnp.argmax(head(model, h), axis=-1).astype(jnp.int32)
-        return cache, nxt
-
-      if not until_done:
-        return lax.fori_loop(0, n, body, (cache, toks))
-
-      def cond(carry):  # argmax is never negative, which XLA cannot know
-        i, _, toks = carry
-        return (i < n) & jnp.all(toks >= 0)
-
-      step = lambda carry: (carry[0] + 1, *body(carry[0], carry[1:]))
-      return lax.while_loop(cond, step, (jnp.int32(0), cache, toks))[1:]
-
-    cache = jax.eval_shape(lambda: KVCache.zeros(cfg, batch, self.view))
-    toks = jax.ShapeDtypeStruct((batch, tokens), jnp.int32)
-    self.cfg, self.fn = cfg, jax.jit(run, donate_argnums=1)
-    self.abstract = (cache, toks)
-
-  def compile(self, params) -> float:
-    t = time.perf_counter()
-    self.compiled = self.fn.lower(params, *self.abstract).compile()
-    return time.perf_counter() - t
-
-  def first(self, params):
-    """The loop's outputs from a fixed random cache (the first call `ms` times from)."""
-    cache = jax.tree.map(
-      lambda x: jax.random.normal(jax.random.key(1), x.shape, x.dtype),
-      KVCache.zeros(self.cfg, self.batch, self.view),
-    )
-    toks = jnp.ones((self.batch, self.tokens), jnp.int32)
-    return jax.block_until_ready(self.compiled(params, cache, toks))
-
-  def ms(self, params, reps: int) -> float:
-    """Median ms per forward."""
-    cache, toks = self.first(params)
-    times = []
-    for _ in range(reps):
-      t = time.perf_counter()
-      cache, toks = jax.block_until_ready(self.compiled(params, cache, toks))
-      times.append(time.perf_counter() - t)
-    return 1e3 * float(np.median(times)) / self.n
-
-
 def batch1_decode(graphdef, cfg, params, context: int) -> tuple[Forward, dict]:
   """Batch-1 decode: ms a step inside one counted device loop of `--steps`, inside the
-  engine's kind of loop (stopping on a device value: `Forward`'s `until_done`), and one
-  step a call (the differences are host round trips and launches); returns the counted
-  Forward too."""
+  engine's kind of loop (stopping on a device value: `Forward`'s `until_done`), one step a
+  call (the differences are host round trips and launches), and the counted loop over two
+  rows (`ms_in_loop_two_rows`: one row and a pad, as an engine whose smallest batch bucket
+  is 2 runs it; on a GPU XLA turns a one-row step's products into elementwise products and
+  reductions, experiments/gpu_kernels.py); returns the counted Forward too."""
   looped = Forward(graphdef, cfg, 1, 1, context, _STEPS.value)
   until_done = Forward(graphdef, cfg, 1, 1, context, _STEPS.value, until_done=True)
   single = Forward(graphdef, cfg, 1, 1, context, 1)
-  compile_s = sum(f.compile(params) for f in (looped, until_done, single))
+  two_rows = Forward(graphdef, cfg, 2, 1, context, _STEPS.value)
+  compile_s = sum(f.compile(params) for f in (looped, until_done, single, two_rows))
   # Both loops must run all `--steps` trips: the same tokens and cache, bit for bit.
   same = jax.tree.map(
     lambda a, b: bool(jnp.array_equal(a, b)), looped.first(params), until_done.first(params)
@@ -293,19 +197,9 @@ def batch1_decode(graphdef, cfg, params, context: int) -> tuple[Forward, dict]:
     "ms_in_loop": looped.ms(params, _REPS.value),
     "ms_in_loop_until_done": until_done.ms(params, _REPS.value),
     "ms_per_call": single.ms(params, _REPS.value * _STEPS.value),
+    "ms_in_loop_two_rows": two_rows.ms(params, _REPS.value),
     "compile_s": compile_s,
   }
-
-
-def decode_shape(name: str) -> ModelConfig:
-  """A published shape (`published_shape`), or the policy of one of this project's config
-  files ("configs/sd_bench.py", a variant after ":" as on a command line) in its dtypes."""
-  if ".py" not in name:
-    return published_shape(name)
-  path, _, variant = name.partition(":")
-  module = importlib.import_module(path.removesuffix(".py").replace(os.sep, "."))
-  config = module.get_config(variant)
-  return configuration.model_config(config, get_tokenizer(config.task.tokenizer))
 
 
 def traced_ms(fwd: Forward, params, calls: int = 2) -> dict:
@@ -697,9 +591,10 @@ class UpdateProgram:
 
 
 def _until_done(cell: dict) -> str:
-  # Cells of sittings before 2026-12-02 have no such figure.
-  ms = cell.get("ms_in_loop_until_done")
-  return "" if ms is None else f"{ms:.2f} ms in the engine's kind of loop; "
+  # Cells of sittings before 2026-12-02 (2026-12-05 for two rows) have no such figure.
+  ms, two = cell.get("ms_in_loop_until_done"), cell.get("ms_in_loop_two_rows")
+  text = "" if ms is None else f"{ms:.2f} ms in the engine's kind of loop; "
+  return text + ("" if two is None else f"{two:.2f} ms as two rows (one a pad); ")
 
 
 def _decode(cell: dict) -> str:

@@ -156,3 +156,37 @@ def describe_kernels(hlo_text: str, names: Sequence[str]) -> dict[str, str]:
       text += f" ({source[1]})"
     out[name] = text[:300]
   return out
+
+
+# Instructions of a loop body that launch nothing: plumbing between its kernels.
+_NO_KERNEL = {"parameter", "constant", "bitcast", "tuple", "get-tuple-element"}
+
+
+def loop_kernels(hlo_text: str) -> dict[str, Any]:
+  """The kernels one trip of a compiled program's first device loop launches, counted from
+  the optimised module's text (`compiled.as_text()`): every instruction of the loop's body
+  but plumbing (parameters, tuples, bitcasts, constants), by the kind its kernel's name
+  gives (`KINDS`, as a trace's summary sorts them). On a GPU each is one launch (a fusion,
+  a library call, a copy); a nested loop or call counts once. Returns {} where the module
+  has no loop."""
+  body = re.search(r"\bwhile\(.*?\bbody=%([^\s,]+)", hlo_text)
+  if body is None:
+    return {}
+  by_kind: dict[str, int] = {}
+  names: list[str] = []
+  inside = False
+  for line in hlo_text.splitlines():
+    head = _COMPUTATION.match(line)
+    if head and " = " not in line.split("{", 1)[0]:
+      if inside:
+        break
+      inside = head["name"] == body[1]
+      continue
+    m = _INSTRUCTION.match(line) if inside else None
+    if m is None or m["op"] in _NO_KERNEL:
+      continue
+    name = kernel_name(m["name"])
+    kind = next((k for k, pattern in KINDS if pattern.search(name)), "other")
+    by_kind[kind] = by_kind.get(kind, 0) + 1
+    names.append(m["name"])
+  return {"kernels": len(names), "by_kind": by_kind, "names": names}

@@ -197,7 +197,7 @@ def test_the_head_in_its_weights_dtype_gives_the_models_logits_up_to_the_sums_or
   code = """
 import dataclasses, jax, jax.numpy as jnp
 from experiments.common import published_shape, random_params
-from experiments.real_sizes import weights_dtype_logits
+from experiments.forwards import weights_dtype_logits
 from flax import nnx
 for tie in (True, False):
   cfg = dataclasses.replace(published_shape("tiny"), tie_embeddings=tie)

@@ -258,6 +258,38 @@ def test_bad_requests_fail_clearly(model, pool, prompts, kwargs, match):
     _engine(model, pool, SamplingConfig()).generate(params, prompts, **kwargs)
 
 
+def test_a_pad_row_beside_the_last_row_changes_nothing(model, pool):
+  """One row alone (min_batch_bucket 1) and beside a pad row (2, as a GPU's engine runs it
+  by default): the same tokens and log-probs."""
+  _, _, params = model
+  sampling = SamplingConfig(temperature=1.0, top_k=20)
+  alone, padded = [
+    _engine(model, pool, sampling, min_batch_bucket=b).generate(
+      params, PROMPTS[1:2], 1, key=5, max_new_tokens=LIMITS[1]
+    )
+    for b in (1, 2)
+  ]
+  assert {e["batch"] for e in alone.timeline} == {1} and {e["batch"] for e in padded.timeline} == {
+    2
+  }
+  np.testing.assert_array_equal(alone.completion(0), padded.completion(0))
+  assert alone.num_generated[0] == LIMITS[1]
+  np.testing.assert_allclose(alone.completion_logprobs(0), padded.completion_logprobs(0), atol=1e-5)
+
+
+def test_the_smallest_batch_bucket_is_the_platforms_by_default(monkeypatch):
+  """min_batch_bucket 0 (the default) takes 1 row on a CPU and 2 on a GPU, where a one-row
+  step's products become elementwise products and reductions (`platform_min_batch_bucket`);
+  a bucket set explicitly stays."""
+  assert EngineConfig().min_batch_bucket == 1 and EngineConfig().batch_buckets[0] == 1
+  assert EngineConfig(min_batch_bucket=4).min_batch_bucket == 4
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  assert EngineConfig().min_batch_bucket == 2 and EngineConfig().batch_buckets[:2] == (2, 4)
+  assert EngineConfig(min_batch_bucket=1).min_batch_bucket == 1
+  with pytest.raises(ValueError, match="min_batch_bucket"):
+    EngineConfig(min_batch_bucket=-1)
+
+
 def test_bad_engine_configs_fail_clearly(model):
   _, graphdef, _ = model
   with pytest.raises(ValueError, match="chunk_steps"):

@@ -13,7 +13,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from experiments.host import spec_sheet  # noqa: E402
-from experiments.traces import describe_kernels, kernel_name, summarise_events  # noqa: E402
+from experiments.traces import (  # noqa: E402
+  describe_kernels,
+  kernel_name,
+  loop_kernels,
+  summarise_events,
+)
 
 
 @pytest.mark.parametrize(
@@ -159,3 +164,69 @@ def test_the_compiled_text_of_this_jax_is_parsed():
   assert loops, text[-2000:]
   described = describe_kernels(text, [kernel_name(loops[0])])
   assert described[kernel_name(loops[0])].startswith("while (s32[], f32[2,8]")
+
+
+# A GPU module's loop, cut to what matters: the body launches a Triton product, a reduction,
+# an elementwise fusion and a library call between its plumbing; the condition and the
+# entry's own fusion are outside the trip.
+_LOOP = "\n".join(
+  [
+    "HloModule jit_run, is_scheduled=true",
+    "",
+    "%body.4 (arg.1: (s32[], f32[1,8])) -> (s32[], f32[1,8]) {",
+    "  %arg.1 = (s32[], f32[1,8]{1,0}) parameter(0)",
+    "  %get-tuple-element.2 = s32[] get-tuple-element(%arg.1), index=0",
+    "  %get-tuple-element.3 = f32[1,8]{1,0} get-tuple-element(%arg.1), index=1",
+    "  %constant.5 = s32[] constant(1)",
+    "  %gemm_fusion_dot.6 = f32[1,8]{1,0} fusion(%get-tuple-element.3), kind=kCustom, calls=%g",
+    "  %input_reduce_fusion.7 = f32[8]{0} fusion(%gemm_fusion_dot.6), kind=kInput, calls=%r",
+    "  %bitcast.8 = f32[1,8]{1,0} bitcast(%input_reduce_fusion.7)",
+    "  %loop_add_fusion = s32[] fusion(%get-tuple-element.2, %constant.5), kind=kLoop, calls=%a",
+    '  %custom-call.9 = f32[1,8]{1,0} custom-call(%bitcast.8), custom_call_target="__cublas$gemm"',
+    "  ROOT %tuple.10 = (s32[], f32[1,8]{1,0}) tuple(%loop_add_fusion, %custom-call.9)",
+    "}",
+    "",
+    "%cond.11 (arg.12: (s32[], f32[1,8])) -> pred[] {",
+    "  %arg.12 = (s32[], f32[1,8]{1,0}) parameter(0)",
+    "  ROOT %loop_compare_fusion = pred[] fusion(%arg.12), kind=kLoop, calls=%c",
+    "}",
+    "",
+    "ENTRY %main.13 (x.14: f32[1,8]) -> (s32[], f32[1,8]) {",
+    "  %x.14 = f32[1,8]{1,0} parameter(0)",
+    "  %loop_broadcast_fusion = s32[] fusion(), kind=kLoop, calls=%b",
+    "  %tuple.15 = (s32[], f32[1,8]{1,0}) tuple(%loop_broadcast_fusion, %x.14)",
+    "  ROOT %while.16 = (s32[], f32[1,8]{1,0}) while(%tuple.15), condition=%cond.11, "
+    'body=%body.4, backend_config={"known_trip_count":{"n":"16"}}',
+    "}",
+  ]
+)
+
+
+def test_a_loops_kernels_are_its_bodys_launches_by_kind():
+  """One trip's kernels: the body's fusions and library calls, by the kind a trace would
+  sort their kernels into, without plumbing, the condition or what runs before the loop;
+  a module without a loop has none."""
+  got = loop_kernels(_LOOP)
+  assert got["names"] == [
+    "gemm_fusion_dot.6",
+    "input_reduce_fusion.7",
+    "loop_add_fusion",
+    "custom-call.9",
+  ]
+  assert got["kernels"] == 4
+  assert got["by_kind"] == {"products": 1, "reductions": 1, "element-wise": 1, "other": 1}
+  assert loop_kernels(_HLO) == {}
+
+
+def test_a_loop_compiled_by_this_jax_is_counted():
+  """The module text this jax prints: a loop of a product and a tanh launches at least one
+  kernel a trip and no more than its instructions."""
+  import jax
+  import jax.numpy as jnp
+
+  def run(x, w):
+    return jax.lax.fori_loop(0, 3, lambda i, x: jnp.tanh(x @ w), x)
+
+  text = jax.jit(run).lower(jnp.ones((2, 8)), jnp.ones((8, 8))).compile().as_text()
+  got = loop_kernels(text)
+  assert 1 <= got["kernels"] <= 6 and sum(got["by_kind"].values()) == got["kernels"], got

@@ -1,0 +1,132 @@
+"""The forward programs this project's device measurements time and count: `Forward` (a
+model's cached forwards of a few new tokens per row, looped in one program),
+`decode_shape` (a published layer shape or one of this project's policies), and the bytes a
+decode step reads. experiments/real_sizes.py times them on a device;
+experiments/gpu_kernels.py compiles them for a GPU on a host without one."""
+
+from __future__ import annotations
+
+import importlib
+import math
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax import lax
+
+from experiments.common import published_shape
+from tlt_jax import configuration
+from tlt_jax.data import get_tokenizer
+from tlt_jax.models.config import ModelConfig
+from tlt_jax.models.transformer import KVCache
+
+
+def kv_bytes(cfg: ModelConfig, batch: int, slots: int) -> int:
+  return cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * slots * batch * 2
+
+
+def weight_bytes(params) -> int:
+  return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
+
+
+def weights_dtype_logits(model, h):
+  """The head's product in its weights' dtype, accumulated in float32 (the model's own
+  `logits` casts both sides to float32 first; for bfloat16 hidden states and weights the
+  products are the same, the sums' order may not be): whether a batch-1 decode's head then
+  runs as a matrix product where the float32 one does not."""
+  cfg = model.config
+  w = model.embed.embedding[...].T if cfg.tie_embeddings else model.lm_head.kernel[...]
+  return jnp.einsum("...d,dv->...v", h.astype(w.dtype), w, preferred_element_type=jnp.float32)
+
+
+class Forward:
+  """`n` cached forwards of `tokens` new tokens per row in one device loop (each feeding
+  its argmax to the next, so none is loop-invariant), at a cache view covering `context`
+  and every new token; compile seconds recorded.
+
+  `until_done`: the loop the engine runs (`rollout.programs`), whose condition reads a
+  device value (there: whether every row has finished), so XLA cannot count its trips; on
+  a GPU such a loop copies its condition to the host and waits for the device at every
+  trip (XLA's WhileThunk), where a counted loop's trips are queued without waiting.
+  `weights_head`: the head's product as `weights_dtype_logits` computes it."""
+
+  def __init__(
+    self,
+    graphdef,
+    cfg,
+    batch,
+    tokens,
+    context,
+    n,
+    until_done: bool = False,
+    weights_head: bool = False,
+  ):
+    self.view = 1 << math.ceil(math.log2(context + n * tokens))
+    self.batch, self.tokens, self.context, self.n = batch, tokens, context, n
+    head = weights_dtype_logits if weights_head else lambda model, h: model.logits(h)
+
+    def run(params, cache, toks):
+      model = nnx.merge(graphdef, params)
+
+      def body(i, carry):
+        cache, toks = carry
+        start = context + i * tokens
+        pos = start + jnp.broadcast_to(jnp.arange(tokens), (batch, tokens))
+        h, cache, _ = model(
+          toks, pos, cache=cache, cache_len=jnp.full((batch,), start), view_len=self.view
+        )
+        nxt = jnp.argmax(head(model, h), axis=-1).astype(jnp.int32)
+        return cache, nxt
+
+      if not until_done:
+        return lax.fori_loop(0, n, body, (cache, toks))
+
+      def cond(carry):  # argmax is never negative, which XLA cannot know
+        i, _, toks = carry
+        return (i < n) & jnp.all(toks >= 0)
+
+      step = lambda carry: (carry[0] + 1, *body(carry[0], carry[1:]))
+      return lax.while_loop(cond, step, (jnp.int32(0), cache, toks))[1:]
+
+    cache = jax.eval_shape(lambda: KVCache.zeros(cfg, batch, self.view))
+    toks = jax.ShapeDtypeStruct((batch, tokens), jnp.int32)
+    self.cfg, self.fn = cfg, jax.jit(run, donate_argnums=1)
+    self.abstract = (cache, toks)
+
+  def compile(self, params) -> float:
+    t = time.perf_counter()
+    self.compiled = self.fn.lower(params, *self.abstract).compile()
+    return time.perf_counter() - t
+
+  def first(self, params):
+    """The loop's outputs from a fixed random cache (the first call `ms` times from)."""
+    cache = jax.tree.map(
+      lambda x: jax.random.normal(jax.random.key(1), x.shape, x.dtype),
+      KVCache.zeros(self.cfg, self.batch, self.view),
+    )
+    toks = jnp.ones((self.batch, self.tokens), jnp.int32)
+    return jax.block_until_ready(self.compiled(params, cache, toks))
+
+  def ms(self, params, reps: int) -> float:
+    """Median ms per forward."""
+    cache, toks = self.first(params)
+    times = []
+    for _ in range(reps):
+      t = time.perf_counter()
+      cache, toks = jax.block_until_ready(self.compiled(params, cache, toks))
+      times.append(time.perf_counter() - t)
+    return 1e3 * float(np.median(times)) / self.n
+
+
+def decode_shape(name: str) -> ModelConfig:
+  """A published shape (`published_shape`), or the policy of one of this project's config
+  files ("configs/sd_bench.py", a variant after ":" as on a command line) in its dtypes."""
+  if ".py" not in name:
+    return published_shape(name)
+  path, _, variant = name.partition(":")
+  module = importlib.import_module(path.removesuffix(".py").replace(os.sep, "."))
+  config = module.get_config(variant)
+  return configuration.model_config(config, get_tokenizer(config.task.tokenizer))

@@ -1,0 +1,165 @@
+r"""This project's decode programs compiled for a GPU on a host that has none, and the kernels
+one step launches counted from the compiled module: where a small model's decode step goes
+on a GPU (one launch is a few microseconds whatever the kernel does), checked before a
+device sitting rather than in one.
+
+XLA compiles for a GPU it is only told about (a target description: an H100 SXM here)
+through the CUDA plugin, with no driver and no device. The plugin and its CUDA libraries
+(several GB) go in an environment of their own; the project itself needs nothing of them:
+
+  python3 -m venv /tmp/gpu && /tmp/gpu/bin/pip install -e . "jax[cuda13]==0.10.2"
+  /tmp/gpu/bin/python experiments/gpu_kernels.py --out=runs/gpu_kernels
+
+Each cell: `--steps` forwards of `tokens` new tokens per row at `batch` rows
+(`experiments.forwards.Forward`, the loop experiments/real_sizes.py times on a device),
+compiled; its loop body's kernels by kind (`experiments.traces.loop_kernels`) and XLA's
+temporary bytes. GEMM autotuning needs a device, so products keep XLA's default tilings:
+counts, not speeds. `--layer` prints the kernels of a cell's first layer with what each
+computes.
+"""
+
+from __future__ import annotations
+
+import os
+
+# No GPU is looked for (the plugin only compiles), and the plugin's check of the CUDA
+# libraries' versions, which asks the driver, is skipped: both before jax is imported.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
+
+import json  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+
+import jax  # noqa: E402
+from absl import app, flags  # noqa: E402
+from flax import nnx  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from experiments.forwards import Forward, decode_shape  # noqa: E402
+from experiments.traces import describe_kernels, loop_kernels  # noqa: E402
+from tlt_jax.models.transformer import Transformer  # noqa: E402
+
+_OUT = flags.DEFINE_string("out", "runs/gpu_kernels", "output folder (gpu_kernels.json)")
+_SHAPES = flags.DEFINE_list(
+  "shapes",
+  ["configs/sd_bench.py", "qwen3-8b"],
+  "published shapes or this project's config files (`experiments.forwards.decode_shape`)",
+)
+_BATCHES = flags.DEFINE_list("batches", ["1", "2"], "rows")
+_TOKENS = flags.DEFINE_list("tokens", ["1", "5"], "new tokens per row")
+_CONTEXT = flags.DEFINE_integer("context", 1024, "cached tokens before the first forward")
+_STEPS = flags.DEFINE_integer("steps", 16, "forwards in the loop")
+_LAYER = flags.DEFINE_string("layer", "", "shape/batch/tokens whose first layer is printed")
+_TARGET = flags.DEFINE_string(
+  "target_config", "", "a GpuTargetConfig in text form (default: an H100 SXM, below)"
+)
+
+# NVIDIA H100 SXM5 as XLA's GPU compiler reads a device (xla.GpuTargetConfig, text form):
+# 132 SMs at 1.98 GHz, 228 KiB shared memory an SM (227 opt-in a block), 50 MiB L2,
+# 3.35 TB/s, 80 GB; the CUDA and cuDNN versions of the plugin pinned above.
+H100_SXM = """
+gpu_device_info {
+  threads_per_block_limit: 1024
+  threads_per_warp: 32
+  shared_memory_per_block: 49152
+  shared_memory_per_core: 233472
+  threads_per_core_limit: 2048
+  core_count: 132
+  fpus_per_core: 128
+  block_dim_limit_x: 2147483647
+  block_dim_limit_y: 65535
+  block_dim_limit_z: 65535
+  memory_bandwidth: 3352320000000
+  l2_cache_size: 52428800
+  clock_rate_ghz: 1.98
+  device_memory_size: 84929347584
+  shared_memory_per_block_optin: 232448
+  cuda_compute_capability { major: 9 }
+  registers_per_core_limit: 65536
+  registers_per_block_limit: 65536
+}
+platform_name: "CUDA"
+dnn_version_info { major: 9 minor: 28 }
+runtime_version { major: 13 minor: 0 }
+device_description_str: "NVIDIA H100 80GB HBM3"
+"""
+
+
+def gpu_sharding(target_config: str) -> jax.sharding.NamedSharding:
+  """A one-device sharding on the described GPU: arguments placed there compile for it."""
+  from jax.experimental import topologies
+
+  try:
+    topology = topologies.get_topology_desc(
+      platform="cuda", target_config=target_config, topology="1x1x1"
+    )
+  except Exception as e:  # the plugin absent: jax says only "topology not implemented"
+    raise SystemExit(
+      f"compiling for a GPU here needs the CUDA plugin (see this script's docstring): {e}"
+    ) from e
+  mesh = topologies.make_mesh(topology, (1,), ("gpu",))
+  return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+
+
+def compiled_cell(shape: str, batch: int, tokens: int, sharding) -> tuple[dict, str]:
+  """One cell (see the module docstring) and its compiled module's text."""
+  cfg = decode_shape(shape)
+  graphdef, abstract = nnx.split(nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0))))
+  on_gpu = lambda tree: jax.tree.map(
+    lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), tree
+  )
+  fwd = Forward(graphdef, cfg, batch, tokens, _CONTEXT.value, _STEPS.value)
+  start = time.perf_counter()
+  compiled = fwd.fn.lower(on_gpu(abstract), *on_gpu(fwd.abstract)).compile()
+  seconds = time.perf_counter() - start
+  text = compiled.as_text()
+  counted = loop_kernels(text)
+  return {
+    "kernels": counted["kernels"],
+    "by_kind": counted["by_kind"],
+    "layers": cfg.num_layers,
+    "compile_s": round(seconds, 2),
+    "temp_bytes": compiled.memory_analysis().temp_size_in_bytes,
+  }, text
+
+
+def first_layer(text: str, layers: int) -> dict[str, str]:
+  """The loop body's kernels up to one layer's share, each described from the module."""
+  names = loop_kernels(text)["names"]
+  return describe_kernels(text, names[: -(-len(names) // layers) + 4])
+
+
+def main(argv):
+  del argv
+  target = H100_SXM
+  if _TARGET.value:
+    with open(_TARGET.value) as f:
+      target = f.read()
+  sharding = gpu_sharding(target)
+  os.makedirs(_OUT.value, exist_ok=True)
+  cells = {}
+  print("| program | kernels a step | a layer | by kind | compile s |")
+  print("|---|---|---|---|---|")
+  for shape in _SHAPES.value:
+    for batch in map(int, _BATCHES.value):
+      for tokens in map(int, _TOKENS.value):
+        key = f"{shape}/{batch}/{tokens}"
+        cell, text = compiled_cell(shape, batch, tokens, sharding)
+        cells[key] = cell
+        kinds = ", ".join(f"{k} {n}" for k, n in sorted(cell["by_kind"].items()))
+        print(
+          f"| {key} | {cell['kernels']} | {cell['kernels'] / cell['layers']:.1f} | {kinds} | "
+          f"{cell['compile_s']:.1f} |",
+          flush=True,
+        )
+        if key == _LAYER.value:
+          for name, what in first_layer(text, cell["layers"]).items():
+            print(f"    {name}: {what}")
+  with open(os.path.join(_OUT.value, "gpu_kernels.json"), "w") as f:
+    json.dump({"target": target.split("device_description_str:")[-1].strip(), **cells}, f, indent=1)
+
+
+if __name__ == "__main__":
+  app.run(main)
