@@ -1,11 +1,13 @@
-"""The forward programs this project's device measurements time and count: `Forward` (a
-model's cached forwards of a few new tokens per row, looped in one program),
-`decode_shape` (a published layer shape or one of this project's policies), and the bytes a
-decode step reads. experiments/real_sizes.py times them on a device;
-experiments/gpu_kernels.py compiles them for a GPU on a host without one."""
+"""The programs this project's device measurements time and count: `Forward` (a model's
+cached forwards of a few new tokens per row, looped in one program), `decode_shape` (a
+published layer shape or one of this project's policies), the bytes a decode step reads,
+and the policy update at a published shape (`UpdateProgram`). experiments/real_sizes.py
+times them on a device; experiments/gpu_kernels.py compiles them for a GPU on a host
+without one."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import math
 import os
@@ -22,6 +24,7 @@ from tlt_jax import configuration
 from tlt_jax.data import get_tokenizer
 from tlt_jax.models.config import ModelConfig
 from tlt_jax.models.transformer import KVCache
+from tlt_jax.parallel.memory import compiled_update, plan_memory
 
 
 def kv_bytes(cfg: ModelConfig, batch: int, slots: int) -> int:
@@ -130,3 +133,53 @@ def decode_shape(name: str) -> ModelConfig:
   module = importlib.import_module(path.removesuffix(".py").replace(os.sep, "."))
   config = module.get_config(variant)
   return configuration.model_config(config, get_tokenizer(config.task.tokenizer))
+
+
+class UpdateProgram:
+  """The policy update at a published shape, as experiments/real_sizes.py measures it:
+  float32 master weights (as the update keeps them) and the shape's bfloat16 products,
+  AdamW, micro-batches of 2 rows, rematerialised layers (as one scan or unrolled), one
+  optimiser step on policy; on `sharding`'s device (default: this host's)."""
+
+  MICRO = 2
+
+  def __init__(self, name: str, rows: int, width: int, scan: bool, sharding=None):
+    self.name, self.rows, self.width, self.scan = name, rows, width, scan
+    self.cfg = dataclasses.replace(published_shape(name), param_dtype="float32")
+    self.sharding = sharding
+
+  def compile(self):
+    """(the program compiled from shapes, its optimizer, compile seconds):
+    `parallel.memory.compiled_update`, nothing allocated."""
+    t = time.perf_counter()
+    compiled, opt = compiled_update(
+      self.cfg,
+      self.rows,
+      self.width,
+      remat=True,
+      micro_batch=self.MICRO,
+      scan_layers=self.scan,
+      on_policy=True,
+      sharding=self.sharding,
+    )
+    return compiled, opt, time.perf_counter() - t
+
+  def facts(self) -> dict:
+    """The program's description and the memory plan's update bytes for it."""
+    plan = plan_memory(
+      self.cfg,
+      devices=1,
+      micro_batch_rows=self.MICRO,
+      row_len=self.width,
+      rollout_rows=0,
+      slots=self.width,
+      remat=True,
+      micro_batches=self.rows // self.MICRO,
+    )
+    return {
+      "shape": self.name,
+      "rows": self.rows,
+      "width": self.width,
+      "scan_layers": self.scan,
+      "planned_bytes": plan.update_peak,
+    }

@@ -15,7 +15,10 @@ Each cell: `--steps` forwards of `tokens` new tokens per row at `batch` rows
 compiled; its loop body's kernels by kind (`experiments.traces.loop_kernels`) and XLA's
 temporary bytes. GEMM autotuning needs a device, so products keep XLA's default tilings:
 counts, not speeds. `--layer` prints the kernels of a cell's first layer with what each
-computes.
+computes. `--updates` compiles the policy update at `--update_shape` too (real_sizes.py's
+`update` program: float32 masters, micro-batches of 2 rows, rematerialised layers) with its
+layers scanned and unrolled: the bytes XLA's GPU compiler gives it beside the memory plan
+(`parallel.memory.plan_memory`), and its compile seconds on this host.
 """
 
 from __future__ import annotations
@@ -37,9 +40,10 @@ from flax import nnx  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from experiments.forwards import Forward, decode_shape  # noqa: E402
+from experiments.forwards import Forward, UpdateProgram, decode_shape  # noqa: E402
 from experiments.traces import describe_kernels, loop_kernels  # noqa: E402
 from tlt_jax.models.transformer import Transformer  # noqa: E402
+from tlt_jax.parallel.memory import measured_bytes  # noqa: E402
 
 _OUT = flags.DEFINE_string("out", "runs/gpu_kernels", "output folder (gpu_kernels.json)")
 _SHAPES = flags.DEFINE_list(
@@ -52,6 +56,10 @@ _TOKENS = flags.DEFINE_list("tokens", ["1", "5"], "new tokens per row")
 _CONTEXT = flags.DEFINE_integer("context", 1024, "cached tokens before the first forward")
 _STEPS = flags.DEFINE_integer("steps", 16, "forwards in the loop")
 _LAYER = flags.DEFINE_string("layer", "", "shape/batch/tokens whose first layer is printed")
+_UPDATES = flags.DEFINE_list("updates", [], "update programs: scanned, unrolled")
+_UPDATE_SHAPE = flags.DEFINE_string("update_shape", "qwen2.5-1.5b", "the update's shape")
+_UPDATE_ROWS = flags.DEFINE_integer("update_rows", 8, "update rows (micro-batches of 2)")
+_UPDATE_WIDTH = flags.DEFINE_integer("update_width", 1024, "update row length")
 _TARGET = flags.DEFINE_string(
   "target_config", "", "a GpuTargetConfig in text form (default: an H100 SXM, below)"
 )
@@ -131,6 +139,29 @@ def first_layer(text: str, layers: int) -> dict[str, str]:
   return describe_kernels(text, names[: -(-len(names) // layers) + 4])
 
 
+def updates(sharding) -> dict:
+  """`--updates`' programs compiled for the GPU: XLA's bytes beside the plan's."""
+  cells = {}
+  for label in _UPDATES.value:
+    if label not in ("scanned", "unrolled"):
+      raise app.UsageError(f"--updates takes scanned and unrolled, got {label!r}")
+    program = UpdateProgram(
+      _UPDATE_SHAPE.value, _UPDATE_ROWS.value, _UPDATE_WIDTH.value, label == "scanned", sharding
+    )
+    compiled, _, seconds = program.compile()
+    cell = {**program.facts(), "compiled_bytes": measured_bytes(compiled)}
+    cell["compile_s"] = round(seconds, 1)
+    cells[f"update/{label}"] = cell
+    gib, planned = cell["compiled_bytes"] / 2**30, cell["planned_bytes"] / 2**30
+    print(
+      f"{cell['shape']} update, {cell['rows']} x {cell['width']} tokens, layers {label}: "
+      f"XLA:GPU {gib:.1f} GiB, planned {planned:.1f} ({gib / planned:.2f}x); compiled in "
+      f"{seconds:.0f} s here",
+      flush=True,
+    )
+  return cells
+
+
 def main(argv):
   del argv
   target = H100_SXM
@@ -157,6 +188,7 @@ def main(argv):
         if key == _LAYER.value:
           for name, what in first_layer(text, cell["layers"]).items():
             print(f"    {name}: {what}")
+  cells.update(updates(sharding))
   with open(os.path.join(_OUT.value, "gpu_kernels.json"), "w") as f:
     json.dump({"target": target.split("device_description_str:")[-1].strip(), **cells}, f, indent=1)
 

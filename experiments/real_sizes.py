@@ -87,6 +87,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from experiments.common import json_child, published_shape, random_params  # noqa: E402
 from experiments.forwards import (  # noqa: E402
   Forward,
+  UpdateProgram,
   decode_shape,
   kv_bytes,
   weight_bytes,
@@ -94,7 +95,7 @@ from experiments.forwards import (  # noqa: E402
 from experiments.host import matmul_flops, spec_sheet  # noqa: E402
 from experiments.traces import describe_kernels, trace_summary  # noqa: E402
 from tlt_jax.models.attention import attention_form  # noqa: E402
-from tlt_jax.parallel.memory import compiled_update, measured_bytes, plan_memory  # noqa: E402
+from tlt_jax.parallel.memory import measured_bytes  # noqa: E402
 
 _OUT = flags.DEFINE_string("out", "runs/real_sizes", "output folder (results resume from it)")
 _STAGES = flags.DEFINE_list(
@@ -488,7 +489,9 @@ class Stages:
 
   def _update(self, key: str, scan: bool) -> bool:
     self.models.clear()
-    program = UpdateProgram(scan)
+    program = UpdateProgram(
+      _UPDATE_SHAPE.value or _SHAPES.value[-1], _UPDATE_ROWS.value, _UPDATE_WIDTH.value, scan
+    )
     compiled, opt, compile_s = program.compile()
     params = random_params(program.cfg)[1]
     rows, width = _UPDATE_ROWS.value, _UPDATE_WIDTH.value
@@ -530,7 +533,9 @@ class Stages:
         continue
       if self._late(start):
         return False
-      program = UpdateProgram(scan)
+      program = UpdateProgram(
+        _UPDATE_SHAPE.value or _SHAPES.value[-1], _UPDATE_ROWS.value, _UPDATE_WIDTH.value, scan
+      )
       compiled, _, compile_s = program.compile()
       cells[label] = {
         **program.facts(),
@@ -541,53 +546,6 @@ class Stages:
       print(f"update_compile {label}: {json.dumps(cells[label])}", flush=True)
       self.save()
     return True
-
-
-class UpdateProgram:
-  """The update stages' program: the `--update_shape` (default: the last shape) with
-  float32 master weights (as the update keeps them) and the shape's bfloat16 products,
-  AdamW, micro-batches of 2 rows, rematerialised layers, one optimiser step on policy."""
-
-  MICRO = 2
-
-  def __init__(self, scan: bool):
-    self.name, self.scan = _UPDATE_SHAPE.value or _SHAPES.value[-1], scan
-    self.cfg = dataclasses.replace(published_shape(self.name), param_dtype="float32")
-
-  def compile(self):
-    """(the program compiled from shapes, its optimizer, compile seconds):
-    `parallel.memory.compiled_update`, nothing allocated."""
-    t = time.perf_counter()
-    compiled, opt = compiled_update(
-      self.cfg,
-      _UPDATE_ROWS.value,
-      _UPDATE_WIDTH.value,
-      remat=True,
-      micro_batch=self.MICRO,
-      scan_layers=self.scan,
-      on_policy=True,
-    )
-    return compiled, opt, time.perf_counter() - t
-
-  def facts(self) -> dict:
-    """The program's description and the memory plan's update bytes for it."""
-    plan = plan_memory(
-      self.cfg,
-      devices=1,
-      micro_batch_rows=self.MICRO,
-      row_len=_UPDATE_WIDTH.value,
-      rollout_rows=0,
-      slots=_UPDATE_WIDTH.value,
-      remat=True,
-      micro_batches=_UPDATE_ROWS.value // self.MICRO,
-    )
-    return {
-      "shape": self.name,
-      "rows": _UPDATE_ROWS.value,
-      "width": _UPDATE_WIDTH.value,
-      "scan_layers": self.scan,
-      "planned_bytes": plan.update_peak,
-    }
 
 
 def _until_done(cell: dict) -> str:

@@ -185,10 +185,13 @@ def compiled_update(
   micro_batch: int | None = None,
   scan_layers: bool = False,
   on_policy: bool = False,
+  sharding=None,
 ):
   """One policy update (AdamW) of `rows` x `width` tokens on one device in micro-batches of
   `micro_batch` rows (default: one of all `rows`), compiled from shapes alone: nothing is
   allocated, so real sizes compile on a small host (`make_policy_update`'s options).
+  `sharding`: the one device every input is placed on (default: this host's); a GPU's
+  compiles it for that GPU from a host without one (experiments/gpu_kernels.py).
   Returns the compiled program and its optimizer (whose `init` makes the state it takes)."""
   import jax
   import jax.numpy as jnp
@@ -218,7 +221,10 @@ def compiled_update(
   if not on_policy:  # an update that takes its old log-probs from the rollout
     batch["old_logp"] = jax.ShapeDtypeStruct((rows, width), jnp.float32)
   state = jax.eval_shape(opt.init, params)
-  return update.lower(params, state, batch, None).compile(), opt
+  args = (params, state, batch)
+  if sharding is not None:
+    args = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), args)
+  return update.lower(*args, None).compile(), opt
 
 
 def compiled_update_bytes(model: ModelConfig, rows: int, width: int, *args, **kwargs) -> int:
