@@ -98,8 +98,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.engine.max_new_tokens = 320
   c.engine.max_batch = 128
   c.engine.chunk_steps = 16
-  # 0: the platform's smallest batch bucket (2 rows on a GPU, 1 elsewhere; EngineConfig).
-  c.engine.min_batch_bucket = 0
+  c.engine.min_batch_bucket = 1
   c.engine.min_cache_bucket = 64
   c.engine.min_prompt_bucket = 32
   c.engine.compact = True

@@ -144,8 +144,9 @@ _OVERHEAD_SETTINGS = flags.DEFINE_multi_string(
 )
 _OVERHEAD_TOKENS = flags.DEFINE_list(
   "overhead_tokens",
-  ["5", "9"],
-  "overhead stage: batch-1 forwards of these new-token counts timed beside each setting's decode",
+  ["2", "5", "9"],
+  "overhead stage: batch-1 forwards of these new-token counts timed beside each setting's decode "
+  "(2: a one-row step whose products stay matrix products on a GPU, experiments/gpu_kernels.py)",
 )
 _POLICIES = flags.DEFINE_list(
   "policies",

@@ -259,8 +259,9 @@ def test_bad_requests_fail_clearly(model, pool, prompts, kwargs, match):
 
 
 def test_a_pad_row_beside_the_last_row_changes_nothing(model, pool):
-  """One row alone (min_batch_bucket 1) and beside a pad row (2, as a GPU's engine runs it
-  by default): the same tokens and log-probs."""
+  """One row alone (min_batch_bucket 1) and beside a pad row (2): the same tokens and
+  log-probs (a floor of 2 keeps a GPU's one-row products matrix products,
+  experiments/gpu_kernels.py)."""
   _, _, params = model
   sampling = SamplingConfig(temperature=1.0, top_k=20)
   alone, padded = [
@@ -275,19 +276,6 @@ def test_a_pad_row_beside_the_last_row_changes_nothing(model, pool):
   np.testing.assert_array_equal(alone.completion(0), padded.completion(0))
   assert alone.num_generated[0] == LIMITS[1]
   np.testing.assert_allclose(alone.completion_logprobs(0), padded.completion_logprobs(0), atol=1e-5)
-
-
-def test_the_smallest_batch_bucket_is_the_platforms_by_default(monkeypatch):
-  """min_batch_bucket 0 (the default) takes 1 row on a CPU and 2 on a GPU, where a one-row
-  step's products become elementwise products and reductions (`platform_min_batch_bucket`);
-  a bucket set explicitly stays."""
-  assert EngineConfig().min_batch_bucket == 1 and EngineConfig().batch_buckets[0] == 1
-  assert EngineConfig(min_batch_bucket=4).min_batch_bucket == 4
-  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-  assert EngineConfig().min_batch_bucket == 2 and EngineConfig().batch_buckets[:2] == (2, 4)
-  assert EngineConfig(min_batch_bucket=1).min_batch_bucket == 1
-  with pytest.raises(ValueError, match="min_batch_bucket"):
-    EngineConfig(min_batch_bucket=-1)
 
 
 def test_bad_engine_configs_fail_clearly(model):

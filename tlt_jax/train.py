@@ -8,7 +8,6 @@ and rollout.png (response-length distribution and active-batch timeline).
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import json
 import os
@@ -236,12 +235,8 @@ def prepare(config: ml_collections.ConfigDict, workdir: str, progress: bool = Tr
   # Warm starts are reused from the workdir by name only: refuse another recipe's.
   configuration.check_same_recipe(config, workdir, configuration.OTHER_WORKDIR)
   os.makedirs(workdir, exist_ok=True)
-  # The engine's smallest batch bucket as the platform resolved it (0 in the config), so
-  # a replay of this run (`sim.replay`) takes the buckets that ran.
-  saved = copy.deepcopy(config)
-  saved.engine.min_batch_bucket = inputs.engine.min_batch_bucket
   with open(os.path.join(workdir, "config.json"), "w") as f:
-    f.write(saved.to_json_best_effort(indent=2))
+    f.write(config.to_json_best_effort(indent=2))
   tokenizer, prompt, sampling = inputs.tokenizer, inputs.prompt, inputs.sampling
   task, engine_cfg, mesh = inputs.task, inputs.engine, inputs.mesh
   train, test = load_data(config, workdir)

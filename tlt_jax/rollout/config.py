@@ -6,26 +6,10 @@ from __future__ import annotations
 import dataclasses
 import math
 
-import jax
-
 from tlt_jax.decode.group_drafts import GroupMatch
 from tlt_jax.rollout.bandit import PLAIN, BanditSettings
 from tlt_jax.rollout.speculative import SpecStrategy
 from tlt_jax.rollout.state import power_of_two_buckets
-
-
-def platform_min_batch_bucket() -> int:
-  """The smallest batch bucket an engine takes by default: 2 rows on a GPU, 1 elsewhere.
-
-  On a GPU, XLA rewrites a matrix product whose activation side is one row (every
-  projection of a one-row decode step, the head included where it is small enough) into an
-  elementwise product and a reduction, and often cannot fuse the product with what feeds
-  it: a one-row step launches more kernels and moves more bytes than the same step over two
-  rows (experiments/gpu_kernels.py counts them; the H200's measured forwards by batch are
-  in experiments/RESULTS.md, 2026-12-05). A pad row costs its cache and attention reads,
-  which matter only where the cache rivals the weights (long contexts): set 1 there.
-  CPUs keep 1 row."""
-  return 2 if jax.default_backend() == "gpu" else 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,8 +22,7 @@ class EngineConfig:
     max_batch: most rows (prompts x samples) in one rollout.
     chunk_steps: decode steps per device call; the host decides between calls.
     min_batch_bucket / min_cache_bucket / min_prompt_bucket: smallest buckets;
-      buckets double from there up to the maximum. min_batch_bucket 0 (the default)
-      takes the platform's (`platform_min_batch_bucket`).
+      buckets double from there up to the maximum.
     compact: move the unfinished rows into smaller batch buckets as rows finish.
     cache_buckets: attend only to the smallest cache bucket that fits.
     capture_hidden: keep every position's last-layer hidden state.
@@ -82,7 +65,7 @@ class EngineConfig:
   max_new_tokens: int = 256
   max_batch: int = 128
   chunk_steps: int = 16
-  min_batch_bucket: int = 0
+  min_batch_bucket: int = 1
   min_cache_bucket: int = 64
   min_prompt_bucket: int = 16
   compact: bool = True
@@ -106,8 +89,6 @@ class EngineConfig:
   matmul_precision: str | None = "highest"
 
   def __post_init__(self):
-    if self.min_batch_bucket == 0:
-      object.__setattr__(self, "min_batch_bucket", platform_min_batch_bucket())
     for name in (
       "max_prompt_len",
       "max_new_tokens",
