@@ -124,14 +124,20 @@ class Forward:
     return 1e3 * float(np.median(times)) / self.n
 
 
-def decode_shape(name: str) -> ModelConfig:
-  """A published shape (`published_shape`), or the policy of one of this project's config
-  files ("configs/sd_bench.py", a variant after ":" as on a command line) in its dtypes."""
-  if ".py" not in name:
-    return published_shape(name)
+def config_file(name: str):
+  """One of this project's config files by path, a variant after ":" as on a command line
+  ("configs/regime.py:gpu"): its ml_collections config."""
   path, _, variant = name.partition(":")
   module = importlib.import_module(path.removesuffix(".py").replace(os.sep, "."))
-  config = module.get_config(variant)
+  return module.get_config(variant)
+
+
+def decode_shape(name: str) -> ModelConfig:
+  """A published shape (`published_shape`), or the policy of one of this project's config
+  files (`config_file`: "configs/sd_bench.py") in its dtypes."""
+  if ".py" not in name:
+    return published_shape(name)
+  config = config_file(name)
   return configuration.model_config(config, get_tokenizer(config.task.tokenizer))
 
 

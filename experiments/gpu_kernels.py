@@ -15,10 +15,14 @@ Each cell: `--steps` forwards of `tokens` new tokens per row at `batch` rows
 compiled; its loop body's kernels by kind (`experiments.traces.loop_kernels`) and XLA's
 temporary bytes. GEMM autotuning needs a device, so products keep XLA's default tilings:
 counts, not speeds. `--layer` prints the kernels of a cell's first layer with what each
-computes. `--updates` compiles the policy update at `--update_shape` too (real_sizes.py's
-`update` program: float32 masters, micro-batches of 2 rows, rematerialised layers) with its
-layers scanned and unrolled: the bytes XLA's GPU compiler gives it beside the memory plan
-(`parallel.memory.plan_memory`), and its compile seconds on this host.
+computes. `--engines` compiles the rollout engine's own plain chunk at one row
+(`rollout.programs.decode_chunk`: sampling, stop check and hidden capture included, at the
+engine's matmul precision) of a config file's policy and engine, its step as one token and
+as two (`EngineConfig.one_row_step`). `--updates` compiles the policy update at
+`--update_shape` too (real_sizes.py's `update` program: float32 masters, micro-batches of 2
+rows, rematerialised layers) with its layers scanned and unrolled: the bytes XLA's GPU
+compiler gives it beside the memory plan (`parallel.memory.plan_memory`), and its compile
+seconds on this host.
 """
 
 from __future__ import annotations
@@ -30,20 +34,31 @@ import os
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
 
+import functools  # noqa: E402
 import json  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 
 import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
 from absl import app, flags  # noqa: E402
 from flax import nnx  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from experiments.forwards import Forward, UpdateProgram, decode_shape  # noqa: E402
+from experiments.forwards import (  # noqa: E402
+  Forward,
+  UpdateProgram,
+  config_file,
+  decode_shape,
+)
 from experiments.traces import describe_kernels, loop_kernels  # noqa: E402
+from tlt_jax import configuration  # noqa: E402
+from tlt_jax.data import get_tokenizer  # noqa: E402
 from tlt_jax.models.transformer import Transformer  # noqa: E402
 from tlt_jax.parallel.memory import measured_bytes  # noqa: E402
+from tlt_jax.rollout import programs  # noqa: E402
+from tlt_jax.rollout.state import round_up  # noqa: E402
 
 _OUT = flags.DEFINE_string("out", "runs/gpu_kernels", "output folder (gpu_kernels.json)")
 _SHAPES = flags.DEFINE_list(
@@ -56,6 +71,9 @@ _TOKENS = flags.DEFINE_list("tokens", ["1", "5"], "new tokens per row")
 _CONTEXT = flags.DEFINE_integer("context", 1024, "cached tokens before the first forward")
 _STEPS = flags.DEFINE_integer("steps", 16, "forwards in the loop")
 _LAYER = flags.DEFINE_string("layer", "", "shape/batch/tokens whose first layer is printed")
+_ENGINES = flags.DEFINE_list(
+  "engines", ["configs/sd_bench.py"], "config files whose engine's one-row chunk is compiled"
+)
 _UPDATES = flags.DEFINE_list("updates", [], "update programs: scanned, unrolled")
 _UPDATE_SHAPE = flags.DEFINE_string("update_shape", "qwen2.5-1.5b", "the update's shape")
 _UPDATE_ROWS = flags.DEFINE_integer("update_rows", 8, "update rows (micro-batches of 2)")
@@ -139,6 +157,38 @@ def first_layer(text: str, layers: int) -> dict[str, str]:
   return describe_kernels(text, names[: -(-len(names) // layers) + 4])
 
 
+def engine_cell(name: str, paired: bool, sharding) -> dict:
+  """The engine's plain chunk of config file `name` at one row (see the module docstring),
+  at the cache view that holds `--context` tokens."""
+  config = config_file(name)
+  tokenizer = get_tokenizer(config.task.tokenizer)
+  cfg = configuration.model_config(config, tokenizer)
+  engine = configuration.engine_config(config, tokenizer)
+  static = programs.DecodeStatic(
+    sampling=configuration.sampling_config(config),
+    stop_tokens=engine.stop_tokens,
+    capture_hidden=engine.capture_hidden,
+  )
+  graphdef, params = nnx.split(nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0))))
+  one = jax.ShapeDtypeStruct((1,), jnp.int32)
+  key = jax.eval_shape(lambda: jax.random.key(0))
+  prefill = functools.partial(
+    programs.prefill, graphdef, static=static, slots=engine.slots, cache_slots=engine.cache_slots
+  )
+  prompts = jax.ShapeDtypeStruct((1, engine.prompt_buckets[0]), jnp.int32)
+  state = jax.eval_shape(prefill, params, prompts, one, one, one, one, key)
+  view = round_up(min(_CONTEXT.value, engine.cache_slots), engine.view_buckets)
+  chunk = functools.partial(
+    programs.decode_chunk, graphdef, static=static, view_len=view, paired=paired
+  )
+  args = (params, state, key, jax.ShapeDtypeStruct((), jnp.int32))
+  args = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), args)
+  with jax.default_matmul_precision(engine.matmul_precision or "default"):
+    compiled = jax.jit(chunk, donate_argnums=1).lower(*args).compile()
+  counted = loop_kernels(compiled.as_text())
+  return {"kernels": counted["kernels"], "by_kind": counted["by_kind"], "view": view}
+
+
 def updates(sharding) -> dict:
   """`--updates`' programs compiled for the GPU: XLA's bytes beside the plan's."""
   cells = {}
@@ -188,6 +238,13 @@ def main(argv):
         if key == _LAYER.value:
           for name, what in first_layer(text, cell["layers"]).items():
             print(f"    {name}: {what}")
+  for name in _ENGINES.value:
+    for paired in (False, True):
+      cell = engine_cell(name, paired, sharding)
+      cells[f"engine/{name}/{'paired' if paired else 'single'}"] = cell
+      kinds = ", ".join(f"{k} {n}" for k, n in sorted(cell["by_kind"].items()))
+      step = "two tokens" if paired else "one token"
+      print(f"{name}'s engine, one row, its step as {step}: {cell['kernels']} kernels ({kinds})")
   cells.update(updates(sharding))
   with open(os.path.join(_OUT.value, "gpu_kernels.json"), "w") as f:
     json.dump({"target": target.split("device_description_str:")[-1].strip(), **cells}, f, indent=1)

@@ -175,6 +175,21 @@ def test_threshold_switches_mid_rollout(models, pool):
   np.testing.assert_array_equal(spec.tokens, plain.tokens)
 
 
+def test_paired_one_row_steps_between_rounds_keep_outputs_plain(models, pool):
+  """A one-row tail whose plain chunks run as two-token forwards (`one_row_step` "paired")
+  between speculative rounds: sampled output identical to plain decoding's."""
+  _, tp, _, dp = models
+  plain = _run(_engine(models, pool, SAMPLED, spec_threshold=0), tp, None, num_samples=1)
+  engine = _engine(
+    models, pool, SAMPLED, spec_adaptive=True, min_batch_bucket=1, one_row_step="paired"
+  )
+  spec = _run(engine, tp, dp, num_samples=1)
+  one_row = {e["phase"] for e in spec.timeline if e["batch"] == 1}
+  assert {"decode", "spec"} <= one_row, one_row
+  np.testing.assert_array_equal(spec.length, plain.length)
+  np.testing.assert_array_equal(spec.tokens, plain.tokens)
+
+
 def test_adaptive_switches_both_ways(models, pool):
   """The bandit explores plain and speculative arms at one bucket: the drafter cache
   is rebuilt from captured features after plain chunks, and sampled outputs stay identical

@@ -278,6 +278,39 @@ def test_a_pad_row_beside_the_last_row_changes_nothing(model, pool):
   np.testing.assert_allclose(alone.completion_logprobs(0), padded.completion_logprobs(0), atol=1e-5)
 
 
+def test_a_one_row_step_as_a_two_token_forward_gives_the_same_output(model, pool):
+  """A one-row bucket's plain step with its token in twice (`one_row_step` "paired", a
+  GPU's default) or once: the same tokens and log-probs, from a program of its own."""
+  _, _, params = model
+  sampling = SamplingConfig(temperature=1.0, top_k=20)
+  single, paired = [
+    _engine(model, pool, sampling, min_batch_bucket=1, one_row_step=step).generate(
+      params, PROMPTS, 1, key=5, max_new_tokens=LIMITS
+    )
+    for step in ("single", "paired")
+  ]
+  assert min(e["batch"] for e in paired.timeline if e["phase"] == "decode") == 1
+  np.testing.assert_array_equal(paired.length, single.length)
+  for n in range(len(PROMPTS)):
+    np.testing.assert_array_equal(paired.completion(n), single.completion(n))
+    np.testing.assert_allclose(
+      paired.completion_logprobs(n), single.completion_logprobs(n), atol=1e-5
+    )
+  decode_keys = [k[0] for k in pool._entries if k[0][0] == "decode" and k[0][1] == 1]
+  assert {k[3] for k in decode_keys} == {False, True}
+
+
+def test_a_one_row_step_is_paired_on_a_gpu_by_default(monkeypatch):
+  """`one_row_step` "auto" pairs on a GPU only; "single" and "paired" say it outright."""
+  assert not EngineConfig().paired_one_row_steps
+  assert EngineConfig(one_row_step="paired").paired_one_row_steps
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  assert EngineConfig().paired_one_row_steps
+  assert not EngineConfig(one_row_step="single").paired_one_row_steps
+  with pytest.raises(ValueError, match="one_row_step"):
+    EngineConfig(one_row_step="twice")
+
+
 def test_bad_engine_configs_fail_clearly(model):
   _, graphdef, _ = model
   with pytest.raises(ValueError, match="chunk_steps"):

@@ -6,10 +6,14 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import jax
+
 from tlt_jax.decode.group_drafts import GroupMatch
 from tlt_jax.rollout.bandit import PLAIN, BanditSettings
 from tlt_jax.rollout.speculative import SpecStrategy
 from tlt_jax.rollout.state import power_of_two_buckets
+
+ONE_ROW_STEPS = ("auto", "single", "paired")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +55,14 @@ class EngineConfig:
     bandit_exploration: the weight of the bandit's UCB bonus, in units of a bucket's best
       mean reward (`BanditSettings.exploration`): lower settles sooner on the best-looking
       arm and spends fewer chunks on close seconds.
+    one_row_step: how a one-row bucket's plain decode step runs: "single" (its token, a
+      one-token forward), "paired" (the token twice at its position, a two-token forward
+      whose copy is discarded; the copy's cache slot is the next token's, written over by
+      the next step) or "auto" (paired on a GPU, single elsewhere). On a GPU, XLA turns a
+      product whose activation side is one row into an elementwise product and a reduction
+      it often cannot fuse with what feeds it; two rows keep every projection a matrix
+      product in fewer kernels (experiments/gpu_kernels.py; experiments/RESULTS.md,
+      2026-12-05). A two-row bucket is no remedy: it would double a one-row verify's rows.
     matmul_precision: the precision the rollout programs' float32 matrix products run at
       (`jax.default_matmul_precision`; None: the platform's default). "highest" keeps
       speculative and plain decoding token-identical on GPUs, whose default (TF32) rounds
@@ -86,6 +98,7 @@ class EngineConfig:
   group_reference_len: int = 2048
   group_history: int = 4
   bandit_exploration: float = 0.2
+  one_row_step: str = "auto"
   matmul_precision: str | None = "highest"
 
   def __post_init__(self):
@@ -133,6 +146,10 @@ class EngineConfig:
     ):
       raise ValueError(f"EngineConfig.bandit_exploration must be a number >= 0, got {weight!r}")
     precisions = (None, "default", "high", "highest", "bfloat16", "tensorfloat32", "float32")
+    if self.one_row_step not in ONE_ROW_STEPS:
+      raise ValueError(
+        f"EngineConfig.one_row_step must be one of {ONE_ROW_STEPS}, got {self.one_row_step!r}"
+      )
     if self.matmul_precision not in precisions:
       raise ValueError(
         f"EngineConfig.matmul_precision must be one of {precisions}, got {self.matmul_precision!r}"
@@ -186,6 +203,15 @@ class EngineConfig:
     if not self.spec_threshold:
       return self.slots
     return self.slots + max(s.nodes for s in self.strategies) - 1
+
+  @property
+  def paired_one_row_steps(self) -> bool:
+    """Whether a one-row bucket's plain step runs as a two-token forward (`one_row_step`;
+    "auto" reads the platform when asked, so a config built before the backend is chosen
+    still follows it)."""
+    if self.one_row_step == "auto":
+      return jax.default_backend() == "gpu"
+    return self.one_row_step == "paired"
 
   @property
   def drafter_margin(self) -> int:

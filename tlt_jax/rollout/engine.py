@@ -139,12 +139,16 @@ class EnginePrograms:
     """(params, state, key, steps) -> (state, steps run): plain decode over the first
     `view_len` cache slots (`programs.decode_chunk`)."""
     static = self.static(sampling)
-    fn = functools.partial(programs.decode_chunk, self.graphdef, static=static, view_len=view_len)
+    paired = args[1].batch == 1 and self.config.paired_one_row_steps
+    fn = functools.partial(
+      programs.decode_chunk, self.graphdef, static=static, view_len=view_len, paired=paired
+    )
     # The state is donated: the cache is updated in place, never copied.
     key = (
       "decode",
       args[1].batch,
       view_len,
+      paired,
       self.config.slots,
       self.config.cache_slots,
       static,

@@ -118,12 +118,17 @@ def decode_chunk(
   *,
   static: DecodeStatic,
   view_len: int,
+  paired: bool = False,
 ) -> tuple[RolloutState, jax.Array]:
   """Runs up to `num_steps` (a traced scalar) single-token decode steps in a device loop.
 
   Attention reads the first `view_len` cache slots only (the cache bucket);
   the host guarantees every active row stays inside it for the whole chunk.
   Finished rows are carried along unchanged until the host compacts them away.
+  `paired` (`EngineConfig.one_row_step`): each step's token goes in twice, at the same
+  position, and the first copy's output is taken: the products see two rows. The copy
+  writes the slot after the token's, which lies inside the view (an active row grows into
+  it) and which the next step writes over before anything reads it.
   Returns the new state and the number of steps actually run.
   """
   model: Transformer = nnx.merge(graphdef, params)
@@ -132,9 +137,10 @@ def decode_chunk(
   def step(carry):
     st, i = carry
     pos = st.length - 1
-    inp = st.tokens[rows, pos]
+    width = 2 if paired else 1
+    inp = jnp.repeat(st.tokens[rows, pos][:, None], width, axis=1)
     hidden, cache, _ = model(
-      inp[:, None], pos[:, None], cache=st.cache, cache_len=pos, view_len=view_len
+      inp, jnp.repeat(pos[:, None], width, axis=1), cache=st.cache, cache_len=pos, view_len=view_len
     )
     h = hidden[:, 0]
     tok, lp = sample_tokens(model.logits(h), static.sampling, key, st.seq_id, st.length)
