@@ -137,11 +137,10 @@ def decode_chunk(
   def step(carry):
     st, i = carry
     pos = st.length - 1
-    width = 2 if paired else 1
-    inp = jnp.repeat(st.tokens[rows, pos][:, None], width, axis=1)
-    hidden, cache, _ = model(
-      inp, jnp.repeat(pos[:, None], width, axis=1), cache=st.cache, cache_len=pos, view_len=view_len
-    )
+    inp, at = st.tokens[rows, pos][:, None], pos[:, None]
+    if paired:  # the token twice at its position (see the docstring)
+      inp, at = jnp.repeat(inp, 2, axis=1), jnp.repeat(at, 2, axis=1)
+    hidden, cache, _ = model(inp, at, cache=st.cache, cache_len=pos, view_len=view_len)
     h = hidden[:, 0]
     tok, lp = sample_tokens(model.logits(h), static.sampling, key, st.seq_id, st.length)
     active = ~st.done
