@@ -92,7 +92,7 @@ part_sizes() {
   local s args stages
   mkdir -p "$sizes"
   if [ "$VARIANT" = tiny ]; then # the flags of tests/test_real_sizes.py
-    args=(--shapes=tiny --contexts=16 --tokens=1,5 --overhead_tokens=5 --accept=chain4=3.0
+    args=(--shapes=tiny --contexts=16 --tokens=1,2,5 --overhead_tokens=5 --accept=chain4=3.0
       --max_batch=2 --copy_gb=0.01 --update_rows=4 --update_width=16 --reps=2 --steps=2
       --policies=configs/sd_bench.py:tiny)
   else

@@ -118,7 +118,11 @@ _STAGES = flags.DEFINE_list(
 _SHAPES = flags.DEFINE_list("shapes", ["qwen3-8b", "qwen2.5-1.5b"], "decode shapes (or tiny)")
 _UPDATE_SHAPE = flags.DEFINE_string("update_shape", "", "update stage's shape (default: last)")
 _CONTEXTS = flags.DEFINE_list("contexts", ["1024", "4096"], "cache lengths of the grid")
-_TOKENS = flags.DEFINE_list("tokens", ["1", "5", "9", "17"], "new tokens per row")
+_TOKENS = flags.DEFINE_list(
+  "tokens",
+  ["1", "2", "5", "9", "17"],
+  "new tokens per row (2: the engine's one-row step on a GPU, EngineConfig.one_row_step)",
+)
 _MAX_BATCH = flags.DEFINE_integer("max_batch", 256, "largest batch tried")
 _STEPS = flags.DEFINE_integer("steps", 16, "forwards per device loop")
 _REPS = flags.DEFINE_integer("reps", 5, "timed repetitions (median kept)")
@@ -323,22 +327,24 @@ class Stages:
 
   def decode_b1_profile(self, start) -> bool:
     """The first shape's batch-1 decode loop under each `--profile_forms` attention form,
-    timed, traced, its kernels by kind and the costliest described (`traced_ms`): which
-    products and reductions hold the step above its bound."""
+    with the head's product in the weights' dtype, and as the engine's step runs it on a GPU
+    (two tokens: `EngineConfig.one_row_step`), timed, traced, its kernels by kind and the
+    costliest described (`traced_ms`): which products and reductions hold the step above
+    its bound, and what the two-token step gives back."""
     name, context = _SHAPES.value[0], int(_CONTEXTS.value[0])
     cfg, graphdef, params = self.model(name)
     cells = self.results.setdefault("decode_b1_profile", {})
-    variants = [(form, False) for form in _PROFILE_FORMS.value]
+    variants = [(form, form, False, 1) for form in _PROFILE_FORMS.value]
     if _PROFILE_WEIGHTS_HEAD.value:
-      variants.append(("auto", True))
-    for form, weights_head in variants:
-      key = f"{form}, head in the weights' dtype" if weights_head else form
+      variants.append(("auto, head in the weights' dtype", "auto", True, 1))
+    variants.append(("auto, the step as two tokens", "auto", False, 2))
+    for key, form, weights_head, tokens in variants:
       if key in cells:
         continue
       if self._late(start):
         return False
       with attention_form(form):  # read when the loop is traced, in `compile`
-        fwd = Forward(graphdef, cfg, 1, 1, context, _STEPS.value, weights_head=weights_head)
+        fwd = Forward(graphdef, cfg, 1, tokens, context, _STEPS.value, weights_head=weights_head)
         compile_s = fwd.compile(params)
       cell = {"shape": name, "context": context, "compile_s": compile_s}
       cell["ms"] = fwd.ms(params, _REPS.value)

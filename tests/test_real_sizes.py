@@ -12,7 +12,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = [
   "--shapes=tiny",
   "--contexts=16",
-  "--tokens=1,5",
+  "--tokens=1,2,5",
   "--accept=chain4=3.0",
   "--max_batch=2",
   "--copy_gb=0.01",
@@ -89,21 +89,21 @@ def test_every_stage_runs_on_tiny_shapes_and_a_second_sitting_resumes(tmp_path):
   assert "xla_no_such_flag" in refused["error"]
   row = "| configs/sd_bench.py:tiny batch-1 decode, XLA_FLAGS += `--xla_gpu_enable_command_buff"
   assert row in printed
-  # The batch-1 decode loop profiled under two attention forms, its costliest kernels
-  # described.
-  variants = ["auto", "reduce", "auto, head in the weights' dtype"]
+  # The batch-1 decode loop profiled under two attention forms, with the head in the
+  # weights' dtype and as the engine's two-token step, its costliest kernels described.
+  variants = ["auto", "reduce", "auto, head in the weights' dtype", "auto, the step as two tokens"]
   assert list(second["decode_b1_profile"]) == variants
   for variant, profile in second["decode_b1_profile"].items():
     assert profile["shape"] == "tiny" and profile["kernels_per_step"] > 0 and profile["ms"] > 0
     assert isinstance(profile["top_hlo"], dict) and profile["compile_s"] > 0
     assert f"| tiny batch-1 decode, attention form {variant} | " in printed
   # The verify forwards, each traced and its trace summarised (no folder comes back).
-  assert set(second["verify_b1"]) == {"tiny/16/1/1", "tiny/16/1/5"}
+  assert set(second["verify_b1"]) == {"tiny/16/1/1", "tiny/16/1/2", "tiny/16/1/5"}
   for cell in second["verify_b1"].values():
     assert cell["ms"] > 0 and cell["trace"]["kernels_per_step"] > 0
     assert sum(cell["trace"]["by_kind_ms_per_step"].values()) > 0
   assert len(second["xla_flags"]) == 2  # one entry a sitting
-  assert set(second["decode_grid"]) == {f"tiny/16/{b}/{t}" for b in (1, 2) for t in (1, 5)}
+  assert set(second["decode_grid"]) == {f"tiny/16/{b}/{t}" for b in (1, 2) for t in (1, 2, 5)}
   assert all(c["ms"] > 0 and c["compile_s"] > 0 for c in second["decode_grid"].values())
   # The same cells: taken over, not re-timed, the earlier sitting's replaced.
   for key, cell in second["verify_b1"].items():
@@ -129,7 +129,7 @@ def test_every_stage_runs_on_tiny_shapes_and_a_second_sitting_resumes(tmp_path):
   # The grid is the simulator's measured table: its cells come back as they were measured,
   # and experiments/simulate.py projects from it.
   table = TableCost.from_decode_grid(second["decode_grid"], "tiny")
-  assert table.batches == (1, 2) and table.tokens == (1, 5) and table.context == 16
+  assert table.batches == (1, 2) and table.tokens == (1, 2, 5) and table.context == 16
   cell = second["decode_grid"]["tiny/16/2/5"]["ms"]
   assert abs(table.seconds(2, 5, 16) - cell / 1e3) < 1e-12
   surface = f"--surface={os.path.join(out, 'real_sizes.json')}:tiny"
@@ -143,7 +143,9 @@ def test_every_stage_runs_on_tiny_shapes_and_a_second_sitting_resumes(tmp_path):
   cmd = [sys.executable, "experiments/simulate.py", "--project", surface, "--steps=1"]
   done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
   assert done.returncode == 0, done.stderr[-3000:]
-  for row in ("| measured forwards | 2 |", "| roofline of the same device | 2 |", "| the paper"):
+  rows = ("| measured forwards | 2 |", "| roofline of the same device | 2 |", "| the paper")
+  # With two-token forwards measured, also as the engine runs a one-row step on a GPU.
+  for row in (*rows, "| measured forwards, one-row steps as two tokens | 2 |"):
     assert row in done.stdout
   assert "moves TLT's figure most: " in done.stdout
 

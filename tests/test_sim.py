@@ -13,6 +13,7 @@ from tlt_jax.sim import (
   ArmModel,
   EngineCost,
   EnginePolicy,
+  PairedOneRow,
   RooflineCost,
   TableCost,
   arms_from_accept,
@@ -440,3 +441,20 @@ def test_projections_draw_dapo_like_lengths_and_price_the_three_modes_on_a_devic
     assert all(pred[m]["step_speedup"] <= pred[m]["bound"] + 1e-9 for m in ("sd", "tlt"))
   assert runs[0]["tlt"]["step_speedup"] == pytest.approx(runs[0]["sd"]["step_speedup"], rel=0.05)
   assert runs[1]["tlt"]["step_speedup"] > runs[0]["tlt"]["step_speedup"] > 1.0
+
+
+def test_a_paired_one_row_step_costs_a_two_token_forward():
+  """The engine's one-row step on a GPU (a two-token forward, `EngineConfig.one_row_step`):
+  a one-row decode step costs the table's one-row, two-token forward, which here (as on the
+  H200) is cheaper than its one-token step; every other forward is the table's, and a
+  round's verify is unchanged while its drafter steps follow the cheaper step."""
+  table = TableCost(
+    batches=(1, 2), tokens=(1, 2, 5), ms=((6.0, 5.0), (5.0, 6.5), (5.5, 7.5)), context=1024
+  )
+  paired = PairedOneRow(table)
+  assert paired.seconds(1, 1, 1024) == table.seconds(1, 2, 1024) == 0.005
+  for batch, tokens in ((2, 1), (1, 2), (1, 5), (2, 5)):
+    assert paired.seconds(batch, tokens, 1024) == table.seconds(batch, tokens, 1024)
+  chain4 = ArmModel("chain4", 5, 3.0, 4, draft_cost=0.1)
+  verify = table.seconds(1, 5, 1024)
+  assert chain4.round_seconds(paired, 1, 1024) == pytest.approx(4 * 0.1 * 0.005 + verify)

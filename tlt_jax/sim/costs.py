@@ -13,6 +13,9 @@ depth + 1: verifying a chain draft) at a mean cache length of `context` tokens. 
   at a sustained fraction of peak) and its memory traffic (the weights once, each row's KV
   cache), plus a fixed launch overhead.
 
+* `PairedOneRow`: another model with a one-row decode step charged as a one-row, two-token
+  forward, as the engine runs it on a GPU (`EngineConfig.one_row_step`).
+
 * `EngineCost`: the rollout engine's own device calls, timed in its rollout timelines on a
   host (experiments/engine_costs.py): a plain decode step and a speculative round of each
   arm by batch bucket and cache view, a prompt prefill, a drafter-cache rebuild, and the
@@ -37,6 +40,7 @@ __all__ = [
   "ArmModel",
   "DecodeCost",
   "EngineCost",
+  "PairedOneRow",
   "RooflineCost",
   "TableCost",
   "arms_from_accept",
@@ -186,6 +190,20 @@ class RooflineCost:
     compute_s = flops / (self.peak_flops * self.flops_efficiency)
     memory_s = traffic / (self.bandwidth * self.bandwidth_efficiency)
     return self.overhead_s + max(compute_s, memory_s)
+
+
+@dataclasses.dataclass(frozen=True)
+class PairedOneRow:
+  """`cost` with its one-row decode step charged as a one-row forward of two tokens: the
+  engine's step on a GPU (`EngineConfig.one_row_step`), whose one-token products XLA turns
+  into reductions there. Every other forward is `cost`'s."""
+
+  cost: DecodeCost
+
+  def seconds(self, batch: int, tokens: int, context: float) -> float:
+    if batch == 1 and tokens == 1:
+      return self.cost.seconds(1, 2, context)
+    return self.cost.seconds(batch, tokens, context)
 
 
 # Timeline phases of device calls whose seconds EngineCost tables, by (batch, length) cell:
