@@ -163,13 +163,17 @@ _NO_KERNEL = {"parameter", "constant", "bitcast", "tuple", "get-tuple-element"}
 
 
 def loop_kernels(hlo_text: str) -> dict[str, Any]:
-  """The kernels one trip of a compiled program's first device loop launches, counted from
-  the optimised module's text (`compiled.as_text()`): every instruction of the loop's body
-  but plumbing (parameters, tuples, bitcasts, constants), by the kind its kernel's name
-  gives (`KINDS`, as a trace's summary sorts them). On a GPU each is one launch (a fusion,
-  a library call, a copy); a nested loop or call counts once. Returns {} where the module
-  has no loop."""
-  body = re.search(r"\bwhile\(.*?\bbody=%([^\s,]+)", hlo_text)
+  """The kernels one trip of a compiled program's device loop launches (the entry's, the
+  outermost), counted from the optimised module's text (`compiled.as_text()`): every
+  instruction of the loop's body but plumbing (parameters, tuples, bitcasts, constants), by
+  the kind its kernel's name gives (`KINDS`, as a trace's summary sorts them). On a GPU each
+  is one launch (a fusion, a library call, a copy); a nested loop or call counts once.
+  Returns {} where the module has no loop."""
+  entry = hlo_text[hlo_text.find("\nENTRY ") + 1 :] if "\nENTRY " in hlo_text else hlo_text
+  # The entry's loop, the outermost: a nested loop's body may come first in the text.
+  body = re.search(r"\bwhile\(.*?\bbody=%([^\s,]+)", entry) or re.search(
+    r"\bwhile\(.*?\bbody=%([^\s,]+)", hlo_text
+  )
   if body is None:
     return {}
   by_kind: dict[str, int] = {}

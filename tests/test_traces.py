@@ -218,6 +218,28 @@ def test_a_loops_kernels_are_its_bodys_launches_by_kind():
   assert loop_kernels(_HLO) == {}
 
 
+def test_the_outermost_loop_is_counted_though_a_nested_body_comes_first():
+  """A loop inside the loop (a drafter's steps inside a speculative round): its body,
+  printed before the outer one, is not taken for the trip; it counts once there."""
+  inner = "\n".join(
+    [
+      "%inner.20 (arg.21: (s32[], f32[1,8])) -> (s32[], f32[1,8]) {",
+      "  %arg.21 = (s32[], f32[1,8]{1,0}) parameter(0)",
+      "  %loop_add_fusion.22 = s32[] fusion(%arg.21), kind=kLoop, calls=%a",
+      "  ROOT %tuple.23 = (s32[], f32[1,8]{1,0}) tuple(%loop_add_fusion.22, %arg.21)",
+      "}",
+      "",
+    ]
+  )
+  nested = _LOOP.replace("%body.4 (", inner + "%body.4 (", 1).replace(
+    "  ROOT %tuple.10",
+    "  %while.24 = (s32[], f32[1,8]{1,0}) while(%tuple.15), condition=%cond.11, "
+    "body=%inner.20\n  ROOT %tuple.10",
+  )
+  got = loop_kernels(nested)
+  assert got["names"][-1] == "while.24" and got["kernels"] == 5
+
+
 def test_a_loop_compiled_by_this_jax_is_counted():
   """The module text this jax prints: a loop of a product and a tanh launches at least one
   kernel a trip and no more than its instructions."""
