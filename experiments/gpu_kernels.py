@@ -129,16 +129,18 @@ def gpu_sharding(target_config: str) -> jax.sharding.NamedSharding:
   return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
 
 
+def placed(tree, sharding):
+  """`tree`'s shapes on `sharding`'s device: a program lowered from them compiles for it."""
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), tree)
+
+
 def compiled_cell(shape: str, batch: int, tokens: int, sharding) -> tuple[dict, str]:
   """One cell (see the module docstring) and its compiled module's text."""
   cfg = decode_shape(shape)
   graphdef, abstract = nnx.split(nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0))))
-  on_gpu = lambda tree: jax.tree.map(
-    lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), tree
-  )
   fwd = Forward(graphdef, cfg, batch, tokens, _CONTEXT.value, _STEPS.value)
   start = time.perf_counter()
-  compiled = fwd.fn.lower(on_gpu(abstract), *on_gpu(fwd.abstract)).compile()
+  compiled = fwd.fn.lower(*placed((abstract, *fwd.abstract), sharding)).compile()
   seconds = time.perf_counter() - start
   text = compiled.as_text()
   counted = loop_kernels(text)
@@ -181,8 +183,7 @@ def engine_cell(name: str, paired: bool, sharding) -> dict:
   chunk = functools.partial(
     programs.decode_chunk, graphdef, static=static, view_len=view, paired=paired
   )
-  args = (params, state, key, jax.ShapeDtypeStruct((), jnp.int32))
-  args = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), args)
+  args = placed((params, state, key, jax.ShapeDtypeStruct((), jnp.int32)), sharding)
   with jax.default_matmul_precision(engine.matmul_precision or "default"):
     compiled = jax.jit(chunk, donate_argnums=1).lower(*args).compile()
   counted = loop_kernels(compiled.as_text())
