@@ -78,8 +78,7 @@ if spec_ms:
 # tokens: a chain of 4 or 8 draft tokens and the bonus) were traced and their kernels
 # summed by kind (`experiments/traces.py`). On this GPU a decode step (1 token) runs about
 # 1 ms of reductions that the multi-token forwards do not, so verifying a chain costs less
-# than decoding one token: the one-row products are the suspects (the next sitting's
-# `decode_b1_profile` names them).
+# than decoding one token. The next cell says why.
 
 # %%
 verify = {int(k.split("/")[-1]): c for k, c in measured["verify_b1"].items()}
@@ -103,6 +102,39 @@ plt.tight_layout()
 plt.show()
 for t in tokens:
   print(f"{t:>2} tokens: {verify[t]['ms']:.2f} ms = {verify[t]['ms'] / verify[1]['ms']:.2f} steps")
+
+# %% [markdown]
+# **Why one token costs more than five: the kernels a step launches.** The same programs
+# compiled for an H100 on a CPU host (`experiments/gpu_kernels.py`, the CUDA plugin and no
+# device; its 945 and 766 kernels for the 8B one- and five-token forwards match this
+# device's traces, 959 and 780, less a call's 14 outside the loop): a product whose
+# activation side is one row of one token becomes an elementwise product and a reduction
+# in XLA's GPU compiler, so a one-row step launches more kernels, mostly reductions, and
+# reads its weights' worth of products back. Two rows, or one row of two tokens, keep every
+# projection a matrix product; the engine's one-row step on a GPU is therefore a two-token
+# forward (`engine.one_row_step`).
+
+# %%
+KERNELS = ROOT / "experiments/results/gpu_kernels_hostL_2026-12-05/gpu_kernels.json"
+kernels = json.loads(KERNELS.read_text())
+cells = ["1/1", "1/2", "2/1", "1/5"]
+shapes = [("configs/sd_bench.py", "50M policy (float32)"), (SHAPE, "Qwen3-8B layers (bfloat16)")]
+fig, axes = plt.subplots(1, 2, figsize=(10, 3.4))
+for ax, (name, label) in zip(axes, shapes, strict=True):
+  bottom = np.zeros(len(cells))
+  for kind in kinds:
+    n = np.array([kernels[f"{name}/{c}"]["by_kind"].get(kind, 0) for c in cells])
+    ax.bar(cells, n, bottom=bottom, label=kind)
+    bottom += n
+  ax.set_title(label, fontsize=9)
+  ax.set_xlabel("rows / new tokens a row")
+axes[0].set_ylabel("kernels a step (an H100's program)")
+axes[1].legend(fontsize=7)
+plt.tight_layout()
+plt.show()
+for name, label in shapes:
+  counts = ", ".join(f"{c}: {kernels[f'{name}/{c}']['kernels']}" for c in cells)
+  print(f"{label}: {counts}")
 
 # %% [markdown]
 # **The RL step, simulated.** The measured forwards become the simulator's cost table
@@ -134,6 +166,18 @@ print("|---|---|---|---|")
 for label, cost in (("measured forwards", table), ("roofline of the same device", roofline)):
   sd, tlt, pred = project(cost)
   print(f"| {label} | {pred['baseline']['rollout_share']:.2f} | {sd:.2f}x | {tlt:.2f}x |")
+# A what-if, not a measurement: the one-row step at the 5-token forward's time, as the
+# engine's two-token step might run (no two-token forward of this shape is timed yet), the
+# drafter's measured ms kept.
+grid = json.loads(json.dumps(measured["decode_grid"]))
+grid[f"{SHAPE}/{b1['context']}/1/1"] = grid[f"{SHAPE}/{b1['context']}/1/5"]
+paired = TableCost.from_decode_grid(grid, SHAPE)
+paired_ms = 1e3 * paired.seconds(1, 1, paired.context)
+sd, tlt, pred = project(paired, draft=draft * step_ms / paired_ms)
+print(
+  f"| what if the one-row step cost the 5-token forward ({paired_ms:.2f} ms) | "
+  f"{pred['baseline']['rollout_share']:.2f} | {sd:.2f}x | {tlt:.2f}x |"
+)
 print("| the paper (Qwen2.5-7B, 64 H100s, 128 rows an instance, against veRL) | - | - | 1.86x |")
 
 # %% [markdown]
@@ -162,9 +206,11 @@ plt.tight_layout()
 plt.show()
 
 # %% [markdown]
-# These are projections, not runs: one row an instance (the grid's larger batches are
-# still to be measured), so every step is the long tail's small-batch phase, where the
-# paper's 128 rows spend only part of theirs; a random-weight drafter's cost; accept
-# lengths from this project's small policies; an update priced from an assumed MFU. The
-# command-line version with the full one-at-a-time table is
-# `python experiments/simulate.py --project --surface=<real_sizes.json>:<shape>`.
+# These are projections, not runs. Part of the measured lead is the one-token step's own
+# cost (6.18 ms against 4.93 for five tokens): with that step as cheap as a two-token
+# forward may make it, TLT's figure falls, as the what-if row shows. Also: one row an
+# instance (the grid's larger batches are still to be measured), so every step is the long
+# tail's small-batch phase, where the paper's 128 rows spend only part of theirs; a
+# random-weight drafter's cost; accept lengths from this project's small policies; an
+# update priced from an assumed MFU. The command-line version with the full one-at-a-time
+# table is `python experiments/simulate.py --project --surface=<real_sizes.json>:<shape>`.
