@@ -2,7 +2,7 @@
 cached forwards of a few new tokens per row, looped in one program), `decode_shape` (a
 published layer shape or one of this project's policies), the bytes a decode step reads,
 and the policy update at a published shape (`UpdateProgram`). experiments/real_sizes.py
-times them on a device; experiments/gpu_kernels.py compiles them for a GPU on a host
+times them on a device; experiments/deviceless.py compiles them for a GPU on a host
 without one."""
 
 from __future__ import annotations

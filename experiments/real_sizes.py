@@ -150,7 +150,7 @@ _OVERHEAD_TOKENS = flags.DEFINE_list(
   "overhead_tokens",
   ["2", "5", "9"],
   "overhead stage: batch-1 forwards of these new-token counts timed beside each setting's decode "
-  "(2: a one-row step whose products stay matrix products on a GPU, experiments/gpu_kernels.py)",
+  "(2: a one-row step whose products stay matrix products on a GPU, experiments/deviceless.py)",
 )
 _POLICIES = flags.DEFINE_list(
   "policies",
@@ -187,7 +187,7 @@ def batch1_decode(graphdef, cfg, params, context: int) -> tuple[Forward, dict]:
   call (the differences are host round trips and launches), and the counted loop over two
   rows (`ms_in_loop_two_rows`: one row and a pad, as an engine whose smallest batch bucket
   is 2 runs it; on a GPU XLA turns a one-row step's products into elementwise products and
-  reductions, experiments/gpu_kernels.py); returns the counted Forward too."""
+  reductions, experiments/deviceless.py); returns the counted Forward too."""
   looped = Forward(graphdef, cfg, 1, 1, context, _STEPS.value)
   until_done = Forward(graphdef, cfg, 1, 1, context, _STEPS.value, until_done=True)
   single = Forward(graphdef, cfg, 1, 1, context, 1)

@@ -105,7 +105,7 @@ for t in tokens:
 
 # %% [markdown]
 # **Why one token costs more than five: the kernels a step launches.** The same programs
-# compiled for an H100 on a CPU host (`experiments/gpu_kernels.py`, the CUDA plugin and no
+# compiled for an H100 on a CPU host (`experiments/deviceless.py`, the CUDA plugin and no
 # device; its 945 and 766 kernels for the 8B one- and five-token forwards match this
 # device's traces, 959 and 780, less a call's 14 outside the loop): a product whose
 # activation side is one row of one token becomes an elementwise product and a reduction
@@ -115,7 +115,7 @@ for t in tokens:
 # forward (`engine.one_row_step`).
 
 # %%
-KERNELS = ROOT / "experiments/results/gpu_kernels_hostL_2026-12-05/gpu_kernels.json"
+KERNELS = ROOT / "experiments/results/deviceless_h100_hostL_2026-12-05/deviceless.json"
 kernels = json.loads(KERNELS.read_text())
 cells = ["1/1", "1/2", "2/1", "1/5"]
 shapes = [("configs/sd_bench.py", "50M policy (float32)"), (SHAPE, "Qwen3-8B layers (bfloat16)")]

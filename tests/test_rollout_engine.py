@@ -261,7 +261,7 @@ def test_bad_requests_fail_clearly(model, pool, prompts, kwargs, match):
 def test_a_pad_row_beside_the_last_row_changes_nothing(model, pool):
   """One row alone (min_batch_bucket 1) and beside a pad row (2): the same tokens and
   log-probs (a floor of 2 keeps a GPU's one-row products matrix products,
-  experiments/gpu_kernels.py)."""
+  experiments/deviceless.py)."""
   _, _, params = model
   sampling = SamplingConfig(temperature=1.0, top_k=20)
   alone, padded = [

@@ -190,8 +190,8 @@ def compiled_update(
   """One policy update (AdamW) of `rows` x `width` tokens on one device in micro-batches of
   `micro_batch` rows (default: one of all `rows`), compiled from shapes alone: nothing is
   allocated, so real sizes compile on a small host (`make_policy_update`'s options).
-  `sharding`: the one device every input is placed on (default: this host's); a GPU's
-  compiles it for that GPU from a host without one (experiments/gpu_kernels.py).
+  `sharding`: the one device every input is placed on (default: this host's); a GPU's or a
+  TPU's compiles it for that device from a host without one (experiments/deviceless.py).
   Returns the compiled program and its optimizer (whose `init` makes the state it takes)."""
   import jax
   import jax.numpy as jnp

@@ -61,7 +61,7 @@ class EngineConfig:
       the next step) or "auto" (paired on a GPU, single elsewhere). On a GPU, XLA turns a
       product whose activation side is one row into an elementwise product and a reduction
       it often cannot fuse with what feeds it; two rows keep every projection a matrix
-      product in fewer kernels (experiments/gpu_kernels.py; experiments/RESULTS.md,
+      product in fewer kernels (experiments/deviceless.py; experiments/RESULTS.md,
       2026-12-05). A two-row bucket is no remedy: it would double a one-row verify's rows.
     matmul_precision: the precision the rollout programs' float32 matrix products run at
       (`jax.default_matmul_precision`; None: the platform's default). "highest" keeps

@@ -1,14 +1,23 @@
-r"""This project's decode programs compiled for a GPU on a host that has none, and the kernels
-one step launches counted from the compiled module: where a small model's decode step goes
-on a GPU (one launch is a few microseconds whatever the kernel does), checked before a
-device sitting rather than in one.
+r"""This project's programs compiled for a device this host does not have, an H100 or a TPU,
+and what one step of them launches counted from the compiled module: where a small model's
+decode step goes on a GPU (one launch is a few microseconds whatever the kernel does), and
+whether the programs compile and fit there, checked before a device sitting rather than in
+one.
 
 XLA compiles for a GPU it is only told about (a target description: an H100 SXM here)
-through the CUDA plugin, with no driver and no device. The plugin and its CUDA libraries
-(several GB) go in an environment of their own; the project itself needs nothing of them:
+through the CUDA plugin, with no driver and no device, and for a TPU topology through
+libtpu. The plugins (several GB for CUDA) go in an environment of their own; the project
+itself needs nothing of them:
 
   python3 -m venv /tmp/gpu && /tmp/gpu/bin/pip install -e . "jax[cuda13]==0.10.2"
-  /tmp/gpu/bin/python experiments/gpu_kernels.py --out=runs/gpu_kernels
+  /tmp/gpu/bin/python experiments/deviceless.py --out=runs/deviceless_h100
+  python3 -m venv /tmp/tpu && /tmp/tpu/bin/pip install -e '.[tpu]'
+  /tmp/tpu/bin/python experiments/deviceless.py --target=v6e:2x2 --out=runs/deviceless_v6e
+
+`--target`: "h100", or a TPU topology ("v5e:2x2", "v6e:2x2"), whose first chip compiles.
+On a GPU each counted instruction is a kernel launch; a TPU runs a program without
+launches, so there the count is of its fused ops, comparable between programs, not with a
+GPU's.
 
 Each cell: `--steps` forwards of `tokens` new tokens per row at `batch` rows
 (`experiments.forwards.Forward`, the loop experiments/real_sizes.py times on a device),
@@ -29,8 +38,8 @@ from __future__ import annotations
 
 import os
 
-# No GPU is looked for (the plugin only compiles), and the plugin's check of the CUDA
-# libraries' versions, which asks the driver, is skipped: both before jax is imported.
+# No accelerator is looked for (the plugins only compile), and the CUDA plugin's check of
+# its libraries' versions, which asks the driver, is skipped: both before jax is imported.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
 
@@ -60,7 +69,7 @@ from tlt_jax.parallel.memory import measured_bytes  # noqa: E402
 from tlt_jax.rollout import programs  # noqa: E402
 from tlt_jax.rollout.state import round_up  # noqa: E402
 
-_OUT = flags.DEFINE_string("out", "runs/gpu_kernels", "output folder (gpu_kernels.json)")
+_OUT = flags.DEFINE_string("out", "runs/deviceless", "output folder (deviceless.json)")
 _SHAPES = flags.DEFINE_list(
   "shapes",
   ["configs/sd_bench.py", "qwen3-8b"],
@@ -78,8 +87,9 @@ _UPDATES = flags.DEFINE_list("updates", [], "update programs: scanned, unrolled"
 _UPDATE_SHAPE = flags.DEFINE_string("update_shape", "qwen2.5-1.5b", "the update's shape")
 _UPDATE_ROWS = flags.DEFINE_integer("update_rows", 8, "update rows (micro-batches of 2)")
 _UPDATE_WIDTH = flags.DEFINE_integer("update_width", 1024, "update row length")
-_TARGET = flags.DEFINE_string(
-  "target_config", "", "a GpuTargetConfig in text form (default: an H100 SXM, below)"
+_TARGET = flags.DEFINE_string("target", "h100", "h100, or a TPU topology (v5e:2x2, v6e:2x2)")
+_TARGET_CONFIG = flags.DEFINE_string(
+  "target_config", "", "--target=h100: a GpuTargetConfig in text form (default: H100_SXM)"
 )
 
 # NVIDIA H100 SXM5 as XLA's GPU compiler reads a device (xla.GpuTargetConfig, text form):
@@ -111,6 +121,28 @@ dnn_version_info { major: 9 minor: 28 }
 runtime_version { major: 13 minor: 0 }
 device_description_str: "NVIDIA H100 80GB HBM3"
 """
+
+
+def target_sharding(target: str) -> tuple[jax.sharding.NamedSharding, str]:
+  """`--target`'s device as a one-device sharding, and its name."""
+  if target == "h100":
+    config = H100_SXM
+    if _TARGET_CONFIG.value:
+      with open(_TARGET_CONFIG.value) as f:
+        config = f.read()
+    return gpu_sharding(config), config.split("device_description_str:")[-1].strip().strip('"')
+  from jax.experimental import topologies
+
+  try:
+    topology = topologies.get_topology_desc(topology_name=target, platform="tpu")
+  except Exception as e:  # libtpu absent, or a topology it does not know
+    raise SystemExit(
+      f"compiling for TPU topology {target!r} here needs libtpu (pip install -e '.[tpu]') "
+      f"and a topology it knows: {e}"
+    ) from e
+  device = topology.devices[0]
+  mesh = jax.sharding.Mesh([device], ("tpu",))
+  return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()), device.device_kind
 
 
 def gpu_sharding(target_config: str) -> jax.sharding.NamedSharding:
@@ -190,8 +222,9 @@ def engine_cell(name: str, paired: bool, sharding) -> dict:
   return {"kernels": counted["kernels"], "by_kind": counted["by_kind"], "view": view}
 
 
-def updates(sharding) -> dict:
-  """`--updates`' programs compiled for the GPU: XLA's bytes beside the plan's."""
+def updates(sharding, device: str) -> dict:
+  """`--updates`' programs compiled for the target: XLA's bytes beside the plan's, or, where
+  XLA finds they do not fit the device's memory, what it said."""
   cells = {}
   for label in _UPDATES.value:
     if label not in ("scanned", "unrolled"):
@@ -199,15 +232,21 @@ def updates(sharding) -> dict:
     program = UpdateProgram(
       _UPDATE_SHAPE.value, _UPDATE_ROWS.value, _UPDATE_WIDTH.value, label == "scanned", sharding
     )
-    compiled, _, seconds = program.compile()
-    cell = {**program.facts(), "compiled_bytes": measured_bytes(compiled)}
-    cell["compile_s"] = round(seconds, 1)
+    cell = program.facts()
+    what = f"{cell['shape']} update, {cell['rows']} x {cell['width']} tokens, layers {label}"
+    planned = cell["planned_bytes"] / 2**30
+    try:
+      compiled, _, seconds = program.compile()
+    except jax.errors.JaxRuntimeError as e:  # a TPU's compiler refuses what does not fit
+      cells[f"update/{label}"] = {**cell, "error": str(e)[:400]}
+      print(f"{what}: not compiled for {device} (planned {planned:.1f} GiB): {str(e)[:200]}")
+      continue
+    cell.update(compiled_bytes=measured_bytes(compiled), compile_s=round(seconds, 1))
     cells[f"update/{label}"] = cell
-    gib, planned = cell["compiled_bytes"] / 2**30, cell["planned_bytes"] / 2**30
+    gib = cell["compiled_bytes"] / 2**30
     print(
-      f"{cell['shape']} update, {cell['rows']} x {cell['width']} tokens, layers {label}: "
-      f"XLA:GPU {gib:.1f} GiB, planned {planned:.1f} ({gib / planned:.2f}x); compiled in "
-      f"{seconds:.0f} s here",
+      f"{what}: XLA for {device} {gib:.1f} GiB, planned {planned:.1f} ({gib / planned:.2f}x); "
+      f"compiled in {seconds:.0f} s here",
       flush=True,
     )
   return cells
@@ -215,11 +254,8 @@ def updates(sharding) -> dict:
 
 def main(argv):
   del argv
-  target = H100_SXM
-  if _TARGET.value:
-    with open(_TARGET.value) as f:
-      target = f.read()
-  sharding = gpu_sharding(target)
+  sharding, device = target_sharding(_TARGET.value)
+  print(f"compiling for {device}", flush=True)
   os.makedirs(_OUT.value, exist_ok=True)
   cells = {}
   print("| program | kernels a step | a layer | by kind | compile s |")
@@ -246,9 +282,9 @@ def main(argv):
       kinds = ", ".join(f"{k} {n}" for k, n in sorted(cell["by_kind"].items()))
       step = "two tokens" if paired else "one token"
       print(f"{name}'s engine, one row, its step as {step}: {cell['kernels']} kernels ({kinds})")
-  cells.update(updates(sharding))
-  with open(os.path.join(_OUT.value, "gpu_kernels.json"), "w") as f:
-    json.dump({"target": target.split("device_description_str:")[-1].strip(), **cells}, f, indent=1)
+  cells.update(updates(sharding, device))
+  with open(os.path.join(_OUT.value, "deviceless.json"), "w") as f:
+    json.dump({"target": device, **cells}, f, indent=1)
 
 
 if __name__ == "__main__":
