@@ -124,41 +124,26 @@ device_description_str: "NVIDIA H100 80GB HBM3"
 
 
 def target_sharding(target: str) -> tuple[jax.sharding.NamedSharding, str]:
-  """`--target`'s device as a one-device sharding, and its name."""
+  """`--target`'s device (a TPU topology's first chip) as a one-device sharding, and its
+  name: arguments placed there compile for it."""
+  from jax.experimental import topologies
+
   if target == "h100":
     config = H100_SXM
     if _TARGET_CONFIG.value:
       with open(_TARGET_CONFIG.value) as f:
         config = f.read()
-    return gpu_sharding(config), config.split("device_description_str:")[-1].strip().strip('"')
-  from jax.experimental import topologies
-
+    needs = "the CUDA plugin (see this script's docstring)"
+    describe = dict(platform="cuda", target_config=config, topology="1x1x1")
+  else:
+    needs = f"libtpu (pip install -e '.[tpu]') and a TPU topology it knows, not {target!r}"
+    describe = dict(platform="tpu", topology_name=target)
   try:
-    topology = topologies.get_topology_desc(topology_name=target, platform="tpu")
-  except Exception as e:  # libtpu absent, or a topology it does not know
-    raise SystemExit(
-      f"compiling for TPU topology {target!r} here needs libtpu (pip install -e '.[tpu]') "
-      f"and a topology it knows: {e}"
-    ) from e
-  device = topology.devices[0]
-  mesh = jax.sharding.Mesh([device], ("tpu",))
+    device = topologies.get_topology_desc(**describe).devices[0]
+  except Exception as e:  # jax says only "topology not implemented" without the plugin
+    raise SystemExit(f"compiling for {target} here needs {needs}: {e}") from e
+  mesh = jax.sharding.Mesh([device], ("device",))
   return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()), device.device_kind
-
-
-def gpu_sharding(target_config: str) -> jax.sharding.NamedSharding:
-  """A one-device sharding on the described GPU: arguments placed there compile for it."""
-  from jax.experimental import topologies
-
-  try:
-    topology = topologies.get_topology_desc(
-      platform="cuda", target_config=target_config, topology="1x1x1"
-    )
-  except Exception as e:  # the plugin absent: jax says only "topology not implemented"
-    raise SystemExit(
-      f"compiling for a GPU here needs the CUDA plugin (see this script's docstring): {e}"
-    ) from e
-  mesh = topologies.make_mesh(topology, (1,), ("gpu",))
-  return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
 
 
 def placed(tree, sharding):
