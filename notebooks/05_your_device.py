@@ -112,7 +112,10 @@ for t in tokens:
 # in XLA's GPU compiler, so a one-row step launches more kernels, mostly reductions, and
 # reads its weights' worth of products back. Two rows, or one row of two tokens, keep every
 # projection a matrix product; the engine's one-row step on a GPU is therefore a two-token
-# forward (`engine.one_row_step`).
+# forward (`engine.one_row_step`). These counts are the code of that day; since then a
+# one-row batch writes its KV cache in place instead of through a scatter, two kernels a
+# layer fewer: the 50M policy's 1/2 cell 239, the 8B's 693 (experiments/RESULTS.md,
+# 2026-12-05, "a one-row forward writes its KV cache in place").
 
 # %%
 KERNELS = ROOT / "experiments/results/deviceless_h100_hostL_2026-12-05/deviceless.json"

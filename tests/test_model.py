@@ -59,32 +59,33 @@ def _full_logits(model, tokens):
     {"qk_norm": True, "rope_type": "llama3", "rope_factor": 8.0, "rope_original_max_position": 8},
   ],
 )
-def test_cached_prefill_decode_and_extend_match_full_forward(extra):
+@pytest.mark.parametrize("rows", [3, 1])  # one row writes its cache without a scatter
+def test_cached_prefill_decode_and_extend_match_full_forward(extra, rows):
   cfg = ModelConfig(**{**BASE, **extra})
   model = _model(cfg, seed=1)
-  tokens = jax.random.randint(jax.random.key(0), (3, 12), 0, cfg.vocab_size)
+  tokens = jax.random.randint(jax.random.key(0), (3, 12), 0, cfg.vocab_size)[:rows]
   full, full_hidden = _full_logits(model, tokens)
   # Rows start at different lengths: prefill 5, then decode 1 token at a time
   # for row-specific offsets, then a 3-token extend.
-  cache = KVCache.zeros(cfg, 3, 16)
-  pos = jnp.broadcast_to(jnp.arange(5), (3, 5))
-  h, cache, _ = model(tokens[:, :5], pos, cache=cache, cache_len=jnp.zeros(3, jnp.int32))
+  cache = KVCache.zeros(cfg, rows, 16)
+  pos = jnp.broadcast_to(jnp.arange(5), (rows, 5))
+  h, cache, _ = model(tokens[:, :5], pos, cache=cache, cache_len=jnp.zeros(rows, jnp.int32))
   np.testing.assert_allclose(model.logits(h), full[:, :5], atol=1e-5)
   np.testing.assert_allclose(h, full_hidden[:, :5], atol=1e-5)
   for t in range(5, 9):
     h, cache, _ = model(
       tokens[:, t : t + 1],
-      jnp.full((3, 1), t),
+      jnp.full((rows, 1), t),
       cache=cache,
-      cache_len=jnp.full((3,), t, jnp.int32),
+      cache_len=jnp.full((rows,), t, jnp.int32),
       view_len=12,
     )
     np.testing.assert_allclose(model.logits(h)[:, 0], full[:, t], atol=1e-5)
   h, cache, _ = model(
     tokens[:, 9:12],
-    jnp.broadcast_to(jnp.arange(9, 12), (3, 3)),
+    jnp.broadcast_to(jnp.arange(9, 12), (rows, 3)),
     cache=cache,
-    cache_len=jnp.full((3,), 9, jnp.int32),
+    cache_len=jnp.full((rows,), 9, jnp.int32),
   )
   np.testing.assert_allclose(model.logits(h), full[:, 9:12], atol=1e-5)
 

@@ -112,13 +112,25 @@ def apply_rope(x: Float[Array, "B T N E"], tables) -> Float[Array, "B T N E"]:
   return (x32 * cos + rotated * sin).astype(x.dtype)
 
 
-def _write_rows(
+def scatter_rows(
   buf: Float[Array, "B K S E"], new: Float[Array, "B T K E"], start: Int[Array, " B"]
 ) -> Float[Array, "B K S E"]:
-  # Each row writes at its own length. The caller guarantees start + T <= S:
-  # dynamic_update_slice would otherwise clamp the index and overwrite history.
+  """buf[b, :, start[b] : start[b] + T] = new[b] for every row b: each row writes at its
+  own length. The caller guarantees start + T <= S: dynamic_update_slice would otherwise
+  clamp the index and overwrite history."""
   new = jnp.swapaxes(new, 1, 2)  # [B, K, T, E]
   return jax.vmap(lambda c, x, i: jax.lax.dynamic_update_slice(c, x, (0, i, 0)))(buf, new, start)
+
+
+def write_rows(
+  buf: Float[Array, "B K S E"], new: Float[Array, "B T K E"], start: Int[Array, " B"]
+) -> Float[Array, "B K S E"]:
+  """`scatter_rows`, written as one in-place update where the batch is one row. The
+  batched form is a scatter, whose skip-out-of-bounds rule makes XLA read the old slots
+  before writing: on a GPU a kernel of its own per write (experiments/deviceless.py)."""
+  if buf.shape[0] == 1:
+    return jax.lax.dynamic_update_slice(buf, jnp.swapaxes(new, 1, 2), (0, 0, start[0], 0))
+  return scatter_rows(buf, new, start)
 
 
 class Attention(nnx.Module):
@@ -150,8 +162,8 @@ class Attention(nnx.Module):
       new_kv = None
     else:
       ck, cv = cache_kv
-      ck = _write_rows(ck, k, cache_len)
-      cv = _write_rows(cv, v, cache_len)
+      ck = write_rows(ck, k, cache_len)
+      cv = write_rows(cv, v, cache_len)
       # Read only the first view_len slots: the cache-length bucket.
       out = attend(q, ck[:, :, :view_len], cv[:, :, :view_len], mask)
       new_kv = (ck, cv)
