@@ -3,13 +3,16 @@ r"""The KV cache write of a one-row forward on this host: one in-place update
 
 On a GPU the scatter costs a kernel of its own per write (XLA reads the slots it is about to
 overwrite; experiments/deviceless.py counts them); this checks that the CPU does not pay
-for the change. Each `--configs` policy (random weights) runs an engine chunk's kind of
+for the change, and on a GPU it times what the count predicts. Each `--shapes` entry (a
+config file's policy or a published shape, `experiments.forwards.decode_shape`, random
+weights) runs an engine chunk's kind of
 device loop (`experiments.common.decode_loop`: 16 cached forwards of `--tokens` new tokens
 at one row) traced once with each write; both are timed interleaved in one process,
 `--reps` rounds: median ms a forward [min-max] and the paired ratio update / scatter.
 
   python experiments/bench_cache_write.py \
       --out=experiments/results/cache_write_hostL_2026-12-05/bench_cache_write.json
+  python experiments/bench_cache_write.py --shapes=configs/sd_bench.py,qwen3-8b --tokens=1,2
 """
 
 from __future__ import annotations
@@ -24,15 +27,17 @@ from absl import app, flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from experiments.common import config_policy, decode_loop  # noqa: E402
-from experiments.forwards import config_file  # noqa: E402
+from experiments.common import decode_loop, random_params  # noqa: E402
+from experiments.forwards import decode_shape  # noqa: E402
 from experiments.host import format_host, host_info  # noqa: E402
 from tlt_jax.models import transformer  # noqa: E402
 
-_CONFIGS = flags.DEFINE_list(
-  "configs", ["configs/default.py", "configs/regime.py", "configs/sd_bench.py"], "policies"
+_SHAPES = flags.DEFINE_list(
+  "shapes", ["configs/default.py", "configs/regime.py", "configs/sd_bench.py"], "policies"
 )
-_TOKENS = flags.DEFINE_list("tokens", ["1", "5"], "new tokens a forward (5: a chain-4 verify)")
+_TOKENS = flags.DEFINE_list(
+  "tokens", ["1", "5"], "new tokens a forward (2: a one-row step on a GPU; 5: a chain-4 verify)"
+)
 _CONTEXT = flags.DEFINE_integer("context", 400, "the cache length the loop starts at")
 _REPS = flags.DEFINE_integer("reps", 15, "interleaved timed rounds")
 _OUT = flags.DEFINE_string("out", "", "write the results as JSON here too")
@@ -58,8 +63,9 @@ def main(argv):
   del argv
   results, host = [], host_info()
   print(format_host(host), flush=True)
-  for path in _CONFIGS.value:
-    cfg, graphdef, params = config_policy(config_file(path))
+  for path in _SHAPES.value:
+    cfg = decode_shape(path)
+    graphdef, params = random_params(cfg)
     for tokens in map(int, _TOKENS.value):
       calls = loops(cfg, graphdef, params, tokens)
       times = {name: [] for name in calls}
@@ -78,7 +84,7 @@ def main(argv):
         f"  update/scatter {statistics.median(ratios):.3f} [{min(ratios):.3f}-{max(ratios):.3f}]"
       )
       print(line, flush=True)
-      results.append(dict(config=path, tokens=tokens, times_s=times, ratios=ratios))
+      results.append(dict(shape=path, tokens=tokens, times_s=times, ratios=ratios))
   if _OUT.value:
     os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)
     with open(_OUT.value, "w") as f:

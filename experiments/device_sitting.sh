@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # One lent device sitting in one call, its parts in the order ORDER names (default: real
 # sizes first, the measurements still missing, then the rest in the time left):
-#   sizes    the real-sizes stages (experiments/real_sizes.py), from the H200's recorded
-#            results (experiments/results/regime_curve_stage9_h200_2026-12-04), whose
-#            finished stages are skipped;
+#   sizes    the real-sizes stages (experiments/real_sizes.py), batch-1 decode and the
+#            update first. Measured afresh: the H200's results of 2026-12-04
+#            (experiments/results/regime_curve_stage9_h200_2026-12-04) predate the one-row
+#            step as two tokens and the one-row cache write in place, which change the
+#            batch-1 programs; within a sitting every figure is one code's;
+#   writes   experiments/bench_cache_write.py on the device: the one-row cache write in place
+#            against the scatter it replaced, the 50M policy and the 8B shape, interleaved;
 #   harvest  about a minute of experiments/bench_harvest.py (what mode tlt's copy of hidden
 #            states to the host costs its rollout);
 #   curve    TLT's learning curve on the GPU (experiments/gpu_curve.sh).
@@ -16,9 +20,10 @@
 #   bash experiments/device_sitting.sh /tmp/sitting tiny   # the CPU rehearsal, ~3 minutes
 #
 # DEADLINE: seconds for the whole call (default 570). Each part takes at most its cap and
-# the time left: SIZES_S (default 400), HARVEST_S (150), CURVE_S (480; the stage-9 curve
-# took 453 s on the H200 on 2026-12-04). ORDER: e.g. "curve harvest sizes" (default "sizes
-# harvest curve"). RUNS: where the runs live on the machine (default runs/sitting_<variant>).
+# the time left: SIZES_S (default 400), WRITES_S (150), HARVEST_S (150), CURVE_S (480; the
+# stage-9 curve took 453 s on the H200 on 2026-12-04). ORDER: e.g. "curve harvest sizes"
+# (default "sizes writes harvest curve"). RUNS: where the runs live on the machine (default
+# runs/sitting_<variant>).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 KEEP=${1:?usage: experiments/device_sitting.sh KEEP [gpu|tiny]}
@@ -26,9 +31,10 @@ VARIANT=${2:-gpu}
 PY=${PYTHON:-python}
 DEADLINE=${DEADLINE:-570}
 SIZES_S=${SIZES_S:-400}
+WRITES_S=${WRITES_S:-150}
 HARVEST_S=${HARVEST_S:-150}
 CURVE_S=${CURVE_S:-480}
-ORDER=${ORDER:-sizes harvest curve}
+ORDER=${ORDER:-sizes writes harvest curve}
 RUNS=${RUNS:-runs/sitting_$VARIANT}
 mkdir -p "$KEEP" "$RUNS"
 KEEP=$(cd "$KEEP" && pwd)
@@ -42,6 +48,7 @@ budget() {
 
 curve=$RUNS/gc
 harvest=$RUNS/bench_harvest.json
+writes=$RUNS/bench_cache_write.json
 sizes=$RUNS/rs
 
 part_curve() {
@@ -88,6 +95,28 @@ part_harvest() {
   grep "^|" "$RUNS/bench_harvest.log" | tee -a "$KEEP/sitting.log"
 }
 
+part_writes() {
+  if [ -f "$writes" ]; then
+    say "writes: finished in an earlier call"
+    return
+  fi
+  local s wargs
+  s=$(budget "$WRITES_S")
+  if [ "$s" -lt 30 ]; then
+    say "writes: ${s}s left, not started"
+    return
+  fi
+  case $VARIANT in
+    tiny) wargs=(--shapes=configs/sd_bench.py:tiny --tokens=1,2 --context=16 --reps=2) ;;
+    *) wargs=(--shapes=configs/sd_bench.py,qwen3-8b --tokens=1,2,5 --context=1024 --reps=10) ;;
+  esac
+  say "writes: up to ${s}s"
+  timeout -k 5 "$s" "$PY" experiments/bench_cache_write.py "${wargs[@]}" --out="$writes.part" \
+    >"$RUNS/bench_cache_write.log" 2>&1 && mv "$writes.part" "$writes"
+  say "writes: rc $?"
+  grep "token(s):" "$RUNS/bench_cache_write.log" | tee -a "$KEEP/sitting.log"
+}
+
 part_sizes() {
   local s args stages
   mkdir -p "$sizes"
@@ -96,10 +125,9 @@ part_sizes() {
       --max_batch=2 --copy_gb=0.01 --update_rows=4 --update_width=16 --reps=2 --steps=2
       --policies=configs/sd_bench.py:tiny)
   else
-    recorded=experiments/results/regime_curve_stage9_h200_2026-12-04/real_sizes.json
-    [ -f "$sizes/real_sizes.json" ] || cp "$recorded" "$sizes/"
-    # The update before the grid: two sittings' grids left it no time.
-    stages=decode_b1,bandwidth,verify_b1,overhead,policy_overhead,decode_b1_profile,update
+    # The update before the grid: two sittings' grids left it no time. The 8B's XLA flag
+    # settings (overhead) were measured on 2026-12-04; the 50M policy's are not yet.
+    stages=decode_b1,bandwidth,verify_b1,policy_overhead,update,decode_b1_profile,overhead
     args=(--stages=$stages,decode_grid,rounds,update_unrolled)
   fi
   s=$(budget "$SIZES_S")
@@ -117,8 +145,8 @@ part_sizes() {
 
 for part in $ORDER; do
   case $part in
-    sizes | harvest | curve) "part_$part" ;;
-    *) say "unknown part $part (sizes, harvest, curve)" ;;
+    sizes | writes | harvest | curve) "part_$part" ;;
+    *) say "unknown part $part (sizes, writes, harvest, curve)" ;;
   esac
 done
 # In one archive (a device call brings back 8 files at most): the curve's per-step tables,
@@ -126,5 +154,5 @@ done
 # per-step metrics; the copy's benchmark and its log.
 (cd "$RUNS" && tar czf "$KEEP/sitting_files.tgz" --ignore-failed-read gc/steps_*.csv \
   gc/shared/summary.json gc/gpu_curve.log gc/*_s0/metrics.jsonl bench_harvest.json \
-  bench_harvest.log 2>/dev/null)
+  bench_harvest.log bench_cache_write.json bench_cache_write.log 2>/dev/null)
 say "sitting: done"

@@ -16,7 +16,7 @@ def test_both_writes_are_timed_per_policy_and_token_count(tmp_path):
   cmd = [
     sys.executable,
     "experiments/bench_cache_write.py",
-    "--configs=configs/regime.py:tiny",
+    "--shapes=configs/regime.py:tiny",
     "--tokens=1,3",
     "--context=16",
     "--reps=2",
@@ -25,7 +25,7 @@ def test_both_writes_are_timed_per_policy_and_token_count(tmp_path):
   done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
   assert done.returncode == 0, done.stderr[-3000:]
   results = json.loads(out.read_text())["results"]
-  assert [(r["config"], r["tokens"]) for r in results] == [
+  assert [(r["shape"], r["tokens"]) for r in results] == [
     ("configs/regime.py:tiny", 1),
     ("configs/regime.py:tiny", 3),
   ]
