@@ -47,8 +47,6 @@ budget() {
 }
 
 curve=$RUNS/gc
-harvest=$RUNS/bench_harvest.json
-writes=$RUNS/bench_cache_write.json
 sizes=$RUNS/rs
 
 part_curve() {
@@ -72,49 +70,44 @@ part_curve() {
     "$KEEP/" 2>/dev/null
 }
 
+# A benchmark part: `bench PART CAP SCRIPT PATTERN ARGS...` runs experiments/SCRIPT.py
+# with ARGS into $RUNS/SCRIPT.json (skipped when an earlier call wrote it) and copies its
+# log's lines matching PATTERN into the sitting's log.
+bench() {
+  local part=$1 cap=$2 script=$3 pattern=$4 s
+  shift 4
+  local out=$RUNS/$script.json
+  if [ -f "$out" ]; then
+    say "$part: finished in an earlier call"
+    return
+  fi
+  s=$(budget "$cap")
+  if [ "$s" -lt 30 ]; then
+    say "$part: ${s}s left, not started"
+    return
+  fi
+  say "$part: up to ${s}s"
+  timeout -k 5 "$s" "$PY" "experiments/$script.py" "$@" --out="$out.part" \
+    >"$RUNS/$script.log" 2>&1 && mv "$out.part" "$out"
+  say "$part: rc $?"
+  grep -- "$pattern" "$RUNS/$script.log" | tee -a "$KEEP/sitting.log"
+}
+
 part_harvest() {
   # Off, float32 and bfloat16 cast on the device, copied asynchronously.
-  if [ -f "$harvest" ]; then
-    say "harvest: finished in an earlier call"
-    return
-  fi
-  local s hargs
-  s=$(budget "$HARVEST_S")
-  if [ "$s" -lt 30 ]; then
-    say "harvest: ${s}s left, not started"
-    return
-  fi
   case $VARIANT in
-    tiny) hargs=(--config=configs/regime.py:tiny --prompts=2 --rounds=1) ;;
-    *) hargs=(--config=configs/regime.py:gpu --rounds=5) ;;
+    tiny) set -- --config=configs/regime.py:tiny --prompts=2 --rounds=1 ;;
+    *) set -- --config=configs/regime.py:gpu --rounds=5 ;;
   esac
-  say "harvest: up to ${s}s"
-  timeout -k 5 "$s" "$PY" experiments/bench_harvest.py "${hargs[@]}" --out="$harvest.part" \
-    >"$RUNS/bench_harvest.log" 2>&1 && mv "$harvest.part" "$harvest"
-  say "harvest: rc $?"
-  grep "^|" "$RUNS/bench_harvest.log" | tee -a "$KEEP/sitting.log"
+  bench harvest "$HARVEST_S" bench_harvest "^|" "$@"
 }
 
 part_writes() {
-  if [ -f "$writes" ]; then
-    say "writes: finished in an earlier call"
-    return
-  fi
-  local s wargs
-  s=$(budget "$WRITES_S")
-  if [ "$s" -lt 30 ]; then
-    say "writes: ${s}s left, not started"
-    return
-  fi
   case $VARIANT in
-    tiny) wargs=(--shapes=configs/sd_bench.py:tiny --tokens=1,2 --context=16 --reps=2) ;;
-    *) wargs=(--shapes=configs/sd_bench.py,qwen3-8b --tokens=1,2,5 --context=1024 --reps=10) ;;
+    tiny) set -- --shapes=configs/sd_bench.py:tiny --tokens=1,2 --context=16 --reps=2 ;;
+    *) set -- --shapes=configs/sd_bench.py,qwen3-8b --tokens=1,2,5 --context=1024 --reps=10 ;;
   esac
-  say "writes: up to ${s}s"
-  timeout -k 5 "$s" "$PY" experiments/bench_cache_write.py "${wargs[@]}" --out="$writes.part" \
-    >"$RUNS/bench_cache_write.log" 2>&1 && mv "$writes.part" "$writes"
-  say "writes: rc $?"
-  grep "token(s):" "$RUNS/bench_cache_write.log" | tee -a "$KEEP/sitting.log"
+  bench writes "$WRITES_S" bench_cache_write "token(s):" "$@"
 }
 
 part_sizes() {
