@@ -4,10 +4,13 @@
 #   sizes    the real-sizes stages (experiments/real_sizes.py), batch-1 decode and the
 #            update first. Measured afresh: the H200's results of 2026-12-04
 #            (experiments/results/regime_curve_stage9_h200_2026-12-04) predate the one-row
-#            step as two tokens and the one-row cache write in place, which change the
-#            batch-1 programs; within a sitting every figure is one code's;
-#   writes   experiments/bench_cache_write.py on the device: the one-row cache write in place
-#            against the scatter it replaced, the 50M policy and the 8B shape, interleaved;
+#            step as two tokens, the one-row cache write in place and the dots as a GPU's
+#            attention, which change its programs; within a sitting every figure is one
+#            code's;
+#   forms    experiments/bench_step_variants.py --compare=form on the device: the 8B shape's
+#            attention as multiply-reduce against the dots, which "auto" now takes on GPUs;
+#   writes   the same script's --compare=write: the one-row cache write in place against
+#            the scatter it replaced, the 50M policy and the 8B shape;
 #   harvest  about a minute of experiments/bench_harvest.py (what mode tlt's copy of hidden
 #            states to the host costs its rollout);
 #   curve    TLT's learning curve on the GPU (experiments/gpu_curve.sh).
@@ -20,10 +23,10 @@
 #   bash experiments/device_sitting.sh /tmp/sitting tiny   # the CPU rehearsal, ~3 minutes
 #
 # DEADLINE: seconds for the whole call (default 570). Each part takes at most its cap and
-# the time left: SIZES_S (default 400), WRITES_S (150), HARVEST_S (150), CURVE_S (480; the
-# stage-9 curve took 453 s on the H200 on 2026-12-04). ORDER: e.g. "curve harvest sizes"
-# (default "sizes writes harvest curve"). RUNS: where the runs live on the machine (default
-# runs/sitting_<variant>).
+# the time left: SIZES_S (default 400), FORMS_S (150), WRITES_S (120), HARVEST_S (150),
+# CURVE_S (480; the stage-9 curve took 453 s on the H200 on 2026-12-04). ORDER: e.g. "curve
+# harvest sizes" (default "sizes forms writes harvest curve"). RUNS: where the runs live on
+# the machine (default runs/sitting_<variant>).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 KEEP=${1:?usage: experiments/device_sitting.sh KEEP [gpu|tiny]}
@@ -31,10 +34,11 @@ VARIANT=${2:-gpu}
 PY=${PYTHON:-python}
 DEADLINE=${DEADLINE:-570}
 SIZES_S=${SIZES_S:-400}
-WRITES_S=${WRITES_S:-150}
+FORMS_S=${FORMS_S:-150}
+WRITES_S=${WRITES_S:-120}
 HARVEST_S=${HARVEST_S:-150}
 CURVE_S=${CURVE_S:-480}
-ORDER=${ORDER:-sizes writes harvest curve}
+ORDER=${ORDER:-sizes forms writes harvest curve}
 RUNS=${RUNS:-runs/sitting_$VARIANT}
 mkdir -p "$KEEP" "$RUNS"
 KEEP=$(cd "$KEEP" && pwd)
@@ -71,12 +75,12 @@ part_curve() {
 }
 
 # A benchmark part: `bench PART CAP SCRIPT PATTERN ARGS...` runs experiments/SCRIPT.py
-# with ARGS into $RUNS/SCRIPT.json (skipped when an earlier call wrote it) and copies its
+# with ARGS into $RUNS/PART.json (skipped when an earlier call wrote it) and copies its
 # log's lines matching PATTERN into the sitting's log.
 bench() {
   local part=$1 cap=$2 script=$3 pattern=$4 s
   shift 4
-  local out=$RUNS/$script.json
+  local out=$RUNS/$part.json
   if [ -f "$out" ]; then
     say "$part: finished in an earlier call"
     return
@@ -88,9 +92,9 @@ bench() {
   fi
   say "$part: up to ${s}s"
   timeout -k 5 "$s" "$PY" "experiments/$script.py" "$@" --out="$out.part" \
-    >"$RUNS/$script.log" 2>&1 && mv "$out.part" "$out"
+    >"$RUNS/$part.log" 2>&1 && mv "$out.part" "$out"
   say "$part: rc $?"
-  grep -- "$pattern" "$RUNS/$script.log" | tee -a "$KEEP/sitting.log"
+  grep -- "$pattern" "$RUNS/$part.log" | tee -a "$KEEP/sitting.log"
 }
 
 part_harvest() {
@@ -102,12 +106,22 @@ part_harvest() {
   bench harvest "$HARVEST_S" bench_harvest "^|" "$@"
 }
 
+part_forms() {
+  # The 8B's one-row step, two-row verifications and a 16-row decode, where a CPU takes the
+  # multiply-reduce: the 2026-12-04 grid's two rows cost 1.46x / 1.73x one row's.
+  case $VARIANT in
+    tiny) set -- --shapes=configs/sd_bench.py:tiny --cells=1x2,2x5 --context=16 --reps=2 ;;
+    *) set -- --shapes=qwen3-8b --cells=1x2,2x5,2x9,16x1 --context=1024 --reps=10 ;;
+  esac
+  bench forms "$FORMS_S" bench_step_variants "x[0-9]*:" --compare=form "$@"
+}
+
 part_writes() {
   case $VARIANT in
-    tiny) set -- --shapes=configs/sd_bench.py:tiny --tokens=1,2 --context=16 --reps=2 ;;
-    *) set -- --shapes=configs/sd_bench.py,qwen3-8b --tokens=1,2,5 --context=1024 --reps=10 ;;
+    tiny) set -- --shapes=configs/sd_bench.py:tiny --cells=1x1,1x2 --context=16 --reps=2 ;;
+    *) set -- --shapes=configs/sd_bench.py,qwen3-8b --cells=1x1,1x2 --context=1024 --reps=10 ;;
   esac
-  bench writes "$WRITES_S" bench_cache_write "token(s):" "$@"
+  bench writes "$WRITES_S" bench_step_variants "x[0-9]*:" --compare=write "$@"
 }
 
 part_sizes() {
@@ -138,14 +152,14 @@ part_sizes() {
 
 for part in $ORDER; do
   case $part in
-    sizes | writes | harvest | curve) "part_$part" ;;
-    *) say "unknown part $part (sizes, writes, harvest, curve)" ;;
+    sizes | forms | writes | harvest | curve) "part_$part" ;;
+    *) say "unknown part $part (sizes, forms, writes, harvest, curve)" ;;
   esac
 done
 # In one archive (a device call brings back 8 files at most): the curve's per-step tables,
 # its warm start's summary, its script's log and, when it was cut short, each run's own
 # per-step metrics; the copy's benchmark and its log.
 (cd "$RUNS" && tar czf "$KEEP/sitting_files.tgz" --ignore-failed-read gc/steps_*.csv \
-  gc/shared/summary.json gc/gpu_curve.log gc/*_s0/metrics.jsonl bench_harvest.json \
-  bench_harvest.log bench_cache_write.json bench_cache_write.log 2>/dev/null)
+  gc/shared/summary.json gc/gpu_curve.log gc/*_s0/metrics.jsonl harvest.json harvest.log \
+  forms.json forms.log writes.json writes.log 2>/dev/null)
 say "sitting: done"

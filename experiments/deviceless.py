@@ -23,15 +23,16 @@ Each cell: `--steps` forwards of `tokens` new tokens per row at `batch` rows
 (`experiments.forwards.Forward`, the loop experiments/real_sizes.py times on a device),
 compiled; its loop body's kernels by kind (`experiments.traces.loop_kernels`) and XLA's
 temporary bytes. GEMM autotuning needs a device, so products keep XLA's default tilings:
-counts, not speeds. `--layer` prints the kernels of a cell's first layer with what each
-computes. `--engines` compiles the rollout engine's own plain chunk at one row
-(`rollout.programs.decode_chunk`: sampling, stop check and hidden capture included, at the
-engine's matmul precision) of a config file's policy and engine, its step as one token and
-as two (`EngineConfig.one_row_step`). `--updates` compiles the policy update at
-`--update_shape` too (real_sizes.py's `update` program: float32 masters, micro-batches of 2
-rows, rematerialised layers) with its layers scanned and unrolled: the bytes XLA's GPU
-compiler gives it beside the memory plan (`parallel.memory.plan_memory`), and its compile
-seconds on this host.
+counts, not speeds. Attention takes the form its "auto" takes on the target's platform
+(`models.attention.platform_form`: the dots on a GPU). `--layer` prints the kernels of a
+cell's first layer with what each computes. `--engines` compiles the rollout engine's own
+plain chunk at one row (`rollout.programs.decode_chunk`: sampling, stop check and hidden
+capture included, at the engine's matmul precision) of a config file's policy and engine,
+its step as one token and as two (`EngineConfig.one_row_step`). `--updates` compiles the
+policy update at `--update_shape` too (real_sizes.py's `update` program: float32 masters,
+micro-batches of 2 rows, rematerialised layers) with its layers scanned and unrolled: the
+bytes XLA's GPU compiler gives it beside the memory plan (`parallel.memory.plan_memory`),
+and its compile seconds on this host.
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ from experiments.forwards import (  # noqa: E402
 from experiments.traces import describe_kernels, loop_kernels  # noqa: E402
 from tlt_jax import configuration  # noqa: E402
 from tlt_jax.data import get_tokenizer  # noqa: E402
+from tlt_jax.models.attention import attention_form, platform_form  # noqa: E402
 from tlt_jax.models.transformer import Transformer  # noqa: E402
 from tlt_jax.parallel.memory import measured_bytes  # noqa: E402
 from tlt_jax.rollout import programs  # noqa: E402
@@ -242,6 +244,15 @@ def main(argv):
   sharding, device = target_sharding(_TARGET.value)
   print(f"compiling for {device}", flush=True)
   os.makedirs(_OUT.value, exist_ok=True)
+  # This host's backend is the CPU: attention takes the form "auto" means on the target.
+  with attention_form(platform_form("gpu" if _TARGET.value == "h100" else "tpu")):
+    cells = compile_cells(sharding, device)
+  with open(os.path.join(_OUT.value, "deviceless.json"), "w") as f:
+    json.dump({"target": device, **cells}, f, indent=1)
+
+
+def compile_cells(sharding, device: str) -> dict:
+  """Every cell the flags name, compiled for the target and printed as it ends."""
   cells = {}
   print("| program | kernels a step | a layer | by kind | compile s |")
   print("|---|---|---|---|---|")
@@ -268,8 +279,7 @@ def main(argv):
       step = "two tokens" if paired else "one token"
       print(f"{name}'s engine, one row, its step as {step}: {cell['kernels']} kernels ({kinds})")
   cells.update(updates(sharding, device))
-  with open(os.path.join(_OUT.value, "deviceless.json"), "w") as f:
-    json.dump({"target": device, **cells}, f, indent=1)
+  return cells
 
 
 if __name__ == "__main__":

@@ -298,6 +298,17 @@ def test_attention_form_rule():
   assert not reduces(16, 32) and not reduces(16, 448)
 
 
+def test_auto_attention_on_a_gpu_takes_the_dots(monkeypatch):
+  from tlt_jax.models import attention
+
+  assert attention.platform_form("gpu") == "dots"
+  assert attention.platform_form("cpu") == attention.platform_form("tpu") == "auto"
+  monkeypatch.setattr(attention.jax, "default_backend", lambda: "gpu")
+  assert not any(attention.reduces(b, t) for b in (1, 2, 16, 128) for t in (1, 5, 31))
+  with attention.attention_form("reduce"):  # a set form still wins
+    assert attention.reduces(2, 5)
+
+
 def test_unknown_attention_form_is_an_error():
   from tlt_jax.models import attention
 

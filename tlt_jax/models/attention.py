@@ -62,14 +62,24 @@ def current_attention_form() -> str:
   return _FORM.get()
 
 
+def platform_form(platform: str) -> str:
+  """The form "auto" takes on `platform` (a JAX backend name): the dots on a GPU, where
+  XLA's reduction fusions read the cache again for every query row of a kv head (G x T of
+  them) while a GEMM reads it once (experiments/RESULTS.md, 2026-12-05, "attention on a
+  GPU takes the dots"); elsewhere "auto", the rule in `reduces`."""
+  return "dots" if platform == "gpu" else "auto"
+
+
 def reduces(batch: int, new_tokens: int, form: str | None = None) -> bool:
   """Whether `attend` takes the multiply-reduce form (else the dots) under `form` (default:
-  `current_attention_form()`). "auto": one new token over at
-  least 16 rows (decode of a larger batch), or 2-31 new tokens over at least 2 rows (draft
-  verification, extends): where the multiply-reduce ran faster on XLA:CPU
-  (`experiments/bench_decode_attention.py --parts=attention`; the timings are in
+  `current_attention_form()`). "auto" on a GPU: the dots (`platform_form`); on a CPU, one
+  new token over at least 16 rows (decode of a larger batch), or 2-31 new tokens over at
+  least 2 rows (draft verification, extends): where the multiply-reduce ran faster on
+  XLA:CPU (`experiments/bench_decode_attention.py --parts=attention`; the timings are in
   experiments/RESULTS.md, "the README's former results section")."""
   form = _checked_form(current_attention_form() if form is None else form)
+  if form == "auto":
+    form = platform_form(jax.default_backend())
   if form != "auto":
     return form == "reduce"
   if new_tokens == 1:

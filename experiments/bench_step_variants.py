@@ -1,0 +1,128 @@
+r"""Two ways of writing a decode step, timed in one process: what a code choice the compiled
+programs only count (experiments/deviceless.py) costs on this host or device.
+
+`--compare`:
+  write  the KV cache write of a one-row forward: the batched scatter (`scatter_rows`)
+         against the one in-place update `models.transformer.write_rows` takes at one row
+         (the scatter reads the slots it overwrites: a kernel of its own per write on a GPU);
+  form   attention as multiply-reduce against the dots (`models.attention.attention_form`):
+         "auto" takes the dots on a GPU, and on a CPU the multiply-reduce for a few new
+         tokens over two rows or more.
+Each `--shapes` entry (a config file's policy or a published shape,
+`experiments.forwards.decode_shape`, random weights) runs an engine chunk's kind of device
+loop (`experiments.common.decode_loop`: 16 cached forwards from `--context`) per `--cells`
+entry (rows x new tokens a row), traced once with each variant; both are timed interleaved,
+`--reps` rounds: median ms a forward [min-max] and the paired ratio second / first.
+
+  python experiments/bench_step_variants.py --compare=write \
+      --out=experiments/results/cache_write_hostL_2026-12-05/bench_cache_write.json
+  python experiments/bench_step_variants.py --compare=form --shapes=qwen3-8b \
+      --cells=1x2,2x5,2x9,16x1 --context=1024
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import statistics
+import sys
+import time
+
+from absl import app, flags
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from experiments.common import decode_loop, random_params  # noqa: E402
+from experiments.forwards import decode_shape  # noqa: E402
+from experiments.host import format_host, host_info  # noqa: E402
+from tlt_jax.models import transformer  # noqa: E402
+from tlt_jax.models.attention import attention_form  # noqa: E402
+
+_COMPARE = flags.DEFINE_enum("compare", "write", ["write", "form"], "which choice")
+_SHAPES = flags.DEFINE_list(
+  "shapes", ["configs/default.py", "configs/regime.py", "configs/sd_bench.py"], "policies"
+)
+_CELLS = flags.DEFINE_list(
+  "cells", ["1x1", "1x5"], "rows x new tokens (1x2: a one-row step on a GPU; 1x5: chain-4)"
+)
+_CONTEXT = flags.DEFINE_integer("context", 400, "the cache length the loop starts at")
+_REPS = flags.DEFINE_integer("reps", 15, "interleaved timed rounds")
+_OUT = flags.DEFINE_string("out", "", "write the results as JSON here too")
+
+_CHUNK = 16  # forwards a call
+
+
+@contextlib.contextmanager
+def _cache_write(write):
+  """Within: attention layers write their cache with `write` (read when a loop is traced)."""
+  original = transformer.write_rows
+  transformer.write_rows = write
+  try:
+    yield
+  finally:
+    transformer.write_rows = original
+
+
+# Per choice: the two variants, each a name and the setting a loop is traced under.
+VARIANTS = {
+  "write": (
+    ("scatter", lambda: _cache_write(transformer.scatter_rows)),
+    ("update", contextlib.nullcontext),
+  ),
+  "form": (
+    ("reduce", lambda: attention_form("reduce")),
+    ("dots", lambda: attention_form("dots")),
+  ),
+}
+
+
+def loops(cfg, graphdef, params, rows: int, tokens: int) -> dict:
+  """The loop traced under each variant of `--compare`, compiled and run once."""
+  calls = {}
+  for name, setting in VARIANTS[_COMPARE.value]:
+    calls[name] = decode_loop(graphdef, params, cfg, rows, tokens, _CHUNK, _CONTEXT.value)
+    with setting():
+      calls[name]()
+  return calls
+
+
+def _spread(values, scale: float = 1.0) -> str:
+  return (
+    f"{scale * statistics.median(values):.3f} [{scale * min(values):.3f}-{scale * max(values):.3f}]"
+  )
+
+
+def main(argv):
+  del argv
+  results, host = [], host_info()
+  print(format_host(host), flush=True)
+  (first, _), (second, _) = VARIANTS[_COMPARE.value]
+  for path in _SHAPES.value:
+    cfg = decode_shape(path)
+    graphdef, params = random_params(cfg)
+    for cell in _CELLS.value:
+      rows, tokens = (int(x) for x in cell.split("x"))
+      calls = loops(cfg, graphdef, params, rows, tokens)
+      times = {name: [] for name in calls}
+      for _ in range(_REPS.value):
+        for name, call in calls.items():
+          start = time.perf_counter()
+          call()
+          times[name].append((time.perf_counter() - start) / _CHUNK)
+      ratios = [b / a for a, b in zip(times[first], times[second], strict=True)]
+      line = f"{path} {cell}:" + "".join(f"  {n} {_spread(t, 1e3)} ms" for n, t in times.items())
+      print(f"{line}  {second}/{first} {_spread(ratios)}", flush=True)
+      results.append(dict(shape=path, cell=cell, times_s=times, ratios=ratios))
+  if _OUT.value:
+    os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)
+    with open(_OUT.value, "w") as f:
+      json.dump(
+        dict(host=host, compare=_COMPARE.value, context=_CONTEXT.value, results=results),
+        f,
+        indent=1,
+      )
+
+
+if __name__ == "__main__":
+  app.run(main)

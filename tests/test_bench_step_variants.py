@@ -1,0 +1,43 @@
+"""experiments/bench_step_variants.py on the regime's tiny variant: both variants of each
+choice traced, timed and written out (its figures are RESULTS entries'; here, that it runs)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.parametrize(
+  "compare,variants", [("write", {"scatter", "update"}), ("form", {"reduce", "dots"})]
+)
+def test_both_variants_are_timed_per_shape_and_cell(tmp_path, compare, variants):
+  out = tmp_path / "variants.json"
+  cmd = [
+    sys.executable,
+    "experiments/bench_step_variants.py",
+    f"--compare={compare}",
+    "--shapes=configs/regime.py:tiny",
+    "--cells=1x1,2x3",
+    "--context=16",
+    "--reps=2",
+    f"--out={out}",
+  ]
+  done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+  assert done.returncode == 0, done.stderr[-3000:]
+  report = json.loads(out.read_text())
+  assert report["compare"] == compare
+  results = report["results"]
+  assert [(r["shape"], r["cell"]) for r in results] == [
+    ("configs/regime.py:tiny", "1x1"),
+    ("configs/regime.py:tiny", "2x3"),
+  ]
+  for r in results:
+    assert set(r["times_s"]) == variants
+    assert all(len(t) == 2 and min(t) > 0 for t in r["times_s"].values())
+    assert len(r["ratios"]) == 2
