@@ -140,6 +140,34 @@ for name, label in shapes:
   print(f"{label}: {counts}")
 
 # %% [markdown]
+# **One row against two.** The weights are the same bytes at one row and two, so on a
+# memory-bound device a second row should cost little more than its KV cache. On the grid
+# of 2026-12-04 it did at one token, but two rows of 5 and 9 tokens cost 2.3 and 3.9 ms more
+# than one row's: those cells took attention as a multiply-reduce (a rule measured on CPUs),
+# which on a GPU reads the cache once per query row. On GPUs attention now takes the
+# batched products (`models.attention.platform_form`); on a grid measured since, the two
+# lines should lie close (experiments/RESULTS.md, 2026-12-05, "attention on a GPU takes the
+# dots").
+
+# %%
+prefix = f"{SHAPE}/{b1['context']}/"
+grid = {k[len(prefix) :]: c for k, c in measured["decode_grid"].items() if k.startswith(prefix)}
+fig, ax = plt.subplots(figsize=(7, 3.2))
+for rows in (1, 2):
+  mine = [(int(k.split("/")[1]), c["ms"]) for k, c in grid.items() if k.startswith(f"{rows}/")]
+  cells_r = sorted(mine)
+  if cells_r:
+    ax.plot(*zip(*cells_r, strict=True), "o-", label=f"{rows} row{'s' if rows > 1 else ''}")
+ax.set_xlabel("new tokens a row")
+ax.set_ylabel("ms a forward")
+ax.set_title(f"{SHAPE} on {measured['devices'][0]}: one row against two")
+ax.legend(fontsize=8)
+plt.tight_layout()
+plt.show()
+for key, cell in grid.items():
+  print(f"{key} (rows / new tokens): {cell['ms']:.2f} ms")
+
+# %% [markdown]
 # **The RL step, simulated.** The measured forwards become the simulator's cost table
 # (`TableCost`, one row an instance where only batch 1 is measured); beside it, a roofline
 # of the same device (its spec sheet, bandwidth at the measured copy rate). Response
