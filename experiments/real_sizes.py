@@ -94,7 +94,7 @@ from experiments.forwards import (  # noqa: E402
 )
 from experiments.host import matmul_flops, spec_sheet  # noqa: E402
 from experiments.traces import describe_kernels, trace_summary  # noqa: E402
-from tlt_jax.models.attention import attention_form  # noqa: E402
+from tlt_jax.models.attention import attention_form, reduces  # noqa: E402
 from tlt_jax.parallel.memory import measured_bytes  # noqa: E402
 
 _OUT = flags.DEFINE_string("out", "runs/real_sizes", "output folder (results resume from it)")
@@ -250,10 +250,12 @@ def overhead_cell() -> dict:
 
 
 def measured(graphdef, cfg, params, batch: int, tokens: int, context: int):
-  """A grid cell: the looped forward compiled and timed; returns (the Forward, its cell)."""
+  """A grid cell: the looped forward compiled and timed; returns (the Forward, its cell),
+  which names the attention form it took (`attention.reduces`: it differs by platform)."""
   fwd = Forward(graphdef, cfg, batch, tokens, context, _STEPS.value)
   compile_s = fwd.compile(params)
-  return fwd, {"ms": fwd.ms(params, _REPS.value), "compile_s": compile_s}
+  form = "reduce" if reduces(batch, tokens) else "dots"
+  return fwd, {"ms": fwd.ms(params, _REPS.value), "compile_s": compile_s, "attention": form}
 
 
 class Stages:
@@ -433,7 +435,7 @@ class Stages:
     # earlier sitting's (the H200's 5- and 9-token cells of 2026-11-28 read 2.8-4.1x
     # today's, under the same flags: RESULTS.md, 2026-12-04).
     for key, cell in self.results.get("verify_b1", {}).items():
-      grid[key] = {"ms": cell["ms"], "compile_s": cell["compile_s"]}
+      grid[key] = {k: cell[k] for k in ("ms", "compile_s", "attention") if k in cell}
     for name in _SHAPES.value:
       cfg, graphdef, params = self.model(name)
       room = 0.85 * device_memory() - weight_bytes(params)

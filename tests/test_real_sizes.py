@@ -105,9 +105,14 @@ def test_every_stage_runs_on_tiny_shapes_and_a_second_sitting_resumes(tmp_path):
   assert len(second["xla_flags"]) == 2  # one entry a sitting
   assert set(second["decode_grid"]) == {f"tiny/16/{b}/{t}" for b in (1, 2) for t in (1, 2, 5)}
   assert all(c["ms"] > 0 and c["compile_s"] > 0 for c in second["decode_grid"].values())
+  # Each cell names its attention form (on a CPU the multiply-reduce for 2+ rows of 2+ tokens).
+  forms = {k: c["attention"] for k, c in second["decode_grid"].items()}
+  assert forms["tiny/16/2/5"] == forms["tiny/16/2/2"] == "reduce"
+  assert forms["tiny/16/1/5"] == forms["tiny/16/2/1"] == "dots"
   # The same cells: taken over, not re-timed, the earlier sitting's replaced.
   for key, cell in second["verify_b1"].items():
-    assert second["decode_grid"][key] == {"ms": cell["ms"], "compile_s": cell["compile_s"]}
+    kept = {"ms": cell["ms"], "compile_s": cell["compile_s"], "attention": cell["attention"]}
+    assert second["decode_grid"][key] == kept
   rounds = second["rounds"]
   assert {"tiny/chain4/1", "tiny/chain4/2", "tiny/chain4/crossover"} <= set(rounds)
   assert rounds["tiny/chain4/1"]["round_steps"] > 1
