@@ -17,6 +17,7 @@ from flax import nnx
 from tiny_models import TINY_UNTIED
 
 from tlt_jax.decode.sampling import SamplingConfig
+from tlt_jax.models.attention import attention_form, platform_form
 from tlt_jax.models.drafter import init_drafter
 from tlt_jax.models.transformer import init_model
 from tlt_jax.rollout.config import EngineConfig
@@ -99,6 +100,24 @@ def test_spec_equals_plain(models, pool, strategy, sampling):
   np.testing.assert_allclose(spec.logprobs, plain.logprobs, atol=2e-5)
   valid = np.arange(ENGINE.slots)[None, :] < (plain.length - 1)[:, None]
   np.testing.assert_allclose(spec.hidden[valid], plain.hidden[valid], atol=1e-4)
+
+
+def test_what_a_gpu_runs_equals_plain(models):
+  """A GPU's choices (attention as batched products at every batch, `platform_form("gpu")`;
+  one-row plain steps as two tokens), run on this CPU: sampled speculative output, trees
+  and the one-row tail included, identical to plain decoding's under the same choices."""
+  _, tp, _, dp = models
+  gpu_pool = ExecutablePool()  # every program here traced under the GPU's form
+  like_a_gpu = dict(one_row_step="paired", min_batch_bucket=1)
+  with attention_form(platform_form("gpu")):
+    plain = _run(_engine(models, gpu_pool, SAMPLED, spec_threshold=0, **like_a_gpu), tp, None)
+    engine = _engine(models, gpu_pool, SAMPLED, spec_strategies=("tree3x2x6",), **like_a_gpu)
+    spec = _run(engine, tp, dp)
+  assert {r["attention_form"] for r in gpu_pool.summary()} == {"dots"}
+  assert "spec" in _phases(spec) and 1 in {e["batch"] for e in spec.timeline}
+  np.testing.assert_array_equal(spec.length, plain.length)
+  np.testing.assert_array_equal(spec.tokens, plain.tokens)
+  np.testing.assert_allclose(spec.logprobs, plain.logprobs, atol=2e-5)
 
 
 @pytest.mark.parametrize("strategy", ["group4", "hybrid3"])
