@@ -28,11 +28,13 @@ counts, not speeds. Attention takes the form its "auto" takes on the target's pl
 cell's first layer with what each computes. `--engines` compiles the rollout engine's own
 plain chunk at one row (`rollout.programs.decode_chunk`: sampling, stop check and hidden
 capture included, at the engine's matmul precision) of a config file's policy and engine,
-its step as one token and as two (`EngineConfig.one_row_step`). `--updates` compiles the
-policy update at `--update_shape` too (real_sizes.py's `update` program: float32 masters,
-micro-batches of 2 rows, rematerialised layers) with its layers scanned and unrolled: the
-bytes XLA's GPU compiler gives it beside the memory plan (`parallel.memory.plan_memory`),
-and its compile seconds on this host.
+its step as one token and as two (`EngineConfig.one_row_step`), and one round of each
+`--spec` strategy at one row (`rollout.speculative.spec_decode_chunk`, a random drafter's
+shapes; the drafter's steps run out, `experiments.traces.trip_kernels`), in two-token steps.
+`--updates` compiles the policy update at `--update_shape` too (real_sizes.py's `update`
+program: float32 masters, micro-batches of 2 rows, rematerialised layers) with its layers
+scanned and unrolled: the bytes XLA's GPU compiler gives it beside the memory plan
+(`parallel.memory.plan_memory`), and its compile seconds on this host.
 """
 
 from __future__ import annotations
@@ -62,13 +64,15 @@ from experiments.forwards import (  # noqa: E402
   config_file,
   decode_shape,
 )
-from experiments.traces import describe_kernels, loop_kernels  # noqa: E402
+from experiments.traces import describe_kernels, loop_kernels, trip_kernels  # noqa: E402
 from tlt_jax import configuration  # noqa: E402
 from tlt_jax.data import get_tokenizer  # noqa: E402
 from tlt_jax.models.attention import attention_form, platform_form  # noqa: E402
+from tlt_jax.models.drafter import Drafter, init_drafter_cache  # noqa: E402
 from tlt_jax.models.transformer import Transformer  # noqa: E402
 from tlt_jax.parallel.memory import measured_bytes  # noqa: E402
 from tlt_jax.rollout import programs  # noqa: E402
+from tlt_jax.rollout.speculative import SpecStrategy, spec_decode_chunk  # noqa: E402
 from tlt_jax.rollout.state import round_up  # noqa: E402
 
 _OUT = flags.DEFINE_string("out", "runs/deviceless", "output folder (deviceless.json)")
@@ -84,6 +88,9 @@ _STEPS = flags.DEFINE_integer("steps", 16, "forwards in the loop")
 _LAYER = flags.DEFINE_string("layer", "", "shape/batch/tokens whose first layer is printed")
 _ENGINES = flags.DEFINE_list(
   "engines", ["configs/sd_bench.py"], "config files whose engine's one-row chunk is compiled"
+)
+_SPEC = flags.DEFINE_list(
+  "spec", ["chain4", "chain8"], "speculative strategies whose one-row round --engines compile"
 )
 _UPDATES = flags.DEFINE_list("updates", [], "update programs: scanned, unrolled")
 _UPDATE_SHAPE = flags.DEFINE_string("update_shape", "qwen2.5-1.5b", "the update's shape")
@@ -178,9 +185,9 @@ def first_layer(text: str, layers: int) -> dict[str, str]:
   return describe_kernels(text, names[: -(-len(names) // layers) + 4])
 
 
-def engine_cell(name: str, paired: bool, sharding) -> dict:
-  """The engine's plain chunk of config file `name` at one row (see the module docstring),
-  at the cache view that holds `--context` tokens."""
+def _engine_parts(name: str) -> dict:
+  """Config file `name`'s policy (abstract), engine, one-row state after a prefill and the
+  cache view that holds `--context` tokens: what its engine programs are compiled from."""
   config = config_file(name)
   tokenizer = get_tokenizer(config.task.tokenizer)
   cfg = configuration.model_config(config, tokenizer)
@@ -199,14 +206,68 @@ def engine_cell(name: str, paired: bool, sharding) -> dict:
   prompts = jax.ShapeDtypeStruct((1, engine.prompt_buckets[0]), jnp.int32)
   state = jax.eval_shape(prefill, params, prompts, one, one, one, one, key)
   view = round_up(min(_CONTEXT.value, engine.cache_slots), engine.view_buckets)
-  chunk = functools.partial(
-    programs.decode_chunk, graphdef, static=static, view_len=view, paired=paired
+  return dict(
+    cfg=cfg,
+    engine=engine,
+    static=static,
+    graphdef=graphdef,
+    params=params,
+    state=state,
+    key=key,
+    view=view,
   )
-  args = placed((params, state, key, jax.ShapeDtypeStruct((), jnp.int32)), sharding)
-  with jax.default_matmul_precision(engine.matmul_precision or "default"):
-    compiled = jax.jit(chunk, donate_argnums=1).lower(*args).compile()
-  counted = loop_kernels(compiled.as_text())
-  return {"kernels": counted["kernels"], "by_kind": counted["by_kind"], "view": view}
+
+
+def _counted(fn, args, sharding, precision: str | None, count=None) -> dict:
+  """`fn` compiled for the target at the engine's matmul precision, its trip's kernels."""
+  with jax.default_matmul_precision(precision or "default"):
+    compiled = jax.jit(fn, donate_argnums=1).lower(*placed(args, sharding)).compile()
+  return (count or loop_kernels)(compiled.as_text())
+
+
+def engine_cell(name: str, paired: bool, sharding) -> dict:
+  """The engine's plain chunk of config file `name` at one row (see the module docstring),
+  at the cache view that holds `--context` tokens."""
+  e = _engine_parts(name)
+  chunk = functools.partial(
+    programs.decode_chunk, e["graphdef"], static=e["static"], view_len=e["view"], paired=paired
+  )
+  args = (e["params"], e["state"], e["key"], jax.ShapeDtypeStruct((), jnp.int32))
+  counted = _counted(chunk, args, sharding, e["engine"].matmul_precision)
+  return {"kernels": counted["kernels"], "by_kind": counted["by_kind"], "view": e["view"]}
+
+
+def spec_cell(name: str, strategy: str, sharding) -> dict:
+  """The engine's speculative chunk of config file `name` at one row: one round of
+  `strategy` (a random drafter's shapes), the drafter's steps run out
+  (`experiments.traces.trip_kernels`)."""
+  e = _engine_parts(name)
+  engine, graphdef = e["engine"], e["graphdef"]
+  dgraph, dparams = nnx.split(nnx.eval_shape(lambda: Drafter(e["cfg"], rngs=nnx.Rngs(0))))
+  dcache = jax.eval_shape(lambda: init_drafter_cache(e["cfg"], 1, engine.drafter_slots))
+  dview = min(e["view"] + engine.drafter_margin, engine.drafter_slots)
+
+  def chunk(tparams, state, dparams, dcache, dlen, key, rounds):
+    return spec_decode_chunk(
+      graphdef,
+      tparams,
+      dgraph,
+      dparams,
+      state,
+      dcache,
+      dlen,
+      key,
+      rounds,
+      static=e["static"],
+      strategy=SpecStrategy.parse(strategy),
+      view_len=e["view"],
+      drafter_view_len=dview,
+    )
+
+  one, scalar = jax.ShapeDtypeStruct((1,), jnp.int32), jax.ShapeDtypeStruct((), jnp.int32)
+  args = (e["params"], e["state"], dparams, dcache, one, e["key"], scalar)
+  counted = _counted(chunk, args, sharding, engine.matmul_precision, trip_kernels)
+  return {**counted, "view": e["view"]}
 
 
 def updates(sharding, device: str) -> dict:
@@ -278,6 +339,18 @@ def compile_cells(sharding, device: str) -> dict:
       kinds = ", ".join(f"{k} {n}" for k, n in sorted(cell["by_kind"].items()))
       step = "two tokens" if paired else "one token"
       print(f"{name}'s engine, one row, its step as {step}: {cell['kernels']} kernels ({kinds})")
+    step = cells[f"engine/{name}/paired"]["kernels"]
+    for strategy in _SPEC.value:
+      cell = spec_cell(name, strategy, sharding)
+      cells[f"engine/{name}/{strategy}"] = cell
+      kinds = ", ".join(f"{k} {n}" for k, n in sorted(cell["by_kind"].items()))
+      print(
+        f"{name}'s engine, one row, a {strategy} round: {cell['kernels']} kernels ({kinds}), "
+        f"{cell['kernels'] / step:.2f} two-token steps' worth"
+        + (
+          f"; {cell['unknown_trips']} inner loops of unknown trips" if cell["unknown_trips"] else ""
+        )
+      )
   cells.update(updates(sharding, device))
   return cells
 

@@ -162,6 +162,16 @@ def describe_kernels(hlo_text: str, names: Sequence[str]) -> dict[str, str]:
 _NO_KERNEL = {"parameter", "constant", "bitcast", "tuple", "get-tuple-element"}
 
 
+def _outer_body(hlo_text: str) -> str | None:
+  """The name of the body of the entry's loop, the outermost (a nested loop's body may come
+  first in the text)."""
+  entry = hlo_text[hlo_text.find("\nENTRY ") + 1 :] if "\nENTRY " in hlo_text else hlo_text
+  body = re.search(r"\bwhile\(.*?\bbody=%([^\s,]+)", entry) or re.search(
+    r"\bwhile\(.*?\bbody=%([^\s,]+)", hlo_text
+  )
+  return body[1] if body else None
+
+
 def loop_kernels(hlo_text: str) -> dict[str, Any]:
   """The kernels one trip of a compiled program's device loop launches (the entry's, the
   outermost), counted from the optimised module's text (`compiled.as_text()`): every
@@ -169,11 +179,7 @@ def loop_kernels(hlo_text: str) -> dict[str, Any]:
   the kind its kernel's name gives (`KINDS`, as a trace's summary sorts them). On a GPU each
   is one launch (a fusion, a library call, a copy); a nested loop or call counts once.
   Returns {} where the module has no loop."""
-  entry = hlo_text[hlo_text.find("\nENTRY ") + 1 :] if "\nENTRY " in hlo_text else hlo_text
-  # The entry's loop, the outermost: a nested loop's body may come first in the text.
-  body = re.search(r"\bwhile\(.*?\bbody=%([^\s,]+)", entry) or re.search(
-    r"\bwhile\(.*?\bbody=%([^\s,]+)", hlo_text
-  )
+  body = _outer_body(hlo_text)
   if body is None:
     return {}
   by_kind: dict[str, int] = {}
@@ -184,7 +190,7 @@ def loop_kernels(hlo_text: str) -> dict[str, Any]:
     if head and " = " not in line.split("{", 1)[0]:
       if inside:
         break
-      inside = head["name"] == body[1]
+      inside = head["name"] == body
       continue
     m = _INSTRUCTION.match(line) if inside else None
     if m is None or m["op"] in _NO_KERNEL:
@@ -194,3 +200,48 @@ def loop_kernels(hlo_text: str) -> dict[str, Any]:
     by_kind[kind] = by_kind.get(kind, 0) + 1
     names.append(m["name"])
   return {"kernels": len(names), "by_kind": by_kind, "names": names}
+
+
+def _computations(hlo_text: str) -> dict[str, list[re.Match]]:
+  """Each computation's instructions, by the computation's name."""
+  out: dict[str, list[re.Match]] = {}
+  current: list[re.Match] = []
+  for line in hlo_text.splitlines():
+    head = _COMPUTATION.match(line)
+    if head and " = " not in line.split("{", 1)[0]:
+      current = out.setdefault(head["name"], [])
+      continue
+    m = _INSTRUCTION.match(line)
+    if m:
+      current.append(m)
+  return out
+
+
+def trip_kernels(hlo_text: str) -> dict[str, Any]:
+  """`loop_kernels` with the loops inside the trip run out: a nested loop (a drafter's
+  steps inside a speculative round) adds its body's kernels times its known trip count,
+  recursively; one whose count XLA does not know adds its body once and is counted in
+  `unknown_trips`. Returns {} where the module has no loop."""
+  outer = _outer_body(hlo_text)
+  if outer is None:
+    return {}
+  computations = _computations(hlo_text)
+  by_kind: dict[str, int] = {}
+  unknown = 0
+
+  def run(computation: str, times: int) -> None:
+    nonlocal unknown
+    for m in computations.get(computation, []):
+      if m["op"] in _NO_KERNEL:
+        continue
+      body = re.search(r"\bbody=%([^\s,]+)", m["rest"]) if m["op"] == "while" else None
+      if body is None:
+        kind = next((k for k, p in KINDS if p.search(kernel_name(m["name"]))), "other")
+        by_kind[kind] = by_kind.get(kind, 0) + times
+        continue
+      trips = re.search(r'"known_trip_count":\{"n":"(\d+)"', m["rest"])
+      unknown += trips is None
+      run(body[1], times * (int(trips[1]) if trips else 1))
+
+  run(outer, 1)
+  return {"kernels": sum(by_kind.values()), "by_kind": by_kind, "unknown_trips": unknown}

@@ -1,8 +1,9 @@
 """experiments/deviceless.py where neither the CUDA plugin nor libtpu is installed (this
 project's own environment, CI's): it stops at once and says what it needs, rather than
-counting a CPU's kernels as a GPU's or a TPU's. Its counting is tests/test_traces.py's
-(`loop_kernels`)."""
+counting a CPU's kernels as a GPU's or a TPU's; and its engine cells, compiled for this CPU.
+Its counting is tests/test_traces.py's (`loop_kernels`, `trip_kernels`)."""
 
+import json
 import os
 import subprocess
 import sys
@@ -21,3 +22,29 @@ def test_without_the_plugin_it_says_what_it_needs(tmp_path, target, needs):
   assert done.returncode != 0
   assert needs in done.stderr, done.stderr[-2000:]
   assert not os.listdir(tmp_path)
+
+
+def test_a_rounds_kernels_grow_with_its_drafter_steps():
+  """The engine cells compile on any target: here this CPU's, for the regime's tiny policy.
+  A chain round runs its drafter's steps out (`trip_kernels`): chain4 launches more than a
+  step, chain8 more than chain4, and no inner loop's trips are unknown. (In a process of
+  its own: the script's absl flags would clash with other experiments'.)"""
+  code = (
+    "import json, jax\n"
+    "from absl import flags\n"
+    "import experiments.deviceless as d\n"
+    "flags.FLAGS(['x', '--context=16'])\n"
+    "cpu = jax.sharding.SingleDeviceSharding(jax.devices('cpu')[0])\n"
+    "cells = {s: d.spec_cell('configs/regime.py:tiny', s, cpu) for s in ('chain4', 'chain8')}\n"
+    "cells['step'] = d.engine_cell('configs/regime.py:tiny', True, cpu)\n"
+    "print(json.dumps(cells))\n"
+  )
+  done = subprocess.run(
+    [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600
+  )
+  assert done.returncode == 0, done.stderr[-3000:]
+  cells = json.loads(done.stdout.strip().splitlines()[-1])
+  four, eight, step = cells["chain4"], cells["chain8"], cells["step"]
+  assert four["unknown_trips"] == eight["unknown_trips"] == 0
+  assert step["kernels"] < four["kernels"] < eight["kernels"]
+  assert sum(four["by_kind"].values()) == four["kernels"]

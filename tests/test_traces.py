@@ -18,6 +18,7 @@ from experiments.traces import (  # noqa: E402
   kernel_name,
   loop_kernels,
   summarise_events,
+  trip_kernels,
 )
 
 
@@ -238,6 +239,19 @@ def test_the_outermost_loop_is_counted_though_a_nested_body_comes_first():
   )
   got = loop_kernels(nested)
   assert got["names"][-1] == "while.24" and got["kernels"] == 5
+  # Run out: the inner body's one kernel times its trip count, or once where XLA does not
+  # know the count (then said).
+  counted = nested.replace(
+    "body=%inner.20", 'body=%inner.20, backend_config={"known_trip_count":{"n":"3"}}'
+  )
+  assert trip_kernels(counted) == {
+    "kernels": 7,
+    "by_kind": {"products": 1, "reductions": 1, "element-wise": 4, "other": 1},
+    "unknown_trips": 0,
+  }
+  assert trip_kernels(nested)["kernels"] == 5 and trip_kernels(nested)["unknown_trips"] == 1
+  assert trip_kernels(_LOOP)["kernels"] == loop_kernels(_LOOP)["kernels"]
+  assert trip_kernels(_HLO) == {}
 
 
 def test_a_loop_compiled_by_this_jax_is_counted():
