@@ -46,6 +46,7 @@ import os
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
 
+import dataclasses  # noqa: E402
 import functools  # noqa: E402
 import json  # noqa: E402
 import sys  # noqa: E402
@@ -72,7 +73,8 @@ from tlt_jax.models.drafter import Drafter, init_drafter_cache  # noqa: E402
 from tlt_jax.models.transformer import Transformer  # noqa: E402
 from tlt_jax.parallel.memory import measured_bytes  # noqa: E402
 from tlt_jax.rollout import programs  # noqa: E402
-from tlt_jax.rollout.speculative import SpecStrategy, spec_decode_chunk  # noqa: E402
+from tlt_jax.rollout.engine import EnginePrograms  # noqa: E402
+from tlt_jax.rollout.speculative import SpecStrategy  # noqa: E402
 from tlt_jax.rollout.state import round_up  # noqa: E402
 
 _OUT = flags.DEFINE_string("out", "runs/deviceless", "output folder (deviceless.json)")
@@ -185,55 +187,64 @@ def first_layer(text: str, layers: int) -> dict[str, str]:
   return describe_kernels(text, names[: -(-len(names) // layers) + 4])
 
 
-def _engine_parts(name: str) -> dict:
-  """Config file `name`'s policy (abstract), engine, one-row state after a prefill and the
-  cache view that holds `--context` tokens: what its engine programs are compiled from."""
+class _Compiler:
+  """An `ExecutablePool` stand-in: compiles each program it is asked for for the target
+  (its inputs placed there), and keeps none."""
+
+  def __init__(self, sharding):
+    self.sharding = sharding
+
+  def get(self, key, fn, args, donate_argnums=(), compiler_options=None):
+    del key
+    jitted = jax.jit(fn, donate_argnums=donate_argnums, compiler_options=compiler_options)
+    return jitted.lower(*placed(args, self.sharding)).compile()
+
+
+def _engine(name: str, sharding, **changes) -> dict:
+  """Config file `name`'s engine programs (`rollout.engine.EnginePrograms`, its config with
+  `changes`) compiling for the target, with what its one-row programs take: the policy and
+  a drafter (abstract), a one-row state after a prefill, and the cache view that holds
+  `--context` tokens."""
   config = config_file(name)
   tokenizer = get_tokenizer(config.task.tokenizer)
   cfg = configuration.model_config(config, tokenizer)
-  engine = configuration.engine_config(config, tokenizer)
-  static = programs.DecodeStatic(
-    sampling=configuration.sampling_config(config),
-    stop_tokens=engine.stop_tokens,
-    capture_hidden=engine.capture_hidden,
-  )
+  engine = dataclasses.replace(configuration.engine_config(config, tokenizer), **changes)
   graphdef, params = nnx.split(nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0))))
+  dgraph, dparams = nnx.split(nnx.eval_shape(lambda: Drafter(cfg, rngs=nnx.Rngs(0))))
+  made = EnginePrograms(graphdef, cfg, engine, _Compiler(sharding), drafter_graphdef=dgraph)
+  sampling = configuration.sampling_config(config)
   one = jax.ShapeDtypeStruct((1,), jnp.int32)
   key = jax.eval_shape(lambda: jax.random.key(0))
   prefill = functools.partial(
-    programs.prefill, graphdef, static=static, slots=engine.slots, cache_slots=engine.cache_slots
+    programs.prefill,
+    graphdef,
+    static=made.static(sampling),
+    slots=engine.slots,
+    cache_slots=engine.cache_slots,
   )
   prompts = jax.ShapeDtypeStruct((1, engine.prompt_buckets[0]), jnp.int32)
   state = jax.eval_shape(prefill, params, prompts, one, one, one, one, key)
   view = round_up(min(_CONTEXT.value, engine.cache_slots), engine.view_buckets)
+  dcache = jax.eval_shape(lambda: init_drafter_cache(cfg, 1, engine.drafter_slots))
   return dict(
-    cfg=cfg,
-    engine=engine,
-    static=static,
-    graphdef=graphdef,
+    made=made,
+    sampling=sampling,
     params=params,
+    dparams=dparams,
+    dcache=dcache,
     state=state,
     key=key,
     view=view,
+    one=one,
   )
-
-
-def _counted(fn, args, sharding, precision: str | None, count=None) -> dict:
-  """`fn` compiled for the target at the engine's matmul precision, its trip's kernels."""
-  with jax.default_matmul_precision(precision or "default"):
-    compiled = jax.jit(fn, donate_argnums=1).lower(*placed(args, sharding)).compile()
-  return (count or loop_kernels)(compiled.as_text())
 
 
 def engine_cell(name: str, paired: bool, sharding) -> dict:
   """The engine's plain chunk of config file `name` at one row (see the module docstring),
   at the cache view that holds `--context` tokens."""
-  e = _engine_parts(name)
-  chunk = functools.partial(
-    programs.decode_chunk, e["graphdef"], static=e["static"], view_len=e["view"], paired=paired
-  )
+  e = _engine(name, sharding, one_row_step="paired" if paired else "single")
   args = (e["params"], e["state"], e["key"], jax.ShapeDtypeStruct((), jnp.int32))
-  counted = _counted(chunk, args, sharding, e["engine"].matmul_precision)
+  counted = loop_kernels(e["made"].decode(e["sampling"], e["view"], args).as_text())
   return {"kernels": counted["kernels"], "by_kind": counted["by_kind"], "view": e["view"]}
 
 
@@ -241,33 +252,11 @@ def spec_cell(name: str, strategy: str, sharding) -> dict:
   """The engine's speculative chunk of config file `name` at one row: one round of
   `strategy` (a random drafter's shapes), the drafter's steps run out
   (`experiments.traces.trip_kernels`)."""
-  e = _engine_parts(name)
-  engine, graphdef = e["engine"], e["graphdef"]
-  dgraph, dparams = nnx.split(nnx.eval_shape(lambda: Drafter(e["cfg"], rngs=nnx.Rngs(0))))
-  dcache = jax.eval_shape(lambda: init_drafter_cache(e["cfg"], 1, engine.drafter_slots))
-  dview = min(e["view"] + engine.drafter_margin, engine.drafter_slots)
-
-  def chunk(tparams, state, dparams, dcache, dlen, key, rounds):
-    return spec_decode_chunk(
-      graphdef,
-      tparams,
-      dgraph,
-      dparams,
-      state,
-      dcache,
-      dlen,
-      key,
-      rounds,
-      static=e["static"],
-      strategy=SpecStrategy.parse(strategy),
-      view_len=e["view"],
-      drafter_view_len=dview,
-    )
-
-  one, scalar = jax.ShapeDtypeStruct((1,), jnp.int32), jax.ShapeDtypeStruct((), jnp.int32)
-  args = (e["params"], e["state"], dparams, dcache, one, e["key"], scalar)
-  counted = _counted(chunk, args, sharding, engine.matmul_precision, trip_kernels)
-  return {**counted, "view": e["view"]}
+  e = _engine(name, sharding)
+  scalar = jax.ShapeDtypeStruct((), jnp.int32)
+  args = (e["params"], e["dparams"], e["state"], e["dcache"], e["one"], None, e["key"], scalar)
+  compiled = e["made"].spec(e["sampling"], SpecStrategy.parse(strategy), e["view"], args)
+  return {**trip_kernels(compiled.as_text()), "view": e["view"]}
 
 
 def updates(sharding, device: str) -> dict:
