@@ -17,7 +17,7 @@ entry (rows x new tokens a row), traced once with each variant; both are timed i
   python experiments/bench_step_variants.py --compare=write \
       --out=experiments/results/cache_write_hostL_2026-12-05/bench_cache_write.json
   python experiments/bench_step_variants.py --compare=form --shapes=qwen3-8b \
-      --cells=1x2,2x5,2x9,16x1 --context=1024
+      --cells=2x5,1x2,16x1,2x9 --context=1024
 """
 
 from __future__ import annotations
@@ -114,14 +114,15 @@ def main(argv):
       line = f"{path} {cell}:" + "".join(f"  {n} {_spread(t, 1e3)} ms" for n, t in times.items())
       print(f"{line}  {second}/{first} {_spread(ratios)}", flush=True)
       results.append(dict(shape=path, cell=cell, times_s=times, ratios=ratios))
+      _save(dict(host=host, compare=_COMPARE.value, context=_CONTEXT.value, results=results))
+
+
+def _save(report: dict) -> None:
+  """`--out` rewritten after every cell: a run cut short keeps the cells it finished."""
   if _OUT.value:
     os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)
     with open(_OUT.value, "w") as f:
-      json.dump(
-        dict(host=host, compare=_COMPARE.value, context=_CONTEXT.value, results=results),
-        f,
-        indent=1,
-      )
+      json.dump(report, f, indent=1)
 
 
 if __name__ == "__main__":

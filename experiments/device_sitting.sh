@@ -76,7 +76,8 @@ part_curve() {
 
 # A benchmark part: `bench PART CAP SCRIPT PATTERN ARGS...` runs experiments/SCRIPT.py
 # with ARGS into $RUNS/PART.json (skipped when an earlier call wrote it) and copies its
-# log's lines matching PATTERN into the sitting's log.
+# log's lines matching PATTERN into the sitting's log; a run cut short leaves PART.json.part
+# (the archive takes it), which a later call starts over.
 bench() {
   local part=$1 cap=$2 script=$3 pattern=$4 s
   shift 4
@@ -111,7 +112,7 @@ part_forms() {
   # multiply-reduce: the 2026-12-04 grid's two rows cost 1.46x / 1.73x one row's.
   case $VARIANT in
     tiny) set -- --shapes=configs/sd_bench.py:tiny --cells=1x2,2x5 --context=16 --reps=2 ;;
-    *) set -- --shapes=qwen3-8b --cells=1x2,2x5,2x9,16x1 --context=1024 --reps=10 ;;
+    *) set -- --shapes=qwen3-8b --cells=2x5,1x2,16x1,2x9 --context=1024 --reps=10 ;;
   esac
   bench forms "$FORMS_S" bench_step_variants "x[0-9]*:" --compare=form "$@"
 }
@@ -161,5 +162,5 @@ done
 # per-step metrics; the copy's benchmark and its log.
 (cd "$RUNS" && tar czf "$KEEP/sitting_files.tgz" --ignore-failed-read gc/steps_*.csv \
   gc/shared/summary.json gc/gpu_curve.log gc/*_s0/metrics.jsonl harvest.json harvest.log \
-  forms.json forms.log writes.json writes.log 2>/dev/null)
+  forms.json forms.json.part forms.log writes.json writes.json.part writes.log 2>/dev/null)
 say "sitting: done"
