@@ -162,6 +162,12 @@ def describe_kernels(hlo_text: str, names: Sequence[str]) -> dict[str, str]:
 _NO_KERNEL = {"parameter", "constant", "bitcast", "tuple", "get-tuple-element"}
 
 
+def _kind(instruction: str) -> str:
+  """The kind (`KINDS`) a trace's summary would sort this instruction's kernel into."""
+  name = kernel_name(instruction)
+  return next((k for k, pattern in KINDS if pattern.search(name)), "other")
+
+
 def _outer_body(hlo_text: str) -> str | None:
   """The name of the body of the entry's loop, the outermost (a nested loop's body may come
   first in the text)."""
@@ -182,23 +188,10 @@ def loop_kernels(hlo_text: str) -> dict[str, Any]:
   body = _outer_body(hlo_text)
   if body is None:
     return {}
+  names = [m["name"] for m in _computations(hlo_text)[body] if m["op"] not in _NO_KERNEL]
   by_kind: dict[str, int] = {}
-  names: list[str] = []
-  inside = False
-  for line in hlo_text.splitlines():
-    head = _COMPUTATION.match(line)
-    if head and " = " not in line.split("{", 1)[0]:
-      if inside:
-        break
-      inside = head["name"] == body
-      continue
-    m = _INSTRUCTION.match(line) if inside else None
-    if m is None or m["op"] in _NO_KERNEL:
-      continue
-    name = kernel_name(m["name"])
-    kind = next((k for k, pattern in KINDS if pattern.search(name)), "other")
-    by_kind[kind] = by_kind.get(kind, 0) + 1
-    names.append(m["name"])
+  for name in names:
+    by_kind[_kind(name)] = by_kind.get(_kind(name), 0) + 1
   return {"kernels": len(names), "by_kind": by_kind, "names": names}
 
 
@@ -236,8 +229,7 @@ def trip_kernels(hlo_text: str) -> dict[str, Any]:
         continue
       body = re.search(r"\bbody=%([^\s,]+)", m["rest"]) if m["op"] == "while" else None
       if body is None:
-        kind = next((k for k, p in KINDS if p.search(kernel_name(m["name"]))), "other")
-        by_kind[kind] = by_kind.get(kind, 0) + times
+        by_kind[_kind(m["name"])] = by_kind.get(_kind(m["name"]), 0) + times
         continue
       trips = re.search(r'"known_trip_count":\{"n":"(\d+)"', m["rest"])
       unknown += trips is None
