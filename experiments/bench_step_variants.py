@@ -10,7 +10,7 @@ programs only count (experiments/deviceless.py) costs on this host or device.
          tokens over two rows or more.
 Each `--shapes` entry (a config file's policy or a published shape,
 `experiments.forwards.decode_shape`, random weights) runs an engine chunk's kind of device
-loop (`experiments.common.decode_loop`: 16 cached forwards from `--context`) per `--cells`
+loop (`experiments.forwards.Forward`: 16 cached forwards from `--context`) per `--cells`
 entry (rows x new tokens a row), traced once with each variant; both are timed interleaved,
 `--reps` rounds: median ms a forward [min-max] and the paired ratio second / first.
 
@@ -33,8 +33,8 @@ from absl import app, flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from experiments.common import decode_loop, random_params  # noqa: E402
-from experiments.forwards import decode_shape  # noqa: E402
+from experiments.common import random_params  # noqa: E402
+from experiments.forwards import Forward, compile_together, decode_shape  # noqa: E402
 from experiments.host import format_host, host_info  # noqa: E402
 from tlt_jax.models import transformer  # noqa: E402
 from tlt_jax.models.attention import attention_form  # noqa: E402
@@ -78,13 +78,15 @@ VARIANTS = {
 
 
 def loops(cfg, graphdef, params, rows: int, tokens: int) -> dict:
-  """The loop traced under each variant of `--compare`, compiled and run once."""
-  calls = {}
+  """The loop traced under each variant of `--compare`, the two compiled at once
+  (`compile_together`: on threads beside an accelerator); each a callable running it."""
+  forwards = {}
   for name, setting in VARIANTS[_COMPARE.value]:
-    calls[name] = decode_loop(graphdef, params, cfg, rows, tokens, _CHUNK, _CONTEXT.value)
+    forwards[name] = Forward(graphdef, cfg, rows, tokens, _CONTEXT.value, _CHUNK)
     with setting():
-      calls[name]()
-  return calls
+      forwards[name].lower(params)
+  compile_together(list(forwards.values()), params)
+  return {name: fwd.runner(params) for name, fwd in forwards.items()}
 
 
 def _spread(values, scale: float = 1.0) -> str:

@@ -7,6 +7,7 @@ without one."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import importlib
 import math
@@ -25,6 +26,7 @@ from tlt_jax.data import get_tokenizer
 from tlt_jax.models.config import ModelConfig
 from tlt_jax.models.transformer import KVCache
 from tlt_jax.parallel.memory import compiled_update, plan_memory
+from tlt_jax.rollout.pool import default_compile_workers
 
 
 def kv_bytes(cfg: ModelConfig, batch: int, slots: int) -> int:
@@ -98,11 +100,19 @@ class Forward:
     toks = jax.ShapeDtypeStruct((batch, tokens), jnp.int32)
     self.cfg, self.fn = cfg, jax.jit(run, donate_argnums=1)
     self.abstract = (cache, toks)
+    self.lowered = None
+
+  def lower(self, params) -> None:
+    """Traces and lowers the loop (Python work: on the caller's thread, under its settings,
+    e.g. `models.attention.attention_form`); `compile_together` compiles it."""
+    t = time.perf_counter()
+    self.lowered = self.fn.lower(params, *self.abstract)
+    self.lower_s = time.perf_counter() - t
 
   def compile(self, params) -> float:
-    t = time.perf_counter()
-    self.compiled = self.fn.lower(params, *self.abstract).compile()
-    return time.perf_counter() - t
+    """Lowers and compiles; returns (and keeps, as `compile_s`) the seconds."""
+    compile_together([self], params)
+    return self.compile_s
 
   def first(self, params):
     """The loop's outputs from a fixed random cache (the first call `ms` times from)."""
@@ -113,15 +123,59 @@ class Forward:
     toks = jnp.ones((self.batch, self.tokens), jnp.int32)
     return jax.block_until_ready(self.compiled(params, cache, toks))
 
+  def runner(self, params):
+    """A callable running the loop once from where its last call left the cache and
+    tokens (the first call from `first`'s outputs): calls to time, alone or interleaved
+    with another program's."""
+    carry = list(self.first(params))
+
+    def call():
+      carry[:] = jax.block_until_ready(self.compiled(params, *carry))
+
+    return call
+
   def ms(self, params, reps: int) -> float:
     """Median ms per forward."""
-    cache, toks = self.first(params)
-    times = []
+    call, times = self.runner(params), []
     for _ in range(reps):
       t = time.perf_counter()
-      cache, toks = jax.block_until_ready(self.compiled(params, cache, toks))
+      call()
       times.append(time.perf_counter() - t)
     return 1e3 * float(np.median(times)) / self.n
+
+
+def compile_together(forwards, params, workers: int | None = None) -> dict:
+  """Compiles `forwards` at once: each lowered on this thread (those not lowered yet; tracing
+  holds the GIL), then XLA's compiles on up to `workers` threads
+  (`rollout.pool.default_compile_workers()`: one on a CPU, up to 8 beside an accelerator,
+  whose compiles are host work the device waits on). Each keeps `compile_s` (its lowering
+  and its own compile, which overlapped the others') and `compiled_with` (the programs
+  compiled at once). Returns {"programs", "workers", "lower_s" (their lowerings, one after
+  another on this thread), "sum_s" (their `compile_s`), "wall_s" (from the first lowering,
+  here or by the caller, to the last compile's end)}."""
+  start = time.perf_counter()
+  lowered_before = sum(f.lower_s for f in forwards if f.lowered is not None)  # by the caller
+  for fwd in forwards:
+    if fwd.lowered is None:
+      fwd.lower(params)
+  workers = max(1, min(workers or default_compile_workers(), len(forwards)))
+
+  def finish(fwd):
+    t = time.perf_counter()
+    fwd.compiled, fwd.lowered = fwd.lowered.compile(), None
+    fwd.compile_s = fwd.lower_s + time.perf_counter() - t
+    fwd.compiled_with = len(forwards)
+
+  with concurrent.futures.ThreadPoolExecutor(workers, "compile") as pool:
+    for done in [pool.submit(finish, fwd) for fwd in forwards]:
+      done.result()  # a failed compile raises here
+  return {
+    "programs": len(forwards),
+    "workers": workers,
+    "lower_s": sum(f.lower_s for f in forwards),
+    "sum_s": sum(f.compile_s for f in forwards),
+    "wall_s": lowered_before + time.perf_counter() - start,
+  }
 
 
 def config_file(name: str):

@@ -64,11 +64,18 @@ The decode grid is the simulator's measured cost table (`sim.TableCost.from_deco
   python experiments/simulate.py --surface=runs/real_sizes/real_sizes.json:qwen3-8b
 
 A stage stops adding cells once it has run `--stage_s` seconds (the cells it measured are
-kept; the rest wait for the next sitting).
+kept; the rest wait for the next sitting). Beside an accelerator a stage's programs compile
+several at a time (`experiments.forwards.compile_together`, as many as the rollout's
+compile threads: `rollout.pool.default_compile_workers()`, TLT_COMPILE_WORKERS), then are
+timed one by one, no compile running beside a timing: an 8B program compiled in 8-14 s on
+the H200's host, longer than its timing. `compiles` in the results gives each stage's
+compile seconds summed beside their wall seconds; the log's lines carry the seconds since
+the process started.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -88,6 +95,7 @@ from experiments.common import json_child, published_shape, random_params  # noq
 from experiments.forwards import (  # noqa: E402
   Forward,
   UpdateProgram,
+  compile_together,
   decode_shape,
   kv_bytes,
   weight_bytes,
@@ -96,6 +104,7 @@ from experiments.host import matmul_flops, spec_sheet  # noqa: E402
 from experiments.traces import describe_kernels, trace_summary  # noqa: E402
 from tlt_jax.models.attention import attention_form, reduces  # noqa: E402
 from tlt_jax.parallel.memory import measured_bytes  # noqa: E402
+from tlt_jax.rollout.pool import default_compile_workers  # noqa: E402
 
 _OUT = flags.DEFINE_string("out", "runs/real_sizes", "output folder (results resume from it)")
 _STAGES = flags.DEFINE_list(
@@ -173,6 +182,23 @@ _CHILD_TRACE = flags.DEFINE_bool("child_trace", False, "internal: the child trac
 _MEMORY_GIB = flags.DEFINE_float("memory_gib", 0.0, "device memory where it cannot be read")
 
 
+_STARTED = time.perf_counter()
+
+
+def say(text: str) -> None:
+  """A log line with the seconds since this process started: where a sitting's time went."""
+  print(f"+{time.perf_counter() - _STARTED:.1f}s {text}", flush=True)
+
+
+def compiled_words(compiles: dict) -> str:
+  """`compile_together`'s figures in a log line."""
+  return (
+    f"{compiles['programs']} programs compiled in {compiles['wall_s']:.1f} s on "
+    f"{compiles['workers']} threads ({compiles['sum_s']:.1f} s of compiles, lowering "
+    f"{compiles['lower_s']:.1f} s of it)"
+  )
+
+
 def device_memory() -> float:
   """Bytes the default device can hold (`--memory_gib` where the runtime does not say)."""
   stats = jax.devices()[0].memory_stats() or {}
@@ -181,18 +207,21 @@ def device_memory() -> float:
   return _MEMORY_GIB.value * 2**30 if _MEMORY_GIB.value else 8 * 2**30
 
 
-def batch1_decode(graphdef, cfg, params, context: int) -> tuple[Forward, dict]:
+def batch1_decode(graphdef, cfg, params, context: int, also=()) -> tuple[Forward, dict]:
   """Batch-1 decode: ms a step inside one counted device loop of `--steps`, inside the
   engine's kind of loop (stopping on a device value: `Forward`'s `until_done`), one step a
   call (the differences are host round trips and launches), and the counted loop over two
   rows (`ms_in_loop_two_rows`: one row and a pad, as an engine whose smallest batch bucket
   is 2 runs it; on a GPU XLA turns a one-row step's products into elementwise products and
-  reductions, experiments/deviceless.py); returns the counted Forward too."""
+  reductions, experiments/deviceless.py); returns the counted Forward too. The Forwards in
+  `also` are compiled with these, for the caller to time."""
   looped = Forward(graphdef, cfg, 1, 1, context, _STEPS.value)
   until_done = Forward(graphdef, cfg, 1, 1, context, _STEPS.value, until_done=True)
   single = Forward(graphdef, cfg, 1, 1, context, 1)
   two_rows = Forward(graphdef, cfg, 2, 1, context, _STEPS.value)
-  compile_s = sum(f.compile(params) for f in (looped, until_done, single, two_rows))
+  programs = (looped, until_done, single, two_rows)
+  compiles = compile_together([*programs, *also], params)
+  compile_s = sum(f.compile_s for f in programs)
   # Both loops must run all `--steps` trips: the same tokens and cache, bit for bit.
   same = jax.tree.map(
     lambda a, b: bool(jnp.array_equal(a, b)), looped.first(params), until_done.first(params)
@@ -205,6 +234,7 @@ def batch1_decode(graphdef, cfg, params, context: int) -> tuple[Forward, dict]:
     "ms_per_call": single.ms(params, _REPS.value * _STEPS.value),
     "ms_in_loop_two_rows": two_rows.ms(params, _REPS.value),
     "compile_s": compile_s,
+    "compiles": compiles,
   }
 
 
@@ -213,7 +243,7 @@ def traced_ms(fwd: Forward, params, calls: int = 2) -> dict:
   costliest kernels described from the compiled module (`top_hlo`: which product or
   reduction each is), and the folder removed: a trace folder is too deep to come back from
   a device sitting."""
-  trace = tempfile.mkdtemp(prefix="tlt_trace_")
+  trace, began = tempfile.mkdtemp(prefix="tlt_trace_"), time.perf_counter()
   try:
     with jax.profiler.trace(trace, create_perfetto_trace=True):
       fwd.ms(params, calls)
@@ -221,7 +251,7 @@ def traced_ms(fwd: Forward, params, calls: int = 2) -> dict:
     summary = trace_summary(trace, steps=(calls + 1) * fwd.n)
     top = summary.get("top_ms_per_step", {})
     summary["top_hlo"] = describe_kernels(fwd.compiled.as_text(), list(top))
-    return summary
+    return {**summary, "trace_s": time.perf_counter() - began}
   finally:
     shutil.rmtree(trace, ignore_errors=True)
 
@@ -233,7 +263,11 @@ def overhead_cell() -> dict:
   `--overhead_tokens` count, in decode steps."""
   cfg, context = decode_shape(_SHAPES.value[0]), int(_CONTEXTS.value[0])
   graphdef, params = random_params(cfg)
-  looped, cell = batch1_decode(graphdef, cfg, params, context)
+  forwards = {
+    tokens: Forward(graphdef, cfg, 1, tokens, context, _STEPS.value)
+    for tokens in sorted({int(t) for t in _OVERHEAD_TOKENS.value})
+  }
+  looped, cell = batch1_decode(graphdef, cfg, params, context, also=forwards.values())
   cell["context"] = context
   cell["weight_bytes"], cell["kv_bytes"] = weight_bytes(params), kv_bytes(cfg, 1, context)
   if _CHILD_TRACE.value:
@@ -243,19 +277,22 @@ def overhead_cell() -> dict:
     if busy and cell["trace"].get("device_processes"):
       cell["over_busy"] = cell["ms_in_loop"] / busy
   cell["forwards"] = {}
-  for tokens in sorted({int(t) for t in _OVERHEAD_TOKENS.value}):
-    fwd = measured(graphdef, cfg, params, 1, tokens, context)[1]
-    cell["forwards"][str(tokens)] = {**fwd, "steps": fwd["ms"] / cell["ms_in_loop"]}
+  for tokens, fwd in forwards.items():
+    timed = timed_cell(fwd, params)
+    cell["forwards"][str(tokens)] = {**timed, "steps": timed["ms"] / cell["ms_in_loop"]}
   return cell
 
 
-def measured(graphdef, cfg, params, batch: int, tokens: int, context: int):
-  """A grid cell: the looped forward compiled and timed; returns (the Forward, its cell),
-  which names the attention form it took (`attention.reduces`: it differs by platform)."""
-  fwd = Forward(graphdef, cfg, batch, tokens, context, _STEPS.value)
-  compile_s = fwd.compile(params)
-  form = "reduce" if reduces(batch, tokens) else "dots"
-  return fwd, {"ms": fwd.ms(params, _REPS.value), "compile_s": compile_s, "attention": form}
+def timed_cell(fwd: Forward, params) -> dict:
+  """A grid cell of a compiled Forward: its ms a forward, its compile seconds (with how
+  many programs compiled at once, `compile_together`) and the attention form it took
+  (`attention.reduces`: it differs by platform)."""
+  return {
+    "ms": fwd.ms(params, _REPS.value),
+    "compile_s": fwd.compile_s,
+    "compiled_with": fwd.compiled_with,
+    "attention": "reduce" if reduces(fwd.batch, fwd.tokens) else "dots",
+  }
 
 
 class Stages:
@@ -283,8 +320,9 @@ class Stages:
   def model(self, name):
     if name not in self.models:
       self.models.clear()  # one shape's weights on the device at a time
-      cfg = published_shape(name)
+      cfg, began = published_shape(name), time.perf_counter()
       self.models[name] = (cfg, *random_params(cfg))
+      say(f"{name}: random weights made in {time.perf_counter() - began:.1f} s")
     return self.models[name]
 
   def run(self, stage: str) -> None:
@@ -295,17 +333,50 @@ class Stages:
     if stage in done:
       print(f"{stage}: done in an earlier sitting", flush=True)
       return
-    start = time.perf_counter()
+    start, self.stage = time.perf_counter(), stage
+    say(f"{stage}: started")
     complete = getattr(self, stage)(start)
     self.results.setdefault("stage_s", {})[stage] = time.perf_counter() - start
     complete = complete and (source is None or source in done)
     if complete:
       done.append(stage)
     self.save()
-    print(f"{stage}: {'done' if complete else 'partial'}", flush=True)
+    say(f"{stage}: {'done' if complete else 'partial'}")
 
-  def _late(self, start) -> bool:
-    return time.perf_counter() - start > _STAGE_S.value
+  def _late(self, start, reserve: float = 0.0) -> bool:
+    return time.perf_counter() - start + reserve > _STAGE_S.value
+
+  def _windows(self, start, cells: dict, todo, params, measure) -> bool:
+    """`todo` ([(key, Forward, attention form or None)]) in windows of as many programs as
+    there are compile threads (`rollout.pool.default_compile_workers()`): a window's
+    programs lowered (each under its form) and compiled together (`compile_together`), then
+    each measured (`measure(fwd, params)`: its cell) into `cells` and saved, so no compile runs
+    beside a timing. A window starts only while the last one's seconds still fit the
+    stage's; False when the stage ran out of time. Compile seconds summed and wall go into
+    the results' `compiles`, by stage."""
+    window, last = default_compile_workers(), 0.0
+    for i in range(0, len(todo), window):
+      if self._late(start, reserve=last):
+        return False
+      began, part = time.perf_counter(), todo[i : i + window]
+      for _, fwd, form in part:
+        with attention_form(form) if form else contextlib.nullcontext():
+          fwd.lower(params)  # the form is read when the loop is traced
+      compiles = compile_together([fwd for _, fwd, _ in part], params)
+      say(f"{self.stage}: {compiled_words(compiles)}")
+      total = self.results.setdefault("compiles", {}).setdefault(
+        self.stage, {"programs": 0, "lower_s": 0.0, "sum_s": 0.0, "wall_s": 0.0}
+      )
+      for field in total:
+        total[field] += compiles[field]
+      for key, fwd, _ in part:
+        if self._late(start):
+          return False
+        cells[key] = measure(fwd, params)
+        print(key, json.dumps(cells[key]), flush=True)
+        self.save()
+      last = time.perf_counter() - began
+    return True
 
   # ------------------------------------------------------------------ stages
   def decode_b1(self, start) -> bool:
@@ -319,9 +390,11 @@ class Stages:
       "weight_bytes": weight_bytes(params),
       "kv_bytes": kv_bytes(cfg, 1, context),
     }
+    say(f"decode_b1: {compiled_words(costs['compiles'])}, then timed")
     trace = os.path.join(self.out, "trace")
     with jax.profiler.trace(trace):
       looped.ms(params, 2)
+    say("decode_b1: traced")
     out["trace"] = trace
     self.results["decode_b1"] = out
     print(json.dumps(out, indent=1), flush=True)
@@ -340,20 +413,17 @@ class Stages:
     if _PROFILE_WEIGHTS_HEAD.value:
       variants.append(("auto, head in the weights' dtype", "auto", True, 1))
     variants.append(("auto, the step as two tokens", "auto", False, 2))
-    for key, form, weights_head, tokens in variants:
-      if key in cells:
-        continue
-      if self._late(start):
-        return False
-      with attention_form(form):  # read when the loop is traced, in `compile`
-        fwd = Forward(graphdef, cfg, 1, tokens, context, _STEPS.value, weights_head=weights_head)
-        compile_s = fwd.compile(params)
-      cell = {"shape": name, "context": context, "compile_s": compile_s}
-      cell["ms"] = fwd.ms(params, _REPS.value)
-      cells[key] = {**cell, **traced_ms(fwd, params)}
-      print(f"{key}: {json.dumps(cells[key])}", flush=True)
-      self.save()
-    return True
+    todo = [
+      (key, Forward(graphdef, cfg, 1, tokens, context, _STEPS.value, weights_head=head), form)
+      for key, form, head, tokens in variants
+      if key not in cells
+    ]
+
+    def measure(fwd, params):
+      cell = {"shape": name, "context": context, "compile_s": fwd.compile_s}
+      return {**cell, "ms": fwd.ms(params, _REPS.value), **traced_ms(fwd, params)}
+
+    return self._windows(start, cells, todo, params, measure)
 
   def bandwidth(self, start) -> bool:
     n = int(_COPY_GB.value * 1e9) // 2
@@ -415,18 +485,17 @@ class Stages:
     name, context = _SHAPES.value[0], int(_CONTEXTS.value[0])
     cells = self.results.setdefault("verify_b1", {})
     cfg, graphdef, params = self.model(name)
-    for tokens in map(int, _TOKENS.value):
-      key = f"{name}/{context}/1/{tokens}"
-      if key in cells:
-        continue
-      if self._late(start):
-        return False
-      fwd, cell = measured(graphdef, cfg, params, 1, tokens, context)
-      cell["trace"] = traced_ms(fwd, params)
-      cells[key] = cell
-      print(key, json.dumps(cell), flush=True)
-      self.save()
-    return True
+    todo = [
+      (
+        f"{name}/{context}/1/{tokens}",
+        Forward(graphdef, cfg, 1, tokens, context, _STEPS.value),
+        None,
+      )
+      for tokens in map(int, _TOKENS.value)
+      if f"{name}/{context}/1/{tokens}" not in cells
+    ]
+    measure = lambda fwd, params: {**timed_cell(fwd, params), "trace": traced_ms(fwd, params)}
+    return self._windows(start, cells, todo, params, measure)
 
   def decode_grid(self, start) -> bool:
     grid = self.results.setdefault("decode_grid", {})
@@ -439,21 +508,17 @@ class Stages:
     for name in _SHAPES.value:
       cfg, graphdef, params = self.model(name)
       room = 0.85 * device_memory() - weight_bytes(params)
+      todo = []
       for context in map(int, _CONTEXTS.value):
         batch = 1
-        while batch <= _MAX_BATCH.value:
-          if kv_bytes(cfg, batch, 2 * context) > room:
-            break
+        while batch <= _MAX_BATCH.value and kv_bytes(cfg, batch, 2 * context) <= room:
           for tokens in map(int, _TOKENS.value):
             key = f"{name}/{context}/{batch}/{tokens}"
-            if key in grid:
-              continue
-            if self._late(start):
-              return False
-            grid[key] = measured(graphdef, cfg, params, batch, tokens, context)[1]
-            print(key, grid[key], flush=True)
-            self.save()
+            if key not in grid:
+              todo.append((key, Forward(graphdef, cfg, batch, tokens, context, _STEPS.value), None))
           batch *= 2
+      if not self._windows(start, grid, todo, params, timed_cell):
+        return False
     return True
 
   def rounds(self, start) -> bool:
@@ -469,14 +534,15 @@ class Stages:
       dgraph, dparams = random_params(one)
       context = int(_CONTEXTS.value[0])
       batches = sorted({int(k.split("/")[2]) for k in grid if k.startswith(f"{name}/{context}/")})
+      todo = [
+        (f"{name}/{batch}", Forward(dgraph, one, batch, 1, context, _STEPS.value), None)
+        for batch in batches
+        if f"{name}/{batch}" not in drafter
+      ]
+      if not self._windows(start, drafter, todo, dparams, lambda f, p: f.ms(p, _REPS.value)):
+        return False
       for batch in batches:
         key = f"{name}/{batch}"
-        if key not in drafter:
-          if self._late(start):
-            return False
-          fwd = Forward(dgraph, one, batch, 1, context, _STEPS.value)
-          fwd.compile(dparams)
-          drafter[key] = fwd.ms(dparams, _REPS.value)
         step = grid.get(f"{name}/{context}/{batch}/1", {}).get("ms")
         for arm, length in accept.items():
           depth = int(arm.removeprefix("chain"))

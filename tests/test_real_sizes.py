@@ -24,9 +24,10 @@ TINY = [
 ]
 
 
-def _run(out, *flags):
+def _run(out, *flags, env=None):
   cmd = [sys.executable, "experiments/real_sizes.py", f"--out={out}", *TINY, *flags]
-  done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+  env = {**os.environ, **(env or {})}
+  done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
   assert done.returncode == 0, done.stderr[-3000:]
   with open(os.path.join(out, "real_sizes.json")) as f:
     return json.load(f), done.stdout
@@ -49,10 +50,11 @@ def test_every_stage_runs_on_tiny_shapes_and_a_second_sitting_resumes(tmp_path):
     json.dump(first, f)
   # Second sitting: the finished stages are skipped, the rest run. The overhead stage A/Bs
   # XLA flags, each setting in a process of its own: one the CPU's XLA takes (and ignores),
-  # one it refuses (recorded, and the stage goes on).
+  # one it refuses (recorded, and the stage goes on). Two compile threads, as a device's
+  # host has (one on a CPU): a stage's programs compiled two at a time, then timed.
   settings = ["--xla_gpu_enable_command_buffer=", "--xla_no_such_flag=1"]
   overhead = [*(f"--overhead_setting={x}" for x in settings), "--overhead_tokens=5"]
-  second, printed = _run(out, *overhead)
+  second, printed = _run(out, *overhead, env={"TLT_COMPILE_WORKERS": "2"})
   assert "decode_b1: done in an earlier sitting" in printed
   assert second["decode_b1"] == b1
   assert second["done"] == [
@@ -105,6 +107,17 @@ def test_every_stage_runs_on_tiny_shapes_and_a_second_sitting_resumes(tmp_path):
   assert len(second["xla_flags"]) == 2  # one entry a sitting
   assert set(second["decode_grid"]) == {f"tiny/16/{b}/{t}" for b in (1, 2) for t in (1, 2, 5)}
   assert all(c["ms"] > 0 and c["compile_s"] > 0 for c in second["decode_grid"].values())
+  # The three cells not taken over from verify_b1 compiled two, then one, at a time; each
+  # windowed stage's compiles summed beside their wall seconds.
+  assert [second["decode_grid"][f"tiny/16/2/{t}"]["compiled_with"] for t in (1, 2, 5)] == [2, 2, 1]
+  compiles = second["compiles"]
+  assert {k: v["programs"] for k, v in compiles.items()} == {
+    "decode_b1_profile": 4,
+    "verify_b1": 3,
+    "decode_grid": 3,
+    "rounds": 2,
+  }
+  assert all(c["wall_s"] > 0 and c["sum_s"] > 0 for c in compiles.values())
   # Each cell names its attention form (on a CPU the multiply-reduce for 2+ rows of 2+ tokens).
   forms = {k: c["attention"] for k, c in second["decode_grid"].items()}
   assert forms["tiny/16/2/5"] == forms["tiny/16/2/2"] == "reduce"
@@ -221,3 +234,42 @@ for tie in (True, False):
   assert [r[0] for r in rows] == ["True", "False"]
   for _, diff, scale in rows:
     assert float(diff) <= 1e-5 * float(scale)
+
+
+def test_forwards_compiled_together_on_threads_run_as_each_compiled_alone():
+  """`compile_together` (a stage's programs lowered here, compiled on two threads): each
+  program computes what it computes compiled alone, the attention form it was lowered under
+  included. (A process of its own, as above.)"""
+  code = """
+import jax, jax.numpy as jnp
+from experiments.common import published_shape, random_params
+from experiments.forwards import Forward, compile_together
+from tlt_jax.models.attention import attention_form
+cfg = published_shape("tiny")
+graphdef, params = random_params(cfg)
+cells = [(1, 1, "dots"), (2, 5, "reduce"), (2, 5, "dots"), (1, 2, None)]
+def made(batch, tokens, form):
+  fwd = Forward(graphdef, cfg, batch, tokens, 16, 2)
+  if form:
+    with attention_form(form):
+      fwd.lower(params)
+  return fwd
+alone = [made(*cell) for cell in cells]
+for fwd in alone:
+  assert fwd.compile(params) > 0 and fwd.compiled_with == 1
+together = [made(*cell) for cell in cells]
+info = compile_together(together, params, workers=2)
+assert info["programs"] == 4 and info["workers"] == 2, info
+assert 0 < info["wall_s"] and abs(info["sum_s"] - sum(f.compile_s for f in together)) < 1e-9
+texts = [f.compiled.as_text() for f in together]
+assert texts[1] != texts[2]  # the two forms' programs differ
+for a, b in zip(alone, together):
+  assert b.compiled_with == 4 and b.compile_s > 0
+  same = jax.tree.map(lambda x, y: bool(jnp.array_equal(x, y)), a.first(params), b.first(params))
+  assert all(jax.tree.leaves(same))
+  assert a.ms(params, 2) > 0 and b.ms(params, 2) > 0
+print("ok")
+"""
+  done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+  assert done.returncode == 0, done.stderr[-2000:]
+  assert done.stdout.strip().endswith("ok")
