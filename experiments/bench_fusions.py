@@ -42,7 +42,8 @@ from ml_collections import config_flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from experiments.common import config_policy, decode_loop, packed_rows  # noqa: E402
+from experiments.common import config_policy, packed_rows  # noqa: E402
+from experiments.forwards import Forward  # noqa: E402
 from experiments.host import format_host, host_info  # noqa: E402
 from tlt_jax import configuration  # noqa: E402
 from tlt_jax.data import get_tokenizer  # noqa: E402
@@ -141,9 +142,9 @@ def programs(config, cfg, graphdef, params, settings: list[str]) -> dict[tuple[s
       for cell in _CELLS.value:
         b, t = (int(x) for x in cell.split("x"))
         options = compiler_options(setting)
-        calls[f"decode {cell}", setting] = decode_loop(
-          graphdef, params, cfg, b, t, 16, _CONTEXT.value, options
-        )
+        loop = Forward(graphdef, cfg, b, t, _CONTEXT.value, 16, options=options)
+        loop.compile(params)
+        calls[f"decode {cell}", setting] = loop.runner(params)
   for name, call in calls.items():
     start = time.perf_counter()
     call()

@@ -31,7 +31,8 @@ from ml_collections import config_flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from experiments.common import config_policy, decode_loop  # noqa: E402
+from experiments.common import config_policy  # noqa: E402
+from experiments.forwards import Forward  # noqa: E402
 from experiments.host import format_host, host_info  # noqa: E402
 from tlt_jax.rl.loss import PolicyLossConfig  # noqa: E402
 from tlt_jax.rl.update import UpdateConfig, make_optimizer, make_policy_update  # noqa: E402
@@ -104,7 +105,9 @@ def main(argv):
   rows = []
   for cell in _CELLS.value:
     batch, tokens = (int(x) for x in cell.split("x"))
-    decode = decode_loop(graphdef, params, cfg, batch, tokens, _CHUNK.value, _CONTEXT.value)
+    loop = Forward(graphdef, cfg, batch, tokens, _CONTEXT.value, _CHUNK.value)
+    loop.compile(params)
+    decode = loop.runner(params)
     decode()
     for rep in range(_REPS.value):
       d0, u0 = rate(decode, _SECONDS.value), rate(update, _SECONDS.value)

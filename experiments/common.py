@@ -29,7 +29,7 @@ from tlt_jax.data import get_tokenizer  # noqa: E402
 from tlt_jax.data.checkers import CAREFUL, HASTY  # noqa: E402
 from tlt_jax.models.attention import current_causal_block, full_mask, key_window  # noqa: E402
 from tlt_jax.models.config import ModelConfig  # noqa: E402
-from tlt_jax.models.transformer import KVCache, Transformer, init_model  # noqa: E402
+from tlt_jax.models.transformer import Transformer, init_model  # noqa: E402
 from tlt_jax.parallel.memory import qwen25  # noqa: E402
 
 
@@ -374,36 +374,3 @@ def random_params(cfg: ModelConfig) -> tuple[nnx.GraphDef, nnx.State]:
       fan_in = leaf.shape[0] if "kernel" in names else leaf.shape[-1]
       made.append(_normal_leaf(jax.random.fold_in(key, i), fan_in**-0.5, leaf.shape, leaf.dtype))
   return graphdef, jax.block_until_ready(jax.tree_util.tree_unflatten(treedef, made))
-
-
-def decode_loop(
-  graphdef, params, cfg, batch: int, tokens: int, chunk: int, context: int, options=None
-):
-  """A callable running `chunk` cached forwards of `tokens` tokens at `batch` rows, in one
-  device loop (an engine chunk's kind of program); `options`: its jax.jit compiler_options."""
-  view = 1 << (context + chunk * tokens).bit_length()
-
-  @functools.partial(jax.jit, donate_argnums=1, compiler_options=options or None)
-  def run(params, cache, tok):
-    model = nnx.merge(graphdef, params)
-
-    def body(i, carry):
-      cache, tok = carry
-      pos = context + i * tokens + jnp.arange(tokens)
-      h, cache, _ = model(
-        jnp.broadcast_to(tok[:, None], (batch, tokens)),
-        jnp.broadcast_to(pos, (batch, tokens)),
-        cache=cache,
-        cache_len=jnp.full((batch,), context + i * tokens),
-        view_len=view,
-      )
-      return cache, jnp.argmax(model.logits(h)[:, -1], -1).astype(jnp.int32)
-
-    return jax.lax.fori_loop(0, chunk, body, (cache, tok))
-
-  carry = [KVCache.zeros(cfg, batch, view), jnp.ones((batch,), jnp.int32)]
-
-  def call():
-    carry[0], carry[1] = jax.block_until_ready(run(params, carry[0], carry[1]))
-
-  return call

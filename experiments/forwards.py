@@ -56,7 +56,8 @@ class Forward:
   device value (there: whether every row has finished), so XLA cannot count its trips; on
   a GPU such a loop copies its condition to the host and waits for the device at every
   trip (XLA's WhileThunk), where a counted loop's trips are queued without waiting.
-  `weights_head`: the head's product as `weights_dtype_logits` computes it."""
+  `weights_head`: the head's product as `weights_dtype_logits` computes it. `options`: the
+  program's jax.jit compiler_options (`utils.cpu_fusions.compiler_options`)."""
 
   def __init__(
     self,
@@ -68,6 +69,7 @@ class Forward:
     n,
     until_done: bool = False,
     weights_head: bool = False,
+    options=None,
   ):
     self.view = 1 << math.ceil(math.log2(context + n * tokens))
     self.batch, self.tokens, self.context, self.n = batch, tokens, context, n
@@ -98,7 +100,8 @@ class Forward:
 
     cache = jax.eval_shape(lambda: KVCache.zeros(cfg, batch, self.view))
     toks = jax.ShapeDtypeStruct((batch, tokens), jnp.int32)
-    self.cfg, self.fn = cfg, jax.jit(run, donate_argnums=1)
+    self.cfg = cfg
+    self.fn = jax.jit(run, donate_argnums=1, compiler_options=options or None)
     self.abstract = (cache, toks)
     self.lowered = None
 
