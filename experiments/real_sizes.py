@@ -207,19 +207,26 @@ def device_memory() -> float:
   return _MEMORY_GIB.value * 2**30 if _MEMORY_GIB.value else 8 * 2**30
 
 
-def batch1_decode(graphdef, cfg, params, context: int, also=()) -> tuple[Forward, dict]:
+def batch1_decode(
+  graphdef, cfg, params, context: int, also=(), looped_alone: bool = False
+) -> tuple[Forward, dict]:
   """Batch-1 decode: ms a step inside one counted device loop of `--steps`, inside the
   engine's kind of loop (stopping on a device value: `Forward`'s `until_done`), one step a
   call (the differences are host round trips and launches), and the counted loop over two
   rows (`ms_in_loop_two_rows`: one row and a pad, as an engine whose smallest batch bucket
   is 2 runs it; on a GPU XLA turns a one-row step's products into elementwise products and
   reductions, experiments/deviceless.py); returns the counted Forward too. The Forwards in
-  `also` are compiled with these, for the caller to time."""
+  `also` are compiled with these, for the caller to time. `looped_alone`: the counted loop
+  compiled before the rest, on its own, its GEMM autotuning alone on the device (the
+  reference the overhead stage's processes, which compile theirs together, are checked
+  against)."""
   looped = Forward(graphdef, cfg, 1, 1, context, _STEPS.value)
   until_done = Forward(graphdef, cfg, 1, 1, context, _STEPS.value, until_done=True)
   single = Forward(graphdef, cfg, 1, 1, context, 1)
   two_rows = Forward(graphdef, cfg, 2, 1, context, _STEPS.value)
   programs = (looped, until_done, single, two_rows)
+  if looped_alone:
+    looped.compile(params)
   compiles = compile_together([*programs, *also], params)
   compile_s = sum(f.compile_s for f in programs)
   # Both loops must run all `--steps` trips: the same tokens and cache, bit for bit.
@@ -382,7 +389,7 @@ class Stages:
   def decode_b1(self, start) -> bool:
     name, context = _SHAPES.value[0], int(_CONTEXTS.value[0])
     cfg, graphdef, params = self.model(name)
-    looped, costs = batch1_decode(graphdef, cfg, params, context)
+    looped, costs = batch1_decode(graphdef, cfg, params, context, looped_alone=True)
     out = {
       "shape": name,
       "context": context,
