@@ -151,11 +151,11 @@ def compile_together(forwards, params, workers: int | None = None) -> dict:
   """Compiles `forwards` (those not compiled yet) at once: each lowered on this thread
   (those not lowered yet; tracing holds the GIL), then XLA's compiles on up to `workers`
   threads (`rollout.pool.default_compile_workers()`: one on a CPU, up to 8 beside an
-  accelerator, whose compiles are host work the device waits on). Each keeps `compile_s` (its lowering
-  and its own compile, which overlapped the others') and `compiled_with` (the programs
-  compiled at once). Returns {"programs", "workers", "lower_s" (their lowerings, one after
-  another on this thread), "sum_s" (their `compile_s`), "wall_s" (from the first lowering,
-  here or by the caller, to the last compile's end)}."""
+  accelerator, whose compiles are host work the device waits on). Each keeps `compile_s`
+  (its lowering and its own compile, which overlapped the others') and `compiled_with`
+  (the programs compiled at once). Returns {"programs", "workers", "lower_s" (their
+  lowerings, one after another on this thread), "sum_s" (their `compile_s`), "wall_s" (from
+  the first lowering, here or by the caller, to the last compile's end)}."""
   forwards = [f for f in forwards if f.compiled is None]
   start = time.perf_counter()
   lowered_before = sum(f.lower_s for f in forwards if f.lowered is not None)  # by the caller

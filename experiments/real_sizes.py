@@ -372,10 +372,11 @@ class Stages:
       compiles = compile_together([fwd for _, fwd, _ in part], params)
       say(f"{self.stage}: {compiled_words(compiles)}")
       total = self.results.setdefault("compiles", {}).setdefault(
-        self.stage, {"programs": 0, "lower_s": 0.0, "sum_s": 0.0, "wall_s": 0.0}
+        self.stage, {"programs": 0, "workers": 1, "lower_s": 0.0, "sum_s": 0.0, "wall_s": 0.0}
       )
-      for field in total:
+      for field in ("programs", "lower_s", "sum_s", "wall_s"):
         total[field] += compiles[field]
+      total["workers"] = max(total["workers"], compiles["workers"])
       for key, fwd, _ in part:
         if self._late(start):
           return False
@@ -703,6 +704,8 @@ def summary(results: dict) -> str:
       f"{cell['width']} tokens, layers {label} | XLA {cell['compiled_bytes'] / 2**30:.1f} GiB, "
       f"planned {cell['planned_bytes'] / 2**30:.1f}; compile {cell['compile_s']:.0f} s |"
     )
+  for stage, compiles in results.get("compiles", {}).items():
+    lines.append(f"| {stage}: compiles | {compiled_words(compiles)} |")
   return "\n".join(lines)
 
 
