@@ -171,8 +171,14 @@ def compile_together(forwards, params, workers: int | None = None) -> dict:
     fwd.compiled_with = len(forwards)
 
   with concurrent.futures.ThreadPoolExecutor(workers, "compile") as pool:
-    for done in [pool.submit(finish, fwd) for fwd in forwards]:
-      done.result()  # a failed compile raises here
+    futures = [pool.submit(finish, fwd) for fwd in forwards]
+  # A compile XLA refused beside others (e.g. the device's memory for GEMM autotuning) is
+  # tried again alone; one that fails alone raises.
+  for fwd, done in zip(forwards, futures, strict=True):
+    if isinstance(done.exception(), jax.errors.JaxRuntimeError) and workers > 1:
+      finish(fwd)
+    else:
+      done.result()
   return {
     "programs": len(forwards),
     "workers": workers,

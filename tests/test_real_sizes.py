@@ -268,6 +268,29 @@ for a, b in zip(alone, together):
   same = jax.tree.map(lambda x, y: bool(jnp.array_equal(x, y)), a.first(params), b.first(params))
   assert all(jax.tree.leaves(same))
   assert a.ms(params, 2) > 0 and b.ms(params, 2) > 0
+# A compile XLA refuses beside others is tried again alone; one that fails alone raises.
+class Refusing:
+  def __init__(self, lowered, refusals):
+    self.lowered, self.refusals = lowered, refusals
+  def compile(self):
+    if self.refusals:
+      self.refusals -= 1
+      raise jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: out of memory while autotuning")
+    return self.lowered.compile()
+again = [made(1, 1, None), made(1, 2, None)]
+for fwd in again:
+  fwd.lower(params)
+again[0].lowered = Refusing(again[0].lowered, 1)
+assert compile_together(again, params, workers=2)["programs"] == 2
+assert all(f.compiled is not None for f in again)
+never = made(1, 1, None)
+never.lower(params)
+never.lowered = Refusing(never.lowered, 2)
+try:
+  compile_together([never, made(1, 2, None)], params, workers=2)
+  raise AssertionError("a compile refused twice must raise")
+except jax.errors.JaxRuntimeError:
+  pass
 print("ok")
 """
   done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
