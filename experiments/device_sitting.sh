@@ -137,7 +137,7 @@ part_sizes() {
     # settings (overhead) were measured on 2026-12-04 (autotuning off 3x slower, command
     # buffers nothing), so they wait for the grid this time; the 50M policy's are not yet.
     stages=decode_b1,bandwidth,verify_b1,policy_overhead,update,decode_b1_profile
-    args=(--stages=$stages,decode_grid,rounds,overhead,update_unrolled)
+    args=(--stages=$stages,decode_grid,rounds,engine_rounds,overhead,update_unrolled)
   fi
   s=$(budget "$SIZES_S")
   if [ "$s" -lt 60 ]; then

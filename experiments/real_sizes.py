@@ -49,6 +49,10 @@ Stages, in priority order (`--stages`; finished ones are skipped):
                one-layer drafter + one verify forward) by batch, and the batch where a round
                of depth 4 / 8 stops paying at `--accept` (this project's measured accept
                lengths)
+  engine_rounds  the engine's own chain round of the first shape (drafting, verification,
+               commit and the drafter cache's extension in one program; a random drafter),
+               timed whole at `--engine_round_batches` rows beside a plain decode step of
+               the same rows: the check of `rounds`' composition
   update       the 1.5B shape's policy update (float32 masters, bfloat16 products,
                rematerialised layers, the layers as one scan unless --noupdate_scan): model
                FLOPs utilisation over the spec sheet's (or, on a CPU, the measured matmul)
@@ -88,6 +92,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
+from flax import nnx
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -102,9 +107,13 @@ from experiments.forwards import (  # noqa: E402
 )
 from experiments.host import matmul_flops, spec_sheet  # noqa: E402
 from experiments.traces import describe_kernels, trace_summary  # noqa: E402
+from tlt_jax.decode.sampling import SamplingConfig  # noqa: E402
 from tlt_jax.models.attention import attention_form, reduces  # noqa: E402
+from tlt_jax.models.drafter import init_drafter  # noqa: E402
 from tlt_jax.parallel.memory import measured_bytes  # noqa: E402
+from tlt_jax.rollout import EngineConfig, RolloutEngine  # noqa: E402
 from tlt_jax.rollout.pool import default_compile_workers  # noqa: E402
+from tlt_jax.rollout.profile import round_costs  # noqa: E402
 
 _OUT = flags.DEFINE_string("out", "runs/real_sizes", "output folder (results resume from it)")
 _STAGES = flags.DEFINE_list(
@@ -118,6 +127,7 @@ _STAGES = flags.DEFINE_list(
     "verify_b1",
     "decode_grid",
     "rounds",
+    "engine_rounds",
     "update",
     "update_unrolled",
     "update_compile",
@@ -138,6 +148,9 @@ _REPS = flags.DEFINE_integer("reps", 5, "timed repetitions (median kept)")
 _COPY_GB = flags.DEFINE_float("copy_gb", 4.0, "bandwidth stage's array size, GB")
 _STAGE_S = flags.DEFINE_float("stage_s", 300.0, "seconds a stage may add cells for")
 _ACCEPT = flags.DEFINE_list("accept", ["chain4=3.93", "chain8=6.13"], "accept lengths")
+_ENGINE_ROUND_BATCHES = flags.DEFINE_list(
+  "engine_round_batches", ["1"], "engine_rounds stage: rows of the engine's own rounds"
+)
 _UPDATE_ROWS = flags.DEFINE_integer("update_rows", 8, "update rows (micro-batches of 2)")
 _UPDATE_WIDTH = flags.DEFINE_integer("update_width", 1024, "update row length")
 _UPDATE_SCAN = flags.DEFINE_bool(
@@ -564,6 +577,50 @@ class Stages:
         out[f"{name}/{arm}/crossover"] = max(paying) if paying else None
     return True
 
+  def engine_rounds(self, start) -> bool:
+    """The engine's own speculative round of the first shape (`rollout.profile.round_costs`,
+    the round timed whole) with a random drafter, at each `--engine_round_batches` row count
+    and each `--accept` chain, after prompts of the first context: ms a round beside ms a
+    plain decode step of the same rows, the round in decode steps; beside it the `rounds`
+    stage's composition of the same (drafter steps + a verify forward), which it checks."""
+    name, context = _SHAPES.value[0], int(_CONTEXTS.value[0])
+    cfg, graphdef, params = self.model(name)
+    drafter = nnx.split(init_drafter(cfg))
+    cells = self.results.setdefault("engine_rounds", {})
+    rng = np.random.default_rng(0)
+    for batch in map(int, _ENGINE_ROUND_BATCHES.value):
+      for arm in (a.split("=")[0] for a in _ACCEPT.value):
+        key = f"{name}/{arm}/{batch}"
+        if key in cells:
+          continue
+        if self._late(start):
+          return False
+        engine = RolloutEngine(
+          graphdef,
+          cfg,
+          EngineConfig(
+            max_prompt_len=context,
+            max_batch=batch,
+            spec_threshold=batch,
+            spec_strategies=(arm,),
+            spec_adaptive=False,
+          ),
+          drafter_graphdef=drafter[0],
+        )
+        prompts = rng.integers(1, cfg.vocab_size, (batch, context)).tolist()
+        began = time.perf_counter()
+        prof = round_costs(
+          engine, params, drafter[1], prompts, SamplingConfig(), arm, reps=_REPS.value, stages=()
+        )
+        cells[key] = {
+          **{k: prof[k] for k in ("step_ms", "round_ms", "round_steps", "view", "rounds")},
+          "composed_round_steps": self.results.get("rounds", {}).get(key, {}).get("round_steps"),
+          "seconds": time.perf_counter() - began,
+        }
+        print(key, json.dumps(cells[key]), flush=True)
+        self.save()
+    return True
+
   def update(self, start) -> bool:
     return self._update("update", _UPDATE_SCAN.value)
 
@@ -689,6 +746,13 @@ def summary(results: dict) -> str:
   for key, value in results.get("rounds", {}).items():
     if key.endswith("/crossover"):
       lines.append(f"| {key.removesuffix('/crossover')}: last batch where a round pays | {value} |")
+  for key, cell in results.get("engine_rounds", {}).items():
+    composed = cell.get("composed_round_steps")
+    composed = f"; composed from its parts {composed:.2f}" if composed else ""
+    lines.append(
+      f"| {key}: the engine's round | {cell['round_steps']:.2f} decode steps "
+      f"({cell['round_ms']:.2f} ms, a step {cell['step_ms']:.2f} ms){composed} |"
+    )
   for key in ("update", "update_unrolled"):
     up = results.get(key)
     if up:

@@ -760,6 +760,19 @@ def test_round_costs_profile_every_stage_of_the_engines_round(models, pool, samp
   assert 1.0 <= prof["accept_length"] <= SpecStrategy.parse("chain3").max_emit
 
 
+def test_round_costs_of_the_whole_round_alone(models, pool):
+  """Where only a round's cost is wanted (experiments/real_sizes.py at real sizes), the
+  round is timed whole, its stages' cut programs never compiled."""
+  from tlt_jax.rollout.profile import round_costs
+
+  _, tp, _, dp = models
+  engine = _engine(models, pool, GREEDY)
+  prof = round_costs(engine, tp, dp, PROMPTS[:2], GREEDY, "chain3", rounds=3, reps=1, stages=())
+  assert list(prof["stage_ms"]) == ["extend"] == list(prof["cumulative_ms"])
+  assert prof["stage_ms"]["extend"] == prof["round_ms"] > 0
+  assert 1.0 <= prof["accept_length"] <= SpecStrategy.parse("chain3").max_emit
+
+
 def test_round_costs_of_group_drafts(models, pool):
   """Group drafts profile with sibling rows (num_samples per prompt); no drafter runs, so the
   round has no drafter-cache extension to pay for."""

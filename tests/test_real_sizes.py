@@ -66,6 +66,7 @@ def test_every_stage_runs_on_tiny_shapes_and_a_second_sitting_resumes(tmp_path):
     "verify_b1",
     "decode_grid",
     "rounds",
+    "engine_rounds",
     "update",
     "update_unrolled",
     "update_compile",
@@ -129,6 +130,11 @@ def test_every_stage_runs_on_tiny_shapes_and_a_second_sitting_resumes(tmp_path):
   rounds = second["rounds"]
   assert {"tiny/chain4/1", "tiny/chain4/2", "tiny/chain4/crossover"} <= set(rounds)
   assert rounds["tiny/chain4/1"]["round_steps"] > 1
+  # The engine's own round at one row, timed whole, beside that composition.
+  (engine,) = second["engine_rounds"].values()
+  assert engine["round_steps"] > 1 and engine["step_ms"] > 0
+  assert engine["composed_round_steps"] == rounds["tiny/chain4/1"]["round_steps"]
+  assert "| tiny/chain4/1: the engine's round | " in printed
   # The update with its layers scanned (the default) and unrolled: an A/B of compiles.
   for key, scanned in (("update", True), ("update_unrolled", False)):
     update = second[key]
