@@ -609,8 +609,18 @@ class Stages:
         )
         prompts = rng.integers(1, cfg.vocab_size, (batch, context)).tolist()
         began = time.perf_counter()
+        # As many rounds a call as the composition's loops have forwards: a loop's per-call
+        # work is spread over as many steps in both (RESULTS.md, 2026-12-05).
         prof = round_costs(
-          engine, params, drafter[1], prompts, SamplingConfig(), arm, reps=_REPS.value, stages=()
+          engine,
+          params,
+          drafter[1],
+          prompts,
+          SamplingConfig(),
+          arm,
+          rounds=_STEPS.value,
+          reps=_REPS.value,
+          stages=(),
         )
         cells[key] = {
           **{k: prof[k] for k in ("step_ms", "round_ms", "round_steps", "view", "rounds")},
