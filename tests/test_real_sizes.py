@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tlt_jax.sim import TableCost
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -119,6 +121,8 @@ def test_every_stage_runs_on_tiny_shapes_and_a_second_sitting_resumes(tmp_path):
     "rounds": 2,
   }
   assert all(c["wall_s"] > 0 and c["sum_s"] > 0 for c in compiles.values())
+  assert {c["workers"] for c in compiles.values()} == {2}
+  assert "| decode_grid: compiles | 3 programs compiled in " in printed
   # Each cell names its attention form (on a CPU the multiply-reduce for 2+ rows of 2+ tokens).
   forms = {k: c["attention"] for k, c in second["decode_grid"].items()}
   assert forms["tiny/16/2/5"] == forms["tiny/16/2/2"] == "reduce"
@@ -129,10 +133,15 @@ def test_every_stage_runs_on_tiny_shapes_and_a_second_sitting_resumes(tmp_path):
     assert second["decode_grid"][key] == kept
   rounds = second["rounds"]
   assert {"tiny/chain4/1", "tiny/chain4/2", "tiny/chain4/crossover"} <= set(rounds)
-  assert rounds["tiny/chain4/1"]["round_steps"] > 1
+  # A round composed of this sitting's cells: four drafter steps and a 5-token verify, in
+  # decode steps (timings of tiny programs on a shared CPU: their ratio is not asserted).
+  grid, drafter = second["decode_grid"], second["drafter_step"]
+  composed = (4 * drafter["tiny/1"] + grid["tiny/16/1/5"]["ms"]) / grid["tiny/16/1/1"]["ms"]
+  assert rounds["tiny/chain4/1"]["round_steps"] == pytest.approx(composed)
   # The engine's own round at one row, timed whole, beside that composition.
   (engine,) = second["engine_rounds"].values()
-  assert engine["round_steps"] > 1 and engine["step_ms"] > 0
+  assert engine["round_steps"] == pytest.approx(engine["round_ms"] / engine["step_ms"])
+  assert engine["step_ms"] > 0 and engine["rounds"] == 2  # as many a call as the loops' steps
   assert engine["composed_round_steps"] == rounds["tiny/chain4/1"]["round_steps"]
   assert "| tiny/chain4/1: the engine's round | " in printed
   # The update with its layers scanned (the default) and unrolled: an A/B of compiles.
