@@ -766,8 +766,9 @@ def test_round_costs_of_the_whole_round_alone(models, pool):
   from tlt_jax.rollout.profile import round_costs
 
   _, tp, _, dp = models
-  engine = _engine(models, pool, GREEDY)
-  prof = round_costs(engine, tp, dp, PROMPTS[:2], GREEDY, "chain3", rounds=3, reps=1, stages=())
+  # One row, its plain step paired as on a GPU (`one_row_step`): the engine's kind of step.
+  engine = _engine(models, pool, GREEDY, one_row_step="paired")
+  prof = round_costs(engine, tp, dp, PROMPTS[:1], GREEDY, "chain3", rounds=3, reps=1, stages=())
   assert list(prof["stage_ms"]) == ["extend"] == list(prof["cumulative_ms"])
   assert prof["stage_ms"]["extend"] == prof["round_ms"] > 0
   assert 1.0 <= prof["accept_length"] <= SpecStrategy.parse("chain3").max_emit

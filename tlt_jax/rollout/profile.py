@@ -114,9 +114,17 @@ def _profiled_rows(
   # Without stop tokens: every row stays active for the whole profile (the stop check's
   # cost is kept; only its effect is gone).
   static = dataclasses.replace(engine.programs.static(sampling), stop_tokens=())
+  # The engine's matmul precision and, at one row, its kind of step (`one_row_step`).
+  at_precision = engine.programs.at_precision
   state = jax.jit(
-    functools.partial(
-      programs.prefill, engine.graphdef, static=static, slots=cfg.slots, cache_slots=cfg.cache_slots
+    at_precision(
+      functools.partial(
+        programs.prefill,
+        engine.graphdef,
+        static=static,
+        slots=cfg.slots,
+        cache_slots=cfg.cache_slots,
+      )
     )
   )(
     params,
@@ -129,8 +137,13 @@ def _profiled_rows(
   )
   longest = int(lens.max()) + context_steps + rounds * strategy.max_emit + strategy.nodes
   view = round_up(min(longest, cfg.cache_slots), cfg.view_buckets)
+  paired = b == 1 and engine.config.paired_one_row_steps
   decode = jax.jit(
-    functools.partial(programs.decode_chunk, engine.graphdef, static=static, view_len=view)
+    at_precision(
+      functools.partial(
+        programs.decode_chunk, engine.graphdef, static=static, view_len=view, paired=paired
+      )
+    )
   )
   state, _ = decode(params, state, key, np.int32(context_steps))
   if bool(np.asarray(state.done).any()):
@@ -146,15 +159,17 @@ def _profiled_rows(
       )[: cfg.group_siblings]
     corpus = engine.programs.corpus(siblings, np.full((b, cfg.group_reference_len), -1, np.int32))
   dcache, dlen = jax.jit(
-    lambda tp, dp, st: drafting.prefill_drafter_cache(
-      engine.drafter_graphdef,
-      dp,
-      engine.graphdef,
-      tp,
-      st.tokens[:, :width],
-      st.hidden[:, :width],
-      st.length,
-      slots=cfg.drafter_slots,
+    at_precision(
+      lambda tp, dp, st: drafting.prefill_drafter_cache(
+        engine.drafter_graphdef,
+        dp,
+        engine.graphdef,
+        tp,
+        st.tokens[:, :width],
+        st.hidden[:, :width],
+        st.length,
+        slots=cfg.drafter_slots,
+      )
     )
   )(params, drafter_params, state)
   dview = min(view + cfg.drafter_margin, cfg.drafter_slots)
@@ -212,7 +227,7 @@ def round_costs(
       return run_rounds(round_cut_after(stages, stage), st, dc, dl, r)
 
     args = (params, drafter_params, rows.state, rows.dcache, rows.dlen, rows.corpus)
-    calls[stage] = (jax.jit(run), (*args, rows.key, np.int32(rounds)))
+    calls[stage] = (jax.jit(engine.programs.at_precision(run)), (*args, rows.key, np.int32(rounds)))
   times = _interleaved(calls, reps)
   ms = {name: 1e3 * float(np.median(t)) / rounds for name, t in times.items()}
   step_ms = ms.pop("step")
