@@ -604,6 +604,7 @@ class Stages:
             spec_threshold=batch,
             spec_strategies=(arm,),
             spec_adaptive=False,
+            matmul_precision=None,  # the platform's default, as the grid's loops run
           ),
           drafter_graphdef=drafter[0],
         )
