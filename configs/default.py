@@ -215,6 +215,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   # Rows per engine call (a multiple of group_size, <= engine.max_batch): a step's P x G rows
   # as several sequential calls of whole groups, the same tokens; 0: one call.
   c.rl.rows_per_call = 0
+  c.rl.profile_steps = ()  # steps traced by JAX's profiler (GRPOConfig.profile_steps)
   # Compile every rollout program before step 0 (experiments comparing step times).
   c.rl.warmup_engine = False
   c.rl.format_reward = 0.0  # bonus in [0, 0.5) for a response with a final "#answer"

@@ -24,7 +24,8 @@
 #
 # DEADLINE: seconds for the whole call (default 570). Each part takes at most its cap and
 # the time left: SIZES_S (default 400), FORMS_S (150), WRITES_S (120), HARVEST_S (150),
-# CURVE_S (480; the stage-9 curve took 453 s on the H200 on 2026-12-04). ORDER: e.g. "curve
+# CURVE_S (480; the stage-9 curve took 453 s on the H200 on 2026-12-04); PROFILE_STEP: the
+# curve's step traced in every mode (default 25; 1 in the rehearsal). ORDER: e.g. "curve
 # harvest sizes" (default "sizes forms writes harvest curve"). RUNS: where the runs live on
 # the machine (default runs/sitting_<variant>).
 set -uo pipefail
@@ -40,6 +41,7 @@ HARVEST_S=${HARVEST_S:-150}
 CURVE_S=${CURVE_S:-480}
 ORDER=${ORDER:-sizes forms writes harvest curve}
 RUNS=${RUNS:-runs/sitting_$VARIANT}
+PROFILE_STEP=${PROFILE_STEP:-$([ "$VARIANT" = tiny ] && echo 1 || echo 25)}
 mkdir -p "$KEEP" "$RUNS"
 KEEP=$(cd "$KEEP" && pwd)
 start=$SECONDS
@@ -64,8 +66,11 @@ part_curve() {
       say "curve: ${s}s left, not started"
     else
       say "curve: up to ${s}s ${resume[*]:-}"
+      # One step of each mode traced (GRPOConfig.profile_steps; learning_curve.json's
+      # "profiles"): where tlt's rollout and update spent the seconds the H200's curve of
+      # 2026-12-04 could not place.
       timeout -k 5 "$s" env PYTHON="$PY" bash experiments/gpu_curve.sh "$curve" "$VARIANT" \
-        "${resume[@]}" >>"$KEEP/curve.log" 2>&1
+        "${resume[@]}" "--config.rl.profile_steps=($PROFILE_STEP,)" >>"$KEEP/curve.log" 2>&1
       say "curve: rc $?"
     fi
   fi

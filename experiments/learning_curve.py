@@ -45,6 +45,7 @@ from ml_collections import config_flags
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from experiments.host import cpu_model, matmul_flops, read_bandwidth  # noqa: E402
+from experiments.traces import program_summary  # noqa: E402
 from tlt_jax import checkpoint, compare, curves  # noqa: E402
 from tlt_jax.evaluation import GREEDY, held_out_metrics, problems_digest  # noqa: E402
 from tlt_jax.rollout.engine import RolloutEngine  # noqa: E402
@@ -394,6 +395,7 @@ def main(argv):
       (host_start["matmul_GFLOPs"] + host_end["matmul_GFLOPs"]) / 2,
     ),
     "programs": programs,
+    "profiles": step_profiles(runs),
   }
   keys = (
     "learning",
@@ -403,6 +405,7 @@ def main(argv):
     "rewards_equal_steps",
     "tokens_equal_steps",
     "params_mismatches",
+    "profiles",
   )
   print(json.dumps({k: report[k] for k in keys}, indent=1))
   with open(os.path.join(out, "learning_curve.json"), "w") as f:
@@ -419,6 +422,18 @@ def main(argv):
     f.write(curves.report_markdown(report, rows[base], notes))
   keep(out)
   print("\n".join(notes))
+
+
+def step_profiles(runs: dict) -> dict:
+  """Each run's profiled steps (`--config.rl.profile_steps`, `GRPOConfig.profile_steps`) by
+  program (`experiments.traces.program_summary`): where a traced step's seconds went, on the
+  device and on the host, small enough to come back from a device sitting."""
+  out = {}
+  for label, run in runs.items():
+    root = os.path.join(run["trainer"].workdir, "profile")
+    for name in sorted(os.listdir(root)) if os.path.isdir(root) else []:
+      out.setdefault(label, {})[name] = program_summary(os.path.join(root, name))
+  return out
 
 
 def write_step_tables(out: str, rows: dict[str, list[dict]]) -> None:

@@ -34,14 +34,73 @@ ACCELERATOR = re.compile(r"^/device:(GPU|TPU):")
 SPAN_LINES = re.compile(r"^(Steps|XLA Modules|XLA TraceMe|TraceMe|Framework|Source|Launch)", re.I)
 
 
-def trace_summary(trace_dir: str, steps: int) -> dict[str, Any]:
-  """`summarise_events` of the newest Chrome-format trace under `trace_dir`."""
+def trace_events(trace_dir: str) -> list[dict[str, Any]] | None:
+  """The events of the newest Chrome-format trace under `trace_dir` (None: there is none)."""
   paths = glob.glob(os.path.join(trace_dir, "**", "*.json.gz"), recursive=True)
   if not paths:
-    return {"error": f"no Chrome-format trace under {trace_dir}"}
+    return None
   with gzip.open(max(paths, key=os.path.getmtime)) as f:
     events = json.load(f)
-  return summarise_events(events["traceEvents"] if isinstance(events, dict) else events, steps)
+  return events["traceEvents"] if isinstance(events, dict) else events
+
+
+def trace_summary(trace_dir: str, steps: int) -> dict[str, Any]:
+  """`summarise_events` of the newest Chrome-format trace under `trace_dir`."""
+  events = trace_events(trace_dir)
+  if events is None:
+    return {"error": f"no Chrome-format trace under {trace_dir}"}
+  return summarise_events(events, steps)
+
+
+_DISPATCH = re.compile(r"^PjitFunction\((?P<name>.*)\)$")
+_WAIT = re.compile(r"Await|BlockHostUntilReady", re.I)
+_MODULE_RUN = re.compile(r"\(\d+\)$")
+
+
+def program_summary(trace_dir: str, top: int = 12) -> dict[str, Any]:
+  """Where a traced stretch of a run (an RL step: `GRPOConfig.profile_steps`) went, by
+  program: the trace's wall span; on an accelerator each XLA module's device time and runs
+  (its "XLA Modules" line); on the host each jitted function's dispatch time and calls
+  (JAX's "PjitFunction(name)" spans) and the time the host waited for device buffers. The
+  `top` costliest of each, in ms."""
+  events = trace_events(trace_dir)
+  if events is None:
+    return {"error": f"no Chrome-format trace under {trace_dir}"}
+  processes = _names(events, "process_name", lambda e: e["pid"])
+  threads = _names(events, "thread_name", lambda e: (e["pid"], e.get("tid")))
+  device = {pid for pid, name in processes.items() if ACCELERATOR.match(name)}
+  spans = _outermost(e for e in events if e.get("ph") == "X" and not e["name"].startswith("$"))
+  modules: dict[str, list[float]] = {}
+  dispatch: dict[str, list[float]] = {}
+  wait_ms = 0.0
+  for e in spans:
+    ms = e.get("dur", 0) / 1e3
+    line = threads.get((e.get("pid"), e.get("tid")), "")
+    if e.get("pid") in device:
+      if not line.startswith("XLA Modules"):
+        continue
+      cell = modules.setdefault(_MODULE_RUN.sub("", e["name"]), [0, 0.0])
+    elif (match := _DISPATCH.match(e["name"])) is not None:
+      cell = dispatch.setdefault(match["name"], [0, 0.0])
+    else:
+      wait_ms += ms if _WAIT.search(e["name"]) else 0.0
+      continue
+    cell[0], cell[1] = cell[0] + 1, cell[1] + ms
+  start = min((e["ts"] for e in spans), default=0.0)
+  end = max((e["ts"] + e.get("dur", 0) for e in spans), default=0.0)
+
+  def ranked(cells):
+    best = sorted(cells.items(), key=lambda kv: -kv[1][1])[:top]
+    return {name[:80]: {"calls": n, "ms": round(ms, 3)} for name, (n, ms) in best}
+
+  return {
+    "wall_ms": round((end - start) / 1e3, 3),
+    "device_busy_ms": round(sum(ms for _, ms in modules.values()), 3),
+    "device_ms_by_program": ranked(modules),
+    "host_dispatch_ms": round(sum(ms for _, ms in dispatch.values()), 3),
+    "host_dispatch_ms_by_function": ranked(dispatch),
+    "host_wait_ms": round(wait_ms, 3),
+  }
 
 
 def summarise_events(events: Sequence[dict[str, Any]], steps: int) -> dict[str, Any]:
@@ -81,6 +140,19 @@ def summarise_events(events: Sequence[dict[str, Any]], steps: int) -> dict[str, 
       for (pid, tid), ms in sorted(lines.items(), key=lambda kv: -kv[1])[:12]
     },
   }
+
+
+def _outermost(spans) -> list[dict[str, Any]]:
+  """`spans` less those inside an earlier span of the same name on the same line (JAX
+  nests its own annotations: one call, two spans)."""
+  kept, ends = [], {}
+  for e in sorted(spans, key=lambda e: e["ts"]):
+    key = (e.get("pid"), e.get("tid"), e["name"])
+    if e["ts"] < ends.get(key, float("-inf")):
+      continue
+    ends[key] = e["ts"] + e.get("dur", 0)
+    kept.append(e)
+  return kept
 
 
 def _names(events, kind: str, key) -> dict:

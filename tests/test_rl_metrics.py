@@ -205,3 +205,33 @@ def test_trainer_logs_every_step_and_shows_throughput(tmp_path, trackers, capsys
     assert logged["reward_mean"] == row["reward_mean"]
     assert np.isclose(logged["time/rollout"], row["time/rollout"])
   assert "tok/s=" in capsys.readouterr().err
+
+
+def test_a_profiled_step_leaves_a_trace_and_keeps_the_profilers_seconds_apart(tmp_path):
+  """`GRPOConfig.profile_steps`: only the named step runs under the profiler, its trace in
+  <workdir>/profile/step_<n> (experiments/traces.py's `program_summary` finds the update's
+  program in it), and the profiler's start and stop are that row's time/profiler, outside
+  its time/step."""
+  import dataclasses
+  import os
+
+  from experiments.traces import program_summary
+
+  graphdef, params = nnx.split(init_model(TINY_ONE_LAYER, seed=0))
+  engine = RolloutEngine(
+    graphdef, TINY_ONE_LAYER, ONE_PROGRAM_ENGINE, SamplingConfig(temperature=1.0)
+  )
+  prompts = [{"question": f"{i} {i + 1} {i + 2}", "answer": ""} for i in range(1, 9)]
+  trainer = GRPOTrainer(
+    graphdef, params, engine, IdTokenizer(), prompts, prompts[:2], seven_reward,
+    lambda ex: ex["question"], dataclasses.replace(tiny_grpo(2, 4), profile_steps=(1,)),
+    PolicyLossConfig(), UpdateConfig(learning_rate=1e-3, total_steps=4, micro_batch=4),
+    str(tmp_path),
+  )  # fmt: skip
+  rows = trainer.run()
+  assert os.listdir(tmp_path / "profile") == ["step_1"]
+  assert "time/profiler" not in rows[0] and rows[1]["time/profiler"] > 0
+  summary = program_summary(str(tmp_path / "profile" / "step_1"))
+  assert summary["wall_ms"] > 0 and summary["host_dispatch_ms_by_function"]
+  with pytest.raises(ValueError, match="profile_steps"):
+    dataclasses.replace(tiny_grpo(2, 4), profile_steps=(-1,))

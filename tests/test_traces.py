@@ -17,6 +17,7 @@ from experiments.traces import (  # noqa: E402
   describe_kernels,
   kernel_name,
   loop_kernels,
+  program_summary,
   summarise_events,
   trip_kernels,
 )
@@ -81,6 +82,48 @@ def test_a_tpu_trace_counts_its_op_line_not_the_steps_and_modules_spanning_it():
     "/device:TPU:0/XLA Modules": 4.5,
     "/device:TPU:0/XLA Ops": 4.0,
   }
+
+
+def test_a_traced_step_is_summarised_by_program(tmp_path):
+  """`program_summary` (a traced RL step, `GRPOConfig.profile_steps`): each module's device
+  time and runs from the device's "XLA Modules" line (runs of one module summed, kernels
+  not), each jitted function's dispatch on the host (JAX's two nested spans a call counted
+  once), the host's waits for device buffers, and the wall from first span to last."""
+  import gzip
+  import json
+
+  def at(event, ts):
+    return {**event, "ts": 1e3 * ts}
+
+  events = [
+    _meta(1, "/device:GPU:0"),
+    _meta(1, "XLA Modules", 2),
+    _meta(1, "Stream #13(Compute)", 13),
+    _meta(9, "/host:CPU"),
+    _meta(9, "python", 1),
+    at(_span(1, 2, "jit_update(41)", 30.0), 10.0),
+    at(_span(1, 2, "jit_update(42)", 30.0), 50.0),
+    at(_span(1, 2, "jit_decode_chunk(7)", 5.0), 0.0),
+    at(_span(1, 13, "sm90_xmma_gemm_bf16", 20.0), 12.0),  # a kernel: not a module
+    at(_span(9, 1, "PjitFunction(update)", 2.0), 9.0),
+    at(_span(9, 1, "PjitFunction(update)", 1.5), 9.2),  # nested in the one above
+    at(_span(9, 1, "PjitFunction(update)", 2.0), 49.0),
+    at(_span(9, 1, "CommonPjRtBuffer::Await", 35.0), 45.0),
+    at(_span(9, 1, "$trainer.py:1 step", 500.0), 0.0),  # Python's frames are left out
+  ]
+  folder = tmp_path / "plugins" / "profile" / "run"
+  folder.mkdir(parents=True)
+  with gzip.open(folder / "host.trace.json.gz", "wt") as f:
+    json.dump({"traceEvents": events}, f)
+  got = program_summary(str(tmp_path))
+  assert got["device_ms_by_program"] == {
+    "jit_update": {"calls": 2, "ms": 60.0},
+    "jit_decode_chunk": {"calls": 1, "ms": 5.0},
+  }
+  assert got["device_busy_ms"] == 65.0
+  assert got["host_dispatch_ms_by_function"] == {"update": {"calls": 2, "ms": 4.0}}
+  assert got["host_wait_ms"] == 35.0 and got["wall_ms"] == 80.0
+  assert "error" in program_summary(str(tmp_path / "nothing"))
 
 
 def test_a_gpu_trace_counts_its_streams_once():

@@ -35,6 +35,7 @@ the step loop.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import json
 import os
@@ -110,6 +111,10 @@ class GRPOConfig:
       max_batch); else it is rolled out as ceil(P x G / rows_per_call) sequential calls of
       whole groups (a multiple of group_size, <= max_batch), the same tokens as one call:
       the step's rollout time is their sum, as D devices each decoding this many rows.
+    profile_steps: steps (counted from 0) whose train step, the online drafter's end of
+      step included, runs under JAX's profiler (its Python tracer off): a trace in
+      <workdir>/profile/step_<n>, which experiments/traces.py's `program_summary` reads by
+      program. The profiler's start and stop are the row's time/profiler, not its step's.
   """
 
   steps: int = 20
@@ -131,6 +136,7 @@ class GRPOConfig:
   reward_timeout_s: float = 5.0
   seed: int = 0
   rows_per_call: int = 0
+  profile_steps: tuple[int, ...] = ()
 
   def __post_init__(self):
     for name in ("steps", "prompts_per_step", "group_size", "eval_examples", "checkpoint_every"):
@@ -145,6 +151,8 @@ class GRPOConfig:
       v = getattr(self, name)
       if not isinstance(v, int) or v < 0:
         raise ValueError(f"GRPOConfig.{name} must be an int >= 0, got {v!r}")
+    if not all(isinstance(s, int) and s >= 0 for s in self.profile_steps):
+      raise ValueError(f"GRPOConfig.profile_steps must be ints >= 0, got {self.profile_steps!r}")
     if self.process_credit not in ("", *PROCESS_CREDITS):
       raise ValueError(
         f"GRPOConfig.process_credit must be '' or one of {PROCESS_CREDITS}, "
@@ -674,6 +682,26 @@ class GRPOTrainer:
       out["step_reward_errors"] = self.process_credit.errors
     return out
 
+  @contextlib.contextmanager
+  def _profiled(self, step: int, spent: dict[str, float]):
+    """Within: the profiler traces `step` where `profile_steps` names it (GRPOConfig); its
+    start and stop seconds go into `spent["s"]`."""
+    if step not in self.cfg.profile_steps:
+      yield
+      return
+    options = jax.profiler.ProfileOptions()
+    options.python_tracer_level = 0  # every Python call traced would slow the step
+    path = os.path.join(self.workdir, "profile", f"step_{step}")
+    t = time.perf_counter()
+    jax.profiler.start_trace(path, create_perfetto_trace=True, profiler_options=options)
+    spent["s"] = time.perf_counter() - t
+    try:
+      yield
+    finally:
+      t = time.perf_counter()
+      jax.profiler.stop_trace()
+      spent["s"] += time.perf_counter() - t
+
   def _update_metrics(self, m: dict[str, Any], update_s: float) -> dict[str, Any]:
     """The update's loss metrics (loss/...) and its throughput: every non-padding token of
     the packed rows (prompts and responses, each epoch), the model FLOPs they cost (6 x
@@ -820,9 +848,10 @@ class GRPOTrainer:
     last_eval = {}
     try:
       while self.step < until:
-        t0 = time.perf_counter()
-        row = self.train_step(rewards)
-        self._finish_drafter_step(row)
+        t0, profiler = time.perf_counter(), {"s": 0.0}
+        with self._profiled(self.step, profiler):
+          row = self.train_step(rewards)
+          self._finish_drafter_step(row)
         skipped = row.get("loss/skipped", 0.0) > 0
         t = time.perf_counter()
         if cfg.eval_every and self.step % cfg.eval_every == 0 or self.step == cfg.steps:
@@ -839,7 +868,9 @@ class GRPOTrainer:
         if self.step == cfg.steps or (not skipped and self.step % cfg.checkpoint_every == 0):
           self.save()
         row["time/checkpoint"] = time.perf_counter() - t
-        row["time/step"] = time.perf_counter() - t0
+        row["time/step"] = time.perf_counter() - t0 - profiler["s"]
+        if profiler["s"]:
+          row["time/profiler"] = profiler["s"]
         if self.scheduler is not None:
           row.update(self.scheduler.step_records())
         # Weight sync costs nothing here: the engine reads the trainer's arrays.
