@@ -184,21 +184,25 @@ def test_progress_postfix():
   assert "tok/s" not in progress_postfix({**row, "time/rollout": 0.0})
 
 
-def test_trainer_logs_every_step_and_shows_throughput(tmp_path, trackers, capsys):
-  """The trainer hands its MetricsConfig to the log: each step's numbers reach W&B at that
-  step, and the progress bar shows the rollout's tokens per second."""
-  wandb, _ = trackers
+def _two_step_trainer(workdir, grpo=None, **kw) -> GRPOTrainer:
+  """Two RL steps of a one-layer policy on eight three-token prompts."""
   graphdef, params = nnx.split(init_model(TINY_ONE_LAYER, seed=0))
   engine = RolloutEngine(
     graphdef, TINY_ONE_LAYER, ONE_PROGRAM_ENGINE, SamplingConfig(temperature=1.0)
   )
   prompts = [{"question": f"{i} {i + 1} {i + 2}", "answer": ""} for i in range(1, 9)]
-  trainer = GRPOTrainer(
+  return GRPOTrainer(
     graphdef, params, engine, IdTokenizer(), prompts, prompts[:2], seven_reward,
-    lambda ex: ex["question"], tiny_grpo(2, 4), PolicyLossConfig(),
-    UpdateConfig(learning_rate=1e-3, total_steps=4, micro_batch=4), str(tmp_path),
-    metrics=MetricsConfig(loggers=("wandb",), project="p"),
+    lambda ex: ex["question"], grpo or tiny_grpo(2, 4), PolicyLossConfig(),
+    UpdateConfig(learning_rate=1e-3, total_steps=4, micro_batch=4), str(workdir), **kw,
   )  # fmt: skip
+
+
+def test_trainer_logs_every_step_and_shows_throughput(tmp_path, trackers, capsys):
+  """The trainer hands its MetricsConfig to the log: each step's numbers reach W&B at that
+  step, and the progress bar shows the rollout's tokens per second."""
+  wandb, _ = trackers
+  trainer = _two_step_trainer(tmp_path, metrics=MetricsConfig(loggers=("wandb",), project="p"))
   rows = trainer.run(progress=True)
   assert [s for s, _ in wandb.logged] == [0, 1] and wandb.finished == 1
   for row, (_, logged) in zip(rows, wandb.logged, strict=True):
@@ -217,17 +221,7 @@ def test_a_profiled_step_leaves_a_trace_and_keeps_the_profilers_seconds_apart(tm
 
   from experiments.traces import program_summary
 
-  graphdef, params = nnx.split(init_model(TINY_ONE_LAYER, seed=0))
-  engine = RolloutEngine(
-    graphdef, TINY_ONE_LAYER, ONE_PROGRAM_ENGINE, SamplingConfig(temperature=1.0)
-  )
-  prompts = [{"question": f"{i} {i + 1} {i + 2}", "answer": ""} for i in range(1, 9)]
-  trainer = GRPOTrainer(
-    graphdef, params, engine, IdTokenizer(), prompts, prompts[:2], seven_reward,
-    lambda ex: ex["question"], dataclasses.replace(tiny_grpo(2, 4), profile_steps=(1,)),
-    PolicyLossConfig(), UpdateConfig(learning_rate=1e-3, total_steps=4, micro_batch=4),
-    str(tmp_path),
-  )  # fmt: skip
+  trainer = _two_step_trainer(tmp_path, dataclasses.replace(tiny_grpo(2, 4), profile_steps=(1,)))
   rows = trainer.run()
   assert os.listdir(tmp_path / "profile") == ["step_1"]
   assert "time/profiler" not in rows[0] and rows[1]["time/profiler"] > 0
