@@ -301,12 +301,14 @@ def test_a_one_row_step_as_a_two_token_forward_gives_the_same_output(model, pool
 
 
 def test_a_one_row_step_is_paired_on_a_gpu_by_default(monkeypatch):
-  """`one_row_step` "auto" pairs on a GPU only; "single" and "paired" say it outright."""
-  assert not EngineConfig().paired_one_row_steps
-  assert EngineConfig(one_row_step="paired").paired_one_row_steps
+  """`one_row_step` "auto" pairs on a GPU only; "single" and "paired" say it outright;
+  a bucket of more rows is never paired."""
+  assert not EngineConfig().pairs_step(1)
+  assert EngineConfig(one_row_step="paired").pairs_step(1)
+  assert not EngineConfig(one_row_step="paired").pairs_step(2)
   monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-  assert EngineConfig().paired_one_row_steps
-  assert not EngineConfig(one_row_step="single").paired_one_row_steps
+  assert EngineConfig().pairs_step(1) and not EngineConfig().pairs_step(4)
+  assert not EngineConfig(one_row_step="single").pairs_step(1)
   with pytest.raises(ValueError, match="one_row_step"):
     EngineConfig(one_row_step="twice")
 

@@ -204,11 +204,12 @@ class EngineConfig:
       return self.slots
     return self.slots + max(s.nodes for s in self.strategies) - 1
 
-  @property
-  def paired_one_row_steps(self) -> bool:
-    """Whether a one-row bucket's plain step runs as a two-token forward (`one_row_step`;
-    "auto" reads the platform when asked, so a config built before the backend is chosen
-    still follows it)."""
+  def pairs_step(self, batch: int) -> bool:
+    """Whether a plain step over a `batch`-row bucket runs as a two-token forward: one row
+    only, as `one_row_step` says ("auto" reads the platform when asked, so a config built
+    before the backend is chosen still follows it)."""
+    if batch != 1:
+      return False
     if self.one_row_step == "auto":
       return jax.default_backend() == "gpu"
     return self.one_row_step == "paired"

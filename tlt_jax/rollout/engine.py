@@ -139,7 +139,7 @@ class EnginePrograms:
     """(params, state, key, steps) -> (state, steps run): plain decode over the first
     `view_len` cache slots (`programs.decode_chunk`)."""
     static = self.static(sampling)
-    paired = args[1].batch == 1 and self.config.paired_one_row_steps
+    paired = self.config.pairs_step(args[1].batch)
     fn = functools.partial(
       programs.decode_chunk, self.graphdef, static=static, view_len=view_len, paired=paired
     )

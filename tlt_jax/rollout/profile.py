@@ -137,7 +137,7 @@ def _profiled_rows(
   )
   longest = int(lens.max()) + context_steps + rounds * strategy.max_emit + strategy.nodes
   view = round_up(min(longest, cfg.cache_slots), cfg.view_buckets)
-  paired = b == 1 and engine.config.paired_one_row_steps
+  paired = engine.config.pairs_step(b)
   decode = jax.jit(
     at_precision(
       functools.partial(
