@@ -9,7 +9,8 @@ rows finish over the whole rollout as in the long tail) with the copy off, on in
 and on in the drafter buffer's bfloat16 (cast on the device), settings interleaved round by
 round. Output: seconds of a rollout outside its chunks (wall - prefill - decode chunks),
 median [min-max] over the rounds, the part of them spent in the harvests themselves (the
-timeline's "harvest" entries), and the rollout's wall seconds.
+timeline's "harvest" entries), the rollout's wall seconds, and the hidden-state positions
+its harvests copied (packed: `EngineConfig.harvest_sizes`) against those its rows hold.
 
   python experiments/bench_harvest.py                      # configs/regime.py:gpu's shapes
   python experiments/bench_harvest.py --prompts=4 --layers=2 --rounds=3   # seconds on a CPU
@@ -78,6 +79,7 @@ def main(argv):
   print(f"{len(prompts)} prompts x {group}, answer limits {sorted(limits)}")
   for eng in engines.values():  # compiles
     eng.generate(params, prompts, group, key=0, max_new_tokens=limits)
+  copied = {name: [] for name in engines}
   outside = {name: [] for name in engines}
   harvest = {name: [] for name in engines}
   wall = {name: [] for name in engines}
@@ -87,15 +89,21 @@ def main(argv):
       outside[name].append(_outside_chunks(result))
       harvest[name].append(result.phase_seconds("harvest"))
       wall[name].append(result.wall_seconds)
+      entries = [e for e in result.timeline if e["phase"] == "harvest"]
+      copied[name].append((sum(e["positions"] for e in entries), int(result.length.sum())))
   rows = {}
-  print("| harvest | outside the chunks, s: median [min-max] | of it harvesting, s | wall, s |")
-  print("|---|---|---|---|")
+  print(
+    "| harvest | outside the chunks, s: median [min-max] | of it harvesting, s | wall, s "
+    "| positions copied / held |"
+  )
+  print("|---|---|---|---|---|")
   for name in engines:
-    o, h, w = outside[name], harvest[name], wall[name]
-    rows[name] = {"outside_s": o, "harvest_s": h, "wall_s": w}
+    o, h, w, c = outside[name], harvest[name], wall[name], copied[name]
+    rows[name] = {"outside_s": o, "harvest_s": h, "wall_s": w, "positions_copied_held": c}
     print(
       f"| {name} | {statistics.median(o):.4f} [{min(o):.4f}-{max(o):.4f}] "
-      f"| {statistics.median(h):.4f} | {statistics.median(w):.3f} |"
+      f"| {statistics.median(h):.4f} | {statistics.median(w):.3f} "
+      f"| {sum(x for x, _ in c) / sum(y for _, y in c):.2f} |"
     )
   if _OUT.value:
     with open(_OUT.value, "w") as f:

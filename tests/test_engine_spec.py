@@ -98,7 +98,9 @@ def test_spec_equals_plain(models, pool, strategy, sampling):
   np.testing.assert_array_equal(spec.tokens, plain.tokens)
   # Recorded log-probs and features are the target's (tree-masked forward vs one token).
   np.testing.assert_allclose(spec.logprobs, plain.logprobs, atol=2e-5)
-  valid = np.arange(ENGINE.slots)[None, :] < (plain.length - 1)[:, None]
+  want = (len(spec.length), spec.length.max(), MODEL.d_model)
+  assert spec.hidden.shape == plain.hidden.shape == want
+  valid = np.arange(plain.hidden.shape[1])[None, :] < (plain.length - 1)[:, None]
   np.testing.assert_allclose(spec.hidden[valid], plain.hidden[valid], atol=1e-4)
 
 

@@ -15,6 +15,8 @@ from tlt_jax.models.transformer import init_model
 from tlt_jax.rollout.config import EngineConfig
 from tlt_jax.rollout.engine import RolloutEngine
 from tlt_jax.rollout.pool import ExecutablePool
+from tlt_jax.rollout.run import RolloutRun
+from tlt_jax.rollout.state import round_up
 
 MODEL = ModelConfig(
   vocab_size=40, num_layers=2, d_model=32, num_heads=4, num_kv_heads=2, head_dim=8, mlp_dim=64
@@ -168,13 +170,14 @@ def test_finished_rows_are_reported_as_they_are_harvested(model, pool):
   assert got[0][1] < len(chunks) and got[1][1] < len(chunks)
 
 
-def test_hidden_states_are_copied_only_as_wide_as_the_rows_reach(model, pool):
-  """With harvest_hidden the result's hidden states cover every row's positions (the
-  smallest cache bucket that holds the longest row, not all slots); without, none are
-  copied to the host. Tokens and log-probs are the same either way."""
+def test_hidden_states_are_copied_only_as_far_as_the_rows_reach(model, pool):
+  """With harvest_hidden the result's hidden states cover every row's positions up to the
+  longest row (not all slots), copied packed: each harvest's positions are the smallest
+  of `harvest_sizes` that holds its rows' lengths, not its bucket's rows times a width.
+  Without, none are copied to the host. Tokens and log-probs are the same either way."""
   _, _, params = model
   sampling = SamplingConfig(temperature=1.0)
-  short = [3, 5, 2, 4]  # rows end by position 13: the 16-slot bucket, of 48 slots
+  short = [3, 5, 2, 4]  # rows end by position 13, of 48 slots
   kept = _engine(model, pool, sampling).generate(params, PROMPTS, 2, key=5, max_new_tokens=short)
   dropped = _engine(model, pool, sampling, harvest_hidden=False).generate(
     params, PROMPTS, 2, key=5, max_new_tokens=short
@@ -182,19 +185,57 @@ def test_hidden_states_are_copied_only_as_wide_as_the_rows_reach(model, pool):
   assert dropped.hidden is None
   np.testing.assert_array_equal(kept.tokens, dropped.tokens)
   np.testing.assert_array_equal(kept.logprobs, dropped.logprobs)
-  assert kept.hidden.shape == (8, 16, MODEL.d_model) and ENGINE.slots == 48
-  assert int(kept.length.max()) <= 16
+  assert kept.hidden.shape == (8, int(kept.length.max()), MODEL.d_model)
+  assert ENGINE.slots == 48 and int(kept.length.max()) <= 13
   full = _engine(model, pool, sampling).generate(params, PROMPTS, 2, key=5, max_new_tokens=LIMITS)
-  assert full.hidden.shape[1] == ENGINE.slots
-  assert ENGINE.harvest_widths == (16, 32, 48)
-  assert dataclasses.replace(ENGINE, harvest_hidden=False).harvest_widths == (0,)
-  # Each harvest is a timeline entry of its rows: every row harvested once, the widths
-  # the copies took, and their host seconds inside the rollout's.
+  assert full.hidden.shape[1] == int(full.length.max())
+  assert ENGINE.harvest_sizes(4) == (192,) and ENGINE.harvest_sizes(8) == (256, 384)
+  assert ENGINE.harvest_sizes(64)[:2] == (256, 512) and ENGINE.harvest_sizes(64)[-1] == 64 * 48
+  assert dataclasses.replace(ENGINE, harvest_hidden=False).harvest_sizes(8) == ()
+  # Each harvest is a timeline entry of its rows: every row harvested once, the packed
+  # positions the copies took, and their host seconds inside the rollout's.
   harvests = [e for e in full.timeline if e["phase"] == "harvest"]
   assert sum(e["rows"] for e in harvests) == 8 and len(harvests) >= 2
-  assert {e["width"] for e in harvests if e["rows"]} <= set(ENGINE.harvest_widths)
+  for e in harvests:
+    if e["rows"]:
+      assert e["positions"] in ENGINE.harvest_sizes(e["batch"])
+  assert sum(e["positions"] for e in harvests) >= int(full.length.sum())
   assert 0 < full.phase_seconds("harvest") < full.wall_seconds
-  assert all(e["width"] == 0 for e in dropped.timeline if e["phase"] == "harvest")
+  assert all(e["positions"] == 0 for e in dropped.timeline if e["phase"] == "harvest")
+
+
+def test_a_packed_harvest_holds_each_row_up_to_its_length(model, pool):
+  """The harvest program packs the first `count` rows' hidden states end to end: each
+  row's positions before its length, in order, zeros after; rows past `count` and
+  positions past a length are not copied."""
+  _, _, params = model
+  sampling = SamplingConfig(temperature=1.0)
+  engine = _engine(model, pool, sampling)
+  run = RolloutRun(
+    engine,
+    params,
+    PROMPTS,
+    2,
+    [m for m in LIMITS for _ in range(2)],
+    key=jax.random.key(5),
+    sampling=sampling,
+    seq_id_offset=0,
+    drafter_params=None,
+    on_chunk=None,
+  )
+  run.run_chunk(*run.choose_arm())  # rows of several lengths past their prompts
+  state = run.state
+  hidden, length = np.asarray(state.hidden), np.asarray(state.length)
+  rows = np.array([3, 0, 6, 1] + [0] * (state.batch - 4), np.int32)
+  args = (state, jnp.asarray(rows), np.int32(3))
+  size = round_up(int(length[rows[:3]].sum()), ENGINE.harvest_sizes(state.batch))
+  out = engine.programs.harvest(args, size)(*args)
+  want = np.concatenate([hidden[r, : length[r]] for r in rows[:3]])
+  got = np.asarray(out["hidden"])
+  assert got.shape == (size, MODEL.d_model)
+  np.testing.assert_array_equal(got[: len(want)], want)
+  assert not got[len(want) :].any()
+  np.testing.assert_array_equal(np.asarray(out["length"])[:3], length[rows[:3]])
 
 
 def test_hidden_states_arrive_in_the_harvest_dtype_as_the_drafter_buffer_would_store_them(

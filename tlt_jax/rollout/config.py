@@ -14,6 +14,8 @@ from tlt_jax.rollout.speculative import SpecStrategy
 from tlt_jax.rollout.state import power_of_two_buckets
 
 ONE_ROW_STEPS = ("auto", "single", "paired")
+# The smallest packed harvest (positions): below it a copy's bytes no longer matter.
+HARVEST_MIN_POSITIONS = 256
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,13 +170,19 @@ class EngineConfig:
     return self.max_prompt_len + self.max_new_tokens
 
   @property
-  def harvest_widths(self) -> tuple[int, ...]:
-    """Widths at which finished rows' hidden states are copied to the host: the smallest
-    that holds the harvested rows' lengths (few programs; most rows are far shorter than
-    `slots`), or (0,) when they are not copied."""
-    if not (self.capture_hidden and self.harvest_hidden):
-      return (0,)
-    return tuple(sorted({min(v, self.slots) for v in self.view_buckets}))
+  def harvests_hidden(self) -> bool:
+    """Whether finished rows' hidden states are copied to the host."""
+    return self.capture_hidden and self.harvest_hidden
+
+  def harvest_sizes(self, batch: int) -> tuple[int, ...]:
+    """Position counts a harvest from a bucket of `batch` rows copies, packed: the rows'
+    positions end to end, padded to the smallest of these that holds them (doubling from
+    `HARVEST_MIN_POSITIONS` up to `batch` full rows); () when nothing is copied. The bytes
+    then follow the tokens the rows hold, not the bucket's rows times a cache width."""
+    if not self.harvests_hidden:
+      return ()
+    full = batch * self.slots
+    return power_of_two_buckets(min(HARVEST_MIN_POSITIONS, full), full)
 
   @property
   def strategies(self) -> tuple[SpecStrategy, ...]:

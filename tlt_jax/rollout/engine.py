@@ -265,13 +265,13 @@ class EnginePrograms:
     key = ("take", args[0].batch, args[1].shape[0], *self._shapes())
     return self.pool.get(key, programs.take_rows, args)
 
-  def harvest(self, args, width: int):
-    """(state, rows) -> the arrays of `rows` to copy to the host, hidden states `width`
-    positions wide (`programs.harvest`; one of `config.harvest_widths`) in
-    `config.harvest_dtype`."""
+  def harvest(self, args, positions: int):
+    """(state, rows, count) -> the arrays of the first `count` of `rows` to copy to the
+    host, their hidden states packed into `positions` (`programs.harvest`; one of
+    `config.harvest_sizes`, 0 for none) in `config.harvest_dtype`."""
     dtype = self.config.harvest_dtype
-    key = ("harvest", args[0].batch, args[1].shape[0], width, dtype, *self._shapes())
-    fn = functools.partial(programs.harvest, width=width, dtype=dtype)
+    key = ("harvest", args[0].batch, args[1].shape[0], positions, dtype, *self._shapes())
+    fn = functools.partial(programs.harvest, positions=positions, dtype=dtype)
     return self.pool.get(key, fn, args)
 
   def run_prefill(
@@ -315,7 +315,7 @@ class EnginePrograms:
       raise RuntimeError(f"rollout lost rows {missing[:8]}: engine bug")
     stack = lambda k: np.stack([outputs[n][k] for n in range(n_rows)])
     hidden = None
-    if self.config.harvest_widths != (0,):  # rows harvested at several widths: pad
+    if self.config.harvests_hidden:  # each row's positions up to its length: pad
       width = max(outputs[n]["hidden"].shape[0] for n in range(n_rows))
       first = outputs[0]["hidden"]
       hidden = np.zeros((n_rows, width, first.shape[1]), first.dtype)
@@ -559,8 +559,8 @@ class RolloutEngine:
         if b2 < b:
           rows = jnp.zeros((b2,), jnp.int32)
           progs.take((state, rows, rows > 0))
-      for width in cfg.harvest_widths:
-        progs.harvest((state, jnp.zeros((b,), jnp.int32)), width)
+      for positions in cfg.harvest_sizes(b) or (0,):
+        progs.harvest((state, jnp.zeros((b,), jnp.int32), np.int32(0)), positions)
       spec = drafter_params is not None or not cfg.needs_drafter
       if spec and cfg.spec_threshold and b <= cfg.spec_threshold:
         self._warmup_spec(

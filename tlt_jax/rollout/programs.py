@@ -178,10 +178,16 @@ def take_rows(state: RolloutState, rows: Int[Array, " B2"], valid: jax.Array) ->
 
 
 def harvest(
-  state: RolloutState, rows: Int[Array, " N"], width: int, dtype: str = "float32"
+  state: RolloutState,
+  rows: Int[Array, " B"],
+  count: Int[Array, ""],
+  positions: int,
+  dtype: str = "float32",
 ) -> dict[str, jax.Array]:
-  """The per-sequence outputs of the given rows (no cache), for transfer to host; their
-  hidden states' first `width` positions (none when 0), cast to `dtype`."""
+  """The per-sequence outputs of `rows` (the first `count` of them are the harvested rows;
+  no cache), for transfer to host; with `positions` > 0 also those rows' hidden states,
+  cast to `dtype` and packed: every position before each row's length, row after row, in
+  a [positions, D] block (the rest zeros; `EngineConfig.harvest_sizes`)."""
   pick = lambda x: jnp.take(x, rows, axis=0)
   out = {
     "tokens": pick(state.tokens),
@@ -190,6 +196,14 @@ def harvest(
     "prompt_len": pick(state.prompt_len),
     "seq_id": pick(state.seq_id),
   }
-  if width:
-    out["hidden"] = pick(state.hidden[:, :width]).astype(dtype)
+  if positions:
+    lengths = jnp.where(jnp.arange(rows.shape[0]) < count, out["length"], 0)
+    ends = jnp.cumsum(lengths)
+    i = jnp.arange(positions, dtype=ends.dtype)
+    # Packed position i belongs to the first row whose end is past it.
+    j = jnp.minimum(jnp.searchsorted(ends, i, side="right"), rows.shape[0] - 1)
+    held = i < ends[-1]
+    at = jnp.where(held, i - (ends[j] - lengths[j]), 0)
+    hidden = state.hidden[rows[j], at]
+    out["hidden"] = jnp.where(held[:, None], hidden, 0).astype(dtype)
   return out

@@ -106,9 +106,10 @@ class RolloutRun:
       prefill["compile_s"] = engine.pool.compile_seconds - compile_s
     self.timeline: list[dict[str, Any]] = [prefill]
     self.outputs: dict[int, dict[str, np.ndarray]] = {}
-    # The last harvest's hidden states on their way to the host: (device block, [(row n,
-    # its index in the block)]), read into `outputs` at the next harvest or the end.
-    self.hidden_in_flight: tuple[jax.Array, list[tuple[int, int]]] | None = None
+    # The last harvest's hidden states on their way to the host: (packed device block,
+    # [(row n, its first position in the block, its length)]), read into `outputs` at the
+    # next harvest or the end.
+    self.hidden_in_flight: tuple[jax.Array, list[tuple[int, int, int]]] | None = None
     # Group drafts: the corpus of the current layout (built on the first group chunk
     # after a change; the siblings' progress is read on the device).
     self.group_corpus: GroupCorpus | None = None
@@ -223,7 +224,7 @@ class RolloutRun:
     if self.hidden_in_flight is not None:
       t0 = time.perf_counter()
       self.receive_hidden()
-      self._host_entry("harvest", t0, rows=0, width=0)  # the last copy's wait
+      self._host_entry("harvest", t0, rows=0, positions=0)  # the last copy's wait
     wall = time.perf_counter() - self.start
     eng = self.engine
     if eng.history is not None and self.sampling == eng.sampling:
@@ -235,46 +236,54 @@ class RolloutRun:
   def harvest(self, rows: np.ndarray) -> None:
     """Copies finished rows (their tokens, log-probs, features) to the host.
 
-    The hidden states (the bulk: rows x width x features) are only started on their way
-    (`copy_to_host_async`) and read at the next harvest or when the rollout finishes
-    (`receive_hidden`): on an accelerator the copy overlaps the chunks that decode the
-    rest, where waiting for it here stalled the long tail (experiments/RESULTS.md,
+    The hidden states (the bulk) travel packed: each row's positions up to its length, end
+    to end, padded to one of `EngineConfig.harvest_sizes` (a bucket's rows times its cache
+    width copied up to several times the bytes the rows hold). They are only started on
+    their way (`copy_to_host_async`) and read at the next harvest or when the rollout
+    finishes (`receive_hidden`): on an accelerator the copy overlaps the chunks that decode
+    the rest, where waiting for it here stalled the long tail (experiments/RESULTS.md,
     2026-12-04, the H200's curve), and at most one harvest's copy holds device memory.
-    Its host seconds are a "harvest" entry of the timeline (`RolloutResult.phase_seconds`)."""
+    Its host seconds are a "harvest" entry of the timeline (`RolloutResult.phase_seconds`)
+    with the rows and the packed positions copied."""
     if rows.size == 0:
       return
     t0 = time.perf_counter()
     self.receive_hidden()
     padded = np.zeros((self.state.batch,), np.int32)
     padded[: rows.size] = rows
-    args = (self.state, jnp.asarray(padded))
-    widths = self.cfg.harvest_widths
-    width = round_up(int(self.length[rows].max()), widths) if widths != (0,) else 0
-    out = dict(self.engine.programs.harvest(args, width)(*args))
+    args = (self.state, jnp.asarray(padded), np.int32(rows.size))
+    sizes = self.cfg.harvest_sizes(self.state.batch)
+    positions = round_up(int(self.length[rows].sum()), sizes) if sizes else 0
+    out = dict(self.engine.programs.harvest(args, positions)(*args))
     hidden = out.pop("hidden", None)
     if hidden is not None:
       hidden.copy_to_host_async()
     got = jax.device_get(out)
-    pairs = []
+    held = [int(x) for x in got["length"][: rows.size]]
+    if sum(held) > positions and hidden is not None:
+      raise RuntimeError(f"harvested rows hold {sum(held)} positions, packed {positions}")
+    pairs, start = [], 0
     for j in range(rows.size):
       n = int(got["seq_id"][j]) - self.seq_id_offset
       self.outputs[n] = {k: v[j] for k, v in got.items()}
-      pairs.append((n, j))
+      pairs.append((n, start, held[j]))
+      start += held[j]
       if self.on_finished is not None:
         self.on_finished(n, completion(self.outputs[n]))
     if hidden is not None:
       self.hidden_in_flight = (hidden, pairs)
     self.group_corpus = None  # finished rows move from the live siblings to the reference
-    self._host_entry("harvest", t0, rows=int(rows.size), width=width)
+    self._host_entry("harvest", t0, rows=int(rows.size), positions=positions)
 
   def receive_hidden(self) -> None:
-    """The last harvest's hidden states, now on the host, into their rows' `outputs`."""
+    """The last harvest's hidden states, now on the host, into their rows' `outputs`
+    (views of the packed block)."""
     if self.hidden_in_flight is None:
       return
     block, pairs = self.hidden_in_flight
     host = np.asarray(block)
-    for n, j in pairs:
-      self.outputs[n]["hidden"] = host[j]
+    for n, start, held in pairs:
+      self.outputs[n]["hidden"] = host[start : start + held]
     self.hidden_in_flight = None
 
   # ------------------------------------------------------------------ chunk kinds

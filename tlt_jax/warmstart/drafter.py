@@ -52,7 +52,7 @@ def collect_rollouts(
 def stack_rollouts(parts) -> dict[str, np.ndarray]:
   """Several rollouts' rows as one set of arrays, `tokens` and `hidden` cut or zero-padded
   to the longest row: each rollout's hidden states come back only as wide as its own rows
-  reach (`EngineConfig.harvest_widths`)."""
+  reach (`EngineConfig.harvest_sizes`)."""
   width = int(max(r.length.max() for r in parts))
 
   def columns(x):
