@@ -7,6 +7,8 @@ import pytest
 from flax import nnx
 
 from tlt_jax.drafter import DrafterBuffer, DrafterTrainConfig, OnlineDrafter
+from tlt_jax.drafter.online import buffer_layout
+from tlt_jax.drafter.training import make_training_batch
 from tlt_jax.models.config import ModelConfig
 from tlt_jax.models.drafter import init_drafter
 from tlt_jax.models.transformer import init_model
@@ -77,7 +79,8 @@ def test_buffer_state_round_trips_exactly_and_saves_only_what_sampling_reads():
   arrays, meta = buf.state_dict()
   valid = np.nonzero(buf.valid())[0]
   assert meta["rows"] == valid.size == 4 and meta["width"] == 12 < buf.slots
-  assert arrays["features"].shape == (4, 12, D)  # not the dense [5, 16, D] ring
+  # The valid rows' own positions (length - 1 each), not a dense [5, 16, D] ring.
+  assert arrays["features"].shape == (int(buf.held(valid).sum()), D) == (11 + 6 + 11 + 7, D)
   assert meta["next"] == 3 and meta["rows_added"] == 8
   restored = DrafterBuffer(capacity=5, slots=16, feature_dim=D, keep_steps=2)
   restored.load_state_dict(arrays, meta)
@@ -86,10 +89,10 @@ def test_buffer_state_round_trips_exactly_and_saves_only_what_sampling_reads():
   own.update(tokens=buf.tokens, features=buf.features)
   assert not any(np.shares_memory(arrays[k], v) for k, v in own.items())
   for b in (buf, restored):
-    assert len(b) == 4 and b._next == 3 and b.rows_added == 8
+    assert len(b) == 4 and b._next == 3 and b._at == buf._at and b.rows_added == 8
   np.testing.assert_array_equal(restored.step, buf.step)
   np.testing.assert_array_equal(restored.tokens[valid], buf.tokens[valid])
-  np.testing.assert_array_equal(restored.features[valid], buf.features[valid])
+  np.testing.assert_array_equal(restored.row_features(valid, 16), buf.row_features(valid, 16))
 
   def same_batches():
     for seed in range(3):
@@ -107,6 +110,87 @@ def test_buffer_state_round_trips_exactly_and_saves_only_what_sampling_reads():
   assert meta["rows"] == 0 and "features" not in arrays and all(a.size for a in arrays.values())
   with pytest.raises(ValueError, match="saved drafter buffer"):
     DrafterBuffer(capacity=6, slots=16, feature_dim=D).load_state_dict(arrays, meta)
+  older = {k: v for k, v in meta.items() if k not in ("positions", "at")}
+  with pytest.raises(ValueError, match="older layout"):
+    DrafterBuffer(capacity=5, slots=16, feature_dim=D).load_state_dict(arrays, older)
+
+
+def _dense_reference(adds, capacity, keep_steps):
+  """The rows a dense [capacity, S, D] ring would sample after `adds` (each rollout's rows
+  with a response pair, the last `capacity` of them, within the newest `keep_steps`)."""
+  kept = []
+  for tokens, hidden, p, n, step in adds:
+    kept += [(tokens[i], hidden[i], p[i], n[i], step) for i in range(len(n)) if n[i] - 2 >= p[i]]
+  newest = kept[-1][-1]
+  return [r for r in kept[-capacity:] if r[-1] > newest - keep_steps]
+
+
+def test_packed_features_sample_what_whole_rows_would():
+  """Rows of mixed lengths through a ring that wraps: the packed buffer (default positions:
+  only the row ring drops rows) samples exactly the batches `make_training_batch` packs
+  from the same rows stored whole, for the same draws."""
+  rng = np.random.default_rng(1)
+  buf = DrafterBuffer(capacity=5, slots=16, feature_dim=D, keep_steps=2)
+  adds = []
+  for step in range(5):
+    n = int(rng.integers(1, 4))
+    tokens, hidden, p, _ = _rollout(n, 16, 3, [16] * n, step_mark=step)
+    length = rng.integers(3, 17, n)
+    hidden = hidden + rng.normal(size=hidden.shape).astype(np.float32)
+    buf.add(tokens, hidden, p, length, step=step)
+    adds.append((tokens, hidden, p, length, step))
+  rows = _dense_reference(adds, 5, 2)
+  assert len(buf) == len(rows) > 1
+  order = np.nonzero(buf.valid())[0]
+  # The valid rows, slot by slot, are the reference's rows in ring order.
+  by_slot = sorted(order, key=lambda r: (buf.step[r], (r - buf._next) % buf.capacity))
+  ref = dict(zip(by_slot, rows, strict=True))
+  for r, (_, hidden, p, n, step) in ref.items():
+    assert (buf.length[r], buf.prompt_len[r], buf.step[r]) == (n, p, step)
+    np.testing.assert_array_equal(buf.row_features([r], 16)[0, : n - 1], hidden[: n - 1])
+    assert not buf.row_features([r], 16)[0, n - 1 :].any()
+  for seed in range(4):
+    got = buf.sample(np.random.default_rng(seed), 3, 16)
+    idx = np.random.default_rng(seed).permutation(order)
+    take = idx[np.cumsum(np.maximum(buf.length[idx] - 2, 0)) <= 3 * 16]
+    width = int(buf.length[take].max())
+    tokens = np.stack([ref[r][0][:width] for r in take])
+    dense = np.zeros((take.size, width, D), np.float32)  # whole rows, zeros past f_{n-2}
+    for i, r in enumerate(take):
+      dense[i, : ref[r][3] - 1] = ref[r][1][: ref[r][3] - 1]
+    lengths = np.array([ref[r][3] for r in take])
+    want = make_training_batch(
+      tokens, dense, np.full(take.size, 3), lengths, row_len=16, num_rows=3, skip_overflow=True
+    )
+    for k in want:
+      np.testing.assert_array_equal(got[k], want[k])
+
+
+def test_rows_that_outgrow_the_positions_drop_the_oldest_first():
+  """With room for 30 positions (two rows of 15 at most), each new row drops the oldest
+  rows whose positions it needs, even while row slots are free; the rest keep their
+  features, and a row wider than the ring cannot be built."""
+  buf = DrafterBuffer(capacity=8, slots=16, feature_dim=D, keep_steps=8, positions=30)
+  buf.add(*_rollout(3, 16, 3, [11, 11, 11], step_mark=0), step=0)  # 10 positions each
+  assert len(buf) == 3 and buf._at == 30
+  buf.add(*_rollout(1, 16, 3, [16], step_mark=1), step=1)  # 15: wraps, drops two rows
+  assert len(buf) == 2 and list(buf.step[:4]) == [-1, -1, 0, 1]
+  np.testing.assert_array_equal(buf.row_features([2], 16)[0, :10, 0], np.full(10, 2.0))
+  np.testing.assert_array_equal(buf.row_features([3], 16)[0, :15, 1], np.arange(15.0))
+  batch = buf.sample(np.random.default_rng(0), 2, 16)
+  assert set(np.unique(batch["features"][batch["segment_ids"] > 0][:, 2])) == {0.0, 1.0}
+  with pytest.raises(ValueError, match="one full row"):
+    DrafterBuffer(capacity=8, slots=16, feature_dim=D, positions=15)
+
+
+def test_buffer_layout_spends_its_bytes_on_positions():
+  """`buffer_bytes` pays for the rows' tokens, the rest for packed positions: a real
+  model's width keeps every one of `buffer_rows` (whole 8,192-slot rows would fit 32)."""
+  cfg = DrafterTrainConfig(buffer_rows=512, buffer_bytes=2**31)
+  assert buffer_layout(cfg, 8192, 4096) == (512, (2**31 - 512 * 8192 * 4) // 8192)
+  assert buffer_layout(cfg, 3032, 256) == (512, 514 * 3032)  # never more than rows fill
+  with pytest.raises(ValueError, match="one full row"):
+    buffer_layout(DrafterTrainConfig(buffer_rows=512, buffer_bytes=2**24), 8192, 4096)
 
 
 MODEL = ModelConfig(

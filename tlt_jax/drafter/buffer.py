@@ -1,12 +1,16 @@
 """Recent rollouts' tokens and target features, kept for online drafter training.
 
-A ring of preallocated numpy arrays ([capacity, S] tokens, [capacity, S, D]
-features): `add` copies a rollout's rows in with one fancy-index assignment per
-array (no per-token Python objects, unlike the reference's lists), and rows
-older than `keep_steps` RL steps stop being sampled, so the drafter follows the
-current policy (the reference keeps the last 2 steps). `sample` packs a random
-subset into a fixed-shape batch with the EAGLE alignment and per-sample masks
-of `make_training_batch`, so the jitted update never recompiles.
+Rows' tokens sit in a ring of preallocated [capacity, S] numpy arrays; their features are
+packed: each row's own positions (the f_t with t <= length - 2 that training reads) end to
+end in a preallocated [positions, D] ring, so a row costs its length, not the cache's S
+slots (at a real model's width a dense [capacity, S, D] ring holding a few dozen rows
+fills host memory: a 4096-wide bfloat16 feature over 8,192 slots is 64 MiB a row). `add`
+copies a rollout's rows in with no per-token Python objects; rows older than `keep_steps`
+RL steps stop being sampled, so the drafter follows the current policy (the reference
+keeps the last 2 steps), and the oldest rows are dropped first when the ring needs their
+room (row slots or positions). `sample` packs a random subset into a fixed-shape batch with
+the EAGLE alignment and per-sample masks of `make_training_batch`, so the jitted update
+never recompiles.
 """
 
 from __future__ import annotations
@@ -25,23 +29,40 @@ class DrafterBuffer:
     feature_dim: the target's hidden size D.
     keep_steps: only rows from the newest `keep_steps` RL steps are sampled.
     dtype: storage dtype of the features.
+    positions: feature positions held, all rows together (default `capacity` + 2 full
+      rows, which no mix of rows outgrows: only the row ring drops rows); with fewer, a row
+      that does not fit drops the oldest rows whose positions it needs. At least `slots`.
   """
 
   def __init__(
-    self, capacity: int, slots: int, feature_dim: int, keep_steps: int = 2, dtype=np.float32
+    self,
+    capacity: int,
+    slots: int,
+    feature_dim: int,
+    keep_steps: int = 2,
+    dtype=np.float32,
+    positions: int | None = None,
   ):
+    positions = (capacity + 2) * slots if positions is None else positions
     for name, v in (("capacity", capacity), ("slots", slots), ("feature_dim", feature_dim)):
       if not isinstance(v, int) or v < 1:
         raise ValueError(f"DrafterBuffer {name} must be a positive int, got {v!r}")
     if not isinstance(keep_steps, int) or keep_steps < 1:
       raise ValueError(f"DrafterBuffer keep_steps must be a positive int, got {keep_steps!r}")
+    if not isinstance(positions, int) or positions < slots:
+      raise ValueError(
+        f"DrafterBuffer positions must be an int >= slots ({slots}): one full row; got "
+        f"{positions!r}"
+      )
     self.capacity, self.slots, self.keep_steps = capacity, slots, keep_steps
     self.tokens = np.zeros((capacity, slots), np.int32)
-    self.features = np.zeros((capacity, slots, feature_dim), dtype)
+    self.features = np.zeros((positions, feature_dim), dtype)  # packed rows
+    self.start = np.zeros((capacity,), np.int64)  # a row's first position in `features`
     self.prompt_len = np.ones((capacity,), np.int32)
     self.length = np.ones((capacity,), np.int32)
-    self.step = np.full((capacity,), -1, np.int64)  # -1: empty
-    self._next = 0
+    self.step = np.full((capacity,), -1, np.int64)  # -1: empty (or dropped for room)
+    self._next = 0  # the next row slot
+    self._at = 0  # the next free position
     self.rows_added = 0
 
   @property
@@ -56,6 +77,10 @@ class DrafterBuffer:
   def __len__(self) -> int:
     return int(self.valid().sum())
 
+  def held(self, rows: np.ndarray | int) -> np.ndarray:
+    """Feature positions a row keeps: f_0 .. f_{length - 2}."""
+    return np.maximum(self.length[rows] - 1, 0)
+
   def add(
     self,
     tokens: np.ndarray,
@@ -67,7 +92,8 @@ class DrafterBuffer:
     """Copies the rows that have a response pair (length - 2 >= prompt_len); returns how many.
 
     `tokens` [N, W], `hidden` [N, W', D] with W' <= W <= slots (a RolloutResult's arrays:
-    the engine copies hidden states only as wide as the rows reach).
+    the engine copies hidden states only as far as the rows reach; positions past W' are
+    stored as zeros).
     """
     if hidden is None:
       raise ValueError("the rollout has no hidden states: build the engine with capture_hidden")
@@ -77,54 +103,75 @@ class DrafterBuffer:
     if w > self.slots:
       raise ValueError(f"rollout rows have {w} columns, more than the buffer's {self.slots}")
     wh = hidden.shape[1]
-    if hidden.shape[0] != n or wh > w or hidden.shape[2] != self.features.shape[2]:
+    if hidden.shape[0] != n or wh > w or hidden.shape[2] != self.features.shape[1]:
       raise ValueError(
         f"hidden {hidden.shape} does not match tokens {tokens.shape} and feature dim "
-        f"{self.features.shape[2]}"
+        f"{self.features.shape[1]}"
       )
     if step < self.newest_step:
       raise ValueError(f"step {step} is older than the buffer's newest step {self.newest_step}")
     keep = np.nonzero(length - 2 >= prompt_len)[0][-self.capacity :]
-    k = keep.size
-    if k == 0:
-      return 0
-    dst = (self._next + np.arange(k)) % self.capacity
-    self.tokens[dst] = 0
-    self.tokens[dst, :w] = tokens[keep]
-    self.features[dst, :wh] = hidden[keep]
-    self.features[dst, wh:] = 0
-    self.prompt_len[dst] = prompt_len[keep]
-    self.length[dst] = length[keep]
-    self.step[dst] = step
-    self._next = int((self._next + k) % self.capacity)
-    self.rows_added += k
-    return k
+    for i in keep:
+      self._put(tokens[i], hidden[i], int(prompt_len[i]), int(length[i]), step)
+    return int(keep.size)
+
+  def _put(self, tokens, hidden, prompt_len: int, length: int, step: int) -> None:
+    """One row into the next row slot and the next run of free positions (from position 0
+    when the ring's end is too near), dropping the rows that held them."""
+    r = self._next
+    self.step[r] = -1  # the slot's old row goes first: its positions are free
+    held = length - 1
+    if self._at + held > self.features.shape[0]:
+      self._at = 0
+    a, b = self._at, self._at + held
+    ends = self.start + self.held(np.arange(self.capacity))
+    self.step[(self.step >= 0) & (self.start < b) & (ends > a)] = -1
+    self.tokens[r] = 0
+    self.tokens[r, : tokens.shape[0]] = tokens
+    copied = min(held, hidden.shape[0])
+    self.features[a : a + copied] = hidden[:copied]
+    self.features[a + copied : b] = 0
+    self.start[r], self.prompt_len[r], self.length[r], self.step[r] = a, prompt_len, length, step
+    self._next, self._at = (r + 1) % self.capacity, b
+    self.rows_added += 1
+
+  def row_features(self, rows: np.ndarray, width: int) -> np.ndarray:
+    """[len(rows), width, D] features of `rows`, zeros past each row's own positions."""
+    out = np.zeros((len(rows), width, self.features.shape[1]), self.features.dtype)
+    for i, r in enumerate(rows):
+      held = min(int(self.held(r)), width)
+      out[i, :held] = self.features[self.start[r] : self.start[r] + held]
+    return out
 
   # ---------------------------------------------------------------- checkpoints
   def state_dict(self) -> tuple[dict[str, np.ndarray], dict[str, int]]:
     """What a checkpoint needs to resume sampling exactly: (arrays, meta), all copies.
 
     Only the rows `sample` can still draw (`valid()`: rows of older steps never become
-    valid again, since steps only grow) and only their used columns (up to the longest
-    valid row: `sample` reads no further) are saved, not the dense [capacity, slots, D]
-    ring; the per-row metadata (step, lengths) is saved whole (capacity ints), with the
-    ring position and counters in `meta`. No array is empty (orbax refuses those): an
-    empty buffer has no `rows` / `tokens` / `features`.
+    valid again, since steps only grow) are saved: their tokens up to the longest of them
+    (`sample` reads no further) and their packed features, one after another; the per-row
+    metadata (step, lengths, first positions) is saved whole (capacity ints), with the ring
+    positions and counters in `meta`. No array is empty (orbax refuses those): an empty
+    buffer has no `rows` / `tokens` / `features`.
     """
     arrays = {"step": self.step.copy(), "prompt_len": self.prompt_len.copy()}
     arrays["length"] = self.length.copy()
+    arrays["start"] = self.start.copy()
     rows = np.nonzero(self.valid())[0]
     width = int(self.length[rows].max()) if rows.size else 0
     if rows.size:
       arrays["rows"] = rows.astype(np.int64)
       arrays["tokens"] = self.tokens[rows, :width]  # fancy indexing: copies
-      arrays["features"] = self.features[rows, :width]
+      spans = [self.features[self.start[r] : self.start[r] + self.held(r)] for r in rows]
+      arrays["features"] = np.concatenate(spans)
     meta = {
       "capacity": self.capacity,
       "slots": self.slots,
-      "feature_dim": int(self.features.shape[2]),
+      "feature_dim": int(self.features.shape[1]),
+      "positions": int(self.features.shape[0]),
       "keep_steps": self.keep_steps,
       "next": self._next,
+      "at": self._at,
       "rows_added": self.rows_added,
       "rows": int(rows.size),
       "width": width,
@@ -133,12 +180,18 @@ class DrafterBuffer:
 
   def load_state_dict(self, arrays: dict[str, np.ndarray], meta: dict[str, int]) -> None:
     """Restores `state_dict()`'s output into this (same-shaped) buffer: the rows `sample`
-    can draw, their metadata and the ring position equal the saved buffer's, so the same
-    rng draws the same batches, and later `add`s fill the same ring slots."""
+    can draw, their metadata and the ring positions equal the saved buffer's, so the same
+    rng draws the same batches, and later `add`s fill the same row slots and positions."""
+    if "positions" not in meta:
+      raise ValueError(
+        "the saved drafter buffer holds whole rows of features (an older layout): this "
+        "buffer packs each row's own positions; start the drafter's buffer afresh"
+      )
     want = {
       "capacity": self.capacity,
       "slots": self.slots,
-      "feature_dim": int(self.features.shape[2]),
+      "feature_dim": int(self.features.shape[1]),
+      "positions": int(self.features.shape[0]),
       "keep_steps": self.keep_steps,
     }
     got = {k: int(meta[k]) for k in want}
@@ -149,11 +202,17 @@ class DrafterBuffer:
     self.step[:] = np.asarray(arrays["step"])
     self.prompt_len[:] = np.asarray(arrays["prompt_len"])
     self.length[:] = np.asarray(arrays["length"])
+    self.start[:] = np.asarray(arrays["start"])
     if int(meta["rows"]):
       rows, width = np.asarray(arrays["rows"]), int(meta["width"])
       self.tokens[rows, :width] = np.asarray(arrays["tokens"])
-      self.features[rows, :width] = np.asarray(arrays["features"])
-    self._next, self.rows_added = int(meta["next"]), int(meta["rows_added"])
+      features, at = np.asarray(arrays["features"]), 0
+      for r in rows:
+        held = int(self.held(r))
+        self.features[self.start[r] : self.start[r] + held] = features[at : at + held]
+        at += held
+    self._next, self._at = int(meta["next"]), int(meta["at"])
+    self.rows_added = int(meta["rows_added"])
 
   def sample(self, rng: np.random.Generator, num_rows: int, row_len: int) -> dict[str, np.ndarray]:
     """A packed [num_rows, row_len] training batch from random valid rows.
@@ -175,7 +234,7 @@ class DrafterBuffer:
     width = int(self.length[take].max())
     return make_training_batch(
       self.tokens[take, :width],
-      self.features[take, :width],
+      self.row_features(take, width),
       self.prompt_len[take],
       self.length[take],
       row_len=row_len,

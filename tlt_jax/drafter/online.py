@@ -45,9 +45,11 @@ class DrafterTrainConfig:
     batch_rows, row_len: a packed update batch is [batch_rows, row_len] pairs
       (row_len 0: the engine's cache slots).
     buffer_rows: rows the buffer holds, at most (see buffer_bytes).
-    buffer_bytes: host memory the buffer may take (tokens and features); caps buffer_rows
-      (a row is slots x (feature_dim x the feature dtype's size + 4) bytes: 29 MB for a
-      7B model's 3584-wide features over 4096 slots in bfloat16).
+    buffer_bytes: host memory the buffer may take: its rows' tokens (buffer_rows x slots
+      int32s) and their features packed, each row's own positions (length - 1) end to end
+      (`DrafterBuffer`); when the rows outgrow it, the oldest go first. 2 GiB holds about
+      262,000 positions of a 4096-wide bfloat16 feature (some 130 rows of 2,000 tokens,
+      where whole rows of 8,192 slots would hold 32).
     buffer_dtype: the features' storage dtype ("bfloat16" halves float32's bytes; the
       drafter's loss upcasts).
     keep_steps: RL steps of rollouts the buffer samples from (newest first).
@@ -110,16 +112,20 @@ class DrafterTrainConfig:
       )
 
 
-def buffer_capacity(cfg: DrafterTrainConfig, slots: int, feature_dim: int) -> int:
-  """Rows of the drafter's buffer: buffer_rows, or fewer where buffer_bytes says so."""
-  row_bytes = slots * (feature_dim * np.dtype(jnp.dtype(cfg.buffer_dtype)).itemsize + 4)
-  fits = cfg.buffer_bytes // row_bytes
-  if fits < 1:
+def buffer_layout(cfg: DrafterTrainConfig, slots: int, feature_dim: int) -> tuple[int, int]:
+  """(rows, positions) of the drafter's buffer: `buffer_rows` rows' tokens, and as many
+  packed feature positions as the rest of `buffer_bytes` holds, never more than those rows
+  could fill (`DrafterBuffer`'s default)."""
+  token_bytes = cfg.buffer_rows * slots * 4
+  position_bytes = feature_dim * np.dtype(jnp.dtype(cfg.buffer_dtype)).itemsize
+  positions = min((cfg.buffer_bytes - token_bytes) // position_bytes, (cfg.buffer_rows + 2) * slots)
+  if positions < slots:
     raise ValueError(
-      f"DrafterTrainConfig.buffer_bytes={cfg.buffer_bytes} holds no row of the drafter's "
-      f"buffer ({row_bytes} bytes: {slots} slots x {feature_dim} features)"
+      f"DrafterTrainConfig.buffer_bytes={cfg.buffer_bytes} holds {cfg.buffer_rows} rows' "
+      f"tokens ({token_bytes} bytes) and {max(positions, 0)} feature positions, fewer than "
+      f"one full row's {slots} ({position_bytes} bytes each): raise it or lower buffer_rows"
     )
-  return int(min(cfg.buffer_rows, fits))
+  return cfg.buffer_rows, int(positions)
 
 
 class OnlineDrafter:
@@ -137,12 +143,14 @@ class OnlineDrafter:
   ):
     self.graphdef, self.config = graphdef, config
     self.row_len = config.row_len or slots
+    rows, positions = buffer_layout(config, slots, feature_dim)
     self.buffer = DrafterBuffer(
-      buffer_capacity(config, slots, feature_dim),
+      rows,
       slots,
       feature_dim,
       config.keep_steps,
       dtype=jnp.dtype(config.buffer_dtype),
+      positions=positions,
     )
     self.optimizer = drafter_optimizer(
       config.learning_rate,
