@@ -147,7 +147,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.drafter.batch_rows = 4
   c.drafter.row_len = 0  # 0: the engine's cache slots
   c.drafter.buffer_rows = 512
-  c.drafter.buffer_bytes = 2**31  # host memory cap on the buffer (caps buffer_rows)
+  c.drafter.buffer_bytes = 2**31  # host memory: the rows' tokens, then packed features
   c.drafter.buffer_dtype = "bfloat16"  # the buffered target features
   c.drafter.keep_steps = 2
   # Online updates wait for this many rows in the buffer (1: from the first row in).

@@ -314,6 +314,13 @@ def test_training_batch_alignment_and_packing():
     make_training_batch(tokens, hidden, np.array([2, 1]), np.array([5, 4]), row_len=2)
   with pytest.raises(ValueError, match="num_rows"):
     make_training_batch(tokens, hidden, np.array([2, 1]), np.array([5, 4]), row_len=3, num_rows=1)
+  # Per-row features (a packed buffer's rows), each only f_0 .. f_{length - 2}: the same batch.
+  rows = [hidden[0, :4], hidden[1, :3]]
+  got = make_training_batch(tokens, rows, np.array([2, 1]), np.array([5, 4]), row_len=6)
+  for k in batch:
+    np.testing.assert_array_equal(got[k], batch[k])
+  with pytest.raises(ValueError, match="length - 1"):
+    make_training_batch(tokens, [hidden[0, :3], hidden[1, :3]], np.array([2, 1]), np.array([5, 4]))
 
 
 def test_packed_samples_do_not_attend_to_each_other(s):

@@ -135,13 +135,9 @@ class DrafterBuffer:
     self._next, self._at = (r + 1) % self.capacity, b
     self.rows_added += 1
 
-  def row_features(self, rows: np.ndarray, width: int) -> np.ndarray:
-    """[len(rows), width, D] features of `rows`, zeros past each row's own positions."""
-    out = np.zeros((len(rows), width, self.features.shape[1]), self.features.dtype)
-    for i, r in enumerate(rows):
-      held = min(int(self.held(r)), width)
-      out[i, :held] = self.features[self.start[r] : self.start[r] + held]
-    return out
+  def row_features(self, row: int) -> np.ndarray:
+    """The features a row keeps, [length - 1, D]: a view of the packed ring."""
+    return self.features[self.start[row] : self.start[row] + self.held(row)]
 
   # ---------------------------------------------------------------- checkpoints
   def state_dict(self) -> tuple[dict[str, np.ndarray], dict[str, int]]:
@@ -162,8 +158,7 @@ class DrafterBuffer:
     if rows.size:
       arrays["rows"] = rows.astype(np.int64)
       arrays["tokens"] = self.tokens[rows, :width]  # fancy indexing: copies
-      spans = [self.features[self.start[r] : self.start[r] + self.held(r)] for r in rows]
-      arrays["features"] = np.concatenate(spans)
+      arrays["features"] = np.concatenate([self.row_features(r) for r in rows])
     meta = {
       "capacity": self.capacity,
       "slots": self.slots,
@@ -234,7 +229,7 @@ class DrafterBuffer:
     width = int(self.length[take].max())
     return make_training_batch(
       self.tokens[take, :width],
-      self.row_features(take, width),
+      [self.row_features(r) for r in take],  # views: no [rows, width, D] copy
       self.prompt_len[take],
       self.length[take],
       row_len=row_len,

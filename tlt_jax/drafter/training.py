@@ -49,7 +49,9 @@ def make_training_batch(
 
   Args:
     tokens: [B, S] int, tokens[n, :length[n]] = prompt + completion.
-    hidden: [B, S, D] captured target features, hidden[n, t] = f_t (t <= length - 2).
+    hidden: [B, S, D] captured target features, hidden[n, t] = f_t (t <= length - 2), or
+      a list of B per-row arrays [L_n, D] holding at least f_0 .. f_{length_n - 2} (a packed
+      buffer's rows, read without a dense copy).
     prompt_len: [B] prompt tokens per sample.
     length: [B] tokens per sample.
     row_len: pairs per packed row; default the longest sample (length - 2 pairs).
@@ -68,13 +70,19 @@ def make_training_batch(
     ValueError: a sample does not fit in row_len, the rows exceed num_rows, or
       no sample has a response pair.
   """
-  tokens, hidden = np.asarray(tokens), np.asarray(hidden)
+  tokens = np.asarray(tokens)
   prompt_len, length = np.asarray(prompt_len), np.asarray(length)
-  if hidden.ndim != 3 or hidden.shape[:2] != tokens.shape:
-    raise ValueError(f"hidden {hidden.shape} must be [B, S, D] for tokens {tokens.shape}")
   if np.any(length > tokens.shape[1]) or np.any(prompt_len < 1) or np.any(prompt_len > length):
     raise ValueError("need 1 <= prompt_len <= length <= S for every sample")
   pairs = np.maximum(length - 2, 0)
+  if not isinstance(hidden, list | tuple):
+    hidden = np.asarray(hidden)
+    if hidden.ndim != 3 or hidden.shape[:2] != tokens.shape:
+      raise ValueError(f"hidden {hidden.shape} must be [B, S, D] for tokens {tokens.shape}")
+  elif len(hidden) != tokens.shape[0] or any(
+    h.ndim != 2 or h.shape[0] < pairs[n] + 1 for n, h in enumerate(hidden)
+  ):
+    raise ValueError(f"hidden rows must be [>= length - 1, D], one per sample of {tokens.shape}")
   # Samples without a response pair carry no loss; skip them.
   use = [n for n in range(tokens.shape[0]) if pairs[n] >= prompt_len[n]]
   if not use:
@@ -104,14 +112,14 @@ def make_training_batch(
   if len(rows) > num_rows:
     raise ValueError(f"packing needs {len(rows)} rows of {row_len} pairs, num_rows={num_rows}")
 
-  d = hidden.shape[2]
+  d, dtype = hidden[0].shape[-1], hidden[0].dtype
   out = {
     "tokens": np.zeros((num_rows, row_len), np.int32),
     "positions": np.zeros((num_rows, row_len), np.int32),
     "segment_ids": np.zeros((num_rows, row_len), np.int32),
     "loss_mask": np.zeros((num_rows, row_len), np.float32),
-    "features": np.zeros((num_rows, row_len, d), hidden.dtype),
-    "targets": np.zeros((num_rows, row_len, d), hidden.dtype),
+    "features": np.zeros((num_rows, row_len, d), dtype),
+    "targets": np.zeros((num_rows, row_len, d), dtype),
   }
   for r, members in enumerate(rows):
     col = 0
@@ -119,8 +127,8 @@ def make_training_batch(
       m, p = int(pairs[n]), int(prompt_len[n])
       span = slice(col, col + m)
       out["tokens"][r, span] = tokens[n, 1 : m + 1]
-      out["features"][r, span] = hidden[n, :m]
-      out["targets"][r, span] = hidden[n, 1 : m + 1]
+      out["features"][r, span] = hidden[n][:m]
+      out["targets"][r, span] = hidden[n][1 : m + 1]
       out["positions"][r, span] = np.arange(m)
       out["segment_ids"][r, span] = seg
       out["loss_mask"][r, span] = np.arange(m) + 1 >= p
