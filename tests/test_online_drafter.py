@@ -217,8 +217,9 @@ def test_online_drafter_learns_from_its_buffer(online):
   with pytest.raises(ValueError, match="holds 0 rows it may sample, fewer than min_rows=1"):
     drafter.update(tp)
   drafter.buffer.add(tokens, hidden, np.full((8,), 4), np.full((8,), 24), step=0)
+  sampled = drafter.sample_seconds
   losses = [float(drafter.update(tp)["loss"]) for _ in range(30)]
-  assert drafter.version == 30
+  assert drafter.version == 30 and drafter.sample_seconds > sampled  # host batch building
   assert np.mean(losses[-5:]) < 0.7 * np.mean(losses[:5])
   with pytest.raises(ValueError, match="batch_rows"):
     DrafterTrainConfig(batch_rows=0)
@@ -310,6 +311,7 @@ class _FakeDrafter:
     self.version, self.params, self.last_metrics = 0, {"w": jnp.zeros(())}, {}
     self.buffer = [0]
     self.calls = 0
+    self.sample_seconds = 0.0  # host seconds building batches: 0.01 an update here
     self.on_update = lambda: None
 
   def ready(self):
@@ -318,6 +320,7 @@ class _FakeDrafter:
   def _spend(self):
     self.clock.t += self.costs[self.calls % len(self.costs)]
     self.calls += 1
+    self.sample_seconds += 0.01
 
   def dry_run(self, target, mesh=None):
     self._spend()
@@ -407,7 +410,9 @@ def test_scheduler_fills_idle_windows_and_records_them():
   assert rec["drafter/reclaimed_reward_s"] == pytest.approx(0.4)
   assert rec["drafter/overshoot_reward_s"] == pytest.approx(0.2)
   assert rec["drafter/reclaimed_s"] == pytest.approx(0.4)
-  assert sched.step_records()["drafter/updates"] == 0  # reset per step
+  assert rec["drafter/sample_s"] == pytest.approx(0.03)  # the updates' batch building
+  again = sched.step_records()
+  assert again["drafter/updates"] == 0 and again["drafter/sample_s"] == 0  # reset per step
   with pytest.raises(ValueError, match="rollout_budget"):
     SchedulerConfig(rollout_budget=1.0)
 

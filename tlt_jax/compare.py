@@ -346,6 +346,8 @@ def step_row(label: str, r: dict[str, Any]) -> dict[str, Any]:
     "length_max": r.get("length_max", ""),
     "first_token_share": r.get("first_token_share", ""),
     "drafter_updates": r.get("drafter/updates", ""),
+    # Host seconds those updates spent building their batches from the buffer.
+    "drafter_sample_s": r.get("drafter/sample_s", ""),
     # The update's throughput: model FLOPs (6 x params a real token) a second of its
     # compute, and the padding share of the micro-batches it computed.
     "update_gflops": 1e3 * r["update/model_tflops"] if r.get("update/model_tflops") else "",

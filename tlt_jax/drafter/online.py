@@ -171,6 +171,9 @@ class OnlineDrafter:
     )
     self._compiled: dict[Any, Any] = {}  # the update's executables by argument layout
     self.compile_seconds = 0.0  # spent compiling them (callers leave it out of timings)
+    # Host seconds building update batches from the buffer (inside every update's time; at
+    # a real model's width a batch is hundreds of MiB: RESULTS.md, 2026-12-05).
+    self.sample_seconds = 0.0
     self.params = params
     self.opt_state = self.optimizer.init(params)
     self.version = 0  # optimizer updates applied
@@ -235,7 +238,9 @@ class OnlineDrafter:
         f"min_rows={self.config.min_rows}: observe rollouts before updating"
       )
     rng = np.random.default_rng([self.config.seed, self.version])
+    t = time.perf_counter()
     batch = self.buffer.sample(rng, self.config.batch_rows, self.row_len)
+    self.sample_seconds += time.perf_counter() - t
     if mesh is not None:
       rep = replicated(mesh)
       params, opt_state, target_params = jax.device_put((params, opt_state, target_params), rep)

@@ -122,6 +122,7 @@ class SliceScheduler:
     self._free_compiled: set[tuple[int, ...]] = set()
     self._free_targets: dict[tuple[int, ...], Any] = {}
     self.update_seconds = 0.0  # running mean of a blocking update's wall time (0: unknown)
+    self._sampled = drafter.sample_seconds  # the drafter's batch-building seconds reported
     self.rebuild_seconds = 0.0  # running mean of a push-forced drafter-cache rebuild
     self._timed = 0  # blocking updates measured by this scheduler
     self._target: nnx.State | None = None
@@ -164,6 +165,9 @@ class SliceScheduler:
     out["drafter/buffer_rows"] = len(self.drafter.buffer)
     out["drafter/update_seconds"] = self.update_seconds
     out["drafter/rebuild_seconds"] = self.rebuild_seconds
+    # Host seconds its updates (and dry runs) spent building batches this step.
+    out["drafter/sample_s"] = self.drafter.sample_seconds - self._sampled
+    self._sampled = self.drafter.sample_seconds
     if self.drafter.last_metrics:
       m = jax.device_get(self.drafter.last_metrics)
       out["drafter/loss"] = float(m["loss"])
