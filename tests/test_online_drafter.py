@@ -7,7 +7,7 @@ import pytest
 from flax import nnx
 
 from tlt_jax.drafter import DrafterBuffer, DrafterTrainConfig, OnlineDrafter
-from tlt_jax.drafter.online import buffer_layout
+from tlt_jax.drafter.online import buffer_positions
 from tlt_jax.drafter.training import make_training_batch
 from tlt_jax.models.config import ModelConfig
 from tlt_jax.models.drafter import init_drafter
@@ -183,14 +183,17 @@ def test_rows_that_outgrow_the_positions_drop_the_oldest_first():
     DrafterBuffer(capacity=8, slots=16, feature_dim=D, positions=15)
 
 
-def test_buffer_layout_spends_its_bytes_on_positions():
+def test_buffer_bytes_pay_for_the_rows_tokens_then_positions():
   """`buffer_bytes` pays for the rows' tokens, the rest for packed positions: a real
-  model's width keeps every one of `buffer_rows` (whole 8,192-slot rows would fit 32)."""
+  model's width keeps every one of `buffer_rows` (whole 8,192-slot rows would fit 32); the
+  buffer keeps no more positions than its rows could fill."""
   cfg = DrafterTrainConfig(buffer_rows=512, buffer_bytes=2**31)
-  assert buffer_layout(cfg, 8192, 4096) == (512, (2**31 - 512 * 8192 * 4) // 8192)
-  assert buffer_layout(cfg, 3032, 256) == (512, 514 * 3032)  # never more than rows fill
+  assert buffer_positions(cfg, 8192, 4096) == (2**31 - 512 * 8192 * 4) // 8192
+  positions = buffer_positions(cfg, 3032, 256)
+  buf = DrafterBuffer(512, 3032, 256, dtype=jnp.bfloat16, positions=positions)
+  assert positions > 514 * 3032 == buf.features.shape[0]
   with pytest.raises(ValueError, match="one full row"):
-    buffer_layout(DrafterTrainConfig(buffer_rows=512, buffer_bytes=2**24), 8192, 4096)
+    buffer_positions(DrafterTrainConfig(buffer_rows=512, buffer_bytes=2**24), 8192, 4096)
 
 
 MODEL = ModelConfig(

@@ -29,9 +29,10 @@ class DrafterBuffer:
     feature_dim: the target's hidden size D.
     keep_steps: only rows from the newest `keep_steps` RL steps are sampled.
     dtype: storage dtype of the features.
-    positions: feature positions held, all rows together (default `capacity` + 2 full
-      rows, which no mix of rows outgrows: only the row ring drops rows); with fewer, a row
-      that does not fit drops the oldest rows whose positions it needs. At least `slots`.
+    positions: feature positions held, all rows together, at least `slots`; at most (and
+      by default) `capacity` + 2 full rows, which no mix of rows outgrows (only the row ring
+      drops rows). With fewer, a row that does not fit drops the oldest rows whose
+      positions it needs.
   """
 
   def __init__(
@@ -43,17 +44,18 @@ class DrafterBuffer:
     dtype=np.float32,
     positions: int | None = None,
   ):
-    positions = (capacity + 2) * slots if positions is None else positions
     for name, v in (("capacity", capacity), ("slots", slots), ("feature_dim", feature_dim)):
       if not isinstance(v, int) or v < 1:
         raise ValueError(f"DrafterBuffer {name} must be a positive int, got {v!r}")
     if not isinstance(keep_steps, int) or keep_steps < 1:
       raise ValueError(f"DrafterBuffer keep_steps must be a positive int, got {keep_steps!r}")
-    if not isinstance(positions, int) or positions < slots:
+    if positions is not None and (not isinstance(positions, int) or positions < slots):
       raise ValueError(
         f"DrafterBuffer positions must be an int >= slots ({slots}): one full row; got "
         f"{positions!r}"
       )
+    full = (capacity + 2) * slots  # what no mix of `capacity` rows outgrows
+    positions = full if positions is None else min(positions, full)
     self.capacity, self.slots, self.keep_steps = capacity, slots, keep_steps
     self.tokens = np.zeros((capacity, slots), np.int32)
     self.features = np.zeros((positions, feature_dim), dtype)  # packed rows

@@ -112,20 +112,19 @@ class DrafterTrainConfig:
       )
 
 
-def buffer_layout(cfg: DrafterTrainConfig, slots: int, feature_dim: int) -> tuple[int, int]:
-  """(rows, positions) of the drafter's buffer: `buffer_rows` rows' tokens, and as many
-  packed feature positions as the rest of `buffer_bytes` holds, never more than those rows
-  could fill (`DrafterBuffer`'s default)."""
+def buffer_positions(cfg: DrafterTrainConfig, slots: int, feature_dim: int) -> int:
+  """Packed feature positions of the drafter's buffer: what `buffer_bytes` holds beside
+  `buffer_rows` rows' tokens (`DrafterBuffer` keeps no more than those rows could fill)."""
   token_bytes = cfg.buffer_rows * slots * 4
   position_bytes = feature_dim * np.dtype(jnp.dtype(cfg.buffer_dtype)).itemsize
-  positions = min((cfg.buffer_bytes - token_bytes) // position_bytes, (cfg.buffer_rows + 2) * slots)
+  positions = (cfg.buffer_bytes - token_bytes) // position_bytes
   if positions < slots:
     raise ValueError(
       f"DrafterTrainConfig.buffer_bytes={cfg.buffer_bytes} holds {cfg.buffer_rows} rows' "
       f"tokens ({token_bytes} bytes) and {max(positions, 0)} feature positions, fewer than "
       f"one full row's {slots} ({position_bytes} bytes each): raise it or lower buffer_rows"
     )
-  return cfg.buffer_rows, int(positions)
+  return int(positions)
 
 
 class OnlineDrafter:
@@ -143,14 +142,13 @@ class OnlineDrafter:
   ):
     self.graphdef, self.config = graphdef, config
     self.row_len = config.row_len or slots
-    rows, positions = buffer_layout(config, slots, feature_dim)
     self.buffer = DrafterBuffer(
-      rows,
+      config.buffer_rows,
       slots,
       feature_dim,
       config.keep_steps,
       dtype=jnp.dtype(config.buffer_dtype),
-      positions=positions,
+      positions=buffer_positions(config, slots, feature_dim),
     )
     self.optimizer = drafter_optimizer(
       config.learning_rate,
