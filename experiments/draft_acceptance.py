@@ -36,7 +36,7 @@ from experiments.host import host_record  # noqa: E402
 from tlt_jax import checkpoint, configuration  # noqa: E402
 from tlt_jax.data.tasks import format_prompt  # noqa: E402
 from tlt_jax.decode.sampling import SamplingConfig  # noqa: E402
-from tlt_jax.drafter.training import make_training_batch  # noqa: E402
+from tlt_jax.drafter.training import batch_targets, make_training_batch  # noqa: E402
 from tlt_jax.models.drafter import draft_logits, drafter_forward, init_drafter  # noqa: E402
 from tlt_jax.rollout.engine import RolloutEngine  # noqa: E402
 
@@ -80,7 +80,8 @@ def main(argv):
       )
     )(dparams, batch)
     q_logits = np.asarray(draft_logits(graphdef, params, h))[mask]
-    p_logits = np.asarray(draft_logits(graphdef, params, jnp.asarray(batch["targets"])))[mask]
+    targets = batch_targets(jnp.asarray(batch["features"]))
+    p_logits = np.asarray(draft_logits(graphdef, params, targets))[mask]
     if temp == 0:
       agree = float(np.mean(q_logits.argmax(-1) == p_logits.argmax(-1)))
       out["drafters"][name] = {"greedy_agreement": agree}

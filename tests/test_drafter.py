@@ -13,6 +13,7 @@ from tlt_jax.decode import drafting
 from tlt_jax.decode.sampling import SamplingConfig
 from tlt_jax.decode.verify import verify_chain, verify_sampling
 from tlt_jax.drafter import (
+  batch_targets,
   drafter_loss,
   drafter_optimizer,
   make_drafter_update,
@@ -301,22 +302,34 @@ def test_training_batch_alignment_and_packing():
   hidden = (100 + np.arange(6, dtype=np.float32))[None, :, None] + np.array([0, 50.0])[
     :, None, None
   ]
-  batch = make_training_batch(tokens, hidden, np.array([2, 1]), np.array([5, 4]), row_len=6)
-  assert batch["tokens"].shape == (1, 6)  # both samples packed in one row
-  np.testing.assert_array_equal(batch["tokens"][0], [6, 7, 8, 12, 13, 0])
-  np.testing.assert_array_equal(batch["features"][0, :, 0], [100, 101, 102, 150, 151, 0])
-  np.testing.assert_array_equal(batch["targets"][0, :, 0], [101, 102, 103, 151, 152, 0])
-  np.testing.assert_array_equal(batch["positions"][0], [0, 1, 2, 0, 1, 0])
-  np.testing.assert_array_equal(batch["segment_ids"][0], [1, 1, 1, 2, 2, 0])
-  # Loss on pairs whose target feature follows a response token: t + 1 >= prompt_len.
-  np.testing.assert_array_equal(batch["loss_mask"][0], [0, 1, 1, 1, 1, 0])
+  # A sample takes its features f_0..f_{length-2}: one column more than its pairs.
+  batch = make_training_batch(tokens, hidden, np.array([2, 1]), np.array([5, 4]), row_len=8)
+  assert batch["tokens"].shape == (1, 8) and set(batch) == {
+    "tokens",
+    "positions",
+    "segment_ids",
+    "loss_mask",
+    "features",
+  }  # both samples packed in one row; every feature carried once
+  np.testing.assert_array_equal(batch["tokens"][0], [6, 7, 8, 9, 12, 13, 14, 0])
+  np.testing.assert_array_equal(batch["features"][0, :, 0], [100, 101, 102, 103, 150, 151, 152, 0])
+  targets = np.asarray(batch_targets(jnp.asarray(batch["features"])))
+  np.testing.assert_array_equal(targets[0, :, 0], [101, 102, 103, 150, 151, 152, 0, 0])
+  np.testing.assert_array_equal(batch["positions"][0], [0, 1, 2, 3, 0, 1, 2, 0])
+  np.testing.assert_array_equal(batch["segment_ids"][0], [1, 1, 1, 1, 2, 2, 2, 0])
+  # Loss on pairs whose target feature follows a response token (t + 1 >= prompt_len), and
+  # never on a segment's last column (its target column is the next sample's).
+  np.testing.assert_array_equal(batch["loss_mask"][0], [0, 1, 1, 0, 1, 1, 0, 0])
+  mask = batch["loss_mask"][0] > 0
+  np.testing.assert_array_equal(targets[0, mask, 0], [102, 103, 151, 152])  # f_{t+1}, own
+  np.testing.assert_array_equal(batch["features"][0, mask, 0] + 1, targets[0, mask, 0])
   with pytest.raises(ValueError, match="row_len"):
-    make_training_batch(tokens, hidden, np.array([2, 1]), np.array([5, 4]), row_len=2)
+    make_training_batch(tokens, hidden, np.array([2, 1]), np.array([5, 4]), row_len=3)
   with pytest.raises(ValueError, match="num_rows"):
-    make_training_batch(tokens, hidden, np.array([2, 1]), np.array([5, 4]), row_len=3, num_rows=1)
+    make_training_batch(tokens, hidden, np.array([2, 1]), np.array([5, 4]), row_len=4, num_rows=1)
   # Per-row features (a packed buffer's rows), each only f_0 .. f_{length - 2}: the same batch.
   rows = [hidden[0, :4], hidden[1, :3]]
-  got = make_training_batch(tokens, rows, np.array([2, 1]), np.array([5, 4]), row_len=6)
+  got = make_training_batch(tokens, rows, np.array([2, 1]), np.array([5, 4]), row_len=8)
   for k in batch:
     np.testing.assert_array_equal(got[k], batch[k])
   with pytest.raises(ValueError, match="length - 1"):
@@ -331,8 +344,8 @@ def test_packed_samples_do_not_attend_to_each_other(s):
     packed["tokens"], packed["features"], packed["positions"], segment_ids=packed["segment_ids"]
   )
   seg = packed["segment_ids"][0]
-  for i, n in enumerate(np.argsort(-(lens - 2), kind="stable")):  # first-fit decreasing order
-    m = lens[n] - 2
+  for i, n in enumerate(np.argsort(-lens, kind="stable")):  # first-fit decreasing order
+    m = lens[n] - 1  # columns: f_0 .. f_{length - 2}
     # Alone, right-padded to the same width (causal: padding changes nothing before it).
     tk = np.zeros((1, PAD), np.int32)
     ft = np.zeros((1, PAD, CFG.d_model), np.float32)
@@ -432,7 +445,7 @@ def test_teacher_temperature_sets_the_logit_targets(s):
     segment_ids=batch["segment_ids"],
   )
   log_q = jax.nn.log_softmax(draft_logits(s.tg, s.tp, h), -1)
-  teacher = draft_logits(s.tg, s.tp, batch["targets"])
+  teacher = draft_logits(s.tg, s.tp, batch_targets(batch["features"]))
   mask = np.asarray(batch["loss_mask"], bool)
   for t in (1.0, 0.5, 0.0):
     _, m = drafter_loss(s.dg, s.dp, s.tg, s.tp, batch, teacher_temperature=t)

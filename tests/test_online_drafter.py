@@ -8,7 +8,7 @@ from flax import nnx
 
 from tlt_jax.drafter import DrafterBuffer, DrafterTrainConfig, OnlineDrafter
 from tlt_jax.drafter.online import buffer_positions
-from tlt_jax.drafter.training import make_training_batch
+from tlt_jax.drafter.training import batch_targets, make_training_batch
 from tlt_jax.models.config import ModelConfig
 from tlt_jax.models.drafter import init_drafter
 from tlt_jax.models.transformer import init_model
@@ -45,9 +45,12 @@ def test_buffer_keeps_recent_steps_and_packs_aligned_pairs():
   assert batch["tokens"].shape == (3, 16) and batch["features"].shape == (3, 16, D)
   used = batch["segment_ids"] > 0
   assert np.all(batch["features"][used][:, 2] >= 1)  # only steps 1 and 2
-  # EAGLE alignment: input token x_{t+1} with feature f_t, target f_{t+1}
-  f, tgt, tok = batch["features"][used], batch["targets"][used], batch["tokens"][used]
+  # EAGLE alignment: input token x_{t+1} with feature f_t, target f_{t+1} (the loss's
+  # columns: a segment's last has no target of its own)
+  f, tok = batch["features"][used], batch["tokens"][used]
   np.testing.assert_array_equal(tok % 100, f[:, 1] + 1)
+  loss = batch["loss_mask"] > 0
+  tgt, f = np.asarray(batch_targets(jnp.asarray(batch["features"])))[loss], batch["features"][loss]
   np.testing.assert_array_equal(tgt[:, 1], f[:, 1] + 1)
   np.testing.assert_array_equal(tgt[:, 0], f[:, 0])
   # the ring overwrites the oldest rows
@@ -152,7 +155,7 @@ def test_packed_features_sample_what_whole_rows_would():
   for seed in range(4):
     got = buf.sample(np.random.default_rng(seed), 3, 16)
     idx = np.random.default_rng(seed).permutation(order)
-    take = idx[np.cumsum(np.maximum(buf.length[idx] - 2, 0)) <= 3 * 16]
+    take = idx[np.cumsum(buf.length[idx] - 1) <= 3 * 16]  # a sample's columns: f_0..f_{n-2}
     width = int(buf.length[take].max())
     tokens = np.stack([ref[r][0][:width] for r in take])
     dense = np.zeros((take.size, width, D), np.float32)  # whole rows, zeros past f_{n-2}
@@ -164,6 +167,24 @@ def test_packed_features_sample_what_whole_rows_would():
     )
     for k in want:
       np.testing.assert_array_equal(got[k], want[k])
+
+
+def test_a_batch_written_over_an_earlier_one_is_the_fresh_batch():
+  """`sample(out=...)` rewrites every element of an earlier batch (padding included): the
+  result equals a freshly allocated batch of the same draw; other shapes are refused."""
+  buf = DrafterBuffer(capacity=6, slots=16, feature_dim=D, keep_steps=2)
+  buf.add(*_rollout(3, 16, 3, [16, 6, 11], step_mark=0), step=0)
+  buf.add(*_rollout(2, 16, 3, [9, 16], step_mark=1), step=1)
+  earlier = buf.sample(np.random.default_rng(0), 3, 16)
+  for v in earlier.values():
+    v[...] = 7  # no element of the rewritten batch may keep this
+  fresh = buf.sample(np.random.default_rng(1), 3, 16)
+  got = buf.sample(np.random.default_rng(1), 3, 16, out=earlier)
+  assert all(got[k] is earlier[k] for k in fresh)
+  for k in fresh:
+    np.testing.assert_array_equal(got[k], fresh[k])
+  with pytest.raises(ValueError, match="out holds"):
+    buf.sample(np.random.default_rng(1), 2, 16, out=fresh)
 
 
 def test_rows_that_outgrow_the_positions_drop_the_oldest_first():

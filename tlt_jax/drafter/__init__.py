@@ -5,6 +5,7 @@ from tlt_jax.drafter.acceptance import DrafterAcceptance, DrafterEvalConfig
 from tlt_jax.drafter.buffer import DrafterBuffer
 from tlt_jax.drafter.online import DrafterTrainConfig, OnlineDrafter
 from tlt_jax.drafter.training import (
+  batch_targets,
   drafter_loss,
   drafter_optimizer,
   make_drafter_update,
@@ -17,6 +18,7 @@ __all__ = [
   "DrafterEvalConfig",
   "DrafterTrainConfig",
   "OnlineDrafter",
+  "batch_targets",
   "drafter_loss",
   "drafter_optimizer",
   "make_drafter_update",

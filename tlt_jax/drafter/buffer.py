@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tlt_jax.drafter.training import make_training_batch
+from tlt_jax.drafter.training import make_training_batch, sample_columns
 
 
 class DrafterBuffer:
@@ -211,10 +211,17 @@ class DrafterBuffer:
     self._next, self._at = int(meta["next"]), int(meta["at"])
     self.rows_added = int(meta["rows_added"])
 
-  def sample(self, rng: np.random.Generator, num_rows: int, row_len: int) -> dict[str, np.ndarray]:
-    """A packed [num_rows, row_len] training batch from random valid rows.
+  def sample(
+    self,
+    rng: np.random.Generator,
+    num_rows: int,
+    row_len: int,
+    out: dict[str, np.ndarray] | None = None,
+  ) -> dict[str, np.ndarray]:
+    """A packed [num_rows, row_len] training batch from random valid rows (written into
+    `out`, an earlier batch of the same shapes, when given).
 
-    Samples are drawn without replacement until their pairs would overfill the
+    Samples are drawn without replacement until their columns would overfill the
     batch; those that do not fit the packing are left out.
 
     Raises:
@@ -224,8 +231,7 @@ class DrafterBuffer:
     if idx.size == 0:
       raise ValueError("the drafter buffer is empty: add rollouts before sampling")
     idx = rng.permutation(idx)
-    pairs = np.maximum(self.length[idx] - 2, 0)
-    take = idx[np.cumsum(pairs) <= num_rows * row_len]
+    take = idx[np.cumsum(sample_columns(self.length[idx])) <= num_rows * row_len]
     if take.size == 0:
       take = idx[:1]  # one sample longer than the batch: let the packer skip it cleanly
     width = int(self.length[take].max())
@@ -237,4 +243,5 @@ class DrafterBuffer:
       row_len=row_len,
       num_rows=num_rows,
       skip_overflow=True,
+      out=out,
     )

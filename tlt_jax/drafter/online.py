@@ -172,6 +172,11 @@ class OnlineDrafter:
     # Host seconds building update batches from the buffer (inside every update's time; at
     # a real model's width a batch is hundreds of MiB: RESULTS.md, 2026-12-05).
     self.sample_seconds = 0.0
+    # Two batches' arrays, refilled in turn once the update that read one has finished
+    # (fresh arrays of hundreds of MiB cost more to fault in than to fill).
+    self._batches: list[dict[str, np.ndarray] | None] = [None, None]
+    self._batch_readers: list[Any] = [None, None]  # each batch's last update's outputs
+    self._turn = 0
     self.params = params
     self.opt_state = self.optimizer.init(params)
     self.version = 0  # optimizer updates applied
@@ -225,7 +230,9 @@ class OnlineDrafter:
       t = time.perf_counter()
       fn = self._compiled[key] = self._update.lower(*args).compile()
       self.compile_seconds += time.perf_counter() - t
-    return fn(*args)
+    outputs = fn(*args)
+    self._batch_readers[self._turn] = outputs[2]
+    return outputs
 
   def _placed(self, params, opt_state, target_params, mesh: Mesh | None):
     """(params, opt_state, target_params, batch) on `mesh` (None: as they are), the batch
@@ -236,8 +243,13 @@ class OnlineDrafter:
         f"min_rows={self.config.min_rows}: observe rollouts before updating"
       )
     rng = np.random.default_rng([self.config.seed, self.version])
+    self._turn ^= 1
+    jax.block_until_ready(self._batch_readers[self._turn])  # done reading these arrays
     t = time.perf_counter()
-    batch = self.buffer.sample(rng, self.config.batch_rows, self.row_len)
+    batch = self.buffer.sample(
+      rng, self.config.batch_rows, self.row_len, out=self._batches[self._turn]
+    )
+    self._batches[self._turn] = batch
     self.sample_seconds += time.perf_counter() - t
     if mesh is not None:
       rep = replicated(mesh)

@@ -10,6 +10,11 @@ the loss covers pairs whose target feature follows a response token
 (t + 1 >= prompt_len): those are the features the drafter is asked to predict
 during generation. Samples are packed into rows with per-sample segment ids
 and positions restarting at 0, so packed samples never attend to each other.
+A sample's segment holds all its features f_0..f_{L-2}, one column more than its
+pairs: each column's target is the next column's features (`batch_targets`, on the
+device), so a batch carries every feature once (at a real model's width a batch is
+hundreds of MiB to build on the host and copy to the device); a segment's last
+column is a pair without a target, outside the loss.
 
 Loss (EAGLE): 1.0 * SmoothL1(h, f_{t+1}) (mean over D) + 0.1 * soft cross-entropy
 between softmax(head(f_{t+1})) and log_softmax(head(h)), both a masked mean over
@@ -44,6 +49,7 @@ def make_training_batch(
   row_len: int | None = None,
   num_rows: int | None = None,
   skip_overflow: bool = False,
+  out: dict[str, np.ndarray] | None = None,
 ) -> dict[str, np.ndarray]:
   """Packs aligned drafter training pairs from rollouts into rows (host side, numpy).
 
@@ -54,17 +60,20 @@ def make_training_batch(
       buffer's rows, read without a dense copy).
     prompt_len: [B] prompt tokens per sample.
     length: [B] tokens per sample.
-    row_len: pairs per packed row; default the longest sample (length - 2 pairs).
+    row_len: columns per packed row, a sample taking `sample_columns` (its pairs + 1);
+      default the widest sample's.
     num_rows: pad the output to this many rows (static shapes across calls);
       default as many as the packing needs.
     skip_overflow: leave out samples longer than row_len or beyond num_rows
       instead of raising (online training fills a fixed-shape batch from a
       buffer holding more than fits).
+    out: an earlier batch of the same shapes to overwrite (every element is written): at
+      a real model's width fresh arrays cost the host more to fault in than to fill.
 
   Returns:
     A dict of [R, row_len] arrays: tokens (x_{t+1}), positions (t, per sample),
     segment_ids (1, 2, ... per row; 0 = padding), loss_mask (float32), and
-    [R, row_len, D] features (f_t) and targets (f_{t+1}).
+    [R, row_len, D] features (f_t; the targets f_{t+1} are `batch_targets(features)`).
 
   Raises:
     ValueError: a sample does not fit in row_len, the rows exceed num_rows, or
@@ -87,53 +96,81 @@ def make_training_batch(
   use = [n for n in range(tokens.shape[0]) if pairs[n] >= prompt_len[n]]
   if not use:
     raise ValueError("no sample has a response pair (length - 2 >= prompt_len)")
-  longest = int(max(pairs[n] for n in use))
-  row_len = longest if row_len is None else row_len
+  cols = sample_columns(length)
+  widest = int(max(cols[n] for n in use))
+  row_len = widest if row_len is None else row_len
   if skip_overflow:
-    use = [n for n in use if pairs[n] <= row_len]
-  elif longest > row_len:
-    raise ValueError(f"a sample has {longest} pairs, more than row_len={row_len}")
+    use = [n for n in use if cols[n] <= row_len]
+  elif widest > row_len:
+    raise ValueError(f"a sample takes {widest} columns (pairs + 1), more than row_len={row_len}")
 
-  # First-fit decreasing: few rows, deterministic.
-  rows: list[list[int]] = []
-  free: list[int] = []
-  for n in sorted(use, key=lambda n: (-pairs[n], n)):
-    for r, room in enumerate(free):
-      if room >= pairs[n]:
-        rows[r].append(n)
-        free[r] -= pairs[n]
-        break
-    else:
-      if skip_overflow and num_rows is not None and len(rows) == num_rows:
-        continue  # no room left for this sample
-      rows.append([n])
-      free.append(row_len - pairs[n])
+  rows = _first_fit_decreasing(use, cols, row_len, num_rows if skip_overflow else None)
   num_rows = len(rows) if num_rows is None else num_rows
   if len(rows) > num_rows:
-    raise ValueError(f"packing needs {len(rows)} rows of {row_len} pairs, num_rows={num_rows}")
-
+    raise ValueError(f"packing needs {len(rows)} rows of {row_len} columns, num_rows={num_rows}")
   d, dtype = hidden[0].shape[-1], hidden[0].dtype
-  out = {
-    "tokens": np.zeros((num_rows, row_len), np.int32),
-    "positions": np.zeros((num_rows, row_len), np.int32),
-    "segment_ids": np.zeros((num_rows, row_len), np.int32),
-    "loss_mask": np.zeros((num_rows, row_len), np.float32),
-    "features": np.zeros((num_rows, row_len, d), dtype),
-    "targets": np.zeros((num_rows, row_len, d), dtype),
-  }
-  for r, members in enumerate(rows):
+  shapes = {k: ((num_rows, row_len), np.dtype(t)) for k, t in _INDEX_DTYPES.items()}
+  shapes["features"] = ((num_rows, row_len, d), np.dtype(dtype))
+  if out is None:
+    out = {k: np.empty(shape, t) for k, (shape, t) in shapes.items()}
+  elif {k: (v.shape, v.dtype) for k, v in out.items()} != shapes:
+    raise ValueError(f"out holds { ({k: v.shape for k, v in out.items()}) }, this batch {shapes}")
+  for r in range(num_rows):
     col = 0
-    for seg, n in enumerate(members, start=1):
-      m, p = int(pairs[n]), int(prompt_len[n])
-      span = slice(col, col + m)
-      out["tokens"][r, span] = tokens[n, 1 : m + 1]
-      out["features"][r, span] = hidden[n][:m]
-      out["targets"][r, span] = hidden[n][1 : m + 1]
-      out["positions"][r, span] = np.arange(m)
+    for seg, n in enumerate(rows[r] if r < len(rows) else (), start=1):
+      c, p = int(cols[n]), int(prompt_len[n])
+      span, t = slice(col, col + c), np.arange(c)
+      out["tokens"][r, span] = tokens[n, 1 : c + 1]
+      out["features"][r, span] = hidden[n][:c]
+      out["positions"][r, span] = t
       out["segment_ids"][r, span] = seg
-      out["loss_mask"][r, span] = np.arange(m) + 1 >= p
-      col += m
+      out["loss_mask"][r, span] = (t + 1 >= p) & (t < c - 1)  # the last column: no target
+      col += c
+    for v in out.values():
+      v[r, col:] = 0  # padding (`out` may hold an earlier batch)
   return out
+
+
+_INDEX_DTYPES = {
+  "tokens": np.int32,
+  "positions": np.int32,
+  "segment_ids": np.int32,
+  "loss_mask": np.float32,
+}
+
+
+def _first_fit_decreasing(
+  use: list[int], cols: np.ndarray, row_len: int, max_rows: int | None
+) -> list[list[int]]:
+  """Samples `use` (taking `cols[n]` columns each) packed into rows of `row_len` columns,
+  widest first, each into the first row with room: few rows, deterministic. With
+  `max_rows`, samples that would open a row beyond it are left out."""
+  rows: list[list[int]] = []
+  free: list[int] = []
+  for n in sorted(use, key=lambda n: (-cols[n], n)):
+    for r, room in enumerate(free):
+      if room >= cols[n]:
+        rows[r].append(n)
+        free[r] -= cols[n]
+        break
+    else:
+      if max_rows is not None and len(rows) == max_rows:
+        continue  # no room left for this sample
+      rows.append([n])
+      free.append(row_len - cols[n])
+  return rows
+
+
+def sample_columns(length: np.ndarray) -> np.ndarray:
+  """Columns a sample of `length` tokens takes in a packed batch: its features
+  f_0..f_{length-2}, one more than its pairs (the last is the previous pair's target)."""
+  return np.maximum(np.asarray(length) - 1, 1)
+
+
+def batch_targets(features: jax.Array) -> jax.Array:
+  """Each column's target features f_{t+1}: the next column's features (zeros after the
+  last). Only the loss's columns read one that belongs to their own sample."""
+  return jnp.pad(features[:, 1:], ((0, 0), (0, 1), (0, 0)))
 
 
 def _smooth_l1(x: Float[Array, ...]) -> Float[Array, ...]:
@@ -172,7 +209,7 @@ def drafter_loss(
     batch["positions"],
     segment_ids=batch["segment_ids"],
   )
-  target = batch["targets"]
+  target = batch_targets(batch["features"])
   mask = batch["loss_mask"].astype(jnp.float32)
   denom = jnp.maximum(mask.sum(), 1.0)
   masked_mean = lambda x: (x * mask).sum() / denom
