@@ -150,6 +150,12 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.drafter.buffer_bytes = 2**31  # host memory: the rows' tokens, then packed features
   c.drafter.buffer_dtype = "bfloat16"  # the buffered target features
   c.drafter.keep_steps = 2
+  # > 0: the update's logit term over this many of a batch's positions at a time (a 150k
+  # vocabulary's float32 logits of a whole batch are tens of GiB); 0: all at once.
+  c.drafter.logit_chunk = 0
+  # Recompute the update's attention scores a query block at a time in its backward pass
+  # (rows of thousands of positions), rather than keep them all.
+  c.drafter.remat_attention = False
   # Online updates wait for this many rows in the buffer (1: from the first row in).
   c.drafter.min_rows = 1
   # XLA:CPU's library fusions in the drafter's update (tlt_jax/utils/cpu_fusions.py).

@@ -65,4 +65,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   # compiled on a CPU: 36.0 GiB where unrolled needs 45.5, in 13 s where it takes 35;
   # experiments/RESULTS.md, 2026-12-05).
   c.rl_update.scan_layers = True
+  # Mode tlt: the drafter's update at a real model's width, whose whole-batch logits over a
+  # 150k vocabulary and long rows' attention scores do not fit beside the policy
+  # (experiments/RESULTS.md, 2026-12-06).
+  c.drafter.logit_chunk = 1024  # no [positions, 150k] float32 logits either
+  c.drafter.remat_attention = True
   return c

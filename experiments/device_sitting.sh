@@ -13,7 +13,9 @@
 #            the scatter it replaced, the 50M policy and the 8B shape;
 #   harvest  about a minute of experiments/bench_harvest.py (what mode tlt's copy of hidden
 #            states to the host costs its rollout);
-#   curve    TLT's learning curve on the GPU (experiments/gpu_curve.sh).
+#   curve    TLT's learning curve on the GPU (experiments/gpu_curve.sh);
+#   drafter  experiments/bench_drafter_update.py at Qwen3-8B's width: the online drafter's
+#            update seconds, whole batch against logit chunks (their recomputation's cost).
 # What is worth keeping is copied into KEEP (the folder a device call brings back) as each
 # part ends, so a sitting cut short returns what it reached; called again while the machine
 # is warm, it goes on where the last call stopped (real sizes from its results file, the
@@ -24,10 +26,10 @@
 #
 # DEADLINE: seconds for the whole call (default 570). Each part takes at most its cap and
 # the time left: SIZES_S (default 400), FORMS_S (150), WRITES_S (120), HARVEST_S (150),
-# CURVE_S (480; the stage-9 curve took 453 s on the H200 on 2026-12-04); PROFILE_STEP: the
-# curve's step traced in every mode (default 25; 1 in the rehearsal). ORDER: e.g. "curve
-# harvest sizes" (default "sizes forms writes harvest curve"). RUNS: where the runs live on
-# the machine (default runs/sitting_<variant>).
+# CURVE_S (480; the stage-9 curve took 453 s on the H200 on 2026-12-04), DRAFTER_S (120);
+# PROFILE_STEP: the curve's step traced in every mode (default 25; 1 in the rehearsal).
+# ORDER: e.g. "curve harvest sizes" (default "sizes forms writes harvest curve drafter").
+# RUNS: where the runs live on the machine (default runs/sitting_<variant>).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 KEEP=${1:?usage: experiments/device_sitting.sh KEEP [gpu|tiny]}
@@ -39,7 +41,8 @@ FORMS_S=${FORMS_S:-150}
 WRITES_S=${WRITES_S:-120}
 HARVEST_S=${HARVEST_S:-150}
 CURVE_S=${CURVE_S:-480}
-ORDER=${ORDER:-sizes forms writes harvest curve}
+DRAFTER_S=${DRAFTER_S:-120}
+ORDER=${ORDER:-sizes forms writes harvest curve drafter}
 RUNS=${RUNS:-runs/sitting_$VARIANT}
 PROFILE_STEP=${PROFILE_STEP:-$([ "$VARIANT" = tiny ] && echo 1 || echo 25)}
 mkdir -p "$KEEP" "$RUNS"
@@ -112,6 +115,14 @@ part_harvest() {
   bench harvest "$HARVEST_S" bench_harvest "^|" "$@"
 }
 
+part_drafter() {
+  case $VARIANT in
+    tiny) set -- --shape=tiny --vocab=0 --batch=2x64 --settings=0,16,16/remat --reps=2 ;;
+    *) set -- --shape=qwen3-8b --vocab=0 --batch=4x2048 --settings=0,1024,1024/remat --reps=5 ;;
+  esac
+  bench drafter "$DRAFTER_S" bench_drafter_update "^|" "$@"
+}
+
 part_forms() {
   # The 8B's one-row step, two-row verifications and a 16-row decode, where a CPU takes the
   # multiply-reduce: the 2026-12-04 grid's two rows cost 1.46x / 1.73x one row's.
@@ -159,8 +170,8 @@ part_sizes() {
 
 for part in $ORDER; do
   case $part in
-    sizes | forms | writes | harvest | curve) "part_$part" ;;
-    *) say "unknown part $part (sizes, forms, writes, harvest, curve)" ;;
+    sizes | forms | writes | harvest | curve | drafter) "part_$part" ;;
+    *) say "unknown part $part (sizes, forms, writes, harvest, curve, drafter)" ;;
   esac
 done
 # In one archive (a device call brings back 8 files at most): the curve's per-step tables,
@@ -168,5 +179,6 @@ done
 # per-step metrics; the copy's benchmark and its log.
 (cd "$RUNS" && tar czf "$KEEP/sitting_files.tgz" --ignore-failed-read gc/steps_*.csv \
   gc/shared/summary.json gc/gpu_curve.log gc/*_s0/metrics.jsonl harvest.json harvest.log \
-  forms.json forms.json.part forms.log writes.json writes.json.part writes.log 2>/dev/null)
+  forms.json forms.json.part forms.log writes.json writes.json.part writes.log drafter.json \
+  drafter.log 2>/dev/null)
 say "sitting: done"

@@ -34,7 +34,13 @@ shapes; the drafter's steps run out, `experiments.traces.trip_kernels`), in two-
 `--updates` compiles the policy update at `--update_shape` too (real_sizes.py's `update`
 program: float32 masters, micro-batches of 2 rows, rematerialised layers) with its layers
 scanned and unrolled: the bytes XLA's GPU compiler gives it beside the memory plan
-(`parallel.memory.plan_memory`), and its compile seconds on this host.
+(`parallel.memory.plan_memory`), and its compile seconds on this host. `--drafter_updates`
+compiles mode tlt's online drafter update at `--drafter_shape`'s width for each batch
+(rows x row length) and `--drafter_settings` entry (`DrafterTrainConfig.logit_chunk`, and
+`remat_attention`): its bytes and temporaries.
+
+  /tmp/gpu/bin/python experiments/deviceless.py --shapes= --engines= \
+      --drafter_updates=4x2048,16x2048,4x8192 --out=runs/deviceless_drafter
 """
 
 from __future__ import annotations
@@ -60,6 +66,7 @@ from flax import nnx  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from experiments.forwards import (  # noqa: E402
+  DrafterUpdateProgram,
   Forward,
   UpdateProgram,
   config_file,
@@ -98,6 +105,15 @@ _UPDATES = flags.DEFINE_list("updates", [], "update programs: scanned, unrolled"
 _UPDATE_SHAPE = flags.DEFINE_string("update_shape", "qwen2.5-1.5b", "the update's shape")
 _UPDATE_ROWS = flags.DEFINE_integer("update_rows", 8, "update rows (micro-batches of 2)")
 _UPDATE_WIDTH = flags.DEFINE_integer("update_width", 1024, "update row length")
+_DRAFTER_UPDATES = flags.DEFINE_list(
+  "drafter_updates", [], "online drafter update batches, rows x row length (4x8192)"
+)
+_DRAFTER_SHAPE = flags.DEFINE_string("drafter_shape", "qwen3-8b", "the drafter's target shape")
+_DRAFTER_SETTINGS = flags.DEFINE_list(
+  "drafter_settings",
+  ["0", "1024", "1024/remat"],
+  "the drafter updates' `logit_chunk` (0: none), '/remat' with `remat_attention`",
+)
 _TARGET = flags.DEFINE_string("target", "h100", "h100, or a TPU topology (v5e:2x2, v6e:2x2)")
 _TARGET_CONFIG = flags.DEFINE_string(
   "target_config", "", "--target=h100: a GpuTargetConfig in text form (default: H100_SXM)"
@@ -289,6 +305,30 @@ def updates(sharding, device: str) -> dict:
   return cells
 
 
+def drafter_updates(sharding, device: str) -> dict:
+  """`--drafter_updates`' online drafter updates (`experiments.forwards.DrafterUpdateProgram`)
+  compiled for the target under each `--drafter_settings`: XLA's bytes and temporaries."""
+  cfg = decode_shape(_DRAFTER_SHAPE.value)
+  cells = {}
+  for label in _DRAFTER_UPDATES.value:
+    rows, width = map(int, label.split("x"))
+    for setting in _DRAFTER_SETTINGS.value:
+      program = DrafterUpdateProgram(cfg, rows, width, setting, placed_on=sharding)
+      compiled, seconds = program.compile()
+      temp = compiled.memory_analysis().temp_size_in_bytes
+      cell = dict(shape=_DRAFTER_SHAPE.value, rows=rows, width=width)
+      cell.update(logit_chunk=program.logit_chunk, remat_attention=program.remat_attention)
+      cell.update(compiled_bytes=measured_bytes(compiled), temp_bytes=temp)
+      cells[f"drafter_update/{label}/{setting}"] = {**cell, "compile_s": round(seconds, 1)}
+      print(
+        f"{_DRAFTER_SHAPE.value} drafter update, {rows} x {width} positions, {setting}: XLA "
+        f"for {device} {cell['compiled_bytes'] / 2**30:.1f} GiB (temporaries "
+        f"{temp / 2**30:.1f}); compiled in {seconds:.0f} s here",
+        flush=True,
+      )
+  return cells
+
+
 def main(argv):
   del argv
   sharding, device = target_sharding(_TARGET.value)
@@ -341,6 +381,7 @@ def compile_cells(sharding, device: str) -> dict:
         )
       )
   cells.update(updates(sharding, device))
+  cells.update(drafter_updates(sharding, device))
   return cells
 
 

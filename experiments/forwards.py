@@ -253,3 +253,73 @@ class UpdateProgram:
       "scan_layers": self.scan,
       "planned_bytes": plan.update_peak,
     }
+
+
+class DrafterUpdateProgram:
+  """Mode tlt's online drafter update (`drafter.make_drafter_update`) for a target of shape
+  `cfg`: the drafter's float32 parameters and AdamW state, the target's own parameters (the
+  update reads its embedding and head), a [rows, width] batch of bfloat16 features, under
+  `logit_chunk` and `remat_attention` (`drafter.DrafterTrainConfig`); on `placed_on`'s
+  device (default: this host's)."""
+
+  def __init__(self, cfg: ModelConfig, rows: int, width: int, setting: str, placed_on=None):
+    from tlt_jax.drafter import drafter_optimizer, make_drafter_update
+    from tlt_jax.models.drafter import Drafter
+    from tlt_jax.models.transformer import Transformer
+
+    self.cfg, self.rows, self.width, self.sharding = cfg, rows, width, placed_on
+    self.logit_chunk, self.remat_attention = self.parse(setting)
+    self.target_graphdef, target = nnx.split(
+      nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
+    )
+    self.graphdef, drafter = nnx.split(nnx.eval_shape(lambda: Drafter(cfg, rngs=nnx.Rngs(0))))
+    drafter = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, jnp.float32), drafter)
+    self.optimizer = drafter_optimizer(1e-3, 10)
+    spec = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=placed_on)  # noqa: E731
+    batch = {k: spec((rows, width), jnp.int32) for k in ("tokens", "positions", "segment_ids")}
+    batch["loss_mask"] = spec((rows, width), jnp.float32)
+    batch["features"] = spec((rows, width, cfg.d_model), jnp.bfloat16)
+    state = (drafter, jax.eval_shape(self.optimizer.init, drafter), target)
+    self.abstract = (*jax.tree.map(lambda x: spec(x.shape, x.dtype), state), batch)
+    self.update = make_drafter_update(
+      self.graphdef,
+      self.target_graphdef,
+      self.optimizer,
+      donate=False,
+      logit_chunk=self.logit_chunk,
+      remat_attention=self.remat_attention,
+    )
+
+  @staticmethod
+  def parse(setting: str) -> tuple[int, bool]:
+    """ "1024/remat" -> (logit_chunk 1024, remat_attention True); "0": neither."""
+    chunk, _, remat = setting.partition("/")
+    if not chunk.isdigit() or remat not in ("", "remat"):
+      raise ValueError(f"a drafter update setting is <logit_chunk>[/remat], got {setting!r}")
+    return int(chunk), remat == "remat"
+
+  def compile(self):
+    """(the program compiled from shapes, compile seconds), nothing allocated."""
+    t = time.perf_counter()
+    compiled = self.update.lower(*self.abstract).compile()
+    return compiled, time.perf_counter() - t
+
+  def random_args(self, seed: int = 0) -> tuple:
+    """Random arguments of the program's shapes, made on its device: normal weights and
+    features (scale 0.02), rows packed with samples of 512 positions, loss on all."""
+    leaves, treedef = jax.tree.flatten(self.abstract)
+    keys = jax.random.split(jax.random.key(seed), len(leaves))
+
+    def fill(key, x):
+      if jnp.issubdtype(x.dtype, jnp.floating):
+        return (0.02 * jax.random.normal(key, x.shape, jnp.float32)).astype(x.dtype)
+      return jnp.zeros(x.shape, x.dtype)
+
+    args = jax.tree.unflatten(treedef, [fill(k, x) for k, x in zip(keys, leaves, strict=True)])
+    *state, batch = args
+    column = jnp.arange(self.width)
+    batch["tokens"] = jnp.broadcast_to(column % self.cfg.vocab_size, (self.rows, self.width))
+    batch["positions"] = jnp.broadcast_to(column % 512, (self.rows, self.width))
+    batch["segment_ids"] = jnp.broadcast_to(column // 512 + 1, (self.rows, self.width))
+    batch["loss_mask"] = jnp.ones((self.rows, self.width), jnp.float32)
+    return jax.device_put((*state, batch), self.sharding) if self.sharding else (*state, batch)

@@ -48,3 +48,27 @@ def test_a_rounds_kernels_grow_with_its_drafter_steps():
   assert four["unknown_trips"] == eight["unknown_trips"] == 0
   assert step["kernels"] < four["kernels"] < eight["kernels"]
   assert sum(four["by_kind"].values()) == four["kernels"]
+
+
+def test_drafter_update_cells_report_the_logit_chunks_bytes():
+  """`--drafter_updates` compiles the online drafter's update per batch and logit chunk,
+  here for this CPU at the tiny shape: chunks of 16 positions take fewer temporary bytes
+  than the whole batch's logits (the attention remat's bytes: tests/test_attention.py)."""
+  code = (
+    "import json, jax\n"
+    "from absl import flags\n"
+    "import experiments.deviceless as d\n"
+    "flags.FLAGS(['x', '--drafter_shape=tiny', '--drafter_updates=2x128', "
+    "'--drafter_settings=0,16,16/remat'])\n"
+    "cpu = jax.sharding.SingleDeviceSharding(jax.devices('cpu')[0])\n"
+    "print(json.dumps(d.drafter_updates(cpu, 'cpu')))\n"
+  )
+  done = subprocess.run(
+    [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600
+  )
+  assert done.returncode == 0, done.stderr[-3000:]
+  cells = json.loads(done.stdout.strip().splitlines()[-1])
+  whole, chunked = cells["drafter_update/2x128/0"], cells["drafter_update/2x128/16"]
+  assert (whole["rows"], whole["width"], chunked["logit_chunk"]) == (2, 128, 16)
+  assert 0 < chunked["temp_bytes"] < whole["temp_bytes"] < whole["compiled_bytes"]
+  assert cells["drafter_update/2x128/16/remat"]["remat_attention"]

@@ -490,3 +490,49 @@ def test_a_shallower_chain_accepts_the_prefix_of_a_deeper_ones_acceptance(s):
     assert len(set(accepted[6].tolist())) > 1, accepted  # the check sees different acceptance
     for depth in (1, 3, 5):
       np.testing.assert_array_equal(accepted[depth], np.minimum(accepted[6], depth))
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.0])
+def test_logit_chunks_give_the_whole_batch_loss_and_gradient(s, temperature):
+  """`logit_chunk` computes the logit term a few positions at a time (a chunk that does not
+  divide the batch included): the loss, its metrics and the gradient are the whole batch's."""
+  tokens = jax.random.randint(jax.random.key(3), (3, 16), 0, CFG.vocab_size)
+  hidden, _, _ = nnx.merge(s.tg, s.tp)(tokens, _positions(3, 16))
+  lengths = np.array([16, 11, 14])
+  batch = make_training_batch(np.asarray(tokens), np.asarray(hidden), np.full(3, 3), lengths)
+  batch = jax.tree.map(jnp.asarray, batch)
+
+  def loss(dp, chunk):
+    return drafter_loss(
+      s.dg, dp, s.tg, s.tp, batch, teacher_temperature=temperature, logit_chunk=chunk
+    )
+
+  grad = jax.jit(jax.grad(lambda dp, c: loss(dp, c)[0]), static_argnums=1)
+  (_, want), want_g = jax.jit(loss, static_argnums=1)(s.dp, 0), grad(s.dp, 0)
+  for chunk in (7, 16, 1000):
+    _, got = jax.jit(loss, static_argnums=1)(s.dp, chunk)
+    for k in want:
+      np.testing.assert_allclose(got[k], want[k], rtol=1e-5, err_msg=f"{k} at chunk {chunk}")
+    jax.tree.map(
+      lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7), grad(s.dp, chunk), want_g
+    )
+
+
+def test_logit_chunks_bound_the_updates_memory():
+  """The compiled update's temporaries at a large vocabulary: chunks of 64 positions need a
+  fraction of what the whole batch's logits take (XLA's memory analysis, nothing run)."""
+  cfg = dataclasses.replace(CFG, vocab_size=16384)
+  tg, tp = nnx.split(nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0))))
+  dg, dp = nnx.split(nnx.eval_shape(lambda: Drafter(cfg, rngs=nnx.Rngs(0))))
+  opt = drafter_optimizer(1e-3, 10)
+  spec = jax.ShapeDtypeStruct
+  batch = {k: spec((2, 256), jnp.int32) for k in ("tokens", "positions", "segment_ids")}
+  batch |= {"loss_mask": spec((2, 256), jnp.float32)}
+  batch |= {"features": spec((2, 256, cfg.d_model), jnp.float32)}
+  temp = {}
+  for chunk in (0, 64):
+    fn = make_drafter_update(dg, tg, opt, donate=False, logit_chunk=chunk)
+    compiled = fn.lower(dp, jax.eval_shape(opt.init, dp), tp, batch).compile()
+    temp[chunk] = compiled.memory_analysis().temp_size_in_bytes
+  logits = 2 * 256 * cfg.vocab_size * 4  # one whole-batch float32 logits array: 32 MiB
+  assert temp[0] > 2 * logits and temp[64] < temp[0] / 4, temp

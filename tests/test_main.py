@@ -589,8 +589,9 @@ def test_the_online_drafter_starts_from_the_warm_starts_parameters_alone(tmp_pat
 
 
 def test_the_online_rate_is_not_part_of_the_warm_starts_recipe(tmp_path):
-  """drafter.online_learning_rate, keep_steps and min_rows act after the warm start: a
-  folder built at others is reused; another fit rate is refused; a negative rate is a
+  """drafter.online_learning_rate, keep_steps and min_rows act after the warm start, and
+  logit_chunk and remat_attention change only the update's memory: a folder built at others
+  is reused; another fit rate is refused; a negative rate is a
   config error."""
   built = default.get_config("")
   (tmp_path / "drafter_warm_start").mkdir()
@@ -599,6 +600,8 @@ def test_the_online_rate_is_not_part_of_the_warm_starts_recipe(tmp_path):
   online.drafter.online_learning_rate = 1e-4
   online.drafter.keep_steps = 8
   online.drafter.min_rows = 128
+  online.drafter.logit_chunk = 64  # the update's memory, not what it computes
+  online.drafter.remat_attention = True
   configuration.check_same_recipe(online, str(tmp_path), "no")
   assert configuration.drafter_config(online).learning_rate == 1e-4
   assert configuration.drafter_config(online).min_rows == 128

@@ -1,5 +1,7 @@
 """Policy model: cached decode equals the full forward, in every mode."""
 
+import contextlib
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -14,6 +16,7 @@ from tlt_jax.models.attention import (
   full_mask,
   key_window,
   key_windows,
+  rematerialised_blocks,
 )
 from tlt_jax.models.config import ModelConfig
 from tlt_jax.models.transformer import KVCache, init_model
@@ -148,6 +151,31 @@ def test_blocked_causal_attention_matches_dense_in_values_and_gradients():
   np.testing.assert_allclose(blocked, dense, atol=1e-5)
   for gd, gb in zip(g_dense, g_block, strict=True):
     np.testing.assert_allclose(gb, gd, atol=1e-4)
+
+
+def test_rematerialised_blocks_keep_values_and_gradients():
+  """Under `rematerialised_blocks` each query block of the causal path is one
+  rematerialised call (its scores recomputed in the backward pass, not kept: what that
+  saves is XLA's to say, for a GPU in experiments/deviceless.py), and the output and
+  gradients are unchanged."""
+  b, t, h, kv, e = 2, 512, 4, 2, 16
+  ks = jax.random.split(jax.random.key(9), 3)
+  q = jax.random.normal(ks[0], (b, t, h, e))
+  k, v = (jax.random.normal(x, (b, kv, t, e)) for x in ks[1:])
+  mask = full_mask(jnp.ones((b, t), bool), jnp.ones((b, t), jnp.int32))
+
+  def grads(remat: bool):
+    loss = lambda q, k, v: jnp.sum(jnp.sin(attend_causal(q, k, v, mask, block=32)))  # noqa: E731
+    with rematerialised_blocks() if remat else contextlib.nullcontext():
+      calls = [x.primitive.name for x in jax.make_jaxpr(loss)(q, k, v).eqns]
+      fn = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))
+      return fn(q, k, v), sum(name in ("remat2", "checkpoint") for name in calls)
+
+  (lp, gp), plain = grads(False)
+  (lr, gr), remat = grads(True)
+  assert (plain, remat) == (0, t // 32)
+  np.testing.assert_allclose(lr, lp, rtol=1e-6)
+  jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, atol=1e-5), gr, gp)
 
 
 def test_causal_block_is_a_parameter_or_a_scoped_setting():

@@ -247,6 +247,8 @@ def test_online_drafter_learns_from_its_buffer(online):
   assert np.mean(losses[-5:]) < 0.7 * np.mean(losses[:5])
   with pytest.raises(ValueError, match="batch_rows"):
     DrafterTrainConfig(batch_rows=0)
+  with pytest.raises(ValueError, match="logit_chunk must be an int >= 0"):
+    DrafterTrainConfig(logit_chunk=-1)
 
 
 def test_online_updates_wait_for_min_rows_the_buffer_may_sample(online):

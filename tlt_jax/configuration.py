@@ -470,6 +470,8 @@ def _recipe(config: dict) -> dict:
   out["sft"].pop("key_windows", None)  # how fast attention runs, not what it computes
   for section in ("sft", "drafter"):  # how fast their steps run (float rounding aside)
     out[section].pop("cpu_fusions", None)
+  for key in ("logit_chunk", "remat_attention"):  # the drafter update's memory, likewise
+    out["drafter"].pop(key, None)
   # The online phase's, after the warm start (the fit's rows all come from one step and are
   # all in before its first update, so keep_steps and min_rows do not change it).
   for key in ("online_learning_rate", "keep_steps", "min_rows"):

@@ -41,6 +41,13 @@ class DrafterTrainConfig:
       distribution beside the feature regression (EAGLE's 0.1; 1.0 distils harder).
     teacher_temperature: temperature of that distribution (1: the policy's; 0: one-hot on
       its argmax, for a drafter that serves greedy rollouts).
+    logit_chunk: > 0: that term over a batch's positions this many at a time (0, or a
+      batch of no more positions: all at once). A batch of 4 x 8,192 positions at a 152k
+      vocabulary holds 18.5 GiB in each of its float32 logits arrays: a real model's
+      drafter needs chunks.
+    remat_attention: recompute the drafter's attention scores a query block at a time in
+      the backward pass (`models.attention.rematerialised_blocks`) rather than keep every
+      block's, for rows of thousands of positions (experiments/RESULTS.md, 2026-12-06).
     weight_decay, grad_clip: AdamW weight decay, global-norm clip.
     batch_rows, row_len: a packed update batch is [batch_rows, row_len] pairs
       (row_len 0: the engine's cache slots).
@@ -66,6 +73,8 @@ class DrafterTrainConfig:
   decay_steps: int = 0
   logit_weight: float = 0.1
   teacher_temperature: float = 1.0
+  logit_chunk: int = 0
+  remat_attention: bool = False
   weight_decay: float = 0.01
   grad_clip: float = 1.0
   batch_rows: int = 4
@@ -95,13 +104,17 @@ class DrafterTrainConfig:
         "DrafterTrainConfig.buffer_dtype must be float32, bfloat16 or float16, got "
         f"{self.buffer_dtype!r}"
       )
+    if not isinstance(self.remat_attention, bool):
+      raise ValueError(
+        f"DrafterTrainConfig.remat_attention must be a bool, got {self.remat_attention!r}"
+      )
     if not self.logit_weight >= 0:
       raise ValueError(f"DrafterTrainConfig.logit_weight must be >= 0, got {self.logit_weight}")
     if not self.teacher_temperature >= 0:
       raise ValueError(
         f"DrafterTrainConfig.teacher_temperature must be >= 0, got {self.teacher_temperature}"
       )
-    for name in ("warmup_steps", "row_len", "decay_steps"):
+    for name in ("warmup_steps", "row_len", "decay_steps", "logit_chunk"):
       v = getattr(self, name)
       if not isinstance(v, int) or v < 0:
         raise ValueError(f"DrafterTrainConfig.{name} must be an int >= 0, got {v!r}")
@@ -165,6 +178,8 @@ class OnlineDrafter:
       logit_weight=config.logit_weight,
       cpu_fusions=config.cpu_fusions,
       teacher_temperature=config.teacher_temperature,
+      logit_chunk=config.logit_chunk,
+      remat_attention=config.remat_attention,
       donate=False,
     )
     self._compiled: dict[Any, Any] = {}  # the update's executables by argument layout

@@ -23,6 +23,7 @@ loss tokens. The head is the target's, frozen.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -33,6 +34,7 @@ import optax
 from flax import nnx
 from jaxtyping import Array, Float
 
+from tlt_jax.models.attention import rematerialised_blocks
 from tlt_jax.models.drafter import draft_logits, drafter_forward
 from tlt_jax.utils.cpu_fusions import compiler_options
 from tlt_jax.utils.optim import clipped_adamw
@@ -189,12 +191,16 @@ def drafter_loss(
   feature_weight: float = 1.0,
   logit_weight: float = 0.1,
   teacher_temperature: float = 1.0,
+  logit_chunk: int = 0,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """EAGLE loss on a packed batch from `make_training_batch`; returns (loss, metrics).
 
   The logit term is the cross-entropy to the target's next-token distribution at
   `teacher_temperature` (1: the policy's own; 0: one-hot on its argmax, the token a greedy
-  verification accepts, so near-ties no longer split the drafter's mass).
+  verification accepts, so near-ties no longer split the drafter's mass). With
+  `logit_chunk` > 0 that term runs over the batch's positions `logit_chunk` at a time (the
+  same values, up to float rounding; a batch of no more positions takes them at once): at a
+  150k vocabulary the whole batch's float32 logits are tens of GiB.
 
   The target's params enter behind `stop_gradient` (inside `drafter_forward` /
   `draft_logits`): differentiating w.r.t. them yields zeros.
@@ -215,7 +221,33 @@ def drafter_loss(
   masked_mean = lambda x: (x * mask).sum() / denom
 
   f_loss = masked_mean(_smooth_l1(h.astype(jnp.float32) - target.astype(jnp.float32)).mean(-1))
-  # [R, L, V] logits in float32: fine at drafter batch sizes; chunk for big vocabularies.
+  terms = lambda h, t: _logit_terms(target_graphdef, target_params, h, t, teacher_temperature)
+  if not logit_chunk or logit_chunk >= mask.size:  # [R, L, V] float32 logits, several
+    ce, agree = terms(h, target)
+    l_loss, agreement = masked_mean(ce), masked_mean(agree)
+  else:
+    ce_sum, agree_sum = _chunked_sums(terms, h, target, mask, logit_chunk)
+    l_loss, agreement = ce_sum / denom, agree_sum / denom
+  loss = feature_weight * f_loss + logit_weight * l_loss
+  metrics = {
+    "loss": loss,
+    "feature_loss": f_loss,
+    "logit_loss": l_loss,
+    "top1_agreement": agreement,
+    "loss_tokens": mask.sum(),
+  }
+  return loss, metrics
+
+
+def _logit_terms(
+  target_graphdef: nnx.GraphDef,
+  target_params: nnx.State,
+  h: Float[Array, "... D"],
+  target: Float[Array, "... D"],
+  teacher_temperature: float,
+) -> tuple[jax.Array, jax.Array]:
+  """Per position: the cross-entropy of the draft logits to the teacher's distribution,
+  and whether their top tokens agree (float32)."""
   draft = draft_logits(target_graphdef, target_params, h)
   teacher = jax.lax.stop_gradient(draft_logits(target_graphdef, target_params, target))
   if teacher_temperature == 0:
@@ -223,17 +255,36 @@ def drafter_loss(
   else:
     p_teacher = jax.nn.softmax(teacher / teacher_temperature, axis=-1)
   ce = -(p_teacher * jax.nn.log_softmax(draft, axis=-1)).sum(-1)
-  l_loss = masked_mean(ce)
   agree = (jnp.argmax(draft, -1) == jnp.argmax(teacher, -1)).astype(jnp.float32)
-  loss = feature_weight * f_loss + logit_weight * l_loss
-  metrics = {
-    "loss": loss,
-    "feature_loss": f_loss,
-    "logit_loss": l_loss,
-    "top1_agreement": masked_mean(agree),
-    "loss_tokens": mask.sum(),
-  }
-  return loss, metrics
+  return ce, agree
+
+
+def _chunked_sums(
+  terms: Callable[[jax.Array, jax.Array], tuple[jax.Array, jax.Array]],
+  h: Float[Array, "R L D"],
+  target: Float[Array, "R L D"],
+  mask: Float[Array, "R L"],
+  chunk: int,
+) -> tuple[jax.Array, jax.Array]:
+  """The masked sums of `terms`' two per-position values, `chunk` positions at a time: a
+  rematerialised scan, so the [positions, vocabulary] logits exist for one chunk at once
+  (each chunk's head products run again in the backward pass)."""
+  d, n = h.shape[-1], mask.size
+  chunks = -(-n // chunk)
+  pad = chunks * chunk - n
+  split = lambda x, w: jnp.pad(x.reshape(n, *w), [(0, pad)] + [(0, 0)] * len(w)).reshape(
+    chunks, chunk, *w
+  )
+
+  @jax.checkpoint
+  def body(sums, xs):
+    hc, tc, mc = xs
+    ce, agree = terms(hc, tc)
+    return (sums[0] + (ce * mc).sum(), sums[1] + (agree * mc).sum()), None
+
+  zero = jnp.zeros((), jnp.float32)
+  sums, _ = jax.lax.scan(body, (zero, zero), (split(h, (d,)), split(target, (d,)), split(mask, ())))
+  return sums
 
 
 def drafter_optimizer(
@@ -266,12 +317,16 @@ def make_drafter_update(
   teacher_temperature: float = 1.0,
   donate: bool = True,
   cpu_fusions: str = "dots",
+  logit_chunk: int = 0,
+  remat_attention: bool = False,
 ) -> Callable[..., tuple[nnx.State, Any, dict[str, jax.Array]]]:
   """A jitted `(drafter_params, opt_state, target_params, batch) -> (drafter_params,
   opt_state, metrics)`; drafter params and opt_state are donated (unless `donate`
   is False: a rollout may still read the old params), the target's params are
   read only (never differentiated, never returned). `cpu_fusions`: XLA:CPU's library
-  fusions of the program (`utils.cpu_fusions`)."""
+  fusions of the program (`utils.cpu_fusions`); `logit_chunk`: `drafter_loss`'s;
+  `remat_attention`: the drafter's attention under `models.attention.rematerialised_blocks`
+  (long rows)."""
 
   def update(drafter_params, opt_state, target_params, batch):
     def loss_fn(dp):
@@ -284,9 +339,11 @@ def make_drafter_update(
         feature_weight=feature_weight,
         logit_weight=logit_weight,
         teacher_temperature=teacher_temperature,
+        logit_chunk=logit_chunk,
       )
 
-    (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(drafter_params)
+    with rematerialised_blocks() if remat_attention else contextlib.nullcontext():
+      (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(drafter_params)
     updates, opt_state = optimizer.update(grads, opt_state, drafter_params)
     drafter_params = optax.apply_updates(drafter_params, updates)
     return drafter_params, opt_state, {**metrics, "grad_norm": optax.global_norm(grads)}

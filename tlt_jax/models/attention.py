@@ -171,6 +171,21 @@ def current_causal_block() -> int:
   return _CAUSAL_BLOCK.get()
 
 
+# Whether the causal path's query blocks are rematerialised (see `rematerialised_blocks`).
+_BLOCK_REMAT = contextvars.ContextVar("block_remat", default=False)
+
+
+@contextlib.contextmanager
+def rematerialised_blocks() -> Iterator[None]:
+  """Within: each of `attend_causal`'s query blocks is rematerialised (`jax.checkpoint`), so
+  a backward pass keeps the blocks' inputs, not their [rows, heads, block, keys] scores, and
+  recomputes those a block at a time: for one-layer programs over long rows (the online
+  drafter's update at 8,192 positions a row), where remat of whole layers saves nothing.
+  Read when a program is traced."""
+  with _scoped(_BLOCK_REMAT, True):
+    yield
+
+
 # Key windows of the causal path, in tokens: () is off (see `key_windows`).
 _KEY_WINDOWS = contextvars.ContextVar("key_windows", default=())
 
@@ -265,8 +280,8 @@ def attend_causal(
   nb blocks (SFT rows of 448 tokens: 4 blocks, 10/16). Rows with no visible key (padding)
   differ. Smaller blocks cost more than they save on CPU (experiments/bench_attention.py).
   Under `key_windows`, a block whose queries all see keys within the last w of [0, s + n)
-  reads only those (packed short samples). `block`: the query block (default:
-  `current_causal_block()`).
+  reads only those (packed short samples); under `rematerialised_blocks` each block is
+  rematerialised. `block`: the query block (default: `current_causal_block()`).
   """
   t, block = q.shape[1], current_causal_block() if block is None else block
   if t <= block:
@@ -275,9 +290,15 @@ def attend_causal(
   outs = []
   for s in range(0, t, block):
     e = min(s + block, t)
-    args = (q[:, s:e], k[:, :, :e], v[:, :, :e], mask[:, s:e, :e])
     widths = [w for w in windows if e - s <= w < e]
-    outs.append(_attend_last_keys(*args, widths) if widths else attend(*args))
+
+    def one(q, k, v, mask, s=s, e=e, widths=widths):
+      args = (q[:, s:e], k[:, :, :e], v[:, :, :e], mask[:, s:e, :e])
+      return _attend_last_keys(*args, widths) if widths else attend(*args)
+
+    # Rematerialised, the block's residuals are the whole q, k, v and mask, which every
+    # block shares, not its slices of them.
+    outs.append((jax.checkpoint(one) if _BLOCK_REMAT.get() else one)(q, k, v, mask))
   return jnp.concatenate(outs, axis=1)
 
 
