@@ -29,21 +29,11 @@ def test_a_rounds_kernels_grow_with_its_drafter_steps():
   A chain round runs its drafter's steps out (`trip_kernels`): chain4 launches more than a
   step, chain8 more than chain4, and no inner loop's trips are unknown. (In a process of
   its own: the script's absl flags would clash with other experiments'.)"""
-  code = (
-    "import json, jax\n"
-    "from absl import flags\n"
-    "import experiments.deviceless as d\n"
-    "flags.FLAGS(['x', '--context=16'])\n"
-    "cpu = jax.sharding.SingleDeviceSharding(jax.devices('cpu')[0])\n"
+  cells = _on_this_cpu(
+    ["--context=16"],
     "cells = {s: d.spec_cell('configs/regime.py:tiny', s, cpu) for s in ('chain4', 'chain8')}\n"
-    "cells['step'] = d.engine_cell('configs/regime.py:tiny', True, cpu)\n"
-    "print(json.dumps(cells))\n"
+    "cells['step'] = d.engine_cell('configs/regime.py:tiny', True, cpu)",
   )
-  done = subprocess.run(
-    [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600
-  )
-  assert done.returncode == 0, done.stderr[-3000:]
-  cells = json.loads(done.stdout.strip().splitlines()[-1])
   four, eight, step = cells["chain4"], cells["chain8"], cells["step"]
   assert four["unknown_trips"] == eight["unknown_trips"] == 0
   assert step["kernels"] < four["kernels"] < eight["kernels"]
@@ -53,22 +43,30 @@ def test_a_rounds_kernels_grow_with_its_drafter_steps():
 def test_drafter_update_cells_report_the_logit_chunks_bytes():
   """`--drafter_updates` compiles the online drafter's update per batch and logit chunk,
   here for this CPU at the tiny shape: chunks of 16 positions take fewer temporary bytes
-  than the whole batch's logits (the attention remat's bytes: tests/test_attention.py)."""
+  than the whole batch's logits (the attention remat: tests/test_model.py)."""
+  flags = ["--drafter_shape=tiny", "--drafter_updates=2x128", "--drafter_settings=0,16,16/remat"]
+  cells = _on_this_cpu(flags, "cells = d.drafter_updates(cpu, 'cpu')")
+  whole, chunked = cells["drafter_update/2x128/0"], cells["drafter_update/2x128/16"]
+  assert (whole["rows"], whole["width"], chunked["logit_chunk"]) == (2, 128, 16)
+  assert 0 < chunked["temp_bytes"] < whole["temp_bytes"] < whole["compiled_bytes"]
+  assert cells["drafter_update/2x128/16/remat"]["remat_attention"]
+
+
+def _on_this_cpu(flags: list[str], statements: str) -> dict:
+  """`statements` (which set `cells`) run with the script imported as `d`, its absl flags
+  parsed from `flags` and `cpu` this host's device, in a process of its own (the script's
+  flags would clash with other experiments' in this one); returns `cells`."""
   code = (
     "import json, jax\n"
     "from absl import flags\n"
     "import experiments.deviceless as d\n"
-    "flags.FLAGS(['x', '--drafter_shape=tiny', '--drafter_updates=2x128', "
-    "'--drafter_settings=0,16,16/remat'])\n"
+    f"flags.FLAGS(['x', *{flags!r}])\n"
     "cpu = jax.sharding.SingleDeviceSharding(jax.devices('cpu')[0])\n"
-    "print(json.dumps(d.drafter_updates(cpu, 'cpu')))\n"
+    f"{statements}\n"
+    "print(json.dumps(cells))\n"
   )
   done = subprocess.run(
     [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600
   )
   assert done.returncode == 0, done.stderr[-3000:]
-  cells = json.loads(done.stdout.strip().splitlines()[-1])
-  whole, chunked = cells["drafter_update/2x128/0"], cells["drafter_update/2x128/16"]
-  assert (whole["rows"], whole["width"], chunked["logit_chunk"]) == (2, 128, 16)
-  assert 0 < chunked["temp_bytes"] < whole["temp_bytes"] < whole["compiled_bytes"]
-  assert cells["drafter_update/2x128/16/remat"]["remat_attention"]
+  return json.loads(done.stdout.strip().splitlines()[-1])
