@@ -23,8 +23,10 @@ from jax import lax
 from experiments.common import published_shape
 from tlt_jax import configuration
 from tlt_jax.data import get_tokenizer
+from tlt_jax.drafter import drafter_optimizer, make_drafter_update
 from tlt_jax.models.config import ModelConfig
-from tlt_jax.models.transformer import KVCache
+from tlt_jax.models.drafter import Drafter
+from tlt_jax.models.transformer import KVCache, Transformer
 from tlt_jax.parallel.memory import compiled_update, plan_memory
 from tlt_jax.rollout.pool import default_compile_workers
 
@@ -263,10 +265,6 @@ class DrafterUpdateProgram:
   device (default: this host's)."""
 
   def __init__(self, cfg: ModelConfig, rows: int, width: int, setting: str, placed_on=None):
-    from tlt_jax.drafter import drafter_optimizer, make_drafter_update
-    from tlt_jax.models.drafter import Drafter
-    from tlt_jax.models.transformer import Transformer
-
     self.cfg, self.rows, self.width, self.sharding = cfg, rows, width, placed_on
     self.logit_chunk, self.remat_attention = self.parse(setting)
     self.target_graphdef, target = nnx.split(

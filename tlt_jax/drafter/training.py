@@ -42,6 +42,15 @@ from tlt_jax.utils.optim import clipped_adamw
 Batch = dict[str, Any]
 
 
+# A packed batch's [rows, row_len] arrays (beside its [rows, row_len, D] features).
+_INDEX_DTYPES = {
+  "tokens": np.int32,
+  "positions": np.int32,
+  "segment_ids": np.int32,
+  "loss_mask": np.float32,
+}
+
+
 def make_training_batch(
   tokens: np.ndarray,
   hidden: np.ndarray,
@@ -115,8 +124,8 @@ def make_training_batch(
   shapes["features"] = ((num_rows, row_len, d), np.dtype(dtype))
   if out is None:
     out = {k: np.empty(shape, t) for k, (shape, t) in shapes.items()}
-  elif {k: (v.shape, v.dtype) for k, v in out.items()} != shapes:
-    raise ValueError(f"out holds { ({k: v.shape for k, v in out.items()}) }, this batch {shapes}")
+  elif (held := {k: (v.shape, v.dtype) for k, v in out.items()}) != shapes:
+    raise ValueError(f"out holds {held}, this batch needs {shapes}")
   for r in range(num_rows):
     col = 0
     for seg, n in enumerate(rows[r] if r < len(rows) else (), start=1):
@@ -131,14 +140,6 @@ def make_training_batch(
     for v in out.values():
       v[r, col:] = 0  # padding (`out` may hold an earlier batch)
   return out
-
-
-_INDEX_DTYPES = {
-  "tokens": np.int32,
-  "positions": np.int32,
-  "segment_ids": np.int32,
-  "loss_mask": np.float32,
-}
 
 
 def _first_fit_decreasing(
