@@ -67,7 +67,7 @@ def main(argv):
   pool = ExecutablePool()
   plain = RolloutEngine(graphdef, model_cfg, dataclasses.replace(base, spec_threshold=0), pool=pool)
   drafter, info = train.build_drafter(
-    config, workdir, model_cfg, graphdef, params, plain, tok, policy["train_split"], progress=False
+    config, workdir, model_cfg, params, plain, tok, policy["train_split"], progress=False
   )
   print(f"drafter: {info}", flush=True)
   prompts = [tok.encode(format_prompt(ex), add_bos=True) for ex in test_split]

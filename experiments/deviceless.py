@@ -319,11 +319,13 @@ def drafter_updates(sharding, device: str) -> dict:
       cell = dict(shape=_DRAFTER_SHAPE.value, rows=rows, width=width)
       cell.update(logit_chunk=program.logit_chunk, remat_attention=program.remat_attention)
       cell.update(compiled_bytes=measured_bytes(compiled), temp_bytes=temp)
+      cell.update(planned_bytes=program.planned().total)
       cells[f"drafter_update/{label}/{setting}"] = {**cell, "compile_s": round(seconds, 1)}
       print(
         f"{_DRAFTER_SHAPE.value} drafter update, {rows} x {width} positions, {setting}: XLA "
         f"for {device} {cell['compiled_bytes'] / 2**30:.1f} GiB (temporaries "
-        f"{temp / 2**30:.1f}); compiled in {seconds:.0f} s here",
+        f"{temp / 2**30:.1f}; planned {cell['planned_bytes'] / 2**30:.1f}); compiled in "
+        f"{seconds:.0f} s here",
         flush=True,
       )
   return cells

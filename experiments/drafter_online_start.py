@@ -81,7 +81,6 @@ def variant_drafter(name: str, fitted: OnlineDrafter, job) -> OnlineDrafter:
   d = OnlineDrafter(
     fitted.graphdef,
     jax.tree.map(lambda x: x.copy(), fitted.params),
-    job.graphdef,
     cfg,
     slots=job.engine.config.slots,
     feature_dim=job.model_cfg.d_model,

@@ -25,9 +25,14 @@ from tlt_jax import configuration
 from tlt_jax.data import get_tokenizer
 from tlt_jax.drafter import drafter_optimizer, make_drafter_update
 from tlt_jax.models.config import ModelConfig
-from tlt_jax.models.drafter import Drafter
+from tlt_jax.models.drafter import Drafter, target_head_graphdef, target_head_params
 from tlt_jax.models.transformer import KVCache, Transformer
-from tlt_jax.parallel.memory import compiled_update, plan_memory
+from tlt_jax.parallel.memory import (
+  DrafterPlan,
+  compiled_update,
+  plan_drafter_update,
+  plan_memory,
+)
 from tlt_jax.rollout.pool import default_compile_workers
 
 
@@ -259,17 +264,18 @@ class UpdateProgram:
 
 class DrafterUpdateProgram:
   """Mode tlt's online drafter update (`drafter.make_drafter_update`) for a target of shape
-  `cfg`: the drafter's float32 parameters and AdamW state, the target's own parameters (the
-  update reads its embedding and head), a [rows, width] batch of bfloat16 features, under
+  `cfg`: the drafter's float32 parameters and AdamW state, the target's embedding, final
+  norm and head (`models.drafter.target_head_params`: what the update reads, in the shape's
+  own dtype), a [rows, width] batch of bfloat16 features, under
   `logit_chunk` and `remat_attention` (`drafter.DrafterTrainConfig`); on `placed_on`'s
   device (default: this host's)."""
 
   def __init__(self, cfg: ModelConfig, rows: int, width: int, setting: str, placed_on=None):
     self.cfg, self.rows, self.width, self.sharding = cfg, rows, width, placed_on
     self.logit_chunk, self.remat_attention = self.parse(setting)
-    self.target_graphdef, target = nnx.split(
-      nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
-    )
+    target = nnx.split(nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0))))[1]
+    target = target_head_params(target)
+    self.target_graphdef = target_head_graphdef(cfg)
     self.graphdef, drafter = nnx.split(nnx.eval_shape(lambda: Drafter(cfg, rngs=nnx.Rngs(0))))
     drafter = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, jnp.float32), drafter)
     self.optimizer = drafter_optimizer(1e-3, 10)
@@ -295,6 +301,17 @@ class DrafterUpdateProgram:
     if not chunk.isdigit() or remat not in ("", "remat"):
       raise ValueError(f"a drafter update setting is <logit_chunk>[/remat], got {setting!r}")
     return int(chunk), remat == "remat"
+
+  def planned(self) -> DrafterPlan:
+    """`parallel.memory.plan_drafter_update` for this program (one device)."""
+    return plan_drafter_update(
+      dataclasses.replace(self.cfg, param_dtype="float32"),
+      rows=self.rows,
+      width=self.width,
+      logit_chunk=self.logit_chunk,
+      remat_attention=self.remat_attention,
+      head_dtype=self.cfg.param_dtype,
+    )
 
   def compile(self):
     """(the program compiled from shapes, compile seconds), nothing allocated."""

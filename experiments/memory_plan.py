@@ -4,8 +4,14 @@
   python experiments/memory_plan.py --check_cpu          # planned vs XLA's compiled programs
 
 The plan (`tlt_jax.parallel.memory.plan_memory`) is arithmetic on the shapes; --check_cpu
-compiles the policy update of small models here and compares the planned update bytes
-with what XLA reports for the compiled program (arguments + outputs + temporaries).
+compiles the policy update and mode tlt's drafter update of small models here and compares
+the planned bytes with what XLA reports for the compiled programs (arguments + outputs +
+temporaries). The drafter update at Qwen3-8B's width, compiled for an H100, is compared in
+experiments/deviceless.py --drafter_updates.
+
+Each case's plan carries mode tlt's drafter update beside the rollout (`plan_drafter_update`:
+`configs/hf_grpo.py`'s logit chunks and attention remat, --drafter_batch, one copy of the
+target's embedding and head per freed device set, in the compute dtype: log2 of the devices).
 """
 
 from __future__ import annotations
@@ -17,10 +23,13 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import app, flags  # noqa: E402
 
+from experiments.forwards import DrafterUpdateProgram  # noqa: E402
 from tlt_jax.models.config import ModelConfig  # noqa: E402
 from tlt_jax.parallel.memory import (  # noqa: E402
   compiled_update_bytes,
   format_plan,
+  measured_bytes,
+  plan_drafter_update,
   plan_memory,
   qwen25,
 )
@@ -30,6 +39,9 @@ _CAPACITY = flags.DEFINE_float("capacity_gib", 80.0, "memory per device")
 _CHECK = flags.DEFINE_bool("check_cpu", False, "compare the plan with compiled programs here")
 _MICRO_BATCHES = flags.DEFINE_integer(
   "micro_batches", 4, "micro-batches an optimiser step sums its gradient over"
+)
+_DRAFTER_BATCH = flags.DEFINE_string(
+  "drafter_batch", "4x4096", "mode tlt's drafter update batch, rows x row length"
 )
 
 
@@ -80,6 +92,17 @@ def check_cpu() -> None:
         f"| {name} | {rows} x {width} | {chunk} | {remat} | {plan.update_peak / 2**20:.1f} | "
         f"{got / 2**20:.1f} | {got / plan.update_peak:.2f} |"
       )
+  print("\nplanned vs XLA's compiled drafter update (mode tlt, one CPU device):")
+  print("| target | rows x width | logit_chunk | planned MiB | measured MiB | measured / planned |")
+  print("|---|---|---|---|---|---|")
+  for name, model in (("small 4x256", small), ("vocab 32k", wide_vocab)):
+    for rows, width, setting in ((4, 256, "0"), (4, 256, "256"), (8, 512, "0"), (8, 512, "1024")):
+      program = DrafterUpdateProgram(model, rows, width, setting)
+      planned, got = program.planned().total, measured_bytes(program.compile()[0])
+      print(
+        f"| {name} | {rows} x {width} | {setting} | {planned / 2**20:.1f} | {got / 2**20:.1f} | "
+        f"{got / planned:.2f} |"
+      )
 
 
 def main(argv):
@@ -88,6 +111,7 @@ def main(argv):
     check_cpu()
     return
   n = _DEVICES.value
+  drafter_rows, drafter_width = map(int, _DRAFTER_BATCH.value.split("x"))
   # One packed row per data shard per micro-batch; rollout of 128 rows with 4k-token caches.
   cases = (
     ("1.5B", 1, 4096, False),
@@ -99,6 +123,14 @@ def main(argv):
   )
   for size, rows, width, remat in cases:
     model = qwen25(size)
+    drafter = plan_drafter_update(
+      model,
+      rows=drafter_rows,
+      width=drafter_width,
+      logit_chunk=1024,
+      remat_attention=True,
+      head_copies=max(n.bit_length() - 1, 1),
+    )
     for tensor in (1, 2) if size == "32B" else (1,):
       plan = plan_memory(
         model,
@@ -112,13 +144,14 @@ def main(argv):
         rollout_tensor=tensor if size == "32B" else 1,
         remat=remat,
         micro_batches=_MICRO_BATCHES.value,
+        drafter=drafter,
       )
       print(
         f"\nQwen2.5-{size} ({model.num_params / 1e9:.2f}B parameters), {n} devices, "
         f"FSDP x tensor {n // tensor} x {tensor}; update micro-batch {rows} rows x {width} "
         f"tokens per data shard, {_MICRO_BATCHES.value} micro-batches a step"
         f"{', remat' if remat else ''}, loss over 8192-entry vocabulary chunks; rollout 128 rows "
-        "x 4096 slots"
+        f"x 4096 slots; mode tlt's drafter update {drafter_rows} x {drafter_width} positions"
       )
       print(format_plan(plan, _CAPACITY.value))
 

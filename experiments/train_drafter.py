@@ -153,7 +153,7 @@ def main(argv):
     buffer_dtype="float32",
   )
   drafter = OnlineDrafter(
-    dgraph, dparams, graphdef, dcfg, slots=engine_cfg.slots, feature_dim=model_cfg.d_model
+    dgraph, dparams, dcfg, slots=engine_cfg.slots, feature_dim=model_cfg.d_model
   )
   added = drafter.buffer.add(**data, step=0)
   logging.info("drafter data: %d rollout rows", added)

@@ -52,7 +52,6 @@ reference = plain.generate(target, prompts, key=0)
 drafter = OnlineDrafter(
   drafter_graphdef,
   untrained,
-  target_graphdef,
   DrafterTrainConfig(learning_rate=3e-3, warmup_steps=0, batch_rows=4),
   slots=base.slots,
   feature_dim=cfg.d_model,

@@ -49,9 +49,7 @@ prompts = [[1 + i, 2 + i] for i in range(8)]
 
 def make_drafter():
   train_cfg = DrafterTrainConfig(learning_rate=3e-3, warmup_steps=0, batch_rows=4, keep_steps=1)
-  return OnlineDrafter(
-    dgraph, dparams, graphdef, train_cfg, slots=engine_cfg.slots, feature_dim=cfg.d_model
-  )
+  return OnlineDrafter(dgraph, dparams, train_cfg, slots=engine_cfg.slots, feature_dim=cfg.d_model)
 
 
 online = make_drafter()

@@ -311,7 +311,7 @@ def check_drafter_on_freed_devices():
   rollout = _plain_reference()
 
   def one(mesh):
-    d = OnlineDrafter(dg, jax.tree.map(jnp.copy, dp), tg, cfg, slots=ENGINE.slots, feature_dim=32)
+    d = OnlineDrafter(dg, jax.tree.map(jnp.copy, dp), cfg, slots=ENGINE.slots, feature_dim=32)
     d.observe(rollout, step=0)
     if mesh is not None:
       d.params, d.opt_state = jax.device_put((d.params, d.opt_state), replicated(mesh))
@@ -338,7 +338,7 @@ def _tlt_on_mesh():
   cfg = dataclasses.replace(ENGINE, spec_threshold=8, spec_strategies=("chain3",))
   engine = RolloutEngine(tg, MODEL, cfg, GREEDY, drafter_graphdef=dg, mesh=data_mesh())
   train = DrafterTrainConfig(learning_rate=1e-2, warmup_steps=0, batch_rows=2, row_len=24)
-  drafter = OnlineDrafter(dg, dp, tg, train, slots=ENGINE.slots, feature_dim=32)
+  drafter = OnlineDrafter(dg, dp, train, slots=ENGINE.slots, feature_dim=32)
   drafter.observe(ref, step=0)
   sched = SliceScheduler(
     drafter,
@@ -374,7 +374,8 @@ def check_tlt_on_freed_devices():
 
 def check_freed_meshes_prepared_before_rollout():
   """The freed devices' meshes (7, 6 and 4 devices for buckets 1, 2 and 4 of 8 devices), the
-  policy's copy on each and the drafter update compiled for each are prepared in
+  copy on each of the policy's part the drafter reads (its layers stay off them) and the
+  drafter update compiled for each are prepared in
   begin_rollout, the meshes once for all rollouts: inside a rollout, which trains the
   drafter on freed devices, no mesh is built, no copy made, no update compiled."""
   from tlt_jax.scheduler import slices
@@ -392,6 +393,8 @@ def check_freed_meshes_prepared_before_rollout():
     params = sched.begin_rollout(tp)
     meshes, programs = len(built), drafter._update._cache_size()
     copies = {ids: id(x) for ids, x in sched._free_targets.items()}
+    for head in sched._free_targets.values():
+      assert sorted(head.keys()) == sorted(k for k in tp if k != "layers"), head.keys()
     engine.generate(
       tp, PROMPTS, 4, key=0, max_new_tokens=LIMITS, drafter_params=params, on_chunk=sched.on_chunk
     )
@@ -429,7 +432,7 @@ def _trainer(workdir, mesh, rollout_mesh=None, shard_params=False, tlt=False):
   if tlt:
     train = DrafterTrainConfig(learning_rate=1e-2, warmup_steps=0, batch_rows=2, row_len=24)
     scheduler = SliceScheduler(
-      OnlineDrafter(dg, dp, tg, train, slots=cfg.slots, feature_dim=32),
+      OnlineDrafter(dg, dp, train, slots=cfg.slots, feature_dim=32),
       SchedulerConfig(),
       placement=engine.placement,
       batch_buckets=cfg.batch_buckets,

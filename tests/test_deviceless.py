@@ -43,12 +43,14 @@ def test_a_rounds_kernels_grow_with_its_drafter_steps():
 def test_drafter_update_cells_report_the_logit_chunks_bytes():
   """`--drafter_updates` compiles the online drafter's update per batch and logit chunk,
   here for this CPU at the tiny shape: chunks of 16 positions take fewer temporary bytes
-  than the whole batch's logits (the attention remat: tests/test_model.py)."""
+  than the whole batch's logits (the attention remat: tests/test_model.py); each cell has
+  the memory plan's bytes beside XLA's."""
   flags = ["--drafter_shape=tiny", "--drafter_updates=2x128", "--drafter_settings=0,16,16/remat"]
   cells = _on_this_cpu(flags, "cells = d.drafter_updates(cpu, 'cpu')")
   whole, chunked = cells["drafter_update/2x128/0"], cells["drafter_update/2x128/16"]
   assert (whole["rows"], whole["width"], chunked["logit_chunk"]) == (2, 128, 16)
   assert 0 < chunked["temp_bytes"] < whole["temp_bytes"] < whole["compiled_bytes"]
+  assert 0 < chunked["planned_bytes"] < whole["planned_bytes"]  # parallel.memory's plan beside
   assert cells["drafter_update/2x128/16/remat"]["remat_attention"]
 
 

@@ -488,7 +488,6 @@ def _online(models, **scheduler):
   drafter = OnlineDrafter(
     dg,
     jax.tree.map(jnp.copy, dp),
-    tg,
     DrafterTrainConfig(learning_rate=1e-2, warmup_steps=0, batch_rows=2),
     slots=ENGINE.slots,
     feature_dim=MODEL.d_model,

@@ -10,7 +10,15 @@ from flax import nnx
 
 from tlt_jax.models.config import ModelConfig
 from tlt_jax.models.transformer import init_model
-from tlt_jax.parallel.memory import GIB, compiled_update_bytes, format_plan, plan_memory, qwen25
+from tlt_jax.parallel.memory import (
+  GIB,
+  compiled_update_bytes,
+  format_plan,
+  measured_bytes,
+  plan_drafter_update,
+  plan_memory,
+  qwen25,
+)
 
 SMALL = ModelConfig(
   vocab_size=4096, num_layers=4, d_model=256, num_heads=8, num_kv_heads=4, head_dim=32, mlp_dim=768
@@ -115,3 +123,36 @@ def test_micro_batches_of_a_narrower_compute_dtype_hold_one_more_gradient(dtype)
   else:
     assert four.update_peak - one.update_peak == four.grad_sum == four.grads
     assert added >= 0.2 * four.grads, (added, four.grads)
+
+
+def test_drafter_plan_follows_its_settings_and_joins_the_rollout_peak():
+  """The drafter update's plan: logit chunks replace the whole batch's logits, the attention
+  remat its scores, rows split over the devices, a head copy per freed set; `plan_memory`
+  counts it beside the rollout."""
+  model = qwen25("7B")
+  plan = lambda **kw: plan_drafter_update(model, rows=4, width=4096, **kw)  # noqa: E731
+  whole, chunked = plan(), plan(logit_chunk=1024)
+  assert whole.logits == 2 * 4 * 4096 * model.vocab_size * 4
+  assert chunked.logits < whole.logits / 8
+  assert plan(remat_attention=True).activations < whole.activations / 2
+  assert plan(devices=4).batch * 4 == whole.batch  # one row a device
+  assert plan(devices=3).batch == whole.batch  # rows that do not divide stay whole
+  assert plan(head_copies=3).head == 3 * whole.head == 3 * 2 * model.vocab_size * 3584 * 2
+  shapes = dict(micro_batch_rows=8, row_len=2048, rollout_rows=128, slots=4096, vocab_chunk=8192)
+  base = plan_memory(model, devices=8, **shapes)
+  tlt = plan_memory(model, devices=8, drafter=chunked, **shapes)
+  assert tlt.drafter == chunked.total and tlt.rollout_peak == base.rollout_peak
+  assert tlt.peak == max(base.update_peak, base.rollout_peak + chunked.total)
+  assert ("drafter peak", base.rollout_peak + chunked.total) in tlt.rows()
+
+
+@pytest.mark.parametrize("setting", ["0", "256"])
+def test_drafter_plan_is_near_the_compiled_drafter_update(setting):
+  """Planned bytes against XLA's for the compiled drafter update on this CPU (XLA:CPU keeps
+  about twice the plan's whole-batch logits; an H100's programs are within 0.8-1.3 of it:
+  experiments/deviceless.py --drafter_updates)."""
+  from experiments.forwards import DrafterUpdateProgram
+
+  program = DrafterUpdateProgram(SMALL, 4, 256, setting)
+  ratio = measured_bytes(program.compile()[0]) / program.planned().total
+  assert 1.0 <= ratio <= (2.0 if setting == "0" else 1.5), ratio

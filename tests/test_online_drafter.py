@@ -1,5 +1,7 @@
 """Online drafter pieces: the rollout buffer, the versioned drafter, the slice scheduler."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -10,7 +12,7 @@ from tlt_jax.drafter import DrafterBuffer, DrafterTrainConfig, OnlineDrafter
 from tlt_jax.drafter.online import buffer_positions
 from tlt_jax.drafter.training import batch_targets, make_training_batch
 from tlt_jax.models.config import ModelConfig
-from tlt_jax.models.drafter import init_drafter
+from tlt_jax.models.drafter import init_drafter, target_head_params
 from tlt_jax.models.transformer import init_model
 from tlt_jax.scheduler import SchedulerConfig, SliceScheduler
 
@@ -227,7 +229,7 @@ def online():
   tg, tp = nnx.split(init_model(MODEL, seed=0))
   dg, dp = nnx.split(init_drafter(MODEL, seed=1))
   cfg = DrafterTrainConfig(learning_rate=1e-2, warmup_steps=0, batch_rows=2, row_len=24)
-  drafter = OnlineDrafter(dg, dp, tg, cfg, slots=24, feature_dim=MODEL.d_model)
+  drafter = OnlineDrafter(dg, dp, cfg, slots=24, feature_dim=MODEL.d_model)
   # Real target features for random sequences: the drafter learns to predict them.
   rng = np.random.default_rng(0)
   tokens = rng.integers(1, MODEL.vocab_size, (8, 24)).astype(np.int32)
@@ -255,10 +257,9 @@ def test_online_updates_wait_for_min_rows_the_buffer_may_sample(online):
   """min_rows: not ready, and no update, until the buffer holds that many rows of its
   newest keep_steps steps (a step's first engine call holds a prompt or two's samples)."""
   _, tp, tokens, hidden = online
-  tg = nnx.split(init_model(MODEL, seed=0))[0]
   dg, dp = nnx.split(init_drafter(MODEL, seed=1))
   cfg = DrafterTrainConfig(batch_rows=2, row_len=24, min_rows=6, keep_steps=1)
-  drafter = OnlineDrafter(dg, dp, tg, cfg, slots=24, feature_dim=MODEL.d_model)
+  drafter = OnlineDrafter(dg, dp, cfg, slots=24, feature_dim=MODEL.d_model)
 
   def add(rows, step):
     drafter.buffer.add(tokens[rows], hidden[rows], np.full((4,), 4), np.full((4,), 24), step)
@@ -282,11 +283,34 @@ def _fresh_like(drafter, seed):
   return OnlineDrafter(
     drafter.graphdef,
     nnx.split(init_drafter(MODEL, seed=seed))[1],
-    nnx.split(init_model(MODEL, seed=0))[0],
     drafter.config,
     slots=24,
     feature_dim=MODEL.d_model,
   )
+
+
+def test_updates_read_only_the_targets_embedding_and_head(online):
+  """An update given the target's part outside its layers (`target_head_params`: what a
+  freed device gets a copy of) is the update given the whole target."""
+  drafter, tp, tokens, hidden = online
+  if not drafter.ready():
+    drafter.buffer.add(tokens, hidden, np.full((8,), 4), np.full((8,), 24), step=0)
+  head = target_head_params(tp)
+  assert "layers" in tp and sorted(head.keys()) == sorted(k for k in tp if k != "layers")
+  twin = _fresh_like(drafter, seed=1)
+  twin.load_state_dict(drafter.state_dict())
+  want, got = drafter.update(tp), twin.update(head)
+  for k in want:
+    np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+  jax.tree.map(np.testing.assert_array_equal, twin.params, drafter.params)
+  # ... in the compute dtype, as the rollout's drafts read them (this policy's is float32).
+  bf16 = dataclasses.replace(MODEL, dtype="bfloat16")
+  d16 = OnlineDrafter(
+    *nnx.split(init_drafter(bf16, seed=1)), drafter.config, slots=24, feature_dim=MODEL.d_model
+  )
+  reads = d16.target_reads(nnx.split(init_model(bf16, seed=0))[1])
+  assert "layers" not in reads
+  assert {x.dtype for x in jax.tree.leaves(reads)} == {jnp.dtype(jnp.bfloat16)}
 
 
 def test_online_drafter_dry_run_changes_nothing_and_state_round_trips(online):
@@ -488,7 +512,6 @@ def test_every_step_gets_its_minimum_of_updates():
 def test_drafter_export_round_trip(online, tmp_path):
   """The standalone artifact (safetensors + config) loads back to the same drafter and
   refuses a target of another shape."""
-  import dataclasses
 
   from tlt_jax.drafter.export import load_drafter, save_drafter
 
@@ -513,12 +536,11 @@ def test_offline_fit_uses_the_configs_logit_weight_and_decay(online):
   from tlt_jax.warmstart.drafter import fit_drafter
 
   _, tp, tokens, hidden = online
-  tg = nnx.graphdef(init_model(MODEL, seed=0))
 
   def fit(**kw):
     dg, dp = nnx.split(init_drafter(MODEL, seed=1))
     cfg = DrafterTrainConfig(learning_rate=1e-2, warmup_steps=0, batch_rows=2, row_len=24, **kw)
-    drafter = OnlineDrafter(dg, dp, tg, cfg, slots=24, feature_dim=MODEL.d_model)
+    drafter = OnlineDrafter(dg, dp, cfg, slots=24, feature_dim=MODEL.d_model)
     drafter.buffer.add(tokens, hidden, np.full((8,), 4), np.full((8,), 24), step=0)
     history = fit_drafter(drafter, tp, 4, log_every=1, progress=False)
     assert [h["step"] for h in history] == [0, 1, 2, 3] and drafter.version == 4

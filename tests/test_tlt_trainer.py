@@ -82,7 +82,6 @@ def _trainer(models, pool, workdir, steps, scheduler=None, frozen=False, every=2
     drafter = OnlineDrafter(
       dg,
       jax.tree.map(jnp.copy, dp),
-      tg,
       DrafterTrainConfig(learning_rate=1e-2, warmup_steps=0, batch_rows=2),
       slots=ENGINE.slots,
       feature_dim=MODEL.d_model,

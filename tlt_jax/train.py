@@ -136,7 +136,6 @@ def build_drafter(
   config,
   workdir,
   model_cfg,
-  graphdef,
   params,
   engine,
   tokenizer,
@@ -160,12 +159,12 @@ def build_drafter(
   sizes = {"slots": engine.config.slots, "feature_dim": model_cfg.d_model}
   if not os.path.isdir(path):
     fit_cfg = configuration.drafter_config(config, online=False)
-    fit = OnlineDrafter(dg, dp, graphdef, fit_cfg, **sizes)
+    fit = OnlineDrafter(dg, dp, fit_cfg, **sizes)
     info = _fit_drafter_warm_start(
       config, fit, params, engine, tokenizer, train, progress, prompt, path
     )
   restored = checkpoint.restore_params(path, dp)
-  return OnlineDrafter(dg, restored, graphdef, configuration.drafter_config(config), **sizes), info
+  return OnlineDrafter(dg, restored, configuration.drafter_config(config), **sizes), info
 
 
 def _fit_drafter_warm_start(
@@ -255,7 +254,7 @@ def prepare(config: ml_collections.ConfigDict, workdir: str, progress: bool = Tr
     plain_cfg = dataclasses.replace(engine_cfg, spec_threshold=0)
     plain = RolloutEngine(graphdef, model_cfg, plain_cfg, sampling, mesh=mesh)
     drafter, drafter_info = build_drafter(
-      config, workdir, model_cfg, graphdef, params, plain, tokenizer, train, progress, prompt
+      config, workdir, model_cfg, params, plain, tokenizer, train, progress, prompt
     )
     # Only the online drafter (tlt) trains on the rollouts' hidden states: in sd they stay
     # on the device, where the drafter's cache is rebuilt from them.

@@ -24,6 +24,8 @@ from jax.sharding import Mesh
 
 from tlt_jax.drafter.buffer import DrafterBuffer
 from tlt_jax.drafter.training import drafter_optimizer, make_drafter_update
+from tlt_jax.models.drafter import target_head_graphdef, target_head_params
+from tlt_jax.models.precision import compute_params
 from tlt_jax.parallel.meshes import replicated, rows_sharding
 from tlt_jax.utils.cpu_fusions import checked_cpu_fusions
 
@@ -147,7 +149,6 @@ class OnlineDrafter:
     self,
     graphdef: nnx.GraphDef,
     params: nnx.State,
-    target_graphdef: nnx.GraphDef,
     config: DrafterTrainConfig,
     *,
     slots: int,
@@ -170,10 +171,13 @@ class OnlineDrafter:
       weight_decay=config.weight_decay,
       grad_clip=config.grad_clip,
     )
+    # The target's config is the drafter's (`models.drafter.Drafter`). Updates read the part
+    # of the target it uses (`target_reads`): freed devices get a copy of that alone.
+    self.target_config = nnx.merge(graphdef, params).config
     # Not donated: the rollout engine may still hold the previous version's arrays.
     self._update = make_drafter_update(
       graphdef,
-      target_graphdef,
+      target_head_graphdef(self.target_config),
       self.optimizer,
       logit_weight=config.logit_weight,
       cpu_fusions=config.cpu_fusions,
@@ -250,8 +254,8 @@ class OnlineDrafter:
     return outputs
 
   def _placed(self, params, opt_state, target_params, mesh: Mesh | None):
-    """(params, opt_state, target_params, batch) on `mesh` (None: as they are), the batch
-    sampled for the current version."""
+    """(params, opt_state, the target's part the update reads, batch) on `mesh` (None: as
+    they are), the batch sampled for the current version."""
     if not self.ready():
       raise ValueError(
         f"the drafter buffer holds {len(self.buffer)} rows it may sample, fewer than "
@@ -266,12 +270,19 @@ class OnlineDrafter:
     )
     self._batches[self._turn] = batch
     self.sample_seconds += time.perf_counter() - t
+    target_params = self.target_reads(target_params)
     if mesh is not None:
       rep = replicated(mesh)
       params, opt_state, target_params = jax.device_put((params, opt_state, target_params), rep)
       fits = self.config.batch_rows % mesh.devices.size == 0
       batch = jax.device_put(batch, rows_sharding(mesh) if fits else rep)
     return params, opt_state, target_params, batch
+
+  def target_reads(self, target_params: nnx.State) -> nnx.State:
+    """What an update reads of the target: its params outside the layers
+    (`models.drafter.target_head_params`) in the compute dtype, as the rollout's drafts read
+    them (`models.precision.compute_params`; leaves already cast stay the same arrays)."""
+    return compute_params(target_head_params(target_params), self.target_config)
 
   # ---------------------------------------------------------------- checkpoints
   def state_dict(self) -> dict[str, Any]:

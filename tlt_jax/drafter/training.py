@@ -267,9 +267,14 @@ def _chunked_sums(
   mask: Float[Array, "R L"],
   chunk: int,
 ) -> tuple[jax.Array, jax.Array]:
-  """The masked sums of `terms`' two per-position values, `chunk` positions at a time: a
-  rematerialised scan, so the [positions, vocabulary] logits exist for one chunk at once
-  (each chunk's head products run again in the backward pass)."""
+  """The masked sums of `terms`' two per-position values, `chunk` positions at a time, so
+  the [positions, vocabulary] logits exist for one chunk at once.
+
+  The first sum's gradient is taken chunk by chunk in the forward pass and kept ([positions,
+  D], the size of `h`); the backward pass only scales it by the sum's cotangent. Every head
+  product then runs once forward and once backward, as on the whole batch, where
+  rematerialising each chunk would run the forward's products twice. The second sum (top-1
+  agreement) has no gradient."""
   d, n = h.shape[-1], mask.size
   chunks = -(-n // chunk)
   pad = chunks * chunk - n
@@ -277,15 +282,25 @@ def _chunked_sums(
     chunks, chunk, *w
   )
 
-  @jax.checkpoint
-  def body(sums, xs):
-    hc, tc, mc = xs
-    ce, agree = terms(hc, tc)
-    return (sums[0] + (ce * mc).sum(), sums[1] + (agree * mc).sum()), None
+  def sums_and_grad(hs, ts, ms):
+    def body(sums, xs):
+      hc, tc, mc = xs
+      (ce, agree), pullback = jax.vjp(lambda x: terms(x, tc), hc)
+      (dh,) = pullback((mc, jnp.zeros_like(agree)))  # d sum(ce * mask) / d h
+      return (sums[0] + (ce * mc).sum(), sums[1] + (agree * mc).sum()), dh
 
-  zero = jnp.zeros((), jnp.float32)
-  sums, _ = jax.lax.scan(body, (zero, zero), (split(h, (d,)), split(target, (d,)), split(mask, ())))
-  return sums
+    zero = jnp.zeros((), jnp.float32)
+    return jax.lax.scan(body, (zero, zero), (hs, ts, ms))
+
+  @jax.custom_vjp
+  def sums(hs, ts, ms):
+    return sums_and_grad(hs, ts, ms)[0]
+
+  def backward(dh, cotangents):
+    return (cotangents[0] * dh.astype(jnp.float32)).astype(dh.dtype), None, None
+
+  sums.defvjp(sums_and_grad, backward)
+  return sums(split(h, (d,)), jax.lax.stop_gradient(split(target, (d,))), split(mask, ()))
 
 
 def drafter_optimizer(

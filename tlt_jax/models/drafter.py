@@ -13,7 +13,10 @@ sits at RoPE position t.
 The embedding table and the LM head belong to the target and are shared by
 reference: they are never part of the drafter's params. Every function here
 takes the target's (graphdef, params) and applies `stop_gradient` to them, so
-drafter training cannot move the policy.
+drafter training cannot move the policy. Those need not be the whole target:
+`target_head_graphdef` / `target_head_params` are the part a drafter reads (no
+layers: a tenth of an 8B policy's bytes), all a drafter update on other devices
+needs copied there.
 
 Shape letters: B batch, T new tokens, S cache slots, D model width, V vocabulary.
 """
@@ -111,6 +114,20 @@ def init_drafter(target_config: ModelConfig, seed: int = 0) -> Drafter:
 def init_drafter_cache(config: ModelConfig, batch: int, slots: int) -> KVCache:
   """An empty one-layer KV cache for the drafter of a target with `config`."""
   return KVCache.zeros(dataclasses.replace(config, num_layers=1), batch, slots)
+
+
+@functools.lru_cache(maxsize=16)
+def target_head_graphdef(config: ModelConfig) -> nnx.GraphDef:
+  """The graphdef of the part of a target of `config` that its drafter reads: the
+  embedding, final norm and head (`Transformer(head_only=True)`); its params are
+  `target_head_params`'. Every function here takes the two in place of the target's."""
+  return nnx.split(nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0), head_only=True)))[0]
+
+
+def target_head_params(target_params: nnx.State) -> nnx.State:
+  """The target's params outside its layers: the same arrays, no copy (a whole target's
+  params, or these already)."""
+  return nnx.State({k: v for k, v in target_params.items() if k != "layers"})
 
 
 def _frozen_target(target_graphdef: nnx.GraphDef, target_params: nnx.State) -> Transformer:

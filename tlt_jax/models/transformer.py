@@ -201,9 +201,12 @@ class DecoderLayer(nnx.Module):
 
 
 class Transformer(nnx.Module):
-  """Decoder-only LM. See the module docstring for the entry points."""
+  """Decoder-only LM. See the module docstring for the entry points.
 
-  def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+  `head_only`: the embedding, final norm and head without the layers (whose params are then
+  absent): the part of a target that its drafter reads (`models.drafter.target_head`)."""
+
+  def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, head_only: bool = False):
     self.config = config
     dt, pt = config.jnp_dtype, config.jnp_param_dtype
     self.embed = nnx.Embed(
@@ -214,7 +217,8 @@ class Transformer(nnx.Module):
       embedding_init=nnx.initializers.normal(0.02),
       rngs=rngs,
     )
-    self.layers = nnx.List([DecoderLayer(config, rngs) for _ in range(config.num_layers)])
+    layers = 0 if head_only else config.num_layers
+    self.layers = nnx.List([DecoderLayer(config, rngs) for _ in range(layers)])
     self.final_norm = RMSNorm(config.d_model, config.rms_eps, pt)
     if not config.tie_embeddings:
       self.lm_head = nnx.Linear(

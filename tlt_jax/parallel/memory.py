@@ -21,7 +21,12 @@ programs on this machine. Conventions:
   gradient), or tokens x chunk with `vocab_chunk`;
 - the rollout holds the weights in the compute dtype (split over its tensor group) and a
   KV cache of rows x slots x layers x 2 x kv_heads x head_dim, its rows split over the
-  data replicas.
+  data replicas;
+- mode tlt's online drafter update (`plan_drafter_update`) runs beside the rollout, on its
+  devices or on those its long tail frees, which still hold the rollout's weights and cache.
+
+The drafter update's plan is checked against XLA's programs for an H100 at Qwen3-8B's width
+(experiments/deviceless.py --drafter_updates; experiments/RESULTS.md, 2026-12-06).
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ class MemoryPlan:
   logits: int
   rollout_params: int
   kv_cache: int
+  drafter: int = 0  # mode tlt's drafter update (`plan_drafter_update`), beside the rollout
 
   @property
   def resident(self) -> int:
@@ -63,13 +69,13 @@ class MemoryPlan:
 
   @property
   def peak(self) -> int:
-    return max(self.update_peak, self.rollout_peak)
+    return max(self.update_peak, self.rollout_peak + self.drafter)
 
   def rows(self) -> list[tuple[str, int]]:
-    return [(f.name, getattr(self, f.name)) for f in dataclasses.fields(self)] + [
-      ("update peak", self.update_peak),
-      ("rollout peak", self.rollout_peak),
-    ]
+    peaks = [("update peak", self.update_peak), ("rollout peak", self.rollout_peak)]
+    if self.drafter:
+      peaks.append(("drafter peak", self.rollout_peak + self.drafter))
+    return [(f.name, getattr(self, f.name)) for f in dataclasses.fields(self)] + peaks
 
 
 def _itemsize(dtype: str) -> int:
@@ -96,6 +102,7 @@ def plan_memory(
   rollout_tensor: int = 1,
   remat: bool = False,
   micro_batches: int = 1,
+  drafter: DrafterPlan | None = None,
 ) -> MemoryPlan:
   """Per-device bytes of one GRPO step's update and rollout (see the module docstring).
 
@@ -111,6 +118,7 @@ def plan_memory(
     remat: layers recompute their activations in the backward pass: every layer's input
       (the residual stream) is saved and one layer's activations live at a time.
     micro_batches: micro-batches one optimiser step sums its gradient over.
+    drafter: mode tlt's drafter update (`plan_drafter_update`; None: modes without one).
   """
   if devices % tensor or devices % rollout_tensor:
     raise ValueError(f"tensor={tensor} / rollout_tensor={rollout_tensor} must divide {devices}")
@@ -141,6 +149,82 @@ def plan_memory(
     logits=logits,
     rollout_params=n * cb // rollout_tensor,
     kv_cache=kv_cache,
+    drafter=drafter.total if drafter is not None else 0,
+  )
+
+
+@dataclasses.dataclass(frozen=True)
+class DrafterPlan:
+  """Bytes per device of one online drafter update (`drafter.make_drafter_update`)."""
+
+  state: int  # its params before and after, AdamW's two moments and the gradient
+  head: int  # the target's embedding and head it reads: a copy per device set it runs on
+  batch: int  # features and the index columns
+  activations: int  # its one layer's, kept for the backward pass, attention scores among them
+  logits: int  # float32 logits of the loss's head products, the whole batch's or a chunk's
+
+  @property
+  def total(self) -> int:
+    return self.state + self.head + self.batch + self.activations + self.logits
+
+
+def plan_drafter_update(
+  model: ModelConfig,
+  *,
+  rows: int,
+  width: int,
+  devices: int = 1,
+  logit_chunk: int = 0,
+  remat_attention: bool = False,
+  feature_dtype: str = "bfloat16",
+  head_dtype: str | None = None,
+  head_copies: int = 1,
+  causal_block: int = 128,
+) -> DrafterPlan:
+  """Per-device bytes of mode tlt's drafter update for a target `model` (the drafter's own
+  params are in `model.param_dtype`, like the policy's masters it starts beside).
+
+  Args:
+    rows, width: the update's packed batch (`DrafterTrainConfig.batch_rows`, `row_len`),
+      its rows split over `devices` when they divide evenly (`OnlineDrafter.update`).
+    logit_chunk, remat_attention: `DrafterTrainConfig`'s memory settings.
+    feature_dtype: the batch's features (`DrafterTrainConfig.buffer_dtype`).
+    head_dtype: the target's embedding and head as the update reads them (default
+      `model.dtype`: `OnlineDrafter.target_reads` casts the policy's masters).
+    head_copies: copies of the target's embedding and head a device holds: one per freed
+      device set it belongs to while the long tail runs (a power-of-two mesh of n devices:
+      up to log2(n)), made before the rollout (`scheduler.SliceScheduler`).
+    causal_block: `models.attention`'s query block.
+
+  Activations: the fc's input and output, the layer's as the policy's (see the module
+  docstring), and the causal attention's scores, float32 and in the compute dtype, for
+  every query and the keys before it; with `remat_attention` one query block's scores at a
+  time and the rows' [width, width] masks. Logits: two [positions, vocabulary] float32
+  arrays for the whole batch, or three of a chunk's positions and the chunks' gradient
+  ([positions, D], `drafter.training`)."""
+  pb, cb = _itemsize(model.param_dtype), _itemsize(model.dtype)
+  d, h, v = model.d_model, model.num_heads, model.vocab_size
+  params = 2 * d * d + layer_params(model) + 4 * d  # fc, the layer, its norms
+  local_rows = rows // devices if rows % devices == 0 else rows
+  tokens = local_rows * width
+  per_token = (6 * d + 2 * h * model.head_dim + 2 * model.num_kv_heads * model.head_dim) * cb
+  per_token += 3 * model.mlp_dim * cb
+  block = min(causal_block, width)
+  if remat_attention:
+    scores = local_rows * width * (width + h * block * (4 + cb))
+  else:
+    scores = tokens * h * (width + block) // 2 * (4 + cb)
+  if logit_chunk and logit_chunk < tokens:
+    logits = 3 * logit_chunk * v * 4 + tokens * d * cb
+  else:
+    logits = 2 * tokens * v * 4
+  head = (1 if model.tie_embeddings else 2) * v * d * _itemsize(head_dtype or model.dtype)
+  return DrafterPlan(
+    state=5 * params * pb,
+    head=head_copies * head,
+    batch=tokens * (d * _itemsize(feature_dtype) + 16),
+    activations=tokens * per_token + scores,
+    logits=logits,
   )
 
 

@@ -6,9 +6,11 @@ Three kinds of slice:
   drafter's sub-mesh and get one asynchronously dispatched update per chunk
   boundary until the last straggler finishes (the engine does not touch those
   devices, and nothing is dispatched after the rollout ends, so they are back
-  for the next phase at step granularity). The sub-meshes, the policy's copy on
-  each and the update compiled for each are prepared in `begin_rollout`, for
-  every device set the engine's batch buckets can free, never inside a rollout;
+  for the next phase at step granularity). The sub-meshes, the copy on each
+  of the policy's part the drafter reads (its embedding and head in the compute
+  dtype, not its layers) and the update compiled for each are prepared in
+  `begin_rollout`, for every device set the engine's batch buckets can free,
+  never inside a rollout;
 - windows where the device would sit idle while the host works: reward scoring
   after the old log-probs are done, checkpoint writes. `fill(window, busy)`
   runs drafter updates back to back while `busy()` holds (at most
@@ -117,7 +119,8 @@ class SliceScheduler:
     # On a mesh, windows and the budgeted long tail train on all rollout devices.
     self._all_devices = placement.mesh if placement is not None else None
     # Per freed device set (device ids): its mesh and whether the update is compiled for
-    # it, built once; the policy's copy on it, refreshed per rollout.
+    # it, built once; the copy on it of the policy's part the drafter reads, refreshed per
+    # rollout.
     self._free_meshes: dict[tuple[int, ...], Any] = {}
     self._free_compiled: set[tuple[int, ...]] = set()
     self._free_targets: dict[tuple[int, ...], Any] = {}
@@ -244,7 +247,8 @@ class SliceScheduler:
         if ids not in self._free_meshes:
           self._free_meshes[ids] = data_mesh(devices)
         mesh = self._free_meshes[ids]
-        self._free_targets[ids] = jax.device_put(target_params, replicated(mesh))
+        head = self.drafter.target_reads(target_params)  # the layers stay off these devices
+        self._free_targets[ids] = jax.device_put(head, replicated(mesh))
         if ids not in self._free_compiled:
           jax.block_until_ready(self.drafter.dry_run(self._free_targets[ids], mesh=mesh))
           self._free_compiled.add(ids)
@@ -341,7 +345,7 @@ class SliceScheduler:
     self.records["rollout_overrun_s"] = max(self.records["rollout_overrun_s"], self._overrun)
     self._unspent = self.config.rollout_budget * elapsed - self._charged
     self._target = None
-    self._free_targets.clear()  # the policy copies: free the devices for the next phase
+    self._free_targets.clear()  # the head copies: free the devices for the next phase
 
   # ------------------------------------------------------------------ per-step minimum
   def _owed(self) -> int:
