@@ -10,8 +10,8 @@ temporaries). The drafter update at Qwen3-8B's width, compiled for an H100, is c
 experiments/deviceless.py --drafter_updates.
 
 Each case's plan carries mode tlt's drafter update beside the rollout (`plan_drafter_update`:
-`configs/hf_grpo.py`'s logit chunks and attention remat, --drafter_batch, one copy of the
-target's embedding and head per freed device set, in the compute dtype: log2 of the devices).
+`configs/hf_grpo.py`'s logit chunks and attention remat, --drafter_batch, the target's
+embedding and head in the compute dtype, one copy of which every freed device set reads).
 """
 
 from __future__ import annotations
@@ -129,7 +129,6 @@ def main(argv):
       width=drafter_width,
       logit_chunk=1024,
       remat_attention=True,
-      head_copies=max(n.bit_length() - 1, 1),
     )
     for tensor in (1, 2) if size == "32B" else (1,):
       plan = plan_memory(

@@ -374,8 +374,8 @@ def check_tlt_on_freed_devices():
 
 def check_freed_meshes_prepared_before_rollout():
   """The freed devices' meshes (7, 6 and 4 devices for buckets 1, 2 and 4 of 8 devices), the
-  copy on each of the policy's part the drafter reads (its layers stay off them) and the
-  drafter update compiled for each are prepared in
+  policy's part the drafter reads on each (its layers stay off them) and the drafter update
+  compiled for each are prepared in
   begin_rollout, the meshes once for all rollouts: inside a rollout, which trains the
   drafter on freed devices, no mesh is built, no copy made, no update compiled."""
   from tlt_jax.scheduler import slices
@@ -406,6 +406,41 @@ def check_freed_meshes_prepared_before_rollout():
   rec = sched.step_records()
   assert rec["drafter/freed_device_updates"] >= 2, rec
   assert "drafter/unprepared_free_sets" not in rec, rec
+
+
+def check_freed_sets_share_one_head_copy():
+  """A bfloat16 policy over float32 masters: `begin_rollout` casts the part the drafter reads
+  once, onto every rollout device, and each freed set's arrays are views of that copy (a
+  device in three freed sets holds one head, not three)."""
+  from tlt_jax.scheduler import SchedulerConfig, SliceScheduler
+
+  bf16 = dataclasses.replace(MODEL, dtype="bfloat16")
+  tg, tp = nnx.split(init_model(bf16, seed=3))
+  dg, dp = nnx.split(init_drafter(bf16, seed=4))
+  engine = RolloutEngine(tg, bf16, ENGINE, GREEDY, drafter_graphdef=dg, mesh=data_mesh())
+  drafter = OnlineDrafter(
+    dg, dp, DrafterTrainConfig(batch_rows=2, row_len=24), slots=ENGINE.slots, feature_dim=32
+  )
+  drafter.observe(_plain_reference(), step=0)
+  sched = SliceScheduler(
+    drafter, SchedulerConfig(), placement=engine.placement, batch_buckets=ENGINE.batch_buckets
+  )
+  sched.begin_rollout(tp)
+
+  def buffers(tree):  # (device, leaf) -> the buffer it holds there
+    out = {}
+    for n, leaf in enumerate(jax.tree.leaves(tree)):
+      assert leaf.dtype == jnp.bfloat16, leaf.dtype
+      out |= {(s.device.id, n): s.data.unsafe_buffer_pointer() for s in leaf.addressable_shards}
+    return out
+
+  copy = buffers(sched._target)
+  assert len({d for d, _ in copy}) == 8  # on every rollout device
+  assert len(sched._free_targets) == 3, sched._free_targets.keys()
+  for head in sched._free_targets.values():
+    for key, pointer in buffers(head).items():
+      assert pointer == copy[key], f"a freed set holds a head copy of its own at {key}"
+  sched.end_rollout()
 
 
 def _trainer(workdir, mesh, rollout_mesh=None, shard_params=False, tlt=False):

@@ -367,6 +367,9 @@ class _FakeDrafter:
   def ready(self):
     return True
 
+  def target_reads(self, target):
+    return target
+
   def _spend(self):
     self.clock.t += self.costs[self.calls % len(self.costs)]
     self.calls += 1

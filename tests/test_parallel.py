@@ -36,6 +36,7 @@ CHECKS = {
     "trainer_on_mesh",
     "drafter_on_freed_devices",
     "freed_meshes_prepared_before_rollout",
+    "freed_sets_share_one_head_copy",
     "tlt_on_freed_devices",
     "trainer_fsdp_tlt",
   ],

@@ -158,7 +158,7 @@ class DrafterPlan:
   """Bytes per device of one online drafter update (`drafter.make_drafter_update`)."""
 
   state: int  # its params before and after, AdamW's two moments and the gradient
-  head: int  # the target's embedding and head it reads: a copy per device set it runs on
+  head: int  # the target's embedding and head it reads: one copy, cast before the rollout
   batch: int  # features and the index columns
   activations: int  # its one layer's, kept for the backward pass, attention scores among them
   logits: int  # float32 logits of the loss's head products, the whole batch's or a chunk's
@@ -178,7 +178,6 @@ def plan_drafter_update(
   remat_attention: bool = False,
   feature_dtype: str = "bfloat16",
   head_dtype: str | None = None,
-  head_copies: int = 1,
   causal_block: int = 128,
 ) -> DrafterPlan:
   """Per-device bytes of mode tlt's drafter update for a target `model` (the drafter's own
@@ -191,9 +190,6 @@ def plan_drafter_update(
     feature_dtype: the batch's features (`DrafterTrainConfig.buffer_dtype`).
     head_dtype: the target's embedding and head as the update reads them (default
       `model.dtype`: `OnlineDrafter.target_reads` casts the policy's masters).
-    head_copies: copies of the target's embedding and head a device holds: one per freed
-      device set it belongs to while the long tail runs (a power-of-two mesh of n devices:
-      up to log2(n)), made before the rollout (`scheduler.SliceScheduler`).
     causal_block: `models.attention`'s query block.
 
   Activations: the fc's input and output, the layer's as the policy's (see the module
@@ -221,7 +217,7 @@ def plan_drafter_update(
   head = (1 if model.tie_embeddings else 2) * v * d * _itemsize(head_dtype or model.dtype)
   return DrafterPlan(
     state=5 * params * pb,
-    head=head_copies * head,
+    head=head,
     batch=tokens * (d * _itemsize(feature_dtype) + 16),
     activations=tokens * per_token + scores,
     logits=logits,

@@ -6,11 +6,11 @@ Three kinds of slice:
   drafter's sub-mesh and get one asynchronously dispatched update per chunk
   boundary until the last straggler finishes (the engine does not touch those
   devices, and nothing is dispatched after the rollout ends, so they are back
-  for the next phase at step granularity). The sub-meshes, the copy on each
-  of the policy's part the drafter reads (its embedding and head in the compute
-  dtype, not its layers) and the update compiled for each are prepared in
-  `begin_rollout`, for every device set the engine's batch buckets can free,
-  never inside a rollout;
+  for the next phase at step granularity). The sub-meshes, the policy's part
+  the drafter reads on each (its embedding and head in the compute dtype, not
+  its layers: views of one copy on the rollout's devices) and the update
+  compiled for each are prepared in `begin_rollout`, for every device set the
+  engine's batch buckets can free, never inside a rollout;
 - windows where the device would sit idle while the host works: reward scoring
   after the old log-probs are done, checkpoint writes. `fill(window, busy)`
   runs drafter updates back to back while `busy()` holds (at most
@@ -240,20 +240,25 @@ class SliceScheduler:
     rollout's devices and on every freed device set, with dry runs that leave the
     drafter unchanged (a resumed run primes again, from the checkpointed state)."""
     t = self.clock()
+    self._target = target_params
     if self.drafter.ready():
+      # What the updates read of the policy (its embedding and head in the compute dtype, not
+      # its layers): one copy on every rollout device, of which each freed set's is a view
+      # (their buffers), and cast once, not at every update.
+      self._target = head = self.drafter.target_reads(target_params)
+      if self._all_devices is not None:
+        head = self._target = jax.device_put(head, replicated(self._all_devices))
       while self._timed < 2:
-        self._measure(lambda: self.drafter.dry_run(target_params, mesh=self._all_devices))
+        self._measure(lambda: self.drafter.dry_run(head, mesh=self._all_devices))
       for ids, devices in self.free_device_sets().items():
         if ids not in self._free_meshes:
           self._free_meshes[ids] = data_mesh(devices)
         mesh = self._free_meshes[ids]
-        head = self.drafter.target_reads(target_params)  # the layers stay off these devices
         self._free_targets[ids] = jax.device_put(head, replicated(mesh))
         if ids not in self._free_compiled:
           jax.block_until_ready(self.drafter.dry_run(self._free_targets[ids], mesh=mesh))
           self._free_compiled.add(ids)
     self._add("prime_s", self.clock() - t)
-    self._target = target_params
     self._rollout_start = self.clock()
     self._charged = self._overrun = 0.0
     self._pushed_version = self.drafter.version
@@ -345,7 +350,7 @@ class SliceScheduler:
     self.records["rollout_overrun_s"] = max(self.records["rollout_overrun_s"], self._overrun)
     self._unspent = self.config.rollout_budget * elapsed - self._charged
     self._target = None
-    self._free_targets.clear()  # the head copies: free the devices for the next phase
+    self._free_targets.clear()  # the head's views: free the devices for the next phase
 
   # ------------------------------------------------------------------ per-step minimum
   def _owed(self) -> int:
