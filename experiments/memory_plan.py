@@ -143,6 +143,7 @@ def main(argv):
         rollout_tensor=tensor if size == "32B" else 1,
         remat=remat,
         micro_batches=_MICRO_BATCHES.value,
+        speculative=True,
         drafter=drafter,
       )
       print(

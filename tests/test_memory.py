@@ -156,3 +156,17 @@ def test_drafter_plan_is_near_the_compiled_drafter_update(setting):
   program = DrafterUpdateProgram(SMALL, 4, 256, setting)
   ratio = measured_bytes(program.compile()[0]) / program.planned().total
   assert 1.0 <= ratio <= (2.0 if setting == "0" else 1.5), ratio
+
+
+def test_rollout_state_counts_hidden_states_and_the_drafter_cache():
+  """Per row and slot the rollout keeps a token and log-prob (8 bytes), the hidden state when
+  it captures them, and the drafter's one-layer K and V when it drafts."""
+  kw = dict(devices=8, micro_batch_rows=8, row_len=256, rollout_rows=16, slots=512)
+  bare = plan_memory(SMALL, capture_hidden=False, **kw)
+  hidden = plan_memory(SMALL, **kw)
+  spec = plan_memory(SMALL, speculative=True, **kw)
+  rows_slots = 2 * 512  # 16 rows over 8 data replicas
+  assert bare.rollout_state == rows_slots * 8
+  assert hidden.rollout_state - bare.rollout_state == rows_slots * SMALL.d_model * 4
+  assert spec.rollout_state - hidden.rollout_state == rows_slots * 2 * 4 * 32 * 4
+  assert spec.rollout_peak - bare.rollout_peak == spec.rollout_state - bare.rollout_state

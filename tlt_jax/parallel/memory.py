@@ -19,9 +19,11 @@ programs on this machine. Conventions:
   layer's input (d) and one layer's activations;
 - the loss's float32 logits: tokens x vocabulary three times (logits, log-softmax, their
   gradient), or tokens x chunk with `vocab_chunk`;
-- the rollout holds the weights in the compute dtype (split over its tensor group) and a
+- the rollout holds the weights in the compute dtype (split over its tensor group), a
   KV cache of rows x slots x layers x 2 x kv_heads x head_dim, its rows split over the
-  data replicas;
+  data replicas, and per row and slot its token, log-prob and (`capture_hidden`, every
+  mode by default) last-layer hidden state in the compute dtype, plus in modes sd and tlt
+  the drafter's one-layer cache;
 - mode tlt's online drafter update (`plan_drafter_update`) runs beside the rollout, on its
   devices or on those its long tail frees, which still hold the rollout's weights and cache.
 
@@ -52,6 +54,7 @@ class MemoryPlan:
   logits: int
   rollout_params: int
   kv_cache: int
+  rollout_state: int  # tokens, log-probs, hidden states, the drafter's cache
   drafter: int = 0  # mode tlt's drafter update (`plan_drafter_update`), beside the rollout
 
   @property
@@ -65,7 +68,7 @@ class MemoryPlan:
 
   @property
   def rollout_peak(self) -> int:
-    return self.resident + self.rollout_params + self.kv_cache
+    return self.resident + self.rollout_params + self.kv_cache + self.rollout_state
 
   @property
   def peak(self) -> int:
@@ -102,6 +105,8 @@ def plan_memory(
   rollout_tensor: int = 1,
   remat: bool = False,
   micro_batches: int = 1,
+  capture_hidden: bool = True,
+  speculative: bool = False,
   drafter: DrafterPlan | None = None,
 ) -> MemoryPlan:
   """Per-device bytes of one GRPO step's update and rollout (see the module docstring).
@@ -118,6 +123,8 @@ def plan_memory(
     remat: layers recompute their activations in the backward pass: every layer's input
       (the residual stream) is saved and one layer's activations live at a time.
     micro_batches: micro-batches one optimiser step sums its gradient over.
+    capture_hidden: the rollout keeps every position's hidden state (`EngineConfig`).
+    speculative: the rollout drafts (modes sd and tlt): a one-layer drafter cache per row.
     drafter: mode tlt's drafter update (`plan_drafter_update`; None: modes without one).
   """
   if devices % tensor or devices % rollout_tensor:
@@ -139,6 +146,7 @@ def plan_memory(
   kv_rows = -(-rollout_rows // (devices // rollout_tensor))
   kv_heads_split = rollout_tensor if kv % rollout_tensor == 0 else 1
   kv_cache = kv_rows * slots * model.num_layers * 2 * kv * hd * cb // kv_heads_split
+  per_slot = 8 + (d * cb if capture_hidden else 0) + (2 * kv * hd * cb if speculative else 0)
   return MemoryPlan(
     params=params,
     grads=params,
@@ -149,6 +157,7 @@ def plan_memory(
     logits=logits,
     rollout_params=n * cb // rollout_tensor,
     kv_cache=kv_cache,
+    rollout_state=kv_rows * slots * per_slot,
     drafter=drafter.total if drafter is not None else 0,
   )
 
