@@ -300,32 +300,31 @@ def check_trainer_fsdp_tlt():
 
 
 def check_drafter_on_freed_devices():
-  """A 2-row long-tail bucket uses 2 devices; the 6 it frees train the drafter, and the
-  update there equals one device's (replicas stay identical: one SPMD program)."""
+  """A 2-row long-tail bucket uses 2 devices; the 6 it frees train the drafter, a batch row
+  each, and the update there equals one device's (replicas stay identical: one SPMD
+  program), with the logit term whole and over chunks of 40 of the batch's 144 positions."""
   tg, tp, dg, dp = _models()
   placement = BatchPlacement(data_mesh())
   free = placement.free_devices(2)
   assert len(free) == 6
   sub = data_mesh(free)
-  cfg = DrafterTrainConfig(learning_rate=1e-2, warmup_steps=0, batch_rows=6, row_len=24)
   rollout = _plain_reference()
 
-  def one(mesh):
+  def one(mesh, chunk):
+    cfg = DrafterTrainConfig(
+      learning_rate=1e-2, warmup_steps=0, batch_rows=6, row_len=24, logit_chunk=chunk
+    )
     d = OnlineDrafter(dg, jax.tree.map(jnp.copy, dp), cfg, slots=ENGINE.slots, feature_dim=32)
     d.observe(rollout, step=0)
-    if mesh is not None:
-      d.params, d.opt_state = jax.device_put((d.params, d.opt_state), replicated(mesh))
-      target = jax.device_put(tp, replicated(mesh))
-    else:
-      target = tp
-    d.update(target)
+    d.update(tp, mesh=mesh)
     return d.params
 
-  ref, got = one(None), one(sub)
-  leaf = jax.tree.leaves(got)[0]
-  assert leaf.sharding.device_set == set(free)
-  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(ref)):
-    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5)
+  for chunk in (0, 40):
+    ref, got = one(None, chunk), one(sub, chunk)
+    leaf = jax.tree.leaves(got)[0]
+    assert leaf.sharding.device_set == set(free)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(ref)):
+      np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5)
 
 
 def _tlt_on_mesh():
