@@ -1,7 +1,13 @@
 """Per-device memory of a GRPO job before running it, and the estimate checked on CPU.
 
   python experiments/memory_plan.py                      # Qwen2.5 1.5B / 7B / 32B on 8 x 80 GB
+  python experiments/memory_plan.py --config=configs/hf_grpo.py \
+    --config.model.checkpoint=/models/Qwen2.5-7B --config.mode=tlt --devices=8   # your job
   python experiments/memory_plan.py --check_cpu          # planned vs XLA's compiled programs
+
+With --config, the plan is that job's (`tlt_jax.configuration.memory_plan`): its policy's
+shape from the checkpoint's config.json (no weight is read) or the config's model, its
+update, rollout and mode on --devices devices.
 
 The plan (`tlt_jax.parallel.memory.plan_memory`) is arithmetic on the shapes; --check_cpu
 compiles the policy update and mode tlt's drafter update of small models here and compares
@@ -22,8 +28,10 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import app, flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
 
 from experiments.forwards import DrafterUpdateProgram  # noqa: E402
+from tlt_jax import configuration  # noqa: E402
 from tlt_jax.models.config import ModelConfig  # noqa: E402
 from tlt_jax.parallel.memory import (  # noqa: E402
   compiled_update_bytes,
@@ -34,6 +42,7 @@ from tlt_jax.parallel.memory import (  # noqa: E402
   qwen25,
 )
 
+_CONFIG = config_flags.DEFINE_config_file("config", None, "a job's config: plan that job")
 _DEVICES = flags.DEFINE_integer("devices", 8, "devices of the node")
 _CAPACITY = flags.DEFINE_float("capacity_gib", 80.0, "memory per device")
 _CHECK = flags.DEFINE_bool("check_cpu", False, "compare the plan with compiled programs here")
@@ -105,10 +114,29 @@ def check_cpu() -> None:
       )
 
 
+def plan_job(config) -> None:
+  """The plan of the job `config` describes, on --devices devices."""
+  model = configuration.checkpoint(config)
+  source = config.model.checkpoint
+  if model is None:
+    model = configuration.model_config(config, configuration.tokenizer(config))
+    source = "the config's model"
+  plan = configuration.memory_plan(config, model, _DEVICES.value)
+  n = model.num_params
+  size = f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M"
+  print(
+    f"mode {configuration.mode(config)}, {size} parameters ({source}), {_DEVICES.value} devices"
+  )
+  print(format_plan(plan, _CAPACITY.value))
+
+
 def main(argv):
   del argv
   if _CHECK.value:
     check_cpu()
+    return
+  if _CONFIG.value is not None:
+    plan_job(_CONFIG.value)
     return
   n = _DEVICES.value
   drafter_rows, drafter_width = map(int, _DRAFTER_BATCH.value.split("x"))

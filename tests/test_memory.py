@@ -170,3 +170,61 @@ def test_rollout_state_counts_hidden_states_and_the_drafter_cache():
   assert hidden.rollout_state - bare.rollout_state == rows_slots * SMALL.d_model * 4
   assert spec.rollout_state - hidden.rollout_state == rows_slots * 2 * 4 * 32 * 4
   assert spec.rollout_peak - bare.rollout_peak == spec.rollout_state - bare.rollout_state
+
+
+def test_a_jobs_plan_follows_its_config():
+  """`configuration.memory_plan`: the update's micro-batch at the engine's width (or
+  `pack_width`), the rollout's rows over the data replicas, FSDP, and mode tlt's drafter
+  update with the config's memory settings; baseline rollouts keep no drafter cache."""
+  from configs import hf_grpo
+  from tlt_jax import configuration
+
+  model = qwen25("1.5B")
+  config = hf_grpo.get_config()
+  config.parallel.fsdp = True
+  base = configuration.memory_plan(config, model, 8)
+  width = config.engine.max_prompt_len + config.engine.max_new_tokens
+  same = plan_memory(
+    model,
+    devices=8,
+    micro_batch_rows=config.rl_update.micro_batch,
+    row_len=width,
+    rollout_rows=config.engine.max_batch,
+    slots=width,
+    vocab_chunk=8192,
+    remat=True,
+    micro_batches=2,
+  )
+  assert base == same, (base, same)
+  config.mode = "tlt"
+  tlt = configuration.memory_plan(config, model, 8)
+  drafter = plan_drafter_update(model, rows=4, width=width, logit_chunk=1024, remat_attention=True)
+  assert tlt.drafter == drafter.total and tlt.rollout_state > base.rollout_state
+  config.rl_update.pack_width = 512
+  assert configuration.memory_plan(config, model, 8).activations < tlt.activations
+
+
+def test_memory_plan_script_plans_a_checkpoints_job(tmp_path):
+  """`experiments/memory_plan.py --config=...` reads the policy's shape from a checkpoint's
+  config.json (the weights' headers checked, none read) and prints that job's plan."""
+  import os
+  import subprocess
+  import sys
+
+  from bpe_helpers import write_qwen3_checkpoint
+
+  write_qwen3_checkpoint(tmp_path / "ckpt")
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  cmd = [
+    sys.executable,
+    "experiments/memory_plan.py",
+    "--config=configs/hf_grpo.py",
+    f"--config.model.checkpoint={tmp_path / 'ckpt'}",
+    "--config.mode=tlt",
+    "--devices=2",
+    "--capacity_gib=0.001",
+  ]
+  done = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=300)
+  assert done.returncode == 0, done.stderr[-2000:]
+  assert "mode tlt" in done.stdout and f"({tmp_path / 'ckpt'})" in done.stdout, done.stdout
+  assert "drafter peak" in done.stdout and "fits  NO" in done.stdout, done.stdout

@@ -42,6 +42,7 @@ from tlt_jax.decode.sampling import SamplingConfig
 from tlt_jax.drafter.acceptance import DrafterEvalConfig
 from tlt_jax.drafter.online import DrafterTrainConfig
 from tlt_jax.models.config import ModelConfig
+from tlt_jax.parallel.memory import MemoryPlan, plan_drafter_update, plan_memory
 from tlt_jax.parallel.meshes import data_mesh
 from tlt_jax.parallel.sharding import training_mesh
 from tlt_jax.rl.loss import PolicyLossConfig
@@ -304,6 +305,49 @@ def mesh(config: ml_collections.ConfigDict) -> Mesh | None:
   if n == 1:
     return None
   return training_mesh(available[:n], tensor) if tensor > 1 else data_mesh(available[:n])
+
+
+def memory_plan(config: ml_collections.ConfigDict, model: ModelConfig, devices: int) -> MemoryPlan:
+  """The job's per-device memory (`parallel.memory.plan_memory`) on `devices` devices for its
+  policy `model`, planned before anything is allocated: the update's micro-batch of
+  `rl_update.micro_batch` packed rows at their widest (`rl_update.pack_width`, else the
+  engine's cache), split and sharded as `parallel` says; the rollout's `engine.max_batch`
+  rows of `engine.slots`; in mode tlt the online drafter's update (`plan_drafter_update`).
+  Some of it is bounds rather than sizes: packed rows are narrower and fewer when answers
+  are short."""
+  par = config.get("parallel", {})
+  engine = to_dataclass(EngineConfig, config.engine, "engine")
+  _, _, update = rl_configs(config)
+  width = min(update.pack_width, engine.slots) if update.pack_width else engine.slots
+  rows = config.rl.prompts_per_step * config.rl.group_size
+  drafter = None
+  if mode(config) == "tlt":
+    train = drafter_config(config)
+    drafter = plan_drafter_update(
+      model,
+      rows=train.batch_rows,
+      width=train.row_len or engine.slots,
+      logit_chunk=train.logit_chunk,
+      remat_attention=train.remat_attention,
+      feature_dtype=train.buffer_dtype,
+    )
+  return plan_memory(
+    model,
+    devices=devices,
+    tensor=par.get("tensor", 1),
+    fsdp=par.get("fsdp", False),
+    micro_batch_rows=update.micro_batch,
+    row_len=width,
+    rollout_rows=engine.max_batch,
+    slots=engine.slots,
+    vocab_chunk=config.rl_loss.get("vocab_chunk", 0),
+    rollout_tensor=par.get("rollout_tensor", 1),
+    remat=update.remat,
+    micro_batches=max(rows // (update.micro_batch * update.mini_batches), 1),
+    capture_hidden=engine.capture_hidden,
+    speculative=mode(config) != "baseline",
+    drafter=drafter,
+  )
 
 
 def sampling_config(config: ml_collections.ConfigDict) -> SamplingConfig:
