@@ -194,6 +194,7 @@ def test_a_jobs_plan_follows_its_config():
     vocab_chunk=8192,
     remat=True,
     micro_batches=2,
+    capture_hidden=False,  # baseline rollouts keep no hidden states (`train.prepare`)
   )
   assert base == same, (base, same)
   config.mode = "tlt"
@@ -228,3 +229,19 @@ def test_memory_plan_script_plans_a_checkpoints_job(tmp_path):
   assert done.returncode == 0, done.stderr[-2000:]
   assert "mode tlt" in done.stdout and f"({tmp_path / 'ckpt'})" in done.stdout, done.stdout
   assert "drafter peak" in done.stdout and "fits  NO" in done.stdout, done.stdout
+
+
+def test_a_job_over_its_devices_memory_is_warned_not_refused():
+  """`configuration.memory_warning`: None where the device's bytes are unknown (a CPU) or
+  hold the planned peak; else a message naming the phase that peaks and the bytes."""
+  from configs import hf_grpo
+  from tlt_jax import configuration
+
+  model, config = qwen25("7B"), hf_grpo.get_config()
+  config.mode = "tlt"
+  peak = configuration.memory_plan(config, model, 8).peak
+  assert configuration.memory_warning(config, model, 8, None) is None
+  assert configuration.memory_warning(config, model, 8, peak) is None
+  message = configuration.memory_warning(config, model, 8, 80 * GIB)
+  assert message is not None and f"{peak / GIB:.1f} GiB a device" in message, message
+  assert "over the device's 80.0 GiB" in message and "update" in message, message

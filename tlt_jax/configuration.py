@@ -344,9 +344,30 @@ def memory_plan(config: ml_collections.ConfigDict, model: ModelConfig, devices: 
     rollout_tensor=par.get("rollout_tensor", 1),
     remat=update.remat,
     micro_batches=max(rows // (update.micro_batch * update.mini_batches), 1),
-    capture_hidden=engine.capture_hidden,
+    capture_hidden=engine.capture_hidden and mode(config) != "baseline",  # as `train.prepare`
     speculative=mode(config) != "baseline",
     drafter=drafter,
+  )
+
+
+def memory_warning(
+  config: ml_collections.ConfigDict, model: ModelConfig, devices: int, capacity: int | None
+) -> str | None:
+  """A warning when the job's planned per-device peak (`memory_plan`) exceeds `capacity`
+  bytes a device (None: unknown, as on a CPU), else None. The plan is an estimate (0.8-1.3
+  of XLA's own where compared: experiments/RESULTS.md), so a run is warned, not refused."""
+  if not capacity:
+    return None
+  plan = memory_plan(config, model, devices)
+  if plan.peak <= capacity:
+    return None
+  worst = "rollout beside the drafter's update" if plan.drafter else "rollout"
+  if plan.update_peak == plan.peak:
+    worst = "update"
+  return (
+    f"the memory plan puts this job's {worst} at {plan.peak / 2**30:.1f} GiB a device, over "
+    f"the device's {capacity / 2**30:.1f} GiB: it may run out of memory (the plan by part: "
+    "python experiments/memory_plan.py --config=... with this job's flags)"
   )
 
 
@@ -607,6 +628,7 @@ class JobInputs:
   engine: EngineConfig
   mesh: Mesh | None
   mode: str
+  model: ModelConfig  # the policy's shape: its checkpoint's, else the config's model
 
 
 def job_inputs(config: ml_collections.ConfigDict) -> JobInputs:
@@ -617,7 +639,7 @@ def job_inputs(config: ml_collections.ConfigDict) -> JobInputs:
   if init_from and not os.path.isdir(init_from):
     raise ConfigError(f"config.sft.init_from={init_from!r}: no such directory")
   steps = rl_steps(config)
-  checkpoint(config)
+  policy = checkpoint(config)
   tok = tokenizer(config)
   task = task_spec(config)
   prompt = prompt_format(config, tok)
@@ -634,8 +656,8 @@ def job_inputs(config: ml_collections.ConfigDict) -> JobInputs:
       "settings are the toy task's (final norm only, lr 0.2); use configs/hf_grpo.py or set "
       "rl_update.learning_rate (<= 1e-3) and trainable"
     )
-  if not config.model.get("checkpoint", ""):
-    model_config(config, tok)
+  if policy is None:
+    policy = model_config(config, tok)
     sft_config(config)
   if mode(config) != "baseline":
     drafter_config(config)
@@ -647,4 +669,4 @@ def job_inputs(config: ml_collections.ConfigDict) -> JobInputs:
   if export is not None and export.get("dir") and export.get("dtype") not in EXPORT_DTYPES:
     raise ConfigError(f"config.export.dtype must be one of {EXPORT_DTYPES}, got {export.dtype!r}")
   task_data(config)
-  return JobInputs(tok, task, prompt, sampling, engine, rollout_mesh, mode(config))
+  return JobInputs(tok, task, prompt, sampling, engine, rollout_mesh, mode(config), policy)

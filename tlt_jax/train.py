@@ -231,6 +231,11 @@ def prepare(config: ml_collections.ConfigDict, workdir: str, progress: bool = Tr
   for byte as it was (a finished run's config.json and summary included).
   """
   inputs = configuration.job_inputs(config)
+  devices = inputs.mesh.devices.size if inputs.mesh is not None else 1
+  capacity = (jax.devices()[0].memory_stats() or {}).get("bytes_limit")
+  warning = configuration.memory_warning(config, inputs.model, devices, capacity)
+  if warning:
+    logging.warning("%s", warning)
   # Warm starts are reused from the workdir by name only: refuse another recipe's.
   configuration.check_same_recipe(config, workdir, configuration.OTHER_WORKDIR)
   os.makedirs(workdir, exist_ok=True)
