@@ -119,8 +119,8 @@ class SliceScheduler:
     # On a mesh, windows and the budgeted long tail train on all rollout devices.
     self._all_devices = placement.mesh if placement is not None else None
     # Per freed device set (device ids): its mesh and whether the update is compiled for
-    # it, built once; the copy on it of the policy's part the drafter reads, refreshed per
-    # rollout.
+    # it, built once; the policy's part the drafter reads on it (a view of the rollout
+    # devices' copy), refreshed per rollout.
     self._free_meshes: dict[tuple[int, ...], Any] = {}
     self._free_compiled: set[tuple[int, ...]] = set()
     self._free_targets: dict[tuple[int, ...], Any] = {}
