@@ -320,8 +320,8 @@ def memory_plan(config: ml_collections.ConfigDict, model: ModelConfig, devices: 
   _, _, update = rl_configs(config)
   width = min(update.pack_width, engine.slots) if update.pack_width else engine.slots
   rows = config.rl.prompts_per_step * config.rl.group_size
-  drafter = None
-  if mode(config) == "tlt":
+  job_mode, drafter = mode(config), None
+  if job_mode == "tlt":
     train = drafter_config(config)
     drafter = plan_drafter_update(
       model,
@@ -344,8 +344,8 @@ def memory_plan(config: ml_collections.ConfigDict, model: ModelConfig, devices: 
     rollout_tensor=par.get("rollout_tensor", 1),
     remat=update.remat,
     micro_batches=max(rows // (update.micro_batch * update.mini_batches), 1),
-    capture_hidden=engine.capture_hidden and mode(config) != "baseline",  # as `train.prepare`
-    speculative=mode(config) != "baseline",
+    capture_hidden=engine.capture_hidden and job_mode != "baseline",  # as `train.prepare`
+    speculative=job_mode != "baseline",
     drafter=drafter,
   )
 

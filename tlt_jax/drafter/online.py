@@ -172,7 +172,7 @@ class OnlineDrafter:
       grad_clip=config.grad_clip,
     )
     # The target's config is the drafter's (`models.drafter.Drafter`). Updates read the part
-    # of the target it uses (`target_reads`): freed devices get a copy of that alone.
+    # of the target it uses (`target_reads`): freed devices hold only that.
     self.target_config = nnx.merge(graphdef, params).config
     # Not donated: the rollout engine may still hold the previous version's arrays.
     self._update = make_drafter_update(

@@ -204,7 +204,8 @@ class Transformer(nnx.Module):
   """Decoder-only LM. See the module docstring for the entry points.
 
   `head_only`: the embedding, final norm and head without the layers (whose params are then
-  absent): the part of a target that its drafter reads (`models.drafter.target_head`)."""
+  absent): the part of a target that its drafter reads
+  (`models.drafter.target_head_graphdef`)."""
 
   def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, head_only: bool = False):
     self.config = config
