@@ -7,7 +7,12 @@ programs only count (experiments/deviceless.py) costs on this host or device.
          (the scatter reads the slots it overwrites: a kernel of its own per write on a GPU);
   form   attention as multiply-reduce against the dots (`models.attention.attention_form`):
          "auto" takes the dots on a GPU, and on a CPU the multiply-reduce for a few new
-         tokens over two rows or more.
+         tokens over two rows or more;
+  head   the head's product with both sides cast to float32 first, as it ran until
+         2026-12-06 (`experiments.forwards.float32_head`), against the model's own in the
+         compute dtype summed in float32: for a bfloat16 policy (published shapes) a
+         bfloat16 GEMM where a float32 one ran ("highest" in the rollout on a GPU); for a
+         float32 policy the same program.
 Each `--shapes` entry (a config file's policy or a published shape,
 `experiments.forwards.decode_shape`, random weights) runs an engine chunk's kind of device
 loop (`experiments.forwards.Forward`: 16 cached forwards from `--context`) per `--cells`
@@ -18,6 +23,8 @@ entry (rows x new tokens a row), traced once with each variant; both are timed i
       --out=experiments/results/cache_write_hostL_2026-12-05/bench_cache_write.json
   python experiments/bench_step_variants.py --compare=form --shapes=qwen3-8b \
       --cells=2x5,1x2,16x1,2x9 --context=1024
+  python experiments/bench_step_variants.py --compare=head --shapes=qwen2.5-1.5b \
+      --cells=1x1,16x1 --context=256 --reps=5
 """
 
 from __future__ import annotations
@@ -34,12 +41,12 @@ from absl import app, flags
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from experiments.common import random_params  # noqa: E402
-from experiments.forwards import Forward, compile_together, decode_shape  # noqa: E402
+from experiments.forwards import Forward, compile_together, decode_shape, float32_head  # noqa: E402
 from experiments.host import format_host, host_info  # noqa: E402
 from tlt_jax.models import transformer  # noqa: E402
 from tlt_jax.models.attention import attention_form  # noqa: E402
 
-_COMPARE = flags.DEFINE_enum("compare", "write", ["write", "form"], "which choice")
+_COMPARE = flags.DEFINE_enum("compare", "write", ["write", "form", "head"], "which choice")
 _SHAPES = flags.DEFINE_list(
   "shapes", ["configs/default.py", "configs/regime.py", "configs/sd_bench.py"], "policies"
 )
@@ -73,6 +80,10 @@ VARIANTS = {
   "form": (
     ("reduce", lambda: attention_form("reduce")),
     ("dots", lambda: attention_form("dots")),
+  ),
+  "head": (
+    ("float32", float32_head),
+    ("compute", contextlib.nullcontext),
   ),
 }
 

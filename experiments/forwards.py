@@ -8,6 +8,7 @@ without one."""
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import importlib
 import math
@@ -44,14 +45,29 @@ def weight_bytes(params) -> int:
   return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
 
 
-def weights_dtype_logits(model, h):
-  """The head's product in its weights' dtype, accumulated in float32 (the model's own
-  `logits` casts both sides to float32 first; for bfloat16 hidden states and weights the
-  products are the same, the sums' order may not be): whether a batch-1 decode's head then
-  runs as a matrix product where the float32 one does not."""
-  cfg = model.config
-  w = model.embed.embedding[...].T if cfg.tie_embeddings else model.lm_head.kernel[...]
-  return jnp.einsum("...d,dv->...v", h.astype(w.dtype), w, preferred_element_type=jnp.float32)
+def _float32_head_logits(self, hidden, start, size):
+  """`Transformer.head_logits` as it was until 2026-12-06: both sides cast to float32
+  before the product (for bfloat16 values the same products, summed in another order)."""
+  h = hidden.astype(jnp.float32)
+  if self.config.tie_embeddings:
+    w = lax.dynamic_slice_in_dim(self.embed.embedding[...], start, size, axis=0)
+    return jnp.einsum("...d,vd->...v", h, w.astype(jnp.float32))
+  w = lax.dynamic_slice_in_dim(self.lm_head.kernel[...], start, size, axis=1)
+  return jnp.einsum("...d,dv->...v", h, w.astype(jnp.float32))
+
+
+@contextlib.contextmanager
+def float32_head():
+  """Within: models trace their head's product in float32 (`_float32_head_logits`), the
+  way a bfloat16 policy's head ran until 2026-12-06: on a GPU a float32 GEMM ("highest"
+  in the rollout) of operands converted from bfloat16, where the model's own is a bfloat16
+  GEMM summing in float32. Read when a program is traced."""
+  original = Transformer.head_logits
+  Transformer.head_logits = _float32_head_logits
+  try:
+    yield
+  finally:
+    Transformer.head_logits = original
 
 
 class Forward:
@@ -63,8 +79,8 @@ class Forward:
   device value (there: whether every row has finished), so XLA cannot count its trips; on
   a GPU such a loop copies its condition to the host and waits for the device at every
   trip (XLA's WhileThunk), where a counted loop's trips are queued without waiting.
-  `weights_head`: the head's product as `weights_dtype_logits` computes it. `options`: the
-  program's jax.jit compiler_options (`utils.cpu_fusions.compiler_options`)."""
+  `float32_head`: traced under `float32_head()` (the head as it ran until 2026-12-06).
+  `options`: the program's jax.jit compiler_options (`utils.cpu_fusions.compiler_options`)."""
 
   def __init__(
     self,
@@ -75,12 +91,12 @@ class Forward:
     context,
     n,
     until_done: bool = False,
-    weights_head: bool = False,
+    float32_head: bool = False,
     options=None,
   ):
     self.view = 1 << math.ceil(math.log2(context + n * tokens))
     self.batch, self.tokens, self.context, self.n = batch, tokens, context, n
-    head = weights_dtype_logits if weights_head else lambda model, h: model.logits(h)
+    self.float32_head = float32_head
 
     def run(params, cache, toks):
       model = nnx.merge(graphdef, params)
@@ -92,7 +108,7 @@ class Forward:
         h, cache, _ = model(
           toks, pos, cache=cache, cache_len=jnp.full((batch,), start), view_len=self.view
         )
-        nxt = jnp.argmax(head(model, h), axis=-1).astype(jnp.int32)
+        nxt = jnp.argmax(model.logits(h), axis=-1).astype(jnp.int32)
         return cache, nxt
 
       if not until_done:
@@ -116,7 +132,8 @@ class Forward:
     """Traces and lowers the loop (Python work: on the caller's thread, under its settings,
     e.g. `models.attention.attention_form`); `compile_together` compiles it."""
     t = time.perf_counter()
-    self.lowered = self.fn.lower(params, *self.abstract)
+    with float32_head() if self.float32_head else contextlib.nullcontext():
+      self.lowered = self.fn.lower(params, *self.abstract)
     self.lower_s = time.perf_counter() - t
 
   def compile(self, params) -> float:

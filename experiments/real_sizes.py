@@ -32,10 +32,11 @@ Stages, in priority order (`--stages`; finished ones are skipped):
                forward a call) that is neither weights nor arithmetic
   decode_b1_profile  the first shape's batch-1 decode loop under each `--profile_forms`
                attention form (the engine's "auto" takes batched products there), and with
-               the head's product in the weights' dtype (`weights_dtype_logits`), timed and
-               traced: its kernels by kind and its costliest kernels described from the
-               compiled module (result and operand shapes, the fused ops, the JAX op): what
-               holds the step above its bound
+               the head's product in float32 as it ran until 2026-12-06
+               (`experiments.forwards.float32_head`), timed and traced: its kernels by kind
+               and its costliest kernels described from the compiled module (result and
+               operand shapes, the fused ops, the JAX op): what holds the step above its
+               bound
   verify_b1    batch-1 forwards of each `--tokens` count (1: a decode step; 5 / 9: verifying
                a chain of 4 / 8) of the first shape, timed and traced in one process under one
                set of XLA flags, each trace summarised here by kernel kind (products,
@@ -184,10 +185,11 @@ _PROFILE_FORMS = flags.DEFINE_list(
   ["auto", "reduce"],
   "decode_b1_profile stage: attention forms (models.attention.ATTENTION_FORMS) profiled",
 )
-_PROFILE_WEIGHTS_HEAD = flags.DEFINE_bool(
-  "profile_weights_head",
+_PROFILE_FLOAT32_HEAD = flags.DEFINE_bool(
+  "profile_float32_head",
   True,
-  "decode_b1_profile stage: also the auto form with the head's product in its weights' dtype",
+  "decode_b1_profile stage: also the auto form with the head's product in float32 (until "
+  "2026-12-06)",
 )
 _POLICY_CONTEXT = flags.DEFINE_integer("policy_context", 192, "policy_overhead stage's context")
 _CHILD = flags.DEFINE_bool("child", False, "internal: print batch-1 decode costs as JSON")
@@ -423,19 +425,19 @@ class Stages:
 
   def decode_b1_profile(self, start) -> bool:
     """The first shape's batch-1 decode loop under each `--profile_forms` attention form,
-    with the head's product in the weights' dtype, and as the engine's step runs it on a GPU
-    (two tokens: `EngineConfig.one_row_step`), timed, traced, its kernels by kind and the
-    costliest described (`traced_ms`): which products and reductions hold the step above
-    its bound, and what the two-token step gives back."""
+    with the head's product in float32 (as before 2026-12-06), and as the engine's step
+    runs it on a GPU (two tokens: `EngineConfig.one_row_step`), timed, traced, its kernels
+    by kind and the costliest described (`traced_ms`): which products and reductions hold
+    the step above its bound, what the bfloat16 head and the two-token step give back."""
     name, context = _SHAPES.value[0], int(_CONTEXTS.value[0])
     cfg, graphdef, params = self.model(name)
     cells = self.results.setdefault("decode_b1_profile", {})
     variants = [(form, form, False, 1) for form in _PROFILE_FORMS.value]
-    if _PROFILE_WEIGHTS_HEAD.value:
-      variants.append(("auto, head in the weights' dtype", "auto", True, 1))
+    if _PROFILE_FLOAT32_HEAD.value:
+      variants.append(("auto, the head in float32", "auto", True, 1))
     variants.append(("auto, the step as two tokens", "auto", False, 2))
     todo = [
-      (key, Forward(graphdef, cfg, 1, tokens, context, _STEPS.value, weights_head=head), form)
+      (key, Forward(graphdef, cfg, 1, tokens, context, _STEPS.value, float32_head=head), form)
       for key, form, head, tokens in variants
       if key not in cells
     ]

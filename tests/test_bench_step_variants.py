@@ -14,15 +14,20 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.mark.parametrize(
-  "compare,variants", [("write", {"scatter", "update"}), ("form", {"reduce", "dots"})]
+  "compare,variants,shape",
+  [
+    ("write", {"scatter", "update"}, "configs/regime.py:tiny"),
+    ("form", {"reduce", "dots"}, "configs/regime.py:tiny"),
+    ("head", {"float32", "compute"}, "tiny"),  # a bfloat16 policy, where the heads differ
+  ],
 )
-def test_both_variants_are_timed_per_shape_and_cell(tmp_path, compare, variants):
+def test_both_variants_are_timed_per_shape_and_cell(tmp_path, compare, variants, shape):
   out = tmp_path / "variants.json"
   cmd = [
     sys.executable,
     "experiments/bench_step_variants.py",
     f"--compare={compare}",
-    "--shapes=configs/regime.py:tiny",
+    f"--shapes={shape}",
     "--cells=1x1,2x3",
     "--context=16",
     "--reps=2",
@@ -33,10 +38,7 @@ def test_both_variants_are_timed_per_shape_and_cell(tmp_path, compare, variants)
   report = json.loads(out.read_text())
   assert report["compare"] == compare
   results = report["results"]
-  assert [(r["shape"], r["cell"]) for r in results] == [
-    ("configs/regime.py:tiny", "1x1"),
-    ("configs/regime.py:tiny", "2x3"),
-  ]
+  assert [(r["shape"], r["cell"]) for r in results] == [(shape, "1x1"), (shape, "2x3")]
   for r in results:
     assert set(r["times_s"]) == variants
     assert all(len(t) == 2 and min(t) > 0 for t in r["times_s"].values())

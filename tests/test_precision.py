@@ -12,7 +12,7 @@ from tiny_models import TINY_UNTIED
 from tlt_jax.decode.sampling import SamplingConfig
 from tlt_jax.models.drafter import init_drafter
 from tlt_jax.models.precision import cast_floating, compute_model
-from tlt_jax.models.transformer import init_model
+from tlt_jax.models.transformer import head_product, init_model
 from tlt_jax.rl import PolicyLossConfig, UpdateConfig, make_optimizer, make_policy_update
 from tlt_jax.rl.update import token_logprobs
 from tlt_jax.rollout.config import EngineConfig
@@ -46,6 +46,61 @@ def test_mixed_precision_stores_masters_and_computes_in_bf16():
 def test_param_dtype_is_validated():
   with pytest.raises(ValueError, match="param_dtype"):
     dataclasses.replace(FP32, param_dtype="float64")
+
+
+def _equations(jaxpr):
+  """A jaxpr's equations, those of the jaxprs inside them included."""
+  for eqn in jaxpr.eqns:
+    yield eqn
+    for value in eqn.params.values():
+      inner = getattr(value, "jaxpr", value)
+      if hasattr(inner, "eqns"):
+        yield from _equations(inner)
+
+
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+def test_the_head_multiplies_in_the_compute_dtype_and_sums_in_float32(tied):
+  """A bfloat16 model's head product reads its bfloat16 hidden states and weights as they are
+  (no float32 copy of the head, which would put it on a GPU's float32 path) and returns float32
+  logits: the exact products summed in float32, so within float32 rounding of a float64 sum;
+  a float32 model's head is the float32 product it was."""
+  for config in (MIXED, FP32):
+    config = dataclasses.replace(config, tie_embeddings=tied)
+    model = compute_model(*_params(config, seed=1))
+    hidden = jax.random.normal(jax.random.key(2), (2, 3, config.d_model)).astype(config.dtype)
+    jaxpr = jax.make_jaxpr(lambda h, model=model: model.logits(h))(hidden)
+    (dot,) = [e for e in _equations(jaxpr.jaxpr) if e.primitive.name == "dot_general"]
+    assert [v.aval.dtype for v in dot.invars] == [config.jnp_dtype] * 2
+    assert dot.outvars[0].aval.dtype == jnp.float32
+    assert "convert_element_type" not in str(jaxpr)
+    head = model.embed.embedding[...].T if tied else model.lm_head.kernel[...]
+    h64, w64 = (np.asarray(x.astype(jnp.float32), np.float64) for x in (hidden, head))
+    logits = np.asarray(model.logits(hidden))
+    np.testing.assert_allclose(logits, h64 @ w64, rtol=0, atol=1e-5 * np.abs(h64 @ w64).max())
+    if config.dtype == "float32":
+      eq, w = ("...d,vd->...v", head.T) if tied else ("...d,dv->...v", head)
+      np.testing.assert_array_equal(logits, jnp.einsum(eq, hidden, w))
+
+
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+def test_the_bfloat16_heads_gradients_are_the_float32_heads(tied):
+  """`head_product`'s backward takes the float32 cotangent with both sides in float32: for
+  bfloat16 hidden states and weights the gradients of the float32 product of the same values
+  (the hidden state's in float32 when it comes in float32, as `rl.logprobs` passes it)."""
+  rng = np.random.default_rng(0)
+  weights = jnp.asarray(rng.normal(size=(40, 16) if tied else (16, 40)), jnp.bfloat16)
+  cot = jnp.asarray(rng.normal(size=(3, 40)), jnp.float32)
+  eq = "...d,vd->...v" if tied else "...d,dv->...v"
+  for hidden_dtype in (jnp.bfloat16, jnp.float32):
+    hidden = jnp.asarray(rng.normal(size=(3, 16)), jnp.bfloat16).astype(hidden_dtype)
+    ours = jax.grad(lambda h, w: jnp.sum(cot * head_product(h, w, tied, jnp.bfloat16)), (0, 1))
+    theirs = jax.grad(
+      lambda h, w: jnp.sum(cot * jnp.einsum(eq, h.astype(jnp.float32), w.astype(jnp.float32))),
+      (0, 1),
+    )
+    for a, b in zip(ours(hidden, weights), theirs(hidden, weights), strict=True):
+      assert a.dtype == b.dtype
+      np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=1e-6)
 
 
 # ----------------------------------------------------------------- vocabulary chunks
