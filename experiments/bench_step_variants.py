@@ -8,23 +8,25 @@ programs only count (experiments/deviceless.py) costs on this host or device.
   form   attention as multiply-reduce against the dots (`models.attention.attention_form`):
          "auto" takes the dots on a GPU, and on a CPU the multiply-reduce for a few new
          tokens over two rows or more;
-  head   the head's product with both sides cast to float32 first, as it ran until
-         2026-12-06 (`experiments.forwards.float32_head`), against the model's own in the
-         compute dtype summed in float32: for a bfloat16 policy (published shapes) a
-         bfloat16 GEMM where a float32 one ran ("highest" in the rollout on a GPU); for a
-         float32 policy the same program.
+  head   the head's product with both sides cast to float32 first (on every platform until
+         2026-12-06, on CPUs still) against the product in the compute dtype summed in
+         float32 (`models.precision.head_precision`; "auto" takes it on accelerators): for
+         a bfloat16 policy (published shapes) a bfloat16 GEMM where a float32 one ran
+         ("highest" in the rollout on a GPU); for a float32 policy the same program.
 Each `--shapes` entry (a config file's policy or a published shape,
 `experiments.forwards.decode_shape`, random weights) runs an engine chunk's kind of device
 loop (`experiments.forwards.Forward`: 16 cached forwards from `--context`) per `--cells`
-entry (rows x new tokens a row), traced once with each variant; both are timed interleaved,
-`--reps` rounds: median ms a forward [min-max] and the paired ratio second / first.
+entry (rows x new tokens a row), traced once with each variant (under
+`--matmul_precision`: "highest" as the rollout engine runs on a GPU, `EngineConfig`); both
+are timed interleaved, `--reps` rounds: median ms a forward [min-max] and the paired ratio
+second / first.
 
   python experiments/bench_step_variants.py --compare=write \
       --out=experiments/results/cache_write_hostL_2026-12-05/bench_cache_write.json
   python experiments/bench_step_variants.py --compare=form --shapes=qwen3-8b \
       --cells=2x5,1x2,16x1,2x9 --context=1024
   python experiments/bench_step_variants.py --compare=head --shapes=qwen2.5-1.5b \
-      --cells=1x1,16x1 --context=256 --reps=5
+      --cells=1x1,16x1 --context=256 --reps=5 --matmul_precision=highest
 """
 
 from __future__ import annotations
@@ -36,15 +38,17 @@ import statistics
 import sys
 import time
 
+import jax
 from absl import app, flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from experiments.common import random_params  # noqa: E402
-from experiments.forwards import Forward, compile_together, decode_shape, float32_head  # noqa: E402
+from experiments.forwards import Forward, compile_together, decode_shape  # noqa: E402
 from experiments.host import format_host, host_info  # noqa: E402
 from tlt_jax.models import transformer  # noqa: E402
 from tlt_jax.models.attention import attention_form  # noqa: E402
+from tlt_jax.models.precision import head_precision  # noqa: E402
 
 _COMPARE = flags.DEFINE_enum("compare", "write", ["write", "form", "head"], "which choice")
 _SHAPES = flags.DEFINE_list(
@@ -56,6 +60,12 @@ _CELLS = flags.DEFINE_list(
 _CONTEXT = flags.DEFINE_integer("context", 400, "the cache length the loop starts at")
 _REPS = flags.DEFINE_integer("reps", 15, "interleaved timed rounds")
 _OUT = flags.DEFINE_string("out", "", "write the results as JSON here too")
+_PRECISION = flags.DEFINE_enum(
+  "matmul_precision",
+  "",
+  ["", "default", "high", "highest"],
+  "jax.default_matmul_precision the loops are traced under ('': the platform's default)",
+)
 
 _CHUNK = 16  # forwards a call
 
@@ -82,8 +92,8 @@ VARIANTS = {
     ("dots", lambda: attention_form("dots")),
   ),
   "head": (
-    ("float32", float32_head),
-    ("compute", contextlib.nullcontext),
+    ("float32", lambda: head_precision("float32")),
+    ("compute", lambda: head_precision("compute")),
   ),
 }
 
@@ -92,9 +102,10 @@ def loops(cfg, graphdef, params, rows: int, tokens: int) -> dict:
   """The loop traced under each variant of `--compare`, the two compiled at once
   (`compile_together`: on threads beside an accelerator); each a callable running it."""
   forwards = {}
+  precision = _PRECISION.value or None
   for name, setting in VARIANTS[_COMPARE.value]:
     forwards[name] = Forward(graphdef, cfg, rows, tokens, _CONTEXT.value, _CHUNK)
-    with setting():
+    with setting(), jax.default_matmul_precision(precision):
       forwards[name].lower(params)
   compile_together(list(forwards.values()), params)
   return {name: fwd.runner(params) for name, fwd in forwards.items()}
@@ -127,7 +138,15 @@ def main(argv):
       line = f"{path} {cell}:" + "".join(f"  {n} {_spread(t, 1e3)} ms" for n, t in times.items())
       print(f"{line}  {second}/{first} {_spread(ratios)}", flush=True)
       results.append(dict(shape=path, cell=cell, times_s=times, ratios=ratios))
-      _save(dict(host=host, compare=_COMPARE.value, context=_CONTEXT.value, results=results))
+      _save(
+        dict(
+          host=host,
+          compare=_COMPARE.value,
+          context=_CONTEXT.value,
+          matmul_precision=_PRECISION.value,
+          results=results,
+        )
+      )
 
 
 def _save(report: dict) -> None:

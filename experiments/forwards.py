@@ -27,6 +27,7 @@ from tlt_jax.data import get_tokenizer
 from tlt_jax.drafter import drafter_optimizer, make_drafter_update
 from tlt_jax.models.config import ModelConfig
 from tlt_jax.models.drafter import Drafter, target_head_graphdef, target_head_params
+from tlt_jax.models.precision import head_precision
 from tlt_jax.models.transformer import KVCache, Transformer
 from tlt_jax.parallel.memory import (
   DrafterPlan,
@@ -45,31 +46,6 @@ def weight_bytes(params) -> int:
   return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
 
 
-def _float32_head_logits(self, hidden, start, size):
-  """`Transformer.head_logits` as it was until 2026-12-06: both sides cast to float32
-  before the product (for bfloat16 values the same products, summed in another order)."""
-  h = hidden.astype(jnp.float32)
-  if self.config.tie_embeddings:
-    w = lax.dynamic_slice_in_dim(self.embed.embedding[...], start, size, axis=0)
-    return jnp.einsum("...d,vd->...v", h, w.astype(jnp.float32))
-  w = lax.dynamic_slice_in_dim(self.lm_head.kernel[...], start, size, axis=1)
-  return jnp.einsum("...d,dv->...v", h, w.astype(jnp.float32))
-
-
-@contextlib.contextmanager
-def float32_head():
-  """Within: models trace their head's product in float32 (`_float32_head_logits`), the
-  way a bfloat16 policy's head ran until 2026-12-06: on a GPU a float32 GEMM ("highest"
-  in the rollout) of operands converted from bfloat16, where the model's own is a bfloat16
-  GEMM summing in float32. Read when a program is traced."""
-  original = Transformer.head_logits
-  Transformer.head_logits = _float32_head_logits
-  try:
-    yield
-  finally:
-    Transformer.head_logits = original
-
-
 class Forward:
   """`n` cached forwards of `tokens` new tokens per row in one device loop (each feeding
   its argmax to the next, so none is loop-invariant), at a cache view covering `context`
@@ -79,7 +55,8 @@ class Forward:
   device value (there: whether every row has finished), so XLA cannot count its trips; on
   a GPU such a loop copies its condition to the host and waits for the device at every
   trip (XLA's WhileThunk), where a counted loop's trips are queued without waiting.
-  `float32_head`: traced under `float32_head()` (the head as it ran until 2026-12-06).
+  `float32_head`: traced under `models.precision.head_precision("float32")` (a bfloat16
+  policy's head as it ran on every platform until 2026-12-06; "auto" keeps it on CPUs).
   `options`: the program's jax.jit compiler_options (`utils.cpu_fusions.compiler_options`)."""
 
   def __init__(
@@ -132,7 +109,7 @@ class Forward:
     """Traces and lowers the loop (Python work: on the caller's thread, under its settings,
     e.g. `models.attention.attention_form`); `compile_together` compiles it."""
     t = time.perf_counter()
-    with float32_head() if self.float32_head else contextlib.nullcontext():
+    with head_precision("float32") if self.float32_head else contextlib.nullcontext():
       self.lowered = self.fn.lower(params, *self.abstract)
     self.lower_s = time.perf_counter() - t
 

@@ -33,10 +33,10 @@ Stages, in priority order (`--stages`; finished ones are skipped):
   decode_b1_profile  the first shape's batch-1 decode loop under each `--profile_forms`
                attention form (the engine's "auto" takes batched products there), and with
                the head's product in float32 as it ran until 2026-12-06
-               (`experiments.forwards.float32_head`), timed and traced: its kernels by kind
-               and its costliest kernels described from the compiled module (result and
-               operand shapes, the fused ops, the JAX op): what holds the step above its
-               bound
+               (`models.precision.head_precision("float32")`), timed and traced: its
+               kernels by kind and its costliest kernels described from the compiled module
+               (result and operand shapes, the fused ops, the JAX op): what holds the step
+               above its bound
   verify_b1    batch-1 forwards of each `--tokens` count (1: a decode step; 5 / 9: verifying
                a chain of 4 / 8) of the first shape, timed and traced in one process under one
                set of XLA flags, each trace summarised here by kernel kind (products,

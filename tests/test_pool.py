@@ -6,6 +6,7 @@ import numpy as np
 
 from tlt_jax.models import attention
 from tlt_jax.models.attention import cache_mask
+from tlt_jax.models.precision import head_precision, head_product
 from tlt_jax.rollout.pool import ExecutablePool
 from tlt_jax.utils.cpu_fusions import compiler_options
 
@@ -41,6 +42,23 @@ def test_attention_form_switch_recompiles():
   # Switching back hands back the first program, uncompiled.
   with attention.attention_form("dots"):
     assert pool.get(("attend",), attention.attend, args) is exe and pool.compiles == 2
+
+
+def test_head_precision_switch_recompiles():
+  """`precision.head_precision` is read at trace time too: a program traced under one is
+  never handed back under another, and switching back reuses the first."""
+  h = jnp.ones((3, 16), jnp.bfloat16)
+  w = jnp.ones((16, 40), jnp.bfloat16)
+  args = (h, w)
+  head = lambda h, w: head_product(h, w, False, jnp.bfloat16)
+  pool = ExecutablePool()
+  with head_precision("float32"):
+    exe = pool.get(("head",), head, args)
+  with head_precision("compute"):
+    exe2 = pool.get(("head",), head, args)
+    assert exe2 is not exe and pool.compiles == 2
+  with head_precision("float32"):
+    assert pool.get(("head",), head, args) is exe and pool.compiles == 2
 
 
 def test_compiling_ahead_overlaps_compiles_and_pools_them():

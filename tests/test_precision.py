@@ -11,7 +11,13 @@ from tiny_models import TINY_UNTIED
 
 from tlt_jax.decode.sampling import SamplingConfig
 from tlt_jax.models.drafter import init_drafter
-from tlt_jax.models.precision import cast_floating, compute_model
+from tlt_jax.models.precision import (
+  cast_floating,
+  compute_model,
+  current_head_precision,
+  head_precision,
+  platform_head_precision,
+)
 from tlt_jax.models.transformer import head_product, init_model
 from tlt_jax.rl import PolicyLossConfig, UpdateConfig, make_optimizer, make_policy_update
 from tlt_jax.rl.update import token_logprobs
@@ -58,28 +64,55 @@ def _equations(jaxpr):
         yield from _equations(inner)
 
 
+def _head_dot(model, hidden):
+  """The dot_general of `model.logits(hidden)`, traced (a new function each call: JAX caches
+  a function's trace, and the head precision is read when tracing)."""
+  jaxpr = jax.make_jaxpr(lambda h: model.logits(h))(hidden)
+  (dot,) = [e for e in _equations(jaxpr.jaxpr) if e.primitive.name == "dot_general"]
+  return dot
+
+
 @pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
 def test_the_head_multiplies_in_the_compute_dtype_and_sums_in_float32(tied):
-  """A bfloat16 model's head product reads its bfloat16 hidden states and weights as they are
-  (no float32 copy of the head, which would put it on a GPU's float32 path) and returns float32
-  logits: the exact products summed in float32, so within float32 rounding of a float64 sum;
-  a float32 model's head is the float32 product it was."""
+  """Under "compute" (what "auto" takes on accelerators) a bfloat16 model's head product
+  reads its bfloat16 hidden states and weights as they are (no float32 copy of the head,
+  which would put it on a GPU's float32 path) and returns float32 logits: the exact products
+  summed in float32, so within float32 rounding of a float64 sum; a float32 model's head is
+  the float32 product it was."""
   for config in (MIXED, FP32):
     config = dataclasses.replace(config, tie_embeddings=tied)
     model = compute_model(*_params(config, seed=1))
     hidden = jax.random.normal(jax.random.key(2), (2, 3, config.d_model)).astype(config.dtype)
-    jaxpr = jax.make_jaxpr(lambda h, model=model: model.logits(h))(hidden)
-    (dot,) = [e for e in _equations(jaxpr.jaxpr) if e.primitive.name == "dot_general"]
+    with head_precision("compute"):
+      dot = _head_dot(model, hidden)
+      logits = np.asarray(model.logits(hidden))
     assert [v.aval.dtype for v in dot.invars] == [config.jnp_dtype] * 2
     assert dot.outvars[0].aval.dtype == jnp.float32
-    assert "convert_element_type" not in str(jaxpr)
     head = model.embed.embedding[...].T if tied else model.lm_head.kernel[...]
     h64, w64 = (np.asarray(x.astype(jnp.float32), np.float64) for x in (hidden, head))
-    logits = np.asarray(model.logits(hidden))
     np.testing.assert_allclose(logits, h64 @ w64, rtol=0, atol=1e-5 * np.abs(h64 @ w64).max())
     if config.dtype == "float32":
       eq, w = ("...d,vd->...v", head.T) if tied else ("...d,dv->...v", head)
       np.testing.assert_array_equal(logits, jnp.einsum(eq, hidden, w))
+
+
+def test_the_head_precision_takes_float32_on_cpus_and_the_compute_dtype_elsewhere():
+  """The default, "auto", keeps a bfloat16 policy's head in float32 on a CPU, whose bfloat16
+  matrix-vector product is the slower; accelerators take the compute dtype; a setting is
+  scoped and checked."""
+  assert platform_head_precision("cpu") == "float32"
+  assert platform_head_precision("gpu") == platform_head_precision("tpu") == "compute"
+  model = compute_model(*_params(MIXED, seed=1))
+  hidden = jnp.ones((1, 2, MIXED.d_model), jnp.bfloat16)
+  auto = _head_dot(model, hidden).invars[0].aval.dtype
+  assert current_head_precision() == "auto"
+  with head_precision("float32"):
+    assert _head_dot(model, hidden).invars[0].aval.dtype == jnp.float32
+    assert current_head_precision() == "float32"
+  expected = jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16
+  assert auto == expected and current_head_precision() == "auto"
+  with pytest.raises(ValueError, match="head precision"), head_precision("bfloat16"):
+    pass
 
 
 @pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
@@ -93,11 +126,16 @@ def test_the_bfloat16_heads_gradients_are_the_float32_heads(tied):
   eq = "...d,vd->...v" if tied else "...d,dv->...v"
   for hidden_dtype in (jnp.bfloat16, jnp.float32):
     hidden = jnp.asarray(rng.normal(size=(3, 16)), jnp.bfloat16).astype(hidden_dtype)
-    ours = jax.grad(lambda h, w: jnp.sum(cot * head_product(h, w, tied, jnp.bfloat16)), (0, 1))
+    with head_precision("compute"):
+      ours = jax.jit(
+        jax.grad(lambda h, w: jnp.sum(cot * head_product(h, w, tied, jnp.bfloat16)), (0, 1))
+      ).lower(hidden, weights)
+    ours = ours.compile()
     theirs = jax.grad(
       lambda h, w: jnp.sum(cot * jnp.einsum(eq, h.astype(jnp.float32), w.astype(jnp.float32))),
       (0, 1),
     )
+    assert "bf16" in ours.as_text() or "bfloat16" in ours.as_text()
     for a, b in zip(ours(hidden, weights), theirs(hidden, weights), strict=True):
       assert a.dtype == b.dtype
       np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=1e-6)
@@ -268,11 +306,14 @@ def _assert_parts_only_at_ties(graphdef, params, plain, other):
     assert abs(logp[0] - logp[1]) < TIE_GAP, (n, first, logp)
 
 
-def test_bf16_speculative_greedy_equals_bf16_plain():
+@pytest.mark.parametrize("head", ["auto", "compute"])
+def test_bf16_speculative_greedy_equals_bf16_plain(head):
   """bfloat16 compute over float32 masters: greedy speculative tokens are plain's on the
-  CPU; on an accelerator, whose kernels for one row and for several round bfloat16 products
-  apart, they are plain's up to a near tie (an H200 once took one 0.03 apart the other way)."""
-  tg, tp, a, b = _bf16_rollouts(SamplingConfig(temperature=0.0))
+  CPU, its head in float32 ("auto") or in bfloat16 as accelerators run it; on an
+  accelerator, whose kernels for one row and for several round bfloat16 products apart,
+  they are plain's up to a near tie (an H200 once took one 0.03 apart the other way)."""
+  with head_precision(head):
+    tg, tp, a, b = _bf16_rollouts(SamplingConfig(temperature=0.0))
   if jax.default_backend() == "cpu":
     np.testing.assert_array_equal(b.tokens, a.tokens)
   else:

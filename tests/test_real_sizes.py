@@ -225,51 +225,6 @@ def test_a_device_traced_policy_cell_says_how_far_its_step_is_over_its_kernels()
   assert row in done.stdout.splitlines()
 
 
-def test_the_float32_head_gives_the_models_logits_up_to_the_sums_order():
-  """The decode profile's and bench_step_variants' variant head (`forwards.float32_head`, the
-  model's head until 2026-12-06): for a bfloat16 policy the products of the model's own
-  head, summed in another order, with no float32 copy of the weights traced beside the
-  model's; for a float32 policy the same logits; tied and separate heads; the model's head
-  again once the context ends. (A process of its own: the script's absl flags.)"""
-  code = """
-import dataclasses, jax, jax.numpy as jnp
-from experiments.common import published_shape, random_params
-from experiments.forwards import float32_head
-from flax import nnx
-def converts(model, h):  # the casts to float32 the head traces (a new function each time:
-  # jax caches a function's trace)
-  return str(jax.make_jaxpr(lambda h: model.logits(h))(h)).count("new_dtype=float32")
-for dtype in ("bfloat16", "float32"):
-  for tie in (True, False):
-    cfg = dataclasses.replace(published_shape("tiny"), tie_embeddings=tie, dtype=dtype,
-                              param_dtype=dtype)
-    graphdef, params = random_params(cfg)
-    model = nnx.merge(graphdef, params)
-    h = jax.random.normal(jax.random.key(3), (2, 3, cfg.d_model)).astype(cfg.jnp_dtype)
-    with float32_head():
-      theirs, their_casts = model.logits(h), converts(model, h)
-    ours, our_casts = model.logits(h), converts(model, h)
-    assert ours.dtype == theirs.dtype == jnp.float32 and ours.shape == theirs.shape
-    scale = float(jnp.max(jnp.abs(theirs)))
-    print(dtype, tie, float(jnp.max(jnp.abs(ours - theirs))), scale, our_casts, their_casts)
-"""
-  done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
-  assert done.returncode == 0, done.stderr[-2000:]
-  rows = [line.split() for line in done.stdout.strip().splitlines()]
-  assert [r[:2] for r in rows] == [
-    ["bfloat16", "True"],
-    ["bfloat16", "False"],
-    ["float32", "True"],
-    ["float32", "False"],
-  ]
-  for dtype, _, diff, scale, ours, theirs in rows:
-    if dtype == "bfloat16":  # the weights and hidden states cast to float32 there, not here
-      assert int(ours) == 0 and int(theirs) == 2, (ours, theirs)
-      assert float(diff) <= 1e-5 * float(scale)
-    else:
-      assert float(diff) == 0.0
-
-
 def test_forwards_compiled_together_on_threads_run_as_each_compiled_alone():
   """`compile_together` (a stage's programs lowered here, compiled on two threads): each
   program computes what it computes compiled alone, the attention form it was lowered under

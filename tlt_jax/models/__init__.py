@@ -21,12 +21,20 @@ from tlt_jax.models.hf_io import (
   save_generation_config,
   save_hf_checkpoint,
 )
-from tlt_jax.models.precision import cast_floating, compute_model, compute_params
+from tlt_jax.models.precision import (
+  HEAD_PRECISIONS,
+  cast_floating,
+  compute_model,
+  compute_params,
+  current_head_precision,
+  head_precision,
+)
 from tlt_jax.models.transformer import KVCache, Transformer, init_model, split_model
 
 __all__ = [
   "ATTENTION_FORMS",
   "DTYPES",
+  "HEAD_PRECISIONS",
   "ROPE_TYPES",
   "Drafter",
   "KVCache",
@@ -44,7 +52,9 @@ __all__ = [
   "config_to_hf",
   "current_attention_form",
   "current_causal_block",
+  "current_head_precision",
   "current_key_windows",
+  "head_precision",
   "init_drafter",
   "init_model",
   "key_windows",

@@ -18,7 +18,6 @@ heads, K kv heads, G = H // K, E head dim, V vocabulary, F mlp width.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -30,6 +29,7 @@ from jaxtyping import Array, Bool, Float, Int
 
 from tlt_jax.models.attention import attend, attend_causal, cache_mask, full_mask
 from tlt_jax.models.config import ModelConfig
+from tlt_jax.models.precision import head_product
 
 
 @flax.struct.dataclass
@@ -73,51 +73,6 @@ class RMSNorm(nnx.Module):
     x32 = x.astype(jnp.float32)
     y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
     return (y * self.scale[...].astype(jnp.float32)).astype(x.dtype)
-
-
-def head_product(hidden: jax.Array, weights: jax.Array, tied: bool, dtype) -> jax.Array:
-  """Float32 logits `hidden @ weights` (`weights` [V, D] when `tied`, else [D, V]).
-
-  The forward multiplies in the compute dtype `dtype` and sums in float32, as the layers'
-  products do: for a bfloat16 policy the float32 product of the same values (bfloat16
-  products are exact in float32), summed in another order. Cast to float32 first, a GPU would
-  run the head as a float32 product ("highest" in the rollout: off the tensor cores) of a
-  float32 copy of its weights. The backward products take the float32 cotangent with both
-  sides in float32, as before: gradients are the float32 head's, and a pass over vocabulary
-  chunks (`rl.logprobs`) sums each chunk's gradient in its hidden state's float32 rather
-  than rounding it to bfloat16 per chunk."""
-  if jnp.dtype(dtype) == jnp.float32:
-    return _head_einsum(hidden.astype(dtype), weights.astype(dtype), tied)
-  return _low_precision_head(hidden, weights, tied, jnp.dtype(dtype))
-
-
-def _head_einsum(h, w, tied):
-  eq = "...d,vd->...v" if tied else "...d,dv->...v"
-  return jnp.einsum(eq, h, w, preferred_element_type=jnp.float32)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
-def _low_precision_head(hidden, weights, tied, dtype):
-  return _head_einsum(hidden.astype(dtype), weights.astype(dtype), tied)
-
-
-def _low_precision_head_fwd(hidden, weights, tied, dtype):
-  return _low_precision_head(hidden, weights, tied, dtype), (hidden, weights)
-
-
-def _low_precision_head_bwd(tied, dtype, residuals, cotangent):
-  hidden, weights = residuals
-  h, w, g = hidden.astype(jnp.float32), weights.astype(jnp.float32), cotangent
-  if tied:  # w [V, D]
-    dh = jnp.einsum("...v,vd->...d", g, w)
-    dw = jnp.einsum("...v,...d->vd", g, h)
-  else:  # w [D, V]
-    dh = jnp.einsum("...v,dv->...d", g, w)
-    dw = jnp.einsum("...d,...v->dv", h, g)
-  return dh.astype(hidden.dtype), dw.astype(weights.dtype)
-
-
-_low_precision_head.defvjp(_low_precision_head_fwd, _low_precision_head_bwd)
 
 
 def rope_inv_freq(config: ModelConfig) -> Float[Array, " E2"]:
@@ -290,7 +245,8 @@ class Transformer(nnx.Module):
     to [0, vocab_size - size], as lax.dynamic_slice does): a slice of the head, so a
     log-prob pass can run over the vocabulary in chunks.
 
-    The product in the compute dtype, its gradients in float32 (`head_product`)."""
+    The product: `models.precision.head_product` (in the compute dtype on accelerators, with
+    float32 sums and gradients)."""
     dtype = self.config.jnp_dtype
     if self.config.tie_embeddings:
       w = jax.lax.dynamic_slice_in_dim(self.embed.embedding[...], start, size, axis=0)
