@@ -28,6 +28,7 @@ from tlt_jax.models.drafter import (
   init_drafter,
   init_drafter_cache,
 )
+from tlt_jax.models.precision import head_precision
 from tlt_jax.models.transformer import Transformer, init_model
 
 CFG = ModelConfig(
@@ -516,6 +517,39 @@ def test_logit_chunks_give_the_whole_batch_loss_and_gradient(s, temperature):
     jax.tree.map(
       lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7), grad(s.dp, chunk), want_g
     )
+
+
+def test_logit_chunks_under_a_bfloat16_head_as_accelerators_run_it():
+  """A bfloat16 target and drafter with the head's product in bfloat16 (what "auto" takes
+  on accelerators: `models.precision.head_precision`): the chunks' gradient taken inside
+  their forward (a `jax.vjp` through the head's own custom gradient) gives the whole batch's
+  loss and, up to bfloat16's rounding (the float32 head's chunks part by as much), its
+  gradient."""
+  cfg = dataclasses.replace(CFG, dtype="bfloat16")
+  target = init_model(cfg, seed=3)
+  target.embed.embedding[...] = target.embed.embedding[...] * 40.0
+  (tg, tp), (dg, dp) = nnx.split(target), nnx.split(init_drafter(cfg, seed=4))
+  tokens = jax.random.randint(jax.random.key(3), (3, 16), 0, cfg.vocab_size)
+  with head_precision("compute"):
+    hidden, _, _ = nnx.merge(tg, tp)(tokens, _positions(3, 16))
+    lengths = np.array([16, 11, 14])
+    feats = np.asarray(hidden.astype(jnp.float32))
+    batch = jax.tree.map(
+      jnp.asarray, make_training_batch(np.asarray(tokens), feats, np.full(3, 3), lengths)
+    )
+
+    def loss(dp, chunk):
+      return drafter_loss(dg, dp, tg, tp, batch, teacher_temperature=1.0, logit_chunk=chunk)
+
+    grad = jax.jit(jax.grad(lambda dp, c: loss(dp, c)[0]), static_argnums=1)
+    (_, want), want_g = jax.jit(loss, static_argnums=1)(dp, 0), grad(dp, 0)
+    _, got = jax.jit(loss, static_argnums=1)(dp, 7)
+    got_g = grad(dp, 7)
+  for k in want:
+    np.testing.assert_allclose(got[k], want[k], rtol=1e-4, err_msg=k)
+  for a, b in zip(jax.tree.leaves(got_g), jax.tree.leaves(want_g), strict=True):
+    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+    assert np.max(np.abs(a - b)) <= 0.02 * np.max(np.abs(b)), np.max(np.abs(a - b))
 
 
 def test_logit_chunks_bound_the_updates_memory():
