@@ -23,17 +23,9 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
+from tlt_jax.utils.scoped import scoped
+
 _NEG_INF = -1e30
-
-
-@contextlib.contextmanager
-def _scoped(var: contextvars.ContextVar, value) -> Iterator[None]:
-  """`var` set to `value` within, restored after (the scoped settings below)."""
-  token = var.set(value)
-  try:
-    yield
-  finally:
-    var.reset(token)
 
 
 # The forms `attend` takes: "auto" (`reduces` decides), or always "dots" or "reduce".
@@ -53,7 +45,7 @@ def attention_form(form: str) -> Iterator[None]:
   none, so experiments/bench_decode_attention.py can time whole programs under each form.
   Read when a program is traced: `rollout.pool.ExecutablePool` keys its programs by
   `current_attention_form()`, so a program traced under another form is never reused."""
-  with _scoped(_FORM, _checked_form(form)):
+  with scoped(_FORM, _checked_form(form)):
     yield
 
 
@@ -162,7 +154,7 @@ def causal_block(block: int) -> Iterator[None]:
   program is traced (the executable pool keys programs by `current_causal_block()`)."""
   if not isinstance(block, int) or block < 1:
     raise ValueError(f"causal block must be a positive int, got {block!r}")
-  with _scoped(_CAUSAL_BLOCK, block):
+  with scoped(_CAUSAL_BLOCK, block):
     yield
 
 
@@ -182,7 +174,7 @@ def rematerialised_blocks() -> Iterator[None]:
   recomputes those a block at a time: for one-layer programs over long rows (the online
   drafter's update at 8,192 positions a row), where remat of whole layers saves nothing.
   Read when a program is traced."""
-  with _scoped(_BLOCK_REMAT, True):
+  with scoped(_BLOCK_REMAT, True):
     yield
 
 
@@ -208,7 +200,7 @@ def key_windows(windows: Sequence[int]) -> Iterator[None]:
   (segment ids) then pay attention by their samples' lengths, not the row's width. Read
   when a program is traced (a program keeps the setting it was traced under); () is off.
   """
-  with _scoped(_KEY_WINDOWS, checked_key_windows(windows)):
+  with scoped(_KEY_WINDOWS, checked_key_windows(windows)):
     yield
 
 

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from tlt_jax.models.config import ModelConfig
+from tlt_jax.utils.scoped import scoped
 
 
 def cast_floating(tree: Any, dtype: Any) -> Any:
@@ -60,11 +61,8 @@ def head_precision(kind: str) -> Iterator[None]:
   experiments that run one platform's choice on another."""
   if kind not in HEAD_PRECISIONS:
     raise ValueError(f"head precision must be one of {HEAD_PRECISIONS}, got {kind!r}")
-  token = _HEAD.set(kind)
-  try:
+  with scoped(_HEAD, kind):
     yield
-  finally:
-    _HEAD.reset(token)
 
 
 def current_head_precision() -> str:
@@ -75,7 +73,7 @@ def current_head_precision() -> str:
 def platform_head_precision(platform: str) -> str:
   """What "auto" takes on `platform` (a JAX backend name): float32 on a CPU, where XLA's
   bfloat16 matrix-vector product is the slower (a Qwen2.5-1.5B decode step at one row
-  1.6x; experiments/RESULTS.md, 2026-12-06, "a bfloat16 policy's head"); elsewhere the
+  1.57x; experiments/RESULTS.md, 2026-12-06, "a bfloat16 policy's head"); elsewhere the
   compute dtype, as the layers' products: on a GPU a float32 head runs on the float32 path
   (TF32, or off the tensor cores at the rollout's "highest") from a float32 copy of its
   weights."""
