@@ -7,9 +7,10 @@ one.
 XLA compiles for a GPU it is only told about (a target description: an H100 SXM here)
 through the CUDA plugin, with no driver and no device, and for a TPU topology through
 libtpu. The plugins (several GB for CUDA) go in an environment of their own; the project
-itself needs nothing of them:
+itself needs nothing of them (the jax the devices in experiments/RESULTS.md ran; on Python
+3.11, "jax[cuda13]==0.10.2"):
 
-  python3 -m venv /tmp/gpu && /tmp/gpu/bin/pip install -e . "jax[cuda13]==0.10.2"
+  python3.12 -m venv /tmp/gpu && /tmp/gpu/bin/pip install -e . "jax[cuda13]==0.11.2"
   /tmp/gpu/bin/python experiments/deviceless.py --out=runs/deviceless_h100
   python3 -m venv /tmp/tpu && /tmp/tpu/bin/pip install -e '.[tpu]'
   /tmp/tpu/bin/python experiments/deviceless.py --target=v6e:2x2 --out=runs/deviceless_v6e

@@ -7,10 +7,11 @@ programs on this machine. Conventions:
 - the policy update holds the master parameters, their gradients and Adam's two moments
   (all in `param_dtype`), split over every device with FSDP, over "tensor" otherwise; a
   step that sums its gradient over several micro-batches of a narrower compute dtype holds
-  up to one more gradient's bytes (XLA's compiled updates: 0.2-0.8 of one more at four
-  micro-batches than at one, none in float32 throughout; experiments/RESULTS.md,
-  2026-12-05), counted whole. That is the update with its layers as one scan: unrolled,
-  XLA kept 1.28x the plan at Qwen2.5-1.5B's shape;
+  up to one more gradient's bytes (jaxlib 0.10's compiled updates: 0.2-0.8 of one more at
+  four micro-batches than at one, none in float32 throughout; jaxlib 0.11's: none;
+  experiments/RESULTS.md, 2026-12-05 and 2026-12-06), counted whole, so the plan stays an
+  upper bound under both. That is the update with its layers as one scan: unrolled, XLA
+  kept 1.28x the plan at Qwen2.5-1.5B's shape (jaxlib 0.10);
 - the forward reads a compute-dtype copy, split like the masters, plus one layer gathered;
 - saved activations per layer and token: the residual stream and norm outputs (4 x d), the
   attention projections (q, o: 2 x heads x head_dim; k, v: 2 x kv_heads x head_dim), the
