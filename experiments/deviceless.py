@@ -24,21 +24,21 @@ Each cell: `--steps` forwards of `tokens` new tokens per row at `batch` rows
 (`experiments.forwards.Forward`, the loop experiments/real_sizes.py times on a device),
 compiled; its loop body's kernels by kind (`experiments.traces.loop_kernels`) and XLA's
 temporary bytes. GEMM autotuning needs a device, so products keep XLA's default tilings:
-counts, not speeds. Attention takes the form its "auto" takes on the target's platform
-(`models.attention.platform_form`: the dots on a GPU). `--layer` prints the kernels of a
-cell's first layer with what each computes. `--engines` compiles the rollout engine's own
-plain chunk at one row (`rollout.programs.decode_chunk`: sampling, stop check and hidden
-capture included, at the engine's matmul precision) of a config file's policy and engine,
-its step as one token and as two (`EngineConfig.one_row_step`), and one round of each
-`--spec` strategy at one row (`rollout.speculative.spec_decode_chunk`, a random drafter's
-shapes; the drafter's steps run out, `experiments.traces.trip_kernels`), in two-token steps.
-`--updates` compiles the policy update at `--update_shape` too (real_sizes.py's `update`
-program: float32 masters, micro-batches of 2 rows, rematerialised layers) with its layers
-scanned and unrolled: the bytes XLA's GPU compiler gives it beside the memory plan
-(`parallel.memory.plan_memory`), and its compile seconds on this host. `--drafter_updates`
-compiles mode tlt's online drafter update at `--drafter_shape`'s width for each batch
-(rows x row length) and `--drafter_settings` entry (`DrafterTrainConfig.logit_chunk`, and
-`remat_attention`): its bytes and temporaries.
+counts, not speeds. Attention and the head take what "auto" takes on the target's platform
+(`target_settings`: the dots on a GPU, a bfloat16 policy's head in bfloat16). `--layer`
+prints the kernels of a cell's first layer with what each computes. `--engines` compiles the
+rollout engine's own plain chunk at one row (`rollout.programs.decode_chunk`: sampling, stop
+check and hidden capture included, at the engine's matmul precision) of a config file's
+policy and engine, its step as one token and as two (`EngineConfig.one_row_step`), and one
+round of each `--spec` strategy at one row (`rollout.speculative.spec_decode_chunk`, a
+random drafter's shapes; the drafter's steps run out, `experiments.traces.trip_kernels`), in
+two-token steps. `--updates` compiles the policy update at `--update_shape` too
+(real_sizes.py's `update` program: float32 masters, micro-batches of 2 rows, rematerialised
+layers) with its layers scanned and unrolled: the bytes XLA's GPU compiler gives it beside
+the memory plan (`parallel.memory.plan_memory`), and its compile seconds on this host.
+`--drafter_updates` compiles mode tlt's online drafter update at `--drafter_shape`'s width
+for each batch (rows x row length) and `--drafter_settings` entry
+(`DrafterTrainConfig.logit_chunk`, and `remat_attention`): its bytes and temporaries.
 
   /tmp/gpu/bin/python experiments/deviceless.py --shapes= --engines= \
       --drafter_updates=4x2048,16x2048,4x8192 --out=runs/deviceless_drafter
@@ -53,6 +53,7 @@ import os
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
 
+import contextlib  # noqa: E402
 import dataclasses  # noqa: E402
 import functools  # noqa: E402
 import json  # noqa: E402
@@ -78,6 +79,7 @@ from tlt_jax import configuration  # noqa: E402
 from tlt_jax.data import get_tokenizer  # noqa: E402
 from tlt_jax.models.attention import attention_form, platform_form  # noqa: E402
 from tlt_jax.models.drafter import Drafter, init_drafter_cache  # noqa: E402
+from tlt_jax.models.precision import head_precision, platform_head_precision  # noqa: E402
 from tlt_jax.models.transformer import Transformer  # noqa: E402
 from tlt_jax.parallel.memory import measured_bytes  # noqa: E402
 from tlt_jax.rollout import programs  # noqa: E402
@@ -337,11 +339,20 @@ def main(argv):
   sharding, device = target_sharding(_TARGET.value)
   print(f"compiling for {device}", flush=True)
   os.makedirs(_OUT.value, exist_ok=True)
-  # This host's backend is the CPU: attention takes the form "auto" means on the target.
-  with attention_form(platform_form("gpu" if _TARGET.value == "h100" else "tpu")):
+  with target_settings(_TARGET.value):
     cells = compile_cells(sharding, device)
   with open(os.path.join(_OUT.value, "deviceless.json"), "w") as f:
     json.dump({"target": device, **cells}, f, indent=1)
+
+
+@contextlib.contextmanager
+def target_settings(target: str):
+  """Within: what "auto" takes on `target`'s platform rather than on this host's CPU, where
+  programs are traced: attention's form (the dots on a GPU) and the head's precision (a
+  bfloat16 policy's head in bfloat16 off a CPU)."""
+  platform = "gpu" if target == "h100" else "tpu"
+  with attention_form(platform_form(platform)), head_precision(platform_head_precision(platform)):
+    yield
 
 
 def compile_cells(sharding, device: str) -> dict:

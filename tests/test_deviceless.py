@@ -40,6 +40,28 @@ def test_a_rounds_kernels_grow_with_its_drafter_steps():
   assert sum(four["by_kind"].values()) == four["kernels"]
 
 
+def test_programs_are_traced_with_the_targets_platform_settings():
+  """This host's backend is a CPU, whose "auto" takes the multiply-reduce attention form for
+  a decode of 16 rows and a float32 head: the cells for a GPU or TPU trace the target's
+  choices (a TPU's attention follows the CPU's rule, `attention.platform_form`)."""
+  statements = (
+    "from tlt_jax.models import attention, precision\n"
+    "def now():\n"
+    "  form = attention.current_attention_form()\n"
+    "  return [attention.reduces(16, 1, form), precision.current_head_precision()]\n"
+    "cells = {'here': now()}\n"
+    "for target in ('h100', 'v6e:2x2'):\n"
+    "  with d.target_settings(target):\n"
+    "    cells[target] = now()"
+  )
+  cells = _on_this_cpu([], statements)
+  assert cells == {
+    "here": [True, "auto"],
+    "h100": [False, "compute"],
+    "v6e:2x2": [True, "compute"],
+  }
+
+
 def test_drafter_update_cells_report_the_logit_chunks_bytes():
   """`--drafter_updates` compiles the online drafter's update per batch and logit chunk,
   here for this CPU at the tiny shape: chunks of 16 positions take fewer temporary bytes
