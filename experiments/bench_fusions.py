@@ -55,7 +55,8 @@ from tlt_jax.warmstart.sft import make_train_step, sft_optimizer  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/regime.py", "policy and update")
 _SETTINGS = flags.DEFINE_list("settings", list(CPU_FUSIONS), "of utils.cpu_fusions.CPU_FUSIONS")
-_PROGRAMS = flags.DEFINE_list("programs", ["update", "sft", "decode", "rollout"], "which to time")
+PROGRAMS = ("update", "sft", "drafter", "decode")
+_PROGRAMS = flags.DEFINE_list("programs", list(PROGRAMS), f"which to time, of {PROGRAMS}")
 _ROWS = flags.DEFINE_integer("rows", 4, "packed rows of the update and SFT steps")
 _WIDTH = flags.DEFINE_integer("width", 1532, "their columns (the regime run's rows: 1,532)")
 _CELLS = flags.DEFINE_list("cells", ["1x1", "2x1", "4x1", "8x1", "1x5", "1x13", "2x13"], "")
@@ -154,6 +155,9 @@ def programs(config, cfg, graphdef, params, settings: list[str]) -> dict[tuple[s
 
 def main(argv):
   del argv
+  unknown = sorted(set(_PROGRAMS.value) - set(PROGRAMS))
+  if unknown:
+    raise app.UsageError(f"--programs: unknown {unknown}; choose from {PROGRAMS}")
   config = _CONFIG.value
   cfg, graphdef, params = config_policy(config)
   host = host_info((graphdef, params))

@@ -32,3 +32,10 @@ def test_every_program_runs_under_every_setting(tmp_path):
   programs = {"update", "drafter", "decode 1x1", "decode 2x5"}
   assert got == {(p, s) for p in programs for s in ("xla", "dots")}
   assert all(r["median_s"] > 0 for r in results)
+
+
+def test_an_unknown_program_is_refused_before_anything_compiles():
+  cmd = [sys.executable, "experiments/bench_fusions.py", "--programs=update,rollout"]
+  done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+  assert done.returncode != 0
+  assert "unknown ['rollout']" in done.stderr, done.stderr[-2000:]
