@@ -53,7 +53,6 @@ import os
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
 
-import contextlib  # noqa: E402
 import dataclasses  # noqa: E402
 import functools  # noqa: E402
 import json  # noqa: E402
@@ -77,9 +76,8 @@ from experiments.forwards import (  # noqa: E402
 from experiments.traces import describe_kernels, loop_kernels, trip_kernels  # noqa: E402
 from tlt_jax import configuration  # noqa: E402
 from tlt_jax.data import get_tokenizer  # noqa: E402
-from tlt_jax.models.attention import attention_form, platform_form  # noqa: E402
 from tlt_jax.models.drafter import Drafter, init_drafter_cache  # noqa: E402
-from tlt_jax.models.precision import head_precision, platform_head_precision  # noqa: E402
+from tlt_jax.models.platform import platform_choices  # noqa: E402
 from tlt_jax.models.transformer import Transformer  # noqa: E402
 from tlt_jax.parallel.memory import measured_bytes  # noqa: E402
 from tlt_jax.rollout import programs  # noqa: E402
@@ -345,14 +343,11 @@ def main(argv):
     json.dump({"target": device, **cells}, f, indent=1)
 
 
-@contextlib.contextmanager
 def target_settings(target: str):
-  """Within: what "auto" takes on `target`'s platform rather than on this host's CPU, where
-  programs are traced: attention's form (the dots on a GPU) and the head's precision (a
-  bfloat16 policy's head in bfloat16 off a CPU)."""
-  platform = "gpu" if target == "h100" else "tpu"
-  with attention_form(platform_form(platform)), head_precision(platform_head_precision(platform)):
-    yield
+  """A scope where programs trace what "auto" takes on `target`'s platform, not on this
+  host's CPU (`models.platform_choices`: the dots on a GPU, a bfloat16 policy's head in
+  bfloat16 off a CPU)."""
+  return platform_choices("gpu" if target == "h100" else "tpu")
 
 
 def compile_cells(sharding, device: str) -> dict:

@@ -17,8 +17,8 @@ from flax import nnx
 from tiny_models import TINY_UNTIED
 
 from tlt_jax.decode.sampling import SamplingConfig
-from tlt_jax.models.attention import attention_form, platform_form
 from tlt_jax.models.drafter import init_drafter
+from tlt_jax.models.platform import platform_choices
 from tlt_jax.models.transformer import init_model
 from tlt_jax.rollout.config import EngineConfig
 from tlt_jax.rollout.engine import RolloutEngine
@@ -105,13 +105,13 @@ def test_spec_equals_plain(models, pool, strategy, sampling):
 
 
 def test_what_a_gpu_runs_equals_plain(models):
-  """A GPU's choices (attention as batched products at every batch, `platform_form("gpu")`;
+  """A GPU's choices (attention as batched products at every batch, `platform_choices("gpu")`;
   one-row plain steps as two tokens), run on this CPU: sampled speculative output, trees
   and the one-row tail included, identical to plain decoding's under the same choices."""
   _, tp, _, dp = models
   gpu_pool = ExecutablePool()  # every program here traced under the GPU's form
   like_a_gpu = dict(one_row_step="paired", min_batch_bucket=1)
-  with attention_form(platform_form("gpu")):
+  with platform_choices("gpu"):
     plain = _run(_engine(models, gpu_pool, SAMPLED, spec_threshold=0, **like_a_gpu), tp, None)
     engine = _engine(models, gpu_pool, SAMPLED, spec_strategies=("tree3x2x6",), **like_a_gpu)
     spec = _run(engine, tp, dp)

@@ -10,7 +10,9 @@ from flax import nnx
 from tiny_models import TINY_UNTIED
 
 from tlt_jax.decode.sampling import SamplingConfig
+from tlt_jax.models.attention import current_attention_form
 from tlt_jax.models.drafter import init_drafter
+from tlt_jax.models.platform import platform_choices
 from tlt_jax.models.precision import (
   cast_floating,
   compute_model,
@@ -391,3 +393,18 @@ def test_rollout_programs_trace_under_the_engines_matmul_precision(precision):
   assert products and engine.pool.compiles == compiled + len(products)  # row moves shared
   with pytest.raises(ValueError, match="matmul_precision"):
     dataclasses.replace(ENGINE, matmul_precision="fast")
+
+
+def test_platform_choices_scope_each_platforms_attention_form_and_head():
+  """`models.platform_choices`: one scope for every trace-time choice "auto" makes by
+  platform, so a GPU's programs trace on this CPU as on a GPU; both restored after."""
+  seen = {}
+  for platform in ("cpu", "gpu", "tpu"):
+    with platform_choices(platform):
+      seen[platform] = (current_attention_form(), current_head_precision())
+  assert seen == {
+    "cpu": ("auto", "float32"),
+    "gpu": ("dots", "compute"),
+    "tpu": ("auto", "compute"),
+  }
+  assert (current_attention_form(), current_head_precision()) == ("auto", "auto")

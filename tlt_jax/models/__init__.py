@@ -21,6 +21,7 @@ from tlt_jax.models.hf_io import (
   save_generation_config,
   save_hf_checkpoint,
 )
+from tlt_jax.models.platform import platform_choices
 from tlt_jax.models.precision import (
   HEAD_PRECISIONS,
   cast_floating,
@@ -59,6 +60,7 @@ __all__ = [
   "init_model",
   "key_windows",
   "load_hf_checkpoint",
+  "platform_choices",
   "save_generation_config",
   "save_hf_checkpoint",
   "split_model",
