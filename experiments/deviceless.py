@@ -22,16 +22,18 @@ GPU's.
 
 Each cell: `--steps` forwards of `tokens` new tokens per row at `batch` rows
 (`experiments.forwards.Forward`, the loop experiments/real_sizes.py times on a device),
-compiled; its loop body's kernels by kind (`experiments.traces.loop_kernels`) and XLA's
-temporary bytes. GEMM autotuning needs a device, so products keep XLA's default tilings:
-counts, not speeds. Attention and the head take what "auto" takes on the target's platform
-(`target_settings`: the dots on a GPU, a bfloat16 policy's head in bfloat16). `--layer`
-prints the kernels of a cell's first layer with what each computes. `--engines` compiles the
-rollout engine's own plain chunk at one row (`rollout.programs.decode_chunk`: sampling, stop
-check and hidden capture included, at the engine's matmul precision) of a config file's
-policy and engine, its step as one token and as two (`EngineConfig.one_row_step`), and one
-round of each `--spec` strategy at one row (`rollout.speculative.spec_decode_chunk`, a
-random drafter's shapes; the drafter's steps run out, `experiments.traces.trip_kernels`), in
+compiled; its loop body's kernels by kind and the bytes they write
+(`experiments.traces.loop_kernels`), and XLA's temporary bytes. GEMM autotuning needs a
+device, so products keep XLA's default tilings: counts, not speeds. Attention, the head and
+the layers' products take what "auto" takes on the target's platform (`target_settings`: the
+dots on a GPU, a bfloat16 policy's head in bfloat16, one-row products paired on a GPU:
+`models.products`; `--row_products=single` traces them unpaired). `--layer` prints the
+kernels of a cell's first layer with what each computes. `--engines` compiles the rollout
+engine's own plain chunk at one row (`rollout.programs.decode_chunk`: sampling, stop check
+and hidden capture included, at the engine's matmul precision) of a config file's policy and
+engine, its step as one token and as two (`EngineConfig.one_row_step`), and one round of
+each `--spec` strategy at one row (`rollout.speculative.spec_decode_chunk`, a random
+drafter's shapes; the drafter's steps run out, `experiments.traces.trip_kernels`), in
 two-token steps. `--updates` compiles the policy update at `--update_shape` too
 (real_sizes.py's `update` program: float32 masters, micro-batches of 2 rows, rematerialised
 layers) with its layers scanned and unrolled: the bytes XLA's GPU compiler gives it beside
@@ -53,6 +55,7 @@ import os
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
 
+import contextlib  # noqa: E402
 import dataclasses  # noqa: E402
 import functools  # noqa: E402
 import json  # noqa: E402
@@ -78,6 +81,7 @@ from tlt_jax import configuration  # noqa: E402
 from tlt_jax.data import get_tokenizer  # noqa: E402
 from tlt_jax.models.drafter import Drafter, init_drafter_cache  # noqa: E402
 from tlt_jax.models.platform import platform_choices  # noqa: E402
+from tlt_jax.models.products import one_row_products  # noqa: E402
 from tlt_jax.models.transformer import Transformer  # noqa: E402
 from tlt_jax.parallel.memory import measured_bytes  # noqa: E402
 from tlt_jax.rollout import programs  # noqa: E402
@@ -116,6 +120,11 @@ _DRAFTER_SETTINGS = flags.DEFINE_list(
   "the drafter updates' `logit_chunk` (0: none), '/remat' with `remat_attention`",
 )
 _TARGET = flags.DEFINE_string("target", "h100", "h100, or a TPU topology (v5e:2x2, v6e:2x2)")
+_ROW_PRODUCTS = flags.DEFINE_string(
+  "row_products",
+  "",
+  "the layers' one-row products (models.products.ROW_PRODUCTS; empty: the target's choice)",
+)
 _TARGET_CONFIG = flags.DEFINE_string(
   "target_config", "", "--target=h100: a GpuTargetConfig in text form (default: H100_SXM)"
 )
@@ -192,6 +201,7 @@ def compiled_cell(shape: str, batch: int, tokens: int, sharding) -> tuple[dict, 
   return {
     "kernels": counted["kernels"],
     "by_kind": counted["by_kind"],
+    "written_bytes": counted["written_bytes"],
     "layers": cfg.num_layers,
     "compile_s": round(seconds, 2),
     "temp_bytes": compiled.memory_analysis().temp_size_in_bytes,
@@ -262,7 +272,8 @@ def engine_cell(name: str, paired: bool, sharding) -> dict:
   e = _engine(name, sharding, one_row_step="paired" if paired else "single")
   args = (e["params"], e["state"], e["key"], jax.ShapeDtypeStruct((), jnp.int32))
   counted = loop_kernels(e["made"].decode(e["sampling"], e["view"], args).as_text())
-  return {"kernels": counted["kernels"], "by_kind": counted["by_kind"], "view": e["view"]}
+  keep = ("kernels", "by_kind", "written_bytes")
+  return {**{k: counted[k] for k in keep}, "view": e["view"]}
 
 
 def spec_cell(name: str, strategy: str, sharding) -> dict:
@@ -337,24 +348,28 @@ def main(argv):
   sharding, device = target_sharding(_TARGET.value)
   print(f"compiling for {device}", flush=True)
   os.makedirs(_OUT.value, exist_ok=True)
-  with target_settings(_TARGET.value):
+  products = _ROW_PRODUCTS.value
+  with (
+    target_settings(_TARGET.value),
+    one_row_products(products) if products else contextlib.nullcontext(),
+  ):
     cells = compile_cells(sharding, device)
   with open(os.path.join(_OUT.value, "deviceless.json"), "w") as f:
-    json.dump({"target": device, **cells}, f, indent=1)
+    json.dump({"target": device, "row_products": products or "auto", **cells}, f, indent=1)
 
 
 def target_settings(target: str):
   """A scope where programs trace what "auto" takes on `target`'s platform, not on this
   host's CPU (`models.platform_choices`: the dots on a GPU, a bfloat16 policy's head in
-  bfloat16 off a CPU)."""
+  bfloat16 off a CPU, one-row products paired on a GPU)."""
   return platform_choices("gpu" if target == "h100" else "tpu")
 
 
 def compile_cells(sharding, device: str) -> dict:
   """Every cell the flags name, compiled for the target and printed as it ends."""
   cells = {}
-  print("| program | kernels a step | a layer | by kind | compile s |")
-  print("|---|---|---|---|---|")
+  print("| program | kernels a step | a layer | by kind | MB written a step | compile s |")
+  print("|---|---|---|---|---|---|")
   for shape in _SHAPES.value:
     for batch in map(int, _BATCHES.value):
       for tokens in map(int, _TOKENS.value):
@@ -364,7 +379,7 @@ def compile_cells(sharding, device: str) -> dict:
         kinds = ", ".join(f"{k} {n}" for k, n in sorted(cell["by_kind"].items()))
         print(
           f"| {key} | {cell['kernels']} | {cell['kernels'] / cell['layers']:.1f} | {kinds} | "
-          f"{cell['compile_s']:.1f} |",
+          f"{cell['written_bytes'] / 1e6:.1f} | {cell['compile_s']:.1f} |",
           flush=True,
         )
         if key == _LAYER.value:
@@ -376,7 +391,10 @@ def compile_cells(sharding, device: str) -> dict:
       cells[f"engine/{name}/{'paired' if paired else 'single'}"] = cell
       kinds = ", ".join(f"{k} {n}" for k, n in sorted(cell["by_kind"].items()))
       step = "two tokens" if paired else "one token"
-      print(f"{name}'s engine, one row, its step as {step}: {cell['kernels']} kernels ({kinds})")
+      print(
+        f"{name}'s engine, one row, its step as {step}: {cell['kernels']} kernels ({kinds}), "
+        f"{cell['written_bytes'] / 1e6:.1f} MB written"
+      )
     step = cells[f"engine/{name}/paired"]["kernels"]
     for strategy in _SPEC.value:
       cell = spec_cell(name, strategy, sharding)
@@ -384,7 +402,8 @@ def compile_cells(sharding, device: str) -> dict:
       kinds = ", ".join(f"{k} {n}" for k, n in sorted(cell["by_kind"].items()))
       print(
         f"{name}'s engine, one row, a {strategy} round: {cell['kernels']} kernels ({kinds}), "
-        f"{cell['kernels'] / step:.2f} two-token steps' worth"
+        f"{cell['kernels'] / step:.2f} two-token steps' worth, "
+        f"{cell['written_bytes'] / 1e6:.1f} MB written"
         + (
           f"; {cell['unknown_trips']} inner loops of unknown trips" if cell["unknown_trips"] else ""
         )

@@ -28,6 +28,7 @@ from tlt_jax.drafter import drafter_optimizer, make_drafter_update
 from tlt_jax.models.config import ModelConfig
 from tlt_jax.models.drafter import Drafter, target_head_graphdef, target_head_params
 from tlt_jax.models.precision import head_precision
+from tlt_jax.models.products import one_row_products
 from tlt_jax.models.transformer import KVCache, Transformer
 from tlt_jax.parallel.memory import (
   DrafterPlan,
@@ -57,6 +58,9 @@ class Forward:
   trip (XLA's WhileThunk), where a counted loop's trips are queued without waiting.
   `float32_head`: traced under `models.precision.head_precision("float32")` (a bfloat16
   policy's head as it ran on every platform until 2026-12-06; "auto" keeps it on CPUs).
+  `single_row_products`: traced under `models.products.one_row_products("single")` (a
+  one-row product as XLA takes it, as on every platform until 2026-12-06; "auto" pairs its
+  row on a GPU).
   `options`: the program's jax.jit compiler_options (`utils.cpu_fusions.compiler_options`)."""
 
   def __init__(
@@ -69,11 +73,12 @@ class Forward:
     n,
     until_done: bool = False,
     float32_head: bool = False,
+    single_row_products: bool = False,
     options=None,
   ):
     self.view = 1 << math.ceil(math.log2(context + n * tokens))
     self.batch, self.tokens, self.context, self.n = batch, tokens, context, n
-    self.float32_head = float32_head
+    self.float32_head, self.single_row_products = float32_head, single_row_products
 
     def run(params, cache, toks):
       model = nnx.merge(graphdef, params)
@@ -109,7 +114,11 @@ class Forward:
     """Traces and lowers the loop (Python work: on the caller's thread, under its settings,
     e.g. `models.attention.attention_form`); `compile_together` compiles it."""
     t = time.perf_counter()
-    with head_precision("float32") if self.float32_head else contextlib.nullcontext():
+    with contextlib.ExitStack() as scopes:
+      if self.float32_head:
+        scopes.enter_context(head_precision("float32"))
+      if self.single_row_products:
+        scopes.enter_context(one_row_products("single"))
       self.lowered = self.fn.lower(params, *self.abstract)
     self.lower_s = time.perf_counter() - t
 

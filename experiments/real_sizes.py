@@ -33,7 +33,9 @@ Stages, in priority order (`--stages`; finished ones are skipped):
   decode_b1_profile  the first shape's batch-1 decode loop under each `--profile_forms`
                attention form (the engine's "auto" takes batched products there), and with
                the head's product in float32 as it ran until 2026-12-06
-               (`models.precision.head_precision("float32")`), timed and traced: its
+               (`models.precision.head_precision("float32")`), as two tokens (the engine's
+               one-row step on a GPU), and with one-row products unpaired as they ran until
+               2026-12-06 (`models.products.one_row_products("single")`), timed and traced: its
                kernels by kind and its costliest kernels described from the compiled module
                (result and operand shapes, the fused ops, the JAX op): what holds the step
                above its bound
@@ -425,20 +427,23 @@ class Stages:
 
   def decode_b1_profile(self, start) -> bool:
     """The first shape's batch-1 decode loop under each `--profile_forms` attention form,
-    with the head's product in float32 (as before 2026-12-06), and as the engine's step
-    runs it on a GPU (two tokens: `EngineConfig.one_row_step`), timed, traced, its kernels
-    by kind and the costliest described (`traced_ms`): which products and reductions hold
-    the step above its bound, what the bfloat16 head and the two-token step give back."""
+    with the head's product in float32 (as before 2026-12-06), as the engine's step runs it
+    on a GPU (two tokens: `EngineConfig.one_row_step`), and with one-row products unpaired
+    (as before 2026-12-06: `models.products`), timed, traced, its kernels by kind and the
+    costliest described (`traced_ms`): which products and reductions hold the step above
+    its bound, what the bfloat16 head, the two-token step and the paired products give
+    back."""
     name, context = _SHAPES.value[0], int(_CONTEXTS.value[0])
     cfg, graphdef, params = self.model(name)
     cells = self.results.setdefault("decode_b1_profile", {})
-    variants = [(form, form, False, 1) for form in _PROFILE_FORMS.value]
+    variants = [(form, form, {}, 1) for form in _PROFILE_FORMS.value]
     if _PROFILE_FLOAT32_HEAD.value:
-      variants.append(("auto, the head in float32", "auto", True, 1))
-    variants.append(("auto, the step as two tokens", "auto", False, 2))
+      variants.append(("auto, the head in float32", "auto", {"float32_head": True}, 1))
+    variants.append(("auto, the step as two tokens", "auto", {}, 2))
+    variants.append(("auto, one-row products unpaired", "auto", {"single_row_products": True}, 1))
     todo = [
-      (key, Forward(graphdef, cfg, 1, tokens, context, _STEPS.value, float32_head=head), form)
-      for key, form, head, tokens in variants
+      (key, Forward(graphdef, cfg, 1, tokens, context, _STEPS.value, **choices), form)
+      for key, form, choices, tokens in variants
       if key not in cells
     ]
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import glob
 import gzip
 import json
+import math
 import os
 import re
 from collections.abc import Sequence
@@ -256,15 +257,42 @@ def loop_kernels(hlo_text: str) -> dict[str, Any]:
   instruction of the loop's body but plumbing (parameters, tuples, bitcasts, constants), by
   the kind its kernel's name gives (`KINDS`, as a trace's summary sorts them). On a GPU each
   is one launch (a fusion, a library call, a copy); a nested loop or call counts once.
+  `written_bytes`: the bytes of the kernels' results, which each writes to memory, but for
+  in-place updates and nested loops (`_written`): where a step's intermediates go through
+  memory.
   Returns {} where the module has no loop."""
   body = _outer_body(hlo_text)
   if body is None:
     return {}
-  names = [m["name"] for m in _computations(hlo_text)[body] if m["op"] not in _NO_KERNEL]
+  kernels = [m for m in _computations(hlo_text)[body] if m["op"] not in _NO_KERNEL]
+  names = [m["name"] for m in kernels]
   by_kind: dict[str, int] = {}
   for name in names:
     by_kind[_kind(name)] = by_kind.get(_kind(name), 0) + 1
-  return {"kernels": len(names), "by_kind": by_kind, "names": names}
+  written = sum(_written(m) for m in kernels)
+  return {"kernels": len(names), "by_kind": by_kind, "names": names, "written_bytes": written}
+
+
+# Bytes an element of each HLO type holds (types not listed: 4).
+_TYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "f64": 8, "s64": 8}
+
+
+def _written(instruction: re.Match) -> int:
+  """The bytes a kernel writes, as `loop_kernels` counts them: its result's, but none for a
+  loop (its body's kernels write) or an in-place update (a dynamic-update-slice or scatter
+  fusion writes a few slots of the buffer its result names: a KV cache)."""
+  name = kernel_name(instruction["name"])
+  if instruction["op"] == "while" or "dynamic_update_slice" in name or "scatter" in name:
+    return 0
+  return _shape_bytes(instruction["shape"])
+
+
+def _shape_bytes(shape: str) -> int:
+  """The bytes of an HLO result shape ("bf16[4096,1024]{1,0}", or a tuple's parts)."""
+  total = 0
+  for kind, dims in re.findall(r"(\w+)\[([\d,]*)\]", _LAYOUT.sub("", shape)):
+    total += math.prod(int(d) for d in dims.split(",") if d) * _TYPE_BYTES.get(kind, 4)
+  return total
 
 
 def _computations(hlo_text: str) -> dict[str, list[re.Match]]:
@@ -292,20 +320,22 @@ def trip_kernels(hlo_text: str) -> dict[str, Any]:
     return {}
   computations = _computations(hlo_text)
   by_kind: dict[str, int] = {}
-  unknown = 0
+  unknown = written = 0
 
   def run(computation: str, times: int) -> None:
-    nonlocal unknown
+    nonlocal unknown, written
     for m in computations.get(computation, []):
       if m["op"] in _NO_KERNEL:
         continue
       body = re.search(r"\bbody=%([^\s,]+)", m["rest"]) if m["op"] == "while" else None
       if body is None:
         by_kind[_kind(m["name"])] = by_kind.get(_kind(m["name"]), 0) + times
+        written += _written(m) * times
         continue
       trips = re.search(r'"known_trip_count":\{"n":"(\d+)"', m["rest"])
       unknown += trips is None
       run(body[1], times * (int(trips[1]) if trips else 1))
 
   run(outer, 1)
-  return {"kernels": sum(by_kind.values()), "by_kind": by_kind, "unknown_trips": unknown}
+  counted = {"kernels": sum(by_kind.values()), "by_kind": by_kind}
+  return {**counted, "unknown_trips": unknown, "written_bytes": written}

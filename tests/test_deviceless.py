@@ -42,13 +42,15 @@ def test_a_rounds_kernels_grow_with_its_drafter_steps():
 
 def test_programs_are_traced_with_the_targets_platform_settings():
   """This host's backend is a CPU, whose "auto" takes the multiply-reduce attention form for
-  a decode of 16 rows and a float32 head: the cells for a GPU or TPU trace the target's
-  choices (a TPU's attention follows the CPU's rule, `attention.platform_form`)."""
+  a decode of 16 rows, a float32 head and one-row products as they are: the cells for a GPU
+  or TPU trace the target's choices (a TPU's attention follows the CPU's rule,
+  `attention.platform_form`)."""
   statements = (
-    "from tlt_jax.models import attention, precision\n"
+    "from tlt_jax.models import attention, precision, products\n"
     "def now():\n"
     "  form = attention.current_attention_form()\n"
-    "  return [attention.reduces(16, 1, form), precision.current_head_precision()]\n"
+    "  return [attention.reduces(16, 1, form), precision.current_head_precision(),\n"
+    "          products.current_row_products()]\n"
     "cells = {'here': now()}\n"
     "for target in ('h100', 'v6e:2x2'):\n"
     "  with d.target_settings(target):\n"
@@ -56,9 +58,9 @@ def test_programs_are_traced_with_the_targets_platform_settings():
   )
   cells = _on_this_cpu([], statements)
   assert cells == {
-    "here": [True, "auto"],
-    "h100": [False, "compute"],
-    "v6e:2x2": [True, "compute"],
+    "here": [True, "auto", "auto"],
+    "h100": [False, "compute", "paired"],
+    "v6e:2x2": [True, "compute", "single"],
   }
 
 

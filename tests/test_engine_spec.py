@@ -105,9 +105,10 @@ def test_spec_equals_plain(models, pool, strategy, sampling):
 
 
 def test_what_a_gpu_runs_equals_plain(models):
-  """A GPU's choices (attention as batched products at every batch, `platform_choices("gpu")`;
-  one-row plain steps as two tokens), run on this CPU: sampled speculative output, trees
-  and the one-row tail included, identical to plain decoding's under the same choices."""
+  """A GPU's choices (attention as batched products at every batch and one-row products as
+  two rows, the drafter's at one row among them: `platform_choices("gpu")`; one-row plain
+  steps as two tokens), run on this CPU: sampled speculative output, trees and the one-row
+  tail included, identical to plain decoding's under the same choices."""
   _, tp, _, dp = models
   gpu_pool = ExecutablePool()  # every program here traced under the GPU's form
   like_a_gpu = dict(one_row_step="paired", min_batch_bucket=1)

@@ -372,7 +372,9 @@ def test_scanned_layers_compute_the_unrolled_forward_and_gradient(remat):
   # One program a form: the forward's outputs and the gradient together.
   run = jax.jit(jax.value_and_grad(loss, has_aux=True), static_argnums=1)
   unrolled, scanned = (run(params, scan) for scan in (False, True))
-  chex.assert_trees_all_close(scanned, unrolled, rtol=1e-4, atol=1e-6)
+  # The two programs sum in different orders: on an AMD host (G) an embedding gradient of
+  # -0.0104 (of entries up to ~3) came out 2.3e-6 apart.
+  chex.assert_trees_all_close(scanned, unrolled, rtol=1e-4, atol=1e-5)
   (_, (hidden, feats)), _ = scanned
   assert hidden.shape == (2, 12, cfg.d_model) and len(feats) == 2
 

@@ -3,10 +3,12 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
 from tlt_jax.models import attention
 from tlt_jax.models.attention import cache_mask
 from tlt_jax.models.precision import head_precision, head_product
+from tlt_jax.models.products import layer_dot_general, one_row_products
 from tlt_jax.rollout.pool import ExecutablePool
 from tlt_jax.utils.cpu_fusions import compiler_options
 
@@ -59,6 +61,24 @@ def test_head_precision_switch_recompiles():
     assert exe2 is not exe and pool.compiles == 2
   with head_precision("float32"):
     assert pool.get(("head",), head, args) is exe and pool.compiles == 2
+
+
+def test_one_row_products_switch_recompiles():
+  """`products.one_row_products` is read at trace time too: the paired program is never
+  handed back unpaired."""
+  linear = nnx.Linear(16, 8, dot_general=layer_dot_general, rngs=nnx.Rngs(0))
+  args = (nnx.state(linear), jnp.ones((1, 16)))
+  graphdef = nnx.graphdef(linear)
+  project = lambda state, x: nnx.merge(graphdef, state)(x)
+  pool = ExecutablePool()
+  with one_row_products("single"):
+    exe = pool.get(("project",), project, args)
+    assert "2,16" not in exe.as_text()
+  with one_row_products("paired"):
+    exe2 = pool.get(("project",), project, args)
+    assert exe2 is not exe and pool.compiles == 2 and "2,16" in exe2.as_text()
+  with one_row_products("single"):
+    assert pool.get(("project",), project, args) is exe and pool.compiles == 2
 
 
 def test_compiling_ahead_overlaps_compiles_and_pools_them():

@@ -20,6 +20,7 @@ from tlt_jax.models.precision import (
   head_precision,
   platform_head_precision,
 )
+from tlt_jax.models.products import current_row_products
 from tlt_jax.models.transformer import head_product, init_model
 from tlt_jax.rl import PolicyLossConfig, UpdateConfig, make_optimizer, make_policy_update
 from tlt_jax.rl.update import token_logprobs
@@ -395,16 +396,17 @@ def test_rollout_programs_trace_under_the_engines_matmul_precision(precision):
     dataclasses.replace(ENGINE, matmul_precision="fast")
 
 
-def test_platform_choices_scope_each_platforms_attention_form_and_head():
+def test_platform_choices_scope_each_platforms_attention_form_head_and_products():
   """`models.platform_choices`: one scope for every trace-time choice "auto" makes by
-  platform, so a GPU's programs trace on this CPU as on a GPU; both restored after."""
+  platform, so a GPU's programs trace on this CPU as on a GPU; all restored after."""
+  now = lambda: (current_attention_form(), current_head_precision(), current_row_products())
   seen = {}
   for platform in ("cpu", "gpu", "tpu"):
     with platform_choices(platform):
-      seen[platform] = (current_attention_form(), current_head_precision())
+      seen[platform] = now()
   assert seen == {
-    "cpu": ("auto", "float32"),
-    "gpu": ("dots", "compute"),
-    "tpu": ("auto", "compute"),
+    "cpu": ("auto", "float32", "single"),
+    "gpu": ("dots", "compute", "paired"),
+    "tpu": ("auto", "compute", "single"),
   }
-  assert (current_attention_form(), current_head_precision()) == ("auto", "auto")
+  assert now() == ("auto", "auto", "auto")

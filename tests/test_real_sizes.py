@@ -95,8 +95,15 @@ def test_every_stage_runs_on_tiny_shapes_and_a_second_sitting_resumes(tmp_path):
   row = "| configs/sd_bench.py:tiny batch-1 decode, XLA_FLAGS += `--xla_gpu_enable_command_buff"
   assert row in printed
   # The batch-1 decode loop profiled under two attention forms, with the head in float32
-  # (until 2026-12-06) and as the engine's two-token step, its costliest kernels described.
-  variants = ["auto", "reduce", "auto, the head in float32", "auto, the step as two tokens"]
+  # (until 2026-12-06), as the engine's two-token step and with one-row products unpaired
+  # (until 2026-12-06), its costliest kernels described.
+  variants = [
+    "auto",
+    "reduce",
+    "auto, the head in float32",
+    "auto, the step as two tokens",
+    "auto, one-row products unpaired",
+  ]
   assert list(second["decode_b1_profile"]) == variants
   for variant, profile in second["decode_b1_profile"].items():
     assert profile["shape"] == "tiny" and profile["kernels_per_step"] > 0 and profile["ms"] > 0
@@ -115,7 +122,7 @@ def test_every_stage_runs_on_tiny_shapes_and_a_second_sitting_resumes(tmp_path):
   assert [second["decode_grid"][f"tiny/16/2/{t}"]["compiled_with"] for t in (1, 2, 5)] == [2, 2, 1]
   compiles = second["compiles"]
   assert {k: v["programs"] for k, v in compiles.items()} == {
-    "decode_b1_profile": 4,
+    "decode_b1_profile": 5,
     "verify_b1": 3,
     "decode_grid": 3,
     "rounds": 2,

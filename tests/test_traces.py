@@ -261,6 +261,16 @@ def test_a_loops_kernels_are_its_bodys_launches_by_kind():
   ]
   assert got["kernels"] == 4
   assert got["by_kind"] == {"products": 1, "reductions": 1, "element-wise": 1, "other": 1}
+  # Their results: three float32 [1, 8] or [8] and an int32 scalar.
+  assert got["written_bytes"] == 3 * 32 + 4
+  # A KV cache's in-place writes add their kernels, not their buffers' bytes.
+  cache = "bf16[1,8,64,16]{3,2,1,0}"
+  writes = "".join(
+    f"  %{name} = {cache} fusion(%get-tuple-element.3), kind=kLoop, calls=%w\n"
+    for name in ("loop_dynamic_update_slice_fusion.30", "input_scatter_fusion.70")
+  )
+  more = loop_kernels(_LOOP.replace("  %loop_add_fusion =", writes + "  %loop_add_fusion =", 1))
+  assert (more["kernels"], more["written_bytes"]) == (6, got["written_bytes"])
   assert loop_kernels(_HLO) == {}
 
 
@@ -293,6 +303,7 @@ def test_the_outermost_loop_is_counted_though_a_nested_body_comes_first():
     "kernels": 7,
     "by_kind": {"products": 1, "reductions": 1, "element-wise": 4, "other": 1},
     "unknown_trips": 0,
+    "written_bytes": 3 * 32 + 4 + 3 * 4,  # the inner body's int32 scalar, three times
   }
   assert trip_kernels(nested)["kernels"] == 5 and trip_kernels(nested)["unknown_trips"] == 1
   assert trip_kernels(_LOOP)["kernels"] == loop_kernels(_LOOP)["kernels"]

@@ -1,5 +1,6 @@
 """The policy and its drafter: `ModelConfig`, the Llama / Qwen2 / Qwen3-family decoder (Flax
-NNX, used functionally), the EAGLE drafter, mixed precision and HF safetensors import/export."""
+NNX, used functionally), the EAGLE drafter, mixed precision, the layers' products and HF
+safetensors import/export."""
 
 from tlt_jax.models.attention import (
   ATTENTION_FORMS,
@@ -30,6 +31,7 @@ from tlt_jax.models.precision import (
   current_head_precision,
   head_precision,
 )
+from tlt_jax.models.products import ROW_PRODUCTS, current_row_products, one_row_products
 from tlt_jax.models.transformer import KVCache, Transformer, init_model, split_model
 
 __all__ = [
@@ -37,6 +39,7 @@ __all__ = [
   "DTYPES",
   "HEAD_PRECISIONS",
   "ROPE_TYPES",
+  "ROW_PRODUCTS",
   "Drafter",
   "KVCache",
   "ModelConfig",
@@ -55,11 +58,13 @@ __all__ = [
   "current_causal_block",
   "current_head_precision",
   "current_key_windows",
+  "current_row_products",
   "head_precision",
   "init_drafter",
   "init_model",
   "key_windows",
   "load_hf_checkpoint",
+  "one_row_products",
   "platform_choices",
   "save_generation_config",
   "save_hf_checkpoint",

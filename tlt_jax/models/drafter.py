@@ -38,6 +38,7 @@ from tlt_jax.models.transformer import (
   DecoderLayer,
   KVCache,
   Transformer,
+  layer_linear,
   rope_tables,
   run_init_on_host,
 )
@@ -54,14 +55,7 @@ class Drafter(nnx.Module):
   def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
     self.config = config
     d = config.d_model
-    self.fc = nnx.Linear(
-      2 * d,
-      d,
-      use_bias=False,
-      dtype=config.jnp_dtype,
-      param_dtype=config.jnp_param_dtype,
-      rngs=rngs,
-    )
+    self.fc = layer_linear(2 * d, d, False, config.jnp_dtype, config.jnp_param_dtype, rngs)
     self.layer = DecoderLayer(config, rngs, identity_input_norm=True)
 
   def __call__(

@@ -30,6 +30,7 @@ from jaxtyping import Array, Bool, Float, Int
 from tlt_jax.models.attention import attend, attend_causal, cache_mask, full_mask
 from tlt_jax.models.config import ModelConfig
 from tlt_jax.models.precision import head_product
+from tlt_jax.models.products import layer_dot_general
 
 
 @flax.struct.dataclass
@@ -134,11 +135,24 @@ def write_rows(
   return scatter_rows(buf, new, start)
 
 
+def layer_linear(inputs: int, outputs: int, bias: bool, dtype, param_dtype, rngs) -> nnx.Linear:
+  """A layer's projection: its product through `models.products.layer_dot_general`."""
+  return nnx.Linear(
+    inputs,
+    outputs,
+    use_bias=bias,
+    dtype=dtype,
+    param_dtype=param_dtype,
+    dot_general=layer_dot_general,
+    rngs=rngs,
+  )
+
+
 class Attention(nnx.Module):
   def __init__(self, config: ModelConfig, rngs: nnx.Rngs):
     c = config
     dt, pt = c.jnp_dtype, c.jnp_param_dtype
-    lin = lambda i, o, bias: nnx.Linear(i, o, use_bias=bias, dtype=dt, param_dtype=pt, rngs=rngs)
+    lin = lambda i, o, bias: layer_linear(i, o, bias, dt, pt, rngs)
     self.q_proj = lin(c.d_model, c.num_heads * c.head_dim, c.qkv_bias)
     self.k_proj = lin(c.d_model, c.num_kv_heads * c.head_dim, c.qkv_bias)
     self.v_proj = lin(c.d_model, c.num_kv_heads * c.head_dim, c.qkv_bias)
@@ -174,7 +188,7 @@ class Attention(nnx.Module):
 class MLP(nnx.Module):
   def __init__(self, config: ModelConfig, rngs: nnx.Rngs):
     dt, pt = config.jnp_dtype, config.jnp_param_dtype
-    lin = lambda i, o: nnx.Linear(i, o, use_bias=False, dtype=dt, param_dtype=pt, rngs=rngs)
+    lin = lambda i, o: layer_linear(i, o, False, dt, pt, rngs)
     self.gate_proj = lin(config.d_model, config.mlp_dim)
     self.up_proj = lin(config.d_model, config.mlp_dim)
     self.down_proj = lin(config.mlp_dim, config.d_model)

@@ -64,7 +64,10 @@ class EngineConfig:
       product whose activation side is one row into an elementwise product and a reduction
       it often cannot fuse with what feeds it; two rows keep every projection a matrix
       product in fewer kernels (experiments/deviceless.py; experiments/RESULTS.md,
-      2026-12-05). A two-row bucket is no remedy: it would double a one-row verify's rows.
+      2026-12-05). The layers' products now pair a lone row themselves (`models.products`,
+      2026-12-06), which leaves the paired step a few kernels ahead of the single one (the
+      50M policy's 249 against 258), its attention and the rest in matrix products too. A
+      two-row bucket is no remedy: it would double a one-row verify's rows.
     matmul_precision: the precision the rollout programs' float32 matrix products run at
       (`jax.default_matmul_precision`; None: the platform's default). "highest" keeps
       speculative and plain decoding token-identical on GPUs, whose default (TF32) rounds

@@ -21,9 +21,10 @@ once by a stand-in whose call returns zeros shaped like the program's outputs, s
 warm-up walks on to the programs those outputs feed; leaving it waits for every compile.
 
 Every key also holds what the program reads from its context at trace time:
-`attention.current_attention_form()`, `current_causal_block()`, `current_key_windows()` and
-`precision.current_head_precision()` (experiments switch them with `attention.attention_form`
-/ `causal_block` / `key_windows` / `head_precision` between compiles), so a program
+`attention.current_attention_form()`, `current_causal_block()`, `current_key_windows()`,
+`precision.current_head_precision()` and `products.current_row_products()` (experiments
+switch them with `attention.attention_form` / `causal_block` / `key_windows` /
+`head_precision` / `one_row_products` between compiles), so a program
 traced under another form is never handed back. Each compile traces a
 fresh wrapper of `fn`: JAX caches traces by function identity across `jax.jit`
 wrappers, and would otherwise hand back the jaxpr traced under the old form.
@@ -45,6 +46,7 @@ import jax.numpy as jnp
 
 from tlt_jax.models import attention
 from tlt_jax.models.precision import current_head_precision
+from tlt_jax.models.products import current_row_products
 
 
 def _mappings() -> int | None:
@@ -73,6 +75,7 @@ def _trace_globals() -> tuple[Any, ...]:
     attention.current_causal_block(),
     attention.current_key_windows(),
     current_head_precision(),
+    current_row_products(),
   )
 
 
