@@ -259,7 +259,7 @@ def loop_kernels(hlo_text: str) -> dict[str, Any]:
   is one launch (a fusion, a library call, a copy); a nested loop or call counts once.
   `written_bytes`: the bytes of the kernels' results, which each writes to memory, but for
   in-place updates and nested loops (`_written`): where a step's intermediates go through
-  memory.
+  memory. A GPU module's names only: a TPU's do not say which fusions update in place.
   Returns {} where the module has no loop."""
   body = _outer_body(hlo_text)
   if body is None:
