@@ -1,11 +1,12 @@
 """The layers' matrix products (`layer_dot_general`, every `nnx.Linear` of the policy and the
 drafter): a product whose activation side is a single row runs as a two-row product on GPUs.
 
-XLA's GPU compiler rewrites a product with a one-row side and fewer than ~10M multiply-adds
-into an elementwise product and a reduction, and often cannot fuse the two: the
-elementwise kernel writes a weight-sized matrix that the reduction reads back (at
-Qwen3-8B's width the key and value projections, at the 50M policy's every projection but
-the MLP's gate and up). A drafter's step at one row is such a product in every layer.
+XLA's GPU compiler rewrites a product whose one side is a single row, below some size, into
+an elementwise product and a reduction, and often cannot fuse the two: the elementwise
+kernel writes a weight-sized matrix that the reduction reads back (at Qwen3-8B's width the
+4096 x 1024 key and value projections, not the 4096 x 4096 query; at the 50M policy's every
+projection but the MLP's gate and up; experiments/RESULTS.md, 2026-12-06, "a one-row
+product runs as two rows"). A drafter's step at one row is such a product in every layer.
 Broadcast to two rows, the same product is a matrix product (a Triton GEMM, both copies
 read from one operand) whose first row is taken: the weights are read once, nothing of
 their size is written. `one_row_products` scopes the choice; "auto" pairs on a GPU only
