@@ -273,10 +273,6 @@ def loop_kernels(hlo_text: str) -> dict[str, Any]:
   return {"kernels": len(names), "by_kind": by_kind, "names": names, "written_bytes": written}
 
 
-# Bytes an element of each HLO type holds (types not listed: 4).
-_TYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "f64": 8, "s64": 8}
-
-
 def _written(instruction: re.Match) -> int:
   """The bytes a kernel writes, as `loop_kernels` counts them: its result's, but none for a
   loop (its body's kernels write) or an in-place update (a dynamic-update-slice or scatter
@@ -290,8 +286,10 @@ def _written(instruction: re.Match) -> int:
 def _shape_bytes(shape: str) -> int:
   """The bytes of an HLO result shape ("bf16[4096,1024]{1,0}", or a tuple's parts)."""
   total = 0
-  for kind, dims in re.findall(r"(\w+)\[([\d,]*)\]", _LAYOUT.sub("", shape)):
-    total += math.prod(int(d) for d in dims.split(",") if d) * _TYPE_BYTES.get(kind, 4)
+  for kind, bits, dims in re.findall(r"([a-z]+)(\d*)\w*\[([\d,]*)\]", _LAYOUT.sub("", shape)):
+    # An element's bits are in its type's name (bf16, f32, s32, f8e4m3fn); pred is a byte.
+    size = 1 if kind == "pred" else max(1, int(bits) // 8)
+    total += math.prod(int(d) for d in dims.split(",") if d) * size
   return total
 
 
