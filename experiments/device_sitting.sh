@@ -7,6 +7,11 @@
 #            step as two tokens, the one-row cache write in place and the dots as a GPU's
 #            attention, which change its programs; within a sitting every figure is one
 #            code's;
+#   fused    experiments/bench_step_variants.py --compare=fused: the 8B shape's attention as
+#            cuDNN's fused kernel (one kernel a layer, the scores kept on chip) against the
+#            dots "auto" takes on GPUs, at one row and at 16 and 64 rows of 5 new tokens
+#            (verifying chain-4 rounds mid-batch, where the dots' scores are most of what a
+#            forward writes), each cell's outputs compared between the two;
 #   head     experiments/bench_step_variants.py --compare=head on the device, under the
 #            rollout's "highest": a bfloat16 policy's head as the float32 product it was until
 #            2026-12-06 against the bfloat16 one, the 8B shape at 1, 32 and 64 rows;
@@ -28,11 +33,12 @@
 #   bash experiments/device_sitting.sh /tmp/sitting tiny   # the CPU rehearsal, ~3 minutes
 #
 # DEADLINE: seconds for the whole call (default 570). Each part takes at most its cap and
-# the time left: SIZES_S (default 400), HEAD_S (120), FORMS_S (150), WRITES_S (120),
+# the time left: SIZES_S (default 400), FUSED_S (150), HEAD_S (120), FORMS_S (150), WRITES_S (120),
 # HARVEST_S (150), CURVE_S (480; the stage-9 curve took 453 s on the H200 on 2026-12-04),
 # DRAFTER_S (120);
 # PROFILE_STEP: the curve's step traced in every mode (default 25; 1 in the rehearsal).
-# ORDER: e.g. "curve harvest sizes" (default "sizes head forms writes harvest curve drafter").
+# ORDER: e.g. "curve harvest sizes" (default "sizes fused head forms writes harvest curve
+# drafter").
 # RUNS: where the runs live on the machine (default runs/sitting_<variant>).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -41,13 +47,14 @@ VARIANT=${2:-gpu}
 PY=${PYTHON:-python}
 DEADLINE=${DEADLINE:-570}
 SIZES_S=${SIZES_S:-400}
+FUSED_S=${FUSED_S:-150}
 HEAD_S=${HEAD_S:-120}
 FORMS_S=${FORMS_S:-150}
 WRITES_S=${WRITES_S:-120}
 HARVEST_S=${HARVEST_S:-150}
 CURVE_S=${CURVE_S:-480}
 DRAFTER_S=${DRAFTER_S:-120}
-ORDER=${ORDER:-sizes head forms writes harvest curve drafter}
+ORDER=${ORDER:-sizes fused head forms writes harvest curve drafter}
 RUNS=${RUNS:-runs/sitting_$VARIANT}
 PROFILE_STEP=${PROFILE_STEP:-$([ "$VARIANT" = tiny ] && echo 1 || echo 25)}
 mkdir -p "$KEEP" "$RUNS"
@@ -138,6 +145,16 @@ part_head() {
   bench head "$HEAD_S" bench_step_variants "x[0-9]*:" --compare=head --matmul_precision=highest "$@"
 }
 
+part_fused() {
+  # Two variants' loops are held at once: 64 rows of the 8B's cache at 2,048 slots are
+  # 19.3 GB each, beside 16.4 GB of weights. The tiny shape is a bfloat16 policy.
+  case $VARIANT in
+    tiny) set -- --shapes=tiny --cells=1x1,2x5 --context=16 --reps=2 ;;
+    *) set -- --shapes=qwen3-8b --cells=1x1,1x2,16x5,64x5 --context=1024 --reps=10 ;;
+  esac
+  bench fused "$FUSED_S" bench_step_variants "x[0-9]*:" --compare=fused "$@"
+}
+
 part_forms() {
   # The 8B's one-row step, two-row verifications and a 16-row decode, where a CPU takes the
   # multiply-reduce: the 2026-12-04 grid's two rows cost 1.46x / 1.73x one row's.
@@ -185,8 +202,8 @@ part_sizes() {
 
 for part in $ORDER; do
   case $part in
-    sizes | head | forms | writes | harvest | curve | drafter) "part_$part" ;;
-    *) say "unknown part $part (sizes, head, forms, writes, harvest, curve, drafter)" ;;
+    sizes | fused | head | forms | writes | harvest | curve | drafter) "part_$part" ;;
+    *) say "unknown part $part (sizes, fused, head, forms, writes, harvest, curve, drafter)" ;;
   esac
 done
 # In one archive (a device call brings back 8 files at most): the curve's per-step tables,
@@ -194,6 +211,7 @@ done
 # per-step metrics; the copy's benchmark and its log.
 (cd "$RUNS" && tar czf "$KEEP/sitting_files.tgz" --ignore-failed-read gc/steps_*.csv \
   gc/shared/summary.json gc/gpu_curve.log gc/*_s0/metrics.jsonl harvest.json harvest.log \
-  head.json head.json.part head.log forms.json forms.json.part forms.log writes.json \
-  writes.json.part writes.log drafter.json drafter.log 2>/dev/null)
+  fused.json fused.json.part fused.log head.json head.json.part head.log forms.json \
+  forms.json.part forms.log writes.json writes.json.part writes.log drafter.json drafter.log \
+  2>/dev/null)
 say "sitting: done"

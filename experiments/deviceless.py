@@ -27,7 +27,8 @@ compiled; its loop body's kernels by kind and the bytes they write
 device, so products keep XLA's default tilings: counts, not speeds. Attention, the head and
 the layers' products take what "auto" takes on the target's platform (`target_settings`: the
 dots on a GPU, a bfloat16 policy's head in bfloat16, one-row products paired on a GPU:
-`models.products`; `--row_products=single` traces them unpaired). `--layer` prints the
+`models.products`; `--row_products=single` traces them unpaired; `--attention=fused`
+traces cuDNN's fused attention, `models.attention.attend_fused`). `--layer` prints the
 kernels of a cell's first layer with what each computes. `--engines` compiles the rollout
 engine's own plain chunk at one row (`rollout.programs.decode_chunk`: sampling, stop check
 and hidden capture included, at the engine's matmul precision) of a config file's policy and
@@ -79,6 +80,7 @@ from experiments.forwards import (  # noqa: E402
 from experiments.traces import describe_kernels, loop_kernels, trip_kernels  # noqa: E402
 from tlt_jax import configuration  # noqa: E402
 from tlt_jax.data import get_tokenizer  # noqa: E402
+from tlt_jax.models.attention import ATTENTION_FORMS, attention_form  # noqa: E402
 from tlt_jax.models.drafter import Drafter, init_drafter_cache  # noqa: E402
 from tlt_jax.models.platform import platform_choices  # noqa: E402
 from tlt_jax.models.products import one_row_products  # noqa: E402
@@ -124,6 +126,12 @@ _ROW_PRODUCTS = flags.DEFINE_string(
   "row_products",
   "",
   "the layers' one-row products (models.products.ROW_PRODUCTS; empty: the target's choice)",
+)
+_ATTENTION = flags.DEFINE_enum(
+  "attention",
+  "",
+  ["", *ATTENTION_FORMS],
+  "attention's form (models.attention.ATTENTION_FORMS; '': what 'auto' takes on the target)",
 )
 _TARGET_CONFIG = flags.DEFINE_string(
   "target_config", "", "--target=h100: a GpuTargetConfig in text form (default: H100_SXM)"
@@ -348,14 +356,16 @@ def main(argv):
   sharding, device = target_sharding(_TARGET.value)
   print(f"compiling for {device}", flush=True)
   os.makedirs(_OUT.value, exist_ok=True)
-  products = _ROW_PRODUCTS.value
+  products, form = _ROW_PRODUCTS.value, _ATTENTION.value
   with (
     target_settings(_TARGET.value),
     one_row_products(products) if products else contextlib.nullcontext(),
+    attention_form(form) if form else contextlib.nullcontext(),
   ):
     cells = compile_cells(sharding, device)
   with open(os.path.join(_OUT.value, "deviceless.json"), "w") as f:
-    json.dump({"target": device, "row_products": products or "auto", **cells}, f, indent=1)
+    settings = {"row_products": products or "auto", "attention": form or "auto"}
+    json.dump({"target": device, **settings, **cells}, f, indent=1)
 
 
 def target_settings(target: str):

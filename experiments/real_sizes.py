@@ -31,7 +31,8 @@ Stages, in priority order (`--stages`; finished ones are skipped):
                add, the part of the 50M policy's 1.3-1.9 ms step on the H200 (2026-11-26, one
                forward a call) that is neither weights nor arithmetic
   decode_b1_profile  the first shape's batch-1 decode loop under each `--profile_forms`
-               attention form (the engine's "auto" takes batched products there), and with
+               attention form (the engine's "auto" takes batched products there; "fused":
+               cuDNN's kernel, `models.attention.attend_fused`), and with
                the head's product in float32 as it ran until 2026-12-06
                (`models.precision.head_precision("float32")`), as two tokens (the engine's
                one-row step on a GPU), and with one-row products unpaired as they ran until
@@ -184,7 +185,7 @@ _POLICIES = flags.DEFINE_list(
 )
 _PROFILE_FORMS = flags.DEFINE_list(
   "profile_forms",
-  ["auto", "reduce"],
+  ["auto", "reduce", "fused"],
   "decode_b1_profile stage: attention forms (models.attention.ATTENTION_FORMS) profiled",
 )
 _PROFILE_FLOAT32_HEAD = flags.DEFINE_bool(

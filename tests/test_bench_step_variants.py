@@ -1,5 +1,6 @@
 """experiments/bench_step_variants.py on the regime's tiny variant: both variants of each
-choice traced, timed and written out (its figures are RESULTS entries'; here, that it runs)."""
+choice traced, timed, compared and written out (its figures are RESULTS entries'; here,
+that it runs, and that variants computing the same math on a CPU are found to agree)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     ("write", {"scatter", "update"}, "configs/regime.py:tiny"),
     ("form", {"reduce", "dots"}, "configs/regime.py:tiny"),
     ("head", {"float32", "compute"}, "tiny"),  # a bfloat16 policy, where the heads differ
+    ("fused", {"dots", "fused"}, "tiny"),  # cuDNN's attention on GPUs only: the dots here
   ],
 )
 def test_both_variants_are_timed_per_shape_and_cell(tmp_path, compare, variants, shape):
@@ -43,3 +45,6 @@ def test_both_variants_are_timed_per_shape_and_cell(tmp_path, compare, variants,
     assert set(r["times_s"]) == variants
     assert all(len(t) == 2 and min(t) > 0 for t in r["times_s"].values())
     assert len(r["ratios"]) == 2
+    assert 0 <= r["rows_agree"] <= 1 and r["cache_gap"] >= 0
+    if compare in ("write", "fused"):  # the same math on a CPU, fused by XLA its own way
+      assert r["rows_agree"] == 1 and r["cache_gap"] < 1e-5

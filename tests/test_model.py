@@ -1,6 +1,8 @@
 """Policy model: cached decode equals the full forward, in every mode."""
 
 import contextlib
+import functools
+import types
 
 import chex
 import jax
@@ -291,11 +293,37 @@ def _reference_attention(q, k, v, mask):
   return out
 
 
-@pytest.mark.parametrize("form", ["attend_dots", "attend_reduce"])
+def _documented_cudnn(record=None):
+  """A stand-in for JAX's cuDNN attention module (`attention.cudnn_module`) computing what
+  its `dot_product_attention` documents for the arguments `attention.attend_cudnn` passes
+  (q [B, N, T, H], k and v [B, N_kv, S, H] under qkv_layout "BNTH", a boolean mask
+  broadcast over heads, a padding mask's query and key lengths a row), with JAX's own XLA
+  attention: a CPU checks the layouts, grouping and lengths `attend_cudnn` assumes.
+  `record` collects the calls' query shapes."""
+  padding = object()
+
+  def dot_product_attention(query, key, value, *, mask, q_seqlen, kv_seqlen, mask_type, **kw):
+    assert kw.pop("qkv_layout") == "BNTH" and mask_type is padding
+    assert mask.dtype == bool and mask.shape[1] == 1
+    if record is not None:
+      record.append(query.shape)
+    btnh = lambda x: x.transpose(0, 2, 1, 3)
+    lengths = dict(query_seq_lengths=q_seqlen, key_value_seq_lengths=kv_seqlen)
+    out = jax.nn.dot_product_attention(
+      btnh(query), btnh(key), btnh(value), mask=mask, **lengths, **kw, implementation="xla"
+    )
+    return btnh(out)
+
+  return types.SimpleNamespace(
+    dot_product_attention=dot_product_attention, MaskType=types.SimpleNamespace(PADDING=padding)
+  )
+
+
+@pytest.mark.parametrize("form", ["attend_dots", "attend_reduce", "attend_cudnn"])
 @pytest.mark.parametrize("t", [1, 5])
 def test_attention_forms_match_a_reference(form, t):
   # Decode / verification shapes with per-row visible prefixes, grouped query heads, f32 and
-  # a bf16 cache.
+  # a bf16 cache; cuDNN's call as its module documents it (`_documented_cudnn`).
   from tlt_jax.models import attention
 
   b, h, kv, s, e = 4, 8, 2, 40, 16
@@ -304,6 +332,8 @@ def test_attention_forms_match_a_reference(form, t):
   k, v = (jax.random.normal(x, (b, kv, s, e)) for x in ks[1:])
   mask = cache_mask(jnp.array([0, 9, 17, 30]), t, s)
   fn = jax.jit(getattr(attention, form))
+  if form == "attend_cudnn":
+    fn = jax.jit(functools.partial(attention.attend_cudnn, cudnn=_documented_cudnn()))
   for dtype, atol in ((jnp.float32, 1e-5), (jnp.bfloat16, 3e-2)):
     args = (q.astype(dtype), k.astype(dtype), v.astype(dtype))
     got = fn(*args, mask)
@@ -349,6 +379,51 @@ def test_unknown_attention_form_is_an_error():
   with attention.attention_form("reduce"):
     assert attention.reduces(1, 1) and attention.current_attention_form() == "reduce"
   assert attention.current_attention_form() == "auto" and not attention.reduces(1, 1)
+
+
+def test_fused_attention_runs_cudnn_where_the_program_runs_on_a_gpu(monkeypatch):
+  """Under "fused", `attend` calls cuDNN in a program lowered for CUDA and runs the dots in
+  one lowered for a CPU: the same values and gradients as the dots here. Float32 operands
+  and shapes cuDNN refuses take the dots everywhere, and so does a JAX that cannot reach
+  cuDNN (no CUDA plugin: this project's own environment)."""
+  from tlt_jax.models import attention
+
+  calls = []
+  monkeypatch.setattr(attention, "cudnn_module", lambda: _documented_cudnn(calls))
+  ks = jax.random.split(jax.random.key(3), 3)
+  q = jax.random.normal(ks[0], (2, 5, 8, 16), jnp.bfloat16)
+  k, v = (jax.random.normal(x, (2, 2, 24, 16), jnp.bfloat16) for x in ks[1:])
+  mask = cache_mask(jnp.array([3, 12]), 5, 24)
+  # A fresh function each time: jax reuses a traced function's program.
+  fused = lambda: lambda q, k, v: attention.attend(q, k, v, mask, form="fused")
+  dots = lambda q, k, v: attention.attend_dots(q, k, v, mask)
+  np.testing.assert_array_equal(jax.jit(fused())(q, k, v), jax.jit(dots)(q, k, v))
+  # Traced (for cuDNN's checks and the CUDA branch) with the queries as [B, N, T, H].
+  assert calls and set(calls) == {(2, 8, 5, 16)}
+  loss = lambda f: lambda q, k, v: jnp.sum(f(q, k, v).astype(jnp.float32) ** 2)
+  grads = jax.grad(loss(fused()), argnums=(0, 1, 2))(q, k, v)
+  for got, want in zip(grads, jax.grad(loss(dots), argnums=(0, 1, 2))(q, k, v), strict=True):
+    np.testing.assert_array_equal(got, want)
+
+  # Which branch a lowering keeps: a marker stands in for cuDNN's kernel.
+  marker = types.SimpleNamespace(
+    dot_product_attention=lambda query, *_, **__: jnp.cos(query),
+    MaskType=_documented_cudnn().MaskType,
+  )
+  monkeypatch.setattr(attention, "cudnn_module", lambda: marker)
+  lowered = lambda *args, on: jax.jit(fused()).trace(*args).lower(lowering_platforms=(on,))
+  assert "cosine" in lowered(q, k, v, on="cuda").as_text()
+  assert "cosine" not in lowered(q, k, v, on="cpu").as_text()
+  f32 = [x.astype(jnp.float32) for x in (q, k, v)]
+  assert "cosine" not in lowered(*f32, on="cuda").as_text()
+
+  def refuses(*_, **__):
+    raise NotImplementedError("head dim")
+
+  refusing = types.SimpleNamespace(dot_product_attention=refuses, MaskType=marker.MaskType)
+  for module in (refusing, None):
+    monkeypatch.setattr(attention, "cudnn_module", lambda module=module: module)
+    np.testing.assert_array_equal(jax.jit(fused())(q, k, v), jax.jit(dots)(q, k, v))
 
 
 @pytest.mark.parametrize("remat", [False, True])

@@ -94,12 +94,14 @@ def test_every_stage_runs_on_tiny_shapes_and_a_second_sitting_resumes(tmp_path):
   assert "xla_no_such_flag" in refused["error"]
   row = "| configs/sd_bench.py:tiny batch-1 decode, XLA_FLAGS += `--xla_gpu_enable_command_buff"
   assert row in printed
-  # The batch-1 decode loop profiled under two attention forms, with the head in float32
+  # The batch-1 decode loop profiled under three attention forms (cuDNN's "fused" runs the
+  # dots off a GPU), with the head in float32
   # (until 2026-12-06), as the engine's two-token step and with one-row products unpaired
   # (until 2026-12-06), its costliest kernels described.
   variants = [
     "auto",
     "reduce",
+    "fused",
     "auto, the head in float32",
     "auto, the step as two tokens",
     "auto, one-row products unpaired",
@@ -122,7 +124,7 @@ def test_every_stage_runs_on_tiny_shapes_and_a_second_sitting_resumes(tmp_path):
   assert [second["decode_grid"][f"tiny/16/2/{t}"]["compiled_with"] for t in (1, 2, 5)] == [2, 2, 1]
   compiles = second["compiles"]
   assert {k: v["programs"] for k, v in compiles.items()} == {
-    "decode_b1_profile": 5,
+    "decode_b1_profile": 6,
     "verify_b1": 3,
     "decode_grid": 3,
     "rounds": 2,

@@ -1,7 +1,8 @@
 """Attention: which keys each query sees (the masks) and how it reads them.
 
-`attend` is grouped-query attention with a boolean visibility mask, in one of two forms
-(batched matrix products, or a multiply fused into a reduction for a few new tokens a row);
+`attend` is grouped-query attention with a boolean visibility mask, in one of three forms
+(batched matrix products; a multiply fused into a reduction for a few new tokens a row;
+cuDNN's fused attention on NVIDIA GPUs, opt-in);
 `attend_causal` is the full-sequence path (training, log-probs, SFT), in query blocks that
 read only the keys up to their end, and under `key_windows` only the last keys their
 packed samples reach. The scoped settings (`attention_form`, `causal_block`,
@@ -28,8 +29,9 @@ from tlt_jax.utils.scoped import scoped
 _NEG_INF = -1e30
 
 
-# The forms `attend` takes: "auto" (`reduces` decides), or always "dots" or "reduce".
-ATTENTION_FORMS = ("auto", "dots", "reduce")
+# The forms `attend` takes: "auto" (`reduces` decides), or always "dots" or "reduce", or
+# "fused" (`attend_fused`: cuDNN's kernel where the program runs on an NVIDIA GPU).
+ATTENTION_FORMS = ("auto", "dots", "reduce", "fused")
 _FORM = contextvars.ContextVar("attention_form", default="auto")
 
 
@@ -68,7 +70,7 @@ def reduces(batch: int, new_tokens: int, form: str | None = None) -> bool:
   new token over at least 16 rows (decode of a larger batch), or 2-31 new tokens over at
   least 2 rows (draft verification, extends): where the multiply-reduce ran faster on
   XLA:CPU (`experiments/bench_decode_attention.py --parts=attention`; the timings are in
-  experiments/RESULTS.md, "the README's former results section")."""
+  experiments/RESULTS.md, "the README's former results section"). Never under "fused"."""
   form = _checked_form(current_attention_form() if form is None else form)
   if form == "auto":
     form = platform_form(jax.default_backend())
@@ -87,7 +89,10 @@ def attend(
   form: str | None = None,
 ) -> Float[Array, "B T H E"]:
   """Grouped-query attention with a boolean visibility mask, softmax in float32, in the
-  form `reduces` picks under `form` (default: `current_attention_form()`)."""
+  form `reduces` picks under `form` (default: `current_attention_form()`), or, under
+  "fused", `attend_fused`."""
+  if _checked_form(current_attention_form() if form is None else form) == "fused":
+    return attend_fused(q, k, v, mask)
   if reduces(q.shape[0], q.shape[1], form):
     return attend_reduce(q, k, v, mask)
   return attend_dots(q, k, v, mask)
@@ -141,6 +146,93 @@ def attend_reduce(
   v = v[:, :, None, None, :, :].astype(prec)
   out = jnp.sum(probs[..., None] * v, axis=-2)  # [B, K, G, T, E]
   return out.transpose(0, 3, 1, 2, 4).reshape(b, t, h, e).astype(dtype)
+
+
+def cudnn_module():
+  """JAX's cuDNN attention module where this JAX can reach cuDNN (its CUDA plugin is
+  installed), else None: without the plugin no program of this process runs on a GPU."""
+  from jax._src.cudnn import fused_attention_stablehlo as cudnn
+
+  try:
+    cudnn.check_cudnn_version()
+  except RuntimeError:
+    return None
+  return cudnn
+
+
+def attend_cudnn(
+  q: Float[Array, "B T H E"],
+  k: Float[Array, "B K S E"],
+  v: Float[Array, "B K S E"],
+  mask: Bool[Array, "B T S"],
+  cudnn: Any = None,
+) -> Float[Array, "B T H E"]:
+  """`attend` as one call of cuDNN's fused attention (`cudnn`: JAX's module,
+  `cudnn_module()` by default), which runs only on an NVIDIA GPU. The cache's [B, K, S, E]
+  is cuDNN's "BNSH" layout as it is (JAX's public `jax.nn.dot_product_attention` takes
+  [B, S, K, E]: a copy of the cache a layer); query head h reads kv head h // G, as in
+  `attend_dots`; the boolean mask becomes an additive bias of the operands' dtype. Each
+  row's keys end at its last visible slot (cuDNN's padding mask: a row of a long-tailed
+  batch reads its own length of the view, not the whole view; the slots past it are masked
+  for all its queries anyway); a row that sees no slot reads one, masked (its output,
+  never read, stays finite)."""
+  cudnn = cudnn_module() if cudnn is None else cudnn
+  b, t, _, e = q.shape
+  seen = jnp.any(mask, axis=1)  # [B, S]
+  keys = jnp.maximum(seen.shape[1] - jnp.argmax(seen[:, ::-1], axis=1), 1)
+  out = cudnn.dot_product_attention(
+    q.transpose(0, 2, 1, 3),
+    k,
+    v,
+    mask=mask[:, None],
+    q_seqlen=jnp.full((b,), t, jnp.int32),
+    kv_seqlen=keys.astype(jnp.int32),
+    scale=e**-0.5,
+    mask_type=cudnn.MaskType.PADDING,
+    qkv_layout="BNTH",
+  )
+  return out.transpose(0, 2, 1, 3)
+
+
+def attend_fused(
+  q: Float[Array, "B T H E"],
+  k: Float[Array, "B K S E"],
+  v: Float[Array, "B K S E"],
+  mask: Bool[Array, "B T S"],
+) -> Float[Array, "B T H E"]:
+  """`attend` as one cuDNN kernel (`attend_cudnn`) where the program runs on an NVIDIA GPU:
+  the scores and probabilities stay on chip, where the dots write them out and read them
+  back (at 64 rows of 5 new tokens over 2,048 slots, most of what a verify forward of the
+  8B shape writes: experiments/RESULTS.md, 2026-12-06). The dots elsewhere (CPUs, TPUs, a
+  JAX without its CUDA plugin), for float32 operands (cuDNN's kernel takes 16-bit floats)
+  and for shapes cuDNN refuses (head dims not a multiple of 8 or past its limit).
+
+  cuDNN's entry point is JAX's own module, not its public API (the pinned jax versions
+  have it). The gradient is the dots' (their forward recomputed): cuDNN's backward under a
+  mask takes even lengths only, and the training paths run the dots anyway.
+  """
+  cudnn = cudnn_module()
+  if cudnn is None or not q.dtype == k.dtype == v.dtype or q.dtype.itemsize != 2:
+    return attend_dots(q, k, v, mask)
+  kernel = lambda q, k, v, mask: attend_cudnn(q, k, v, mask, cudnn)
+  try:
+    jax.eval_shape(kernel, q, k, v, mask)  # cuDNN's checks of the shapes, at trace time
+  except NotImplementedError:
+    return attend_dots(q, k, v, mask)
+
+  @jax.custom_vjp
+  def fused(q, k, v, mask):
+    return jax.lax.platform_dependent(q, k, v, mask, cuda=kernel, default=attend_dots)
+
+  def forward(q, k, v, mask):
+    return fused(q, k, v, mask), (q, k, v, mask)
+
+  def backward(res, g):
+    q, k, v, mask = res
+    return (*jax.vjp(lambda q, k, v: attend_dots(q, k, v, mask), q, k, v)[1](g), None)
+
+  fused.defvjp(forward, backward)
+  return fused(q, k, v, mask)
 
 
 # Query block of the causal path: a block attends only to keys up to its own end.

@@ -9,7 +9,7 @@ The module returns the last layer's post-norm hidden states (the features the
 EAGLE drafter consumes) and, on request, the residual stream after chosen
 layers; `logits(hidden)` applies the LM head separately so callers compute
 logits only where they need them (prefill needs one position per row). How a
-layer attends (the masks, the two attention forms, causal query blocks and key
+layer attends (the masks, the attention forms, causal query blocks and key
 windows) lives in `models.attention`.
 
 Shape letters: B batch, T new tokens, S cache slots, D model width, H query
