@@ -35,7 +35,9 @@ and hidden capture included, at the engine's matmul precision) of a config file'
 engine, its step as one token and as two (`EngineConfig.one_row_step`), and one round of
 each `--spec` strategy at one row (`rollout.speculative.spec_decode_chunk`, a random
 drafter's shapes; the drafter's steps run out, `experiments.traces.trip_kernels`), in
-two-token steps. `--updates` compiles the policy update at `--update_shape` too
+two-token steps (`--engine_dtype=bfloat16`: the policy computing in bfloat16 over its
+float32 weights, cast once a rollout as `RolloutEngine.generate` casts them). `--updates`
+compiles the policy update at `--update_shape` too
 (real_sizes.py's `update` program: float32 masters, micro-batches of 2 rows, rematerialised
 layers) with its layers scanned and unrolled: the bytes XLA's GPU compiler gives it beside
 the memory plan (`parallel.memory.plan_memory`), and its compile seconds on this host.
@@ -83,6 +85,7 @@ from tlt_jax.data import get_tokenizer  # noqa: E402
 from tlt_jax.models.attention import ATTENTION_FORMS, attention_form  # noqa: E402
 from tlt_jax.models.drafter import Drafter, init_drafter_cache  # noqa: E402
 from tlt_jax.models.platform import platform_choices  # noqa: E402
+from tlt_jax.models.precision import compute_params  # noqa: E402
 from tlt_jax.models.products import one_row_products  # noqa: E402
 from tlt_jax.models.transformer import Transformer  # noqa: E402
 from tlt_jax.parallel.memory import measured_bytes  # noqa: E402
@@ -104,6 +107,9 @@ _STEPS = flags.DEFINE_integer("steps", 16, "forwards in the loop")
 _LAYER = flags.DEFINE_string("layer", "", "shape/batch/tokens whose first layer is printed")
 _ENGINES = flags.DEFINE_list(
   "engines", ["configs/sd_bench.py"], "config files whose engine's one-row chunk is compiled"
+)
+_ENGINE_DTYPE = flags.DEFINE_string(
+  "engine_dtype", "", "the --engines policies' compute dtype ('': the config file's; bfloat16)"
 )
 _SPEC = flags.DEFINE_list(
   "spec", ["chain4", "chain8"], "speculative strategies whose one-row round --engines compile"
@@ -238,14 +244,18 @@ class _Compiler:
 def _engine(name: str, sharding, **changes) -> dict:
   """Config file `name`'s engine programs (`rollout.engine.EnginePrograms`, its config with
   `changes`) compiling for the target, with what its one-row programs take: the policy and
-  a drafter (abstract), a one-row state after a prefill, and the cache view that holds
-  `--context` tokens."""
+  a drafter (abstract, in the compute dtype), a one-row state after a prefill, and the
+  cache view that holds `--context` tokens."""
   config = config_file(name)
+  if _ENGINE_DTYPE.value:
+    config.model.dtype = _ENGINE_DTYPE.value
   tokenizer = get_tokenizer(config.task.tokenizer)
   cfg = configuration.model_config(config, tokenizer)
   engine = dataclasses.replace(configuration.engine_config(config, tokenizer), **changes)
   graphdef, params = nnx.split(nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0))))
   dgraph, dparams = nnx.split(nnx.eval_shape(lambda: Drafter(cfg, rngs=nnx.Rngs(0))))
+  # In the compute dtype, as `RolloutEngine.generate` hands them to its programs.
+  params, dparams = jax.eval_shape(lambda p: compute_params(p, cfg), (params, dparams))
   made = EnginePrograms(graphdef, cfg, engine, _Compiler(sharding), drafter_graphdef=dgraph)
   sampling = configuration.sampling_config(config)
   one = jax.ShapeDtypeStruct((1,), jnp.int32)

@@ -40,6 +40,21 @@ def test_a_rounds_kernels_grow_with_its_drafter_steps():
   assert sum(four["by_kind"].values()) == four["kernels"]
 
 
+def test_engine_cells_take_the_weights_in_the_compute_dtype():
+  """The engine's programs get the policy and drafter as `RolloutEngine.generate` hands them
+  over, in the compute dtype (a bfloat16 policy's float32 weights cast once a rollout, not
+  in every step of the compiled loop); `--engine_dtype` makes a config's policy bfloat16."""
+  statements = (
+    "dtypes = lambda tree: sorted({str(x.dtype) for x in jax.tree.leaves(tree)})\n"
+    "e = d._engine('configs/regime.py:tiny', cpu)\n"
+    "cells = {'params': dtypes(e['params']), 'drafter': dtypes(e['dparams'])}\n"
+    "cells['step'] = d.engine_cell('configs/regime.py:tiny', True, cpu)['kernels']"
+  )
+  cells = _on_this_cpu(["--context=16", "--engine_dtype=bfloat16"], statements)
+  assert cells["params"] == cells["drafter"] == ["bfloat16"]
+  assert cells["step"] > 0
+
+
 def test_programs_are_traced_with_the_targets_platform_settings():
   """This host's backend is a CPU, whose "auto" takes the multiply-reduce attention form for
   a decode of 16 rows, a float32 head and one-row products as they are: the cells for a GPU

@@ -13,10 +13,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from cudnn_standin import documented_cudnn
 from flax import nnx
 from tiny_models import TINY_UNTIED
 
 from tlt_jax.decode.sampling import SamplingConfig
+from tlt_jax.models import attention
 from tlt_jax.models.drafter import init_drafter
 from tlt_jax.models.platform import platform_choices
 from tlt_jax.models.transformer import init_model
@@ -121,6 +123,33 @@ def test_what_a_gpu_runs_equals_plain(models):
   np.testing.assert_array_equal(spec.length, plain.length)
   np.testing.assert_array_equal(spec.tokens, plain.tokens)
   np.testing.assert_allclose(spec.logprobs, plain.logprobs, atol=2e-5)
+
+
+def test_fused_attention_equals_plain(monkeypatch):
+  """Under cuDNN's fused attention (`attention_form("fused")`, a bfloat16 policy: what a
+  GPU would run if "auto" took it; cuDNN stood in for, `cudnn_standin`), the engine's
+  programs take the fused path (the kernel traced for CUDA, the dots lowered for this CPU):
+  sampled speculative output identical to plain decoding's under the same form, and to
+  plain decoding under the dots."""
+  calls = []
+  monkeypatch.setattr(attention, "cudnn_module", lambda: documented_cudnn(calls))
+  bf16 = dataclasses.replace(MODEL, dtype="bfloat16")
+  tg, tp = nnx.split(init_model(bf16, seed=3))
+  dg, dp = nnx.split(init_drafter(bf16, seed=4))
+  fused_pool, runs = ExecutablePool(), {}
+  for name, form, changes in [
+    ("plain", "fused", dict(spec_threshold=0)),
+    ("spec", "fused", dict(spec_strategies=("chain3",))),
+    ("dots", "dots", dict(spec_threshold=0)),
+  ]:
+    engine = _engine((tg, tp, dg, dp), fused_pool, SAMPLED, bf16, **changes)
+    with attention.attention_form(form):
+      runs[name] = _run(engine, tp, dp if name == "spec" else None)
+  assert calls and {r["attention_form"] for r in fused_pool.summary()} == {"fused", "dots"}
+  assert "spec" in _phases(runs["spec"])
+  for name in ("spec", "dots"):
+    np.testing.assert_array_equal(runs[name].length, runs["plain"].length)
+    np.testing.assert_array_equal(runs[name].tokens, runs["plain"].tokens)
 
 
 @pytest.mark.parametrize("strategy", ["group4", "hybrid3"])

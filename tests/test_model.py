@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from cudnn_standin import documented_cudnn
 from flax import nnx
 
 from tlt_jax.models.attention import (
@@ -293,37 +294,11 @@ def _reference_attention(q, k, v, mask):
   return out
 
 
-def _documented_cudnn(record=None):
-  """A stand-in for JAX's cuDNN attention module (`attention.cudnn_module`) computing what
-  its `dot_product_attention` documents for the arguments `attention.attend_cudnn` passes
-  (q [B, N, T, H], k and v [B, N_kv, S, H] under qkv_layout "BNTH", a boolean mask
-  broadcast over heads, a padding mask's query and key lengths a row), with JAX's own XLA
-  attention: a CPU checks the layouts, grouping and lengths `attend_cudnn` assumes.
-  `record` collects the calls' query shapes."""
-  padding = object()
-
-  def dot_product_attention(query, key, value, *, mask, q_seqlen, kv_seqlen, mask_type, **kw):
-    assert kw.pop("qkv_layout") == "BNTH" and mask_type is padding
-    assert mask.dtype == bool and mask.shape[1] == 1
-    if record is not None:
-      record.append(query.shape)
-    btnh = lambda x: x.transpose(0, 2, 1, 3)
-    lengths = dict(query_seq_lengths=q_seqlen, key_value_seq_lengths=kv_seqlen)
-    out = jax.nn.dot_product_attention(
-      btnh(query), btnh(key), btnh(value), mask=mask, **lengths, **kw, implementation="xla"
-    )
-    return btnh(out)
-
-  return types.SimpleNamespace(
-    dot_product_attention=dot_product_attention, MaskType=types.SimpleNamespace(PADDING=padding)
-  )
-
-
 @pytest.mark.parametrize("form", ["attend_dots", "attend_reduce", "attend_cudnn"])
 @pytest.mark.parametrize("t", [1, 5])
 def test_attention_forms_match_a_reference(form, t):
   # Decode / verification shapes with per-row visible prefixes, grouped query heads, f32 and
-  # a bf16 cache; cuDNN's call as its module documents it (`_documented_cudnn`).
+  # a bf16 cache; cuDNN's call as its module documents it (`cudnn_standin`).
   from tlt_jax.models import attention
 
   b, h, kv, s, e = 4, 8, 2, 40, 16
@@ -333,7 +308,7 @@ def test_attention_forms_match_a_reference(form, t):
   mask = cache_mask(jnp.array([0, 9, 17, 30]), t, s)
   fn = jax.jit(getattr(attention, form))
   if form == "attend_cudnn":
-    fn = jax.jit(functools.partial(attention.attend_cudnn, cudnn=_documented_cudnn()))
+    fn = jax.jit(functools.partial(attention.attend_cudnn, cudnn=documented_cudnn()))
   for dtype, atol in ((jnp.float32, 1e-5), (jnp.bfloat16, 3e-2)):
     args = (q.astype(dtype), k.astype(dtype), v.astype(dtype))
     got = fn(*args, mask)
@@ -389,7 +364,7 @@ def test_fused_attention_runs_cudnn_where_the_program_runs_on_a_gpu(monkeypatch)
   from tlt_jax.models import attention
 
   calls = []
-  monkeypatch.setattr(attention, "cudnn_module", lambda: _documented_cudnn(calls))
+  monkeypatch.setattr(attention, "cudnn_module", lambda: documented_cudnn(calls))
   ks = jax.random.split(jax.random.key(3), 3)
   q = jax.random.normal(ks[0], (2, 5, 8, 16), jnp.bfloat16)
   k, v = (jax.random.normal(x, (2, 2, 24, 16), jnp.bfloat16) for x in ks[1:])
@@ -408,7 +383,7 @@ def test_fused_attention_runs_cudnn_where_the_program_runs_on_a_gpu(monkeypatch)
   # Which branch a lowering keeps: a marker stands in for cuDNN's kernel.
   marker = types.SimpleNamespace(
     dot_product_attention=lambda query, *_, **__: jnp.cos(query),
-    MaskType=_documented_cudnn().MaskType,
+    MaskType=documented_cudnn().MaskType,
   )
   monkeypatch.setattr(attention, "cudnn_module", lambda: marker)
   lowered = lambda *args, on: jax.jit(fused()).trace(*args).lower(lowering_platforms=(on,))
