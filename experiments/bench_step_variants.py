@@ -26,7 +26,8 @@ second / first. Before the timing, both loops run once from the same cache and t
 their outputs are compared (`agreement`): the fraction of rows whose last tokens agree (a
 row's first differing argmax changes the rest of its loop, so a rounding apart shows as a
 few rows, a wrong program as most) and the caches' largest difference over their largest
-entry.
+entry. A cell whose programs fail to compile or run is recorded with its error, and the
+next cell is run.
 
   python experiments/bench_step_variants.py --compare=write \
       --out=experiments/results/cache_write_hostL_2026-12-05/bench_cache_write.json
@@ -163,7 +164,12 @@ def main(argv):
     graphdef, params = random_params(cfg)
     for cell in _CELLS.value:
       rows, tokens = (int(x) for x in cell.split("x"))
-      calls, agreed = loops(cfg, graphdef, params, rows, tokens)
+      try:
+        calls, agreed = loops(cfg, graphdef, params, rows, tokens)
+      except Exception as e:  # a device refusing one variant (cuDNN's kernel): the next cell
+        print(f"{path} {cell}: error {type(e).__name__}: {str(e)[:400]}", flush=True)
+        results.append(dict(shape=path, cell=cell, error=f"{type(e).__name__}: {e}"[:2000]))
+        continue
       times = {name: [] for name in calls}
       for _ in range(_REPS.value):
         for name, call in calls.items():

@@ -30,7 +30,8 @@ def test_both_variants_are_timed_per_shape_and_cell(tmp_path, compare, variants,
     "experiments/bench_step_variants.py",
     f"--compare={compare}",
     f"--shapes={shape}",
-    "--cells=1x1,2x3",
+    # No rows: a cell that fails, recorded with its error, and the next cells still run.
+    f"--cells={'0x1,' if compare == 'fused' else ''}1x1,2x3",
     "--context=16",
     "--reps=2",
     f"--out={out}",
@@ -40,6 +41,9 @@ def test_both_variants_are_timed_per_shape_and_cell(tmp_path, compare, variants,
   report = json.loads(out.read_text())
   assert report["compare"] == compare
   results = report["results"]
+  if compare == "fused":
+    failed, *results = results
+    assert failed["cell"] == "0x1" and failed["error"] and "times_s" not in failed
   assert [(r["shape"], r["cell"]) for r in results] == [(shape, "1x1"), (shape, "2x3")]
   for r in results:
     assert set(r["times_s"]) == variants
