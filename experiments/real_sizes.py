@@ -71,6 +71,10 @@ Stages, in priority order (`--stages`; finished ones are skipped):
 The decode grid is the simulator's measured cost table (`sim.TableCost.from_decode_grid`):
   python experiments/simulate.py --surface=runs/real_sizes/real_sizes.json:qwen3-8b
 
+A stage that raises is recorded (`failures` in the results, printed in the summary) and the
+next stages run; later sittings try it again, twice at most. A cell whose program the device
+refuses (cuDNN's kernel, a shape) is kept as that cell's error and not tried again.
+
 A stage stops adding cells once it has run `--stage_s` seconds (the cells it measured are
 kept; the rest wait for the next sitting). Beside an accelerator a stage's programs compile
 several at a time (`experiments.forwards.compile_together`, as many as the rollout's
@@ -326,6 +330,9 @@ class Stages:
   # A stage computed from another's results is final only once that one is (an older
   # results file may say otherwise: then it is computed again).
   DERIVED_FROM = {"rounds": "decode_grid"}
+  # A stage that raised (out of the device's memory, a program refused) is recorded in
+  # `failures` and left for the next stages; tried again in later sittings up to TRIES times.
+  TRIES = 2
 
   def __init__(self, out: str):
     self.out, self.path = out, os.path.join(out, "real_sizes.json")
@@ -358,9 +365,19 @@ class Stages:
     if stage in done:
       print(f"{stage}: done in an earlier sitting", flush=True)
       return
+    failures = self.results.setdefault("failures", {}).setdefault(stage, [])
+    if len(failures) >= self.TRIES:
+      say(f"{stage}: failed {len(failures)} times, not tried again ({failures[-1][:200]})")
+      return
     start, self.stage = time.perf_counter(), stage
     say(f"{stage}: started")
-    complete = getattr(self, stage)(start)
+    try:
+      complete = getattr(self, stage)(start)
+    except Exception as e:  # the next stages still run; a later sitting tries it once more
+      failures.append(error_words(e))
+      self.save()
+      say(f"{stage}: failed ({failures[-1][:300]})")
+      return
     self.results.setdefault("stage_s", {})[stage] = time.perf_counter() - start
     complete = complete and (source is None or source in done)
     if complete:
@@ -384,10 +401,7 @@ class Stages:
       if self._late(start, reserve=last):
         return False
       began, part = time.perf_counter(), todo[i : i + window]
-      for _, fwd, form in part:
-        with attention_form(form) if form else contextlib.nullcontext():
-          fwd.lower(params)  # the form is read when the loop is traced
-      compiles = compile_together([fwd for _, fwd, _ in part], params)
+      compiles, failed = compile_window(part, params)
       say(f"{self.stage}: {compiled_words(compiles)}")
       total = self.results.setdefault("compiles", {}).setdefault(
         self.stage, {"programs": 0, "workers": 1, "lower_s": 0.0, "sum_s": 0.0, "wall_s": 0.0}
@@ -396,9 +410,12 @@ class Stages:
         total[field] += compiles[field]
       total["workers"] = max(total["workers"], compiles["workers"])
       for key, fwd, _ in part:
-        if self._late(start):
+        if key not in failed and self._late(start):
           return False
-        cells[key] = measure(fwd, params)
+        try:
+          cells[key] = {"error": failed[key]} if key in failed else measure(fwd, params)
+        except Exception as e:  # kept as the cell: a later sitting does not try it again
+          cells[key] = {"error": error_words(e)}
         print(key, json.dumps(cells[key]), flush=True)
         self.save()
       last = time.perf_counter() - began
@@ -707,6 +724,38 @@ class Stages:
     return True
 
 
+def error_words(e: Exception) -> str:
+  return f"{type(e).__name__}: {e}"[:1000]
+
+
+def compile_window(part, params) -> tuple[dict, dict]:
+  """`part`'s programs ([(key, Forward, attention form or None)]) lowered, each under its
+  form (read when its loop is traced), and compiled together (`compile_together`); where
+  that fails (a program the device refuses: cuDNN's kernel, a shape), each alone, and those
+  failing again kept as their errors. Returns the compiles' figures and {key: error}."""
+  try:
+    for _, fwd, form in part:
+      with attention_form(form) if form else contextlib.nullcontext():
+        fwd.lower(params)
+    return compile_together([fwd for _, fwd, _ in part], params), {}
+  except Exception as e:
+    say(f"compiling {len(part)} together failed ({error_words(e)[:200]}): one at a time")
+  compiles = {"programs": 0, "workers": 1, "lower_s": 0.0, "sum_s": 0.0, "wall_s": 0.0}
+  failed = {}
+  for key, fwd, form in (p for p in part if p[1].compiled is None):
+    try:
+      if fwd.lowered is None:
+        with attention_form(form) if form else contextlib.nullcontext():
+          fwd.lower(params)
+      one = compile_together([fwd], params)
+    except Exception as e:
+      failed[key] = error_words(e)
+      continue
+    for field in ("programs", "lower_s", "sum_s", "wall_s"):
+      compiles[field] += one[field]
+  return compiles, failed
+
+
 def _until_done(cell: dict) -> str:
   # Cells of sittings before 2026-12-02 (2026-12-05 for two rows) have no such figure.
   ms, two = cell.get("ms_in_loop_until_done"), cell.get("ms_in_loop_two_rows")
@@ -753,6 +802,9 @@ def summary(results: dict) -> str:
         f"| {policy} batch-1 decode, XLA_FLAGS += `{setting or '(nothing)'}` | {_decode(cell)} |"
       )
   for variant, cell in results.get("decode_b1_profile", {}).items():
+    if "ms" not in cell:
+      lines.append(f"| batch-1 decode, attention form {variant} | {cell['error'][:200]} |")
+      continue
     kinds = ", ".join(f"{k} {ms:.3f}" for k, ms in cell.get("by_kind_ms_per_step", {}).items())
     lines.append(
       f"| {cell['shape']} batch-1 decode, attention form {variant} | {cell['ms']:.2f} ms a step; "
@@ -789,6 +841,9 @@ def summary(results: dict) -> str:
     )
   for stage, compiles in results.get("compiles", {}).items():
     lines.append(f"| {stage}: compiles | {compiled_words(compiles)} |")
+  for stage, failures in results.get("failures", {}).items():
+    if failures:
+      lines.append(f"| {stage}: failed {len(failures)} times | {failures[-1][:200]} |")
   return "\n".join(lines)
 
 

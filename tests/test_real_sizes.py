@@ -294,3 +294,45 @@ print("ok")
   done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
   assert done.returncode == 0, done.stderr[-2000:]
   assert done.stdout.strip().endswith("ok")
+
+
+def test_a_program_the_device_refuses_becomes_its_cells_error():
+  """`compile_window`: where one of a window's programs fails to lower or compile (cuDNN's
+  kernel on a device that refuses it, a shape), the others still compile, one at a time,
+  and the failure comes back as that cell's error: a stage keeps it as its cell, so the
+  next sitting neither stops there nor tries it again; the summary prints it. A stage that
+  raises is recorded and left for the next stages. (A process of its own, as above.)"""
+  code = """
+from experiments.common import published_shape, random_params
+from experiments.forwards import Forward
+from experiments.real_sizes import compile_window, summary
+cfg = published_shape("tiny")
+graphdef, params = random_params(cfg)
+class Refused(Forward):
+  def lower(self, params):
+    raise NotImplementedError("cuDNN: no kernel for this graph")
+part = [("a", Forward(graphdef, cfg, 1, 1, 16, 2), None),
+        ("b", Refused(graphdef, cfg, 1, 2, 16, 2), "fused"),
+        ("c", Forward(graphdef, cfg, 2, 1, 16, 2), "dots")]
+compiles, failed = compile_window(part, params)
+assert list(failed) == ["b"] and "NotImplementedError: cuDNN" in failed["b"], failed
+assert compiles["programs"] == 2 and part[0][1].compiled and part[2][1].compiled
+assert part[0][1].ms(params, 1) > 0
+cells = {"fused": {"error": failed["b"]}}
+assert "| batch-1 decode, attention form fused | NotImplementedError" in summary(
+  {"decode_b1_profile": cells})
+# A stage that raises is recorded, and tried again in later sittings twice at most.
+import sys, tempfile
+import experiments.real_sizes as r
+r.Stages.boom = lambda self, start: 1 / 0
+out = tempfile.mkdtemp()
+for sitting in range(3):
+  r.Stages(out).run("boom")
+failures = r.Stages(out).results["failures"]["boom"]
+assert len(failures) == 2 and failures[0].startswith("ZeroDivisionError"), failures
+assert "| boom: failed 2 times | ZeroDivisionError" in summary({"failures": {"boom": failures}})
+print("ok")
+"""
+  done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+  assert done.returncode == 0, done.stderr[-2000:]
+  assert done.stdout.strip().endswith("ok")
