@@ -8,6 +8,11 @@ of the policy at batch 1 (the verification cost curve: what a speculative round 
 score a draft of 0 / 4 / 16 nodes, in decode steps).
 
   python experiments/host.py            # this host, with the 50M sd_bench-shaped policy
+
+TLT_HOST_FORWARDS=0 leaves out the default policy's forwards (a benchmark passing its own
+policy still times it): where a benchmark's run is a check, not a figure (the test suite),
+or where every second is another measurement's (a device sitting, whose real-size stages
+time the same policy).
 """
 
 from __future__ import annotations
@@ -154,9 +159,13 @@ def forward_costs(
 def host_info(
   policy: tuple[nnx.GraphDef, nnx.State] | None = None, bandwidth_bytes: int | None = None
 ) -> dict[str, Any]:
-  """The host as a JSON-able dict; forward costs of `policy` (default `reference_policy`)."""
-  graphdef, params = policy if policy is not None else reference_policy()
-  ms = forward_costs(graphdef, params)
+  """The host as a JSON-able dict; forward costs of `policy` (default `reference_policy`,
+  left out under TLT_HOST_FORWARDS=0)."""
+  if policy is None and os.environ.get("TLT_HOST_FORWARDS") == "0":
+    params, ms = {}, {}
+  else:
+    graphdef, params = policy if policy is not None else reference_policy()
+    ms = forward_costs(graphdef, params)
   devices = jax.devices()
   if bandwidth_bytes is None:  # a 256 MB read takes ~50 us on an HBM GPU: launch-dominated
     bandwidth_bytes = 1 << (28 if devices[0].platform == "cpu" else 32)
@@ -170,7 +179,7 @@ def host_info(
     "read_bandwidth_gbs": round(read_bandwidth(bandwidth_bytes) / 1e9, 1),
     "policy_params": int(sum(x.size for x in jax.tree.leaves(params))),
     "forward_ms": {str(n): round(v, 2) for n, v in ms.items()},
-    "forward_in_steps": {str(n): round(v / ms[min(ms)], 2) for n, v in ms.items()},
+    "forward_in_steps": {str(n): round(v / ms[min(ms)], 2) for n, v in ms.items()} if ms else {},
   }
 
 
@@ -178,9 +187,13 @@ def format_host(info: dict[str, Any]) -> str:
   """One line for logs and README tables."""
   fwd = " / ".join(f"{v:.1f}" for v in info["forward_ms"].values())
   steps = " / ".join(f"{v:.2f}" for v in info["forward_in_steps"].values())
-  return (
+  head = (
     f"host: {info['date']}, {info['cpu']}, {info['cores']} cores, {info['devices']} "
     f"(jax {info['jax']}), read bandwidth {info['read_bandwidth_gbs']:.1f} GB/s; "
+  )
+  if not info["forward_ms"]:
+    return head + "forwards not timed (TLT_HOST_FORWARDS=0)"
+  return head + (
     f"{info['policy_params'] / 1e6:.0f}M policy at batch 1: "
     f"{'/'.join(info['forward_ms'])}-token forward {fwd} ms = {steps} steps"
   )

@@ -28,3 +28,16 @@ def test_host_record_has_the_verification_cost_curve_of_the_policy():
   assert info["forward_in_steps"]["1"] == 1.0
   line = format_host(info)
   assert info["cpu"] in line and "1/5/17-token forward" in line
+
+
+def test_the_default_policys_forwards_can_be_left_out(monkeypatch):
+  """TLT_HOST_FORWARDS=0 (the suite's setting, tests/conftest.py): the default policy's
+  forwards are not timed and the record says so; a policy passed in is timed still."""
+  monkeypatch.setenv("TLT_HOST_FORWARDS", "0")
+  info = host_info(bandwidth_bytes=1 << 20)
+  assert info["forward_ms"] == info["forward_in_steps"] == {} and info["policy_params"] == 0
+  assert format_host(info).endswith("forwards not timed (TLT_HOST_FORWARDS=0)")
+  graphdef, params = nnx.split(init_model(TINY, seed=0))
+  assert list(host_info((graphdef, params), bandwidth_bytes=1 << 20)["forward_ms"]) == [
+    str(n) for n in FORWARD_TOKENS
+  ]
