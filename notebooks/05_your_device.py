@@ -168,6 +168,18 @@ for key, cell in grid.items():
   print(f"{key} (rows / new tokens): {cell['ms']:.2f} ms")
 
 # %% [markdown]
+# **Attention, fused.** At 16 and 64 rows of 5 new tokens, a verify forward's attention
+# writes its float32 scores and bfloat16 probabilities to memory and reads them back:
+# compiled for an H100, 1.13 GB of the 2.87 GB Qwen3-8B's forward writes a step at 16 rows,
+# 4.53 GB of 7.19 at 64 (experiments/RESULTS.md, 2026-12-06, "cuDNN's fused attention").
+# For a bfloat16 policy on an NVIDIA GPU, `attention_form("fused")` (`tlt_jax.models`) runs
+# attention as cuDNN's one kernel a layer, the dots elsewhere. Whether it pays on your device
+# is one command there, each cell's two programs' outputs compared before they are timed:
+#
+#     python experiments/bench_step_variants.py --compare=fused --shapes=qwen3-8b \
+#       --cells=1x1,16x5,64x5 --context=1024
+
+# %% [markdown]
 # **The RL step, simulated.** The measured forwards become the simulator's cost table
 # (`TableCost`, one row an instance where only batch 1 is measured); beside it, a roofline
 # of the same device (its spec sheet, bandwidth at the measured copy rate). Response
