@@ -208,8 +208,8 @@ def attend_fused(
   and for shapes cuDNN refuses (head dims not a multiple of 8 or past its limit).
 
   cuDNN's entry point is JAX's own module, not its public API (the pinned jax versions
-  have it). The gradient is the dots' (their forward recomputed): cuDNN's backward under a
-  mask takes even lengths only, and the training paths run the dots anyway.
+  have it). Differentiated, the forward is still cuDNN's and the gradient the dots' (their
+  forward recomputed): cuDNN's backward under a mask takes even lengths only.
   """
   cudnn = cudnn_module()
   if cudnn is None or not q.dtype == k.dtype == v.dtype or q.dtype.itemsize != 2:
