@@ -733,10 +733,15 @@ def compile_window(part, params) -> tuple[dict, dict]:
   form (read when its loop is traced), and compiled together (`compile_together`); where
   that fails (a program the device refuses: cuDNN's kernel, a shape), each alone, and those
   failing again kept as their errors. Returns the compiles' figures and {key: error}."""
-  try:
-    for _, fwd, form in part:
+
+  def lower(fwd, form):
+    if fwd.lowered is None:
       with attention_form(form) if form else contextlib.nullcontext():
         fwd.lower(params)
+
+  try:
+    for _, fwd, form in part:
+      lower(fwd, form)
     return compile_together([fwd for _, fwd, _ in part], params), {}
   except Exception as e:
     say(f"compiling {len(part)} together failed ({error_words(e)[:200]}): one at a time")
@@ -744,9 +749,7 @@ def compile_window(part, params) -> tuple[dict, dict]:
   failed = {}
   for key, fwd, form in (p for p in part if p[1].compiled is None):
     try:
-      if fwd.lowered is None:
-        with attention_form(form) if form else contextlib.nullcontext():
-          fwd.lower(params)
+      lower(fwd, form)
       one = compile_together([fwd], params)
     except Exception as e:
       failed[key] = error_words(e)
