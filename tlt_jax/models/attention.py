@@ -168,14 +168,14 @@ def attend_cudnn(
   cudnn: Any = None,
 ) -> Float[Array, "B T H E"]:
   """`attend` as one call of cuDNN's fused attention (`cudnn`: JAX's module,
-  `cudnn_module()` by default), which runs only on an NVIDIA GPU. The cache's [B, K, S, E]
-  is cuDNN's "BNSH" layout as it is (JAX's public `jax.nn.dot_product_attention` takes
-  [B, S, K, E]: a copy of the cache a layer); query head h reads kv head h // G, as in
-  `attend_dots`; the boolean mask becomes an additive bias of the operands' dtype. Each
-  row's keys end at its last visible slot (cuDNN's padding mask: a row of a long-tailed
-  batch reads its own length of the view, not the whole view; the slots past it are masked
-  for all its queries anyway); a row that sees no slot reads one, masked (its output,
-  never read, stays finite)."""
+  `cudnn_module()` by default), which runs only on an NVIDIA GPU. It takes the cache's
+  [B, K, S, E] as it is, the layout cuDNN calls "BNTH" (JAX's public
+  `jax.nn.dot_product_attention` takes [B, S, K, E]: a copy of the cache a layer); query
+  head h reads kv head h // G, as in `attend_dots`; the boolean mask becomes an additive
+  bias of the operands' dtype. Each row's keys end at its last visible slot (cuDNN's
+  padding mask: a row of a long-tailed batch reads its own length of the view, not the
+  whole view; the slots past it are masked for all its queries anyway); a row that sees no
+  slot reads one, masked (its output, never read, stays finite)."""
   cudnn = cudnn_module() if cudnn is None else cudnn
   b, t, _, e = q.shape
   seen = jnp.any(mask, axis=1)  # [B, S]
