@@ -403,12 +403,7 @@ class Stages:
       began, part = time.perf_counter(), todo[i : i + window]
       compiles, failed = compile_window(part, params)
       say(f"{self.stage}: {compiled_words(compiles)}")
-      total = self.results.setdefault("compiles", {}).setdefault(
-        self.stage, {"programs": 0, "workers": 1, "lower_s": 0.0, "sum_s": 0.0, "wall_s": 0.0}
-      )
-      for field in ("programs", "lower_s", "sum_s", "wall_s"):
-        total[field] += compiles[field]
-      total["workers"] = max(total["workers"], compiles["workers"])
+      add_compiles(self.results.setdefault("compiles", {}).setdefault(self.stage, {}), compiles)
       for key, fwd, _ in part:
         if key not in failed and self._late(start):
           return False
@@ -745,18 +740,29 @@ def compile_window(part, params) -> tuple[dict, dict]:
     return compile_together([fwd for _, fwd, _ in part], params), {}
   except Exception as e:
     say(f"compiling {len(part)} together failed ({error_words(e)[:200]}): one at a time")
-  compiles = {"programs": 0, "workers": 1, "lower_s": 0.0, "sum_s": 0.0, "wall_s": 0.0}
-  failed = {}
+  compiles, failed = add_compiles({}, None), {}
   for key, fwd, form in (p for p in part if p[1].compiled is None):
     try:
       lower(fwd, form)
-      one = compile_together([fwd], params)
+      add_compiles(compiles, compile_together([fwd], params))
     except Exception as e:
       failed[key] = error_words(e)
-      continue
-    for field in ("programs", "lower_s", "sum_s", "wall_s"):
-      compiles[field] += one[field]
   return compiles, failed
+
+
+def add_compiles(total: dict, compiles: dict | None) -> dict:
+  """`compile_together`'s figures summed into `total` (filled in where empty): programs and
+  seconds added, workers the most any compile had."""
+  for field, zero in _NO_COMPILES.items():
+    total.setdefault(field, zero)
+  if compiles is not None:
+    for field in _NO_COMPILES.keys() - {"workers"}:
+      total[field] += compiles[field]
+    total["workers"] = max(total["workers"], compiles["workers"])
+  return total
+
+
+_NO_COMPILES = {"programs": 0, "workers": 1, "lower_s": 0.0, "sum_s": 0.0, "wall_s": 0.0}
 
 
 def _until_done(cell: dict) -> str:
