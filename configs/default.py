@@ -222,6 +222,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   # as several sequential calls of whole groups, the same tokens; 0: one call.
   c.rl.rows_per_call = 0
   c.rl.profile_steps = ()  # steps traced by JAX's profiler (GRPOConfig.profile_steps)
+  # Host-to-device copies into the loop's programs must be explicit (GRPOConfig.transfer_guard).
+  c.rl.transfer_guard = "disallow"
   # Compile every rollout program before step 0 (experiments comparing step times).
   c.rl.warmup_engine = False
   c.rl.format_reward = 0.0  # bonus in [0, 0.5) for a response with a final "#answer"

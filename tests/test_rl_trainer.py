@@ -316,6 +316,28 @@ def test_bad_configs():
     GRPOConfig(prompts_per_step=0)
   with pytest.raises(ValueError, match="workers"):
     RewardPool(seven, workers=0)
+  with pytest.raises(ValueError, match="transfer_guard must be one of"):
+    GRPOConfig(transfer_guard="warn")
+
+
+@pytest.mark.parametrize("guard", ["disallow", "allow"])
+def test_the_loop_refuses_a_hidden_host_to_device_copy(tmp_path, guard):
+  """The loop's steps run under JAX's host-to-device transfer guard: the library's own
+  transfers are explicit (this step runs under "disallow"), and a NumPy array handed to a
+  jitted function inside a step, as a change to the rollout might, fails there."""
+  trainer = _trainer(tmp_path, 1, transfer_guard=guard)
+  generate, double = trainer.engine.generate, jax.jit(lambda x: 2 * x)
+
+  def generate_and_copy(*args, **kwargs):
+    double(np.ones(3, np.float32))  # an implicit copy: no jax.device_put
+    return generate(*args, **kwargs)
+
+  trainer.engine.generate = generate_and_copy
+  if guard == "allow":
+    assert len(trainer.run(progress=False)) == 1
+  else:
+    with pytest.raises(jax.errors.JaxRuntimeError, match="Disallowed host-to-device transfer"):
+      trainer.run(progress=False)
 
 
 def test_format_reward():

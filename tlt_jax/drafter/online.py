@@ -276,6 +276,8 @@ class OnlineDrafter:
       params, opt_state, target_params = jax.device_put((params, opt_state, target_params), rep)
       fits = self.config.batch_rows % mesh.devices.size == 0
       batch = jax.device_put(batch, rows_sharding(mesh) if fits else rep)
+    else:
+      batch = jax.device_put(batch)
     return params, opt_state, target_params, batch
 
   def target_reads(self, target_params: nnx.State) -> nnx.State:

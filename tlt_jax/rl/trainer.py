@@ -76,9 +76,14 @@ from tlt_jax.rollout.engine import RolloutEngine
 from tlt_jax.rollout.pool import ExecutablePool
 from tlt_jax.scheduler import SliceScheduler
 from tlt_jax.utils.cpu_fusions import compiler_options
+from tlt_jax.utils.keys import folded_key
 
 # Timed phases of a step (metrics "time/<phase>"); time/other is the step's remainder.
 PHASES = ("rollout", "reward", "old_logp", "update", "drafter", "eval", "checkpoint")
+
+
+# JAX's transfer-guard levels (GRPOConfig.transfer_guard).
+TRANSFER_GUARDS = ("disallow", "log", "allow")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,6 +120,11 @@ class GRPOConfig:
       step included, runs under JAX's profiler (its Python tracer off): a trace in
       <workdir>/profile/step_<n>, which experiments/traces.py's `program_summary` reads by
       program. The profiler's start and stop are the row's time/profiler, not its step's.
+    transfer_guard: JAX's host-to-device transfer guard over the loop's steps and
+      evaluations ("disallow", "log" or "allow"): under "disallow" an array the host hands
+      a device program without `jax.device_put` (a NumPy array or a Python number passed
+      to a jitted function, say) is an error, so no hidden copy enters the step unseen;
+      the library's own transfers are all explicit.
   """
 
   steps: int = 20
@@ -137,6 +147,7 @@ class GRPOConfig:
   seed: int = 0
   rows_per_call: int = 0
   profile_steps: tuple[int, ...] = ()
+  transfer_guard: str = "disallow"
 
   def __post_init__(self):
     for name in ("steps", "prompts_per_step", "group_size", "eval_examples", "checkpoint_every"):
@@ -153,6 +164,10 @@ class GRPOConfig:
         raise ValueError(f"GRPOConfig.{name} must be an int >= 0, got {v!r}")
     if not all(isinstance(s, int) and s >= 0 for s in self.profile_steps):
       raise ValueError(f"GRPOConfig.profile_steps must be ints >= 0, got {self.profile_steps!r}")
+    if self.transfer_guard not in TRANSFER_GUARDS:
+      raise ValueError(
+        f"GRPOConfig.transfer_guard must be one of {TRANSFER_GUARDS}, got {self.transfer_guard!r}"
+      )
     if self.process_credit not in ("", *PROCESS_CREDITS):
       raise ValueError(
         f"GRPOConfig.process_credit must be '' or one of {PROCESS_CREDITS}, "
@@ -430,7 +445,7 @@ class GRPOTrainer:
     """The sampling key of this step's rollout batch `salt` (0, then refills 1, 2, ...).
     One key serves all of a batch's engine calls: row n of the prompt at position i of the
     data order has sequence id i x group_size + n, so the calls reproduce one call."""
-    return jax.random.fold_in(jax.random.key(self.cfg.seed), self.step * 64 + salt)
+    return folded_key(self.cfg.seed, self.step * 64 + salt)
 
   def _rollout(self, examples, rewards: RewardPool, salt: int, times: dict[str, float]):
     """Rolls out G samples of each example, one engine call per `call_groups` range, each
@@ -723,9 +738,7 @@ class GRPOTrainer:
 
   def _rows(self, x: np.ndarray) -> jax.Array:
     """A batch array on the training devices, rows split over the mesh when there is one."""
-    if self.mesh is None:
-      return jnp.asarray(x)
-    return jax.device_put(x, rows_sharding(self.mesh))
+    return jax.device_put(x, None if self.mesh is None else rows_sharding(self.mesh))
 
   def _optimize(self, samples: dict[str, np.ndarray], width: int) -> dict[str, float]:
     """epochs x mini_batches optimizer steps on one rollout batch (PPO-style).
@@ -847,42 +860,44 @@ class GRPOTrainer:
     )
     last_eval = {}
     try:
-      while self.step < until:
-        t0, profiler = time.perf_counter(), {"s": 0.0}
-        with self._profiled(self.step, profiler):
-          row = self.train_step(rewards)
-          self._finish_drafter_step(row)
-        skipped = row.get("loss/skipped", 0.0) > 0
-        t = time.perf_counter()
-        if cfg.eval_every and self.step % cfg.eval_every == 0 or self.step == cfg.steps:
-          row["eval"] = evaluate(self)
-        if acceptance is not None and self.drafter_eval.due(self.step):
-          # A measurement, not training: in time/eval, which step comparisons leave out.
+      # Every transfer into the loop's programs is explicit (GRPOConfig.transfer_guard).
+      with jax.transfer_guard_host_to_device(cfg.transfer_guard):
+        while self.step < until:
+          t0, profiler = time.perf_counter(), {"s": 0.0}
+          with self._profiled(self.step, profiler):
+            row = self.train_step(rewards)
+            self._finish_drafter_step(row)
+          skipped = row.get("loss/skipped", 0.0) > 0
+          t = time.perf_counter()
+          if cfg.eval_every and self.step % cfg.eval_every == 0 or self.step == cfg.steps:
+            row["eval"] = evaluate(self)
+          if acceptance is not None and self.drafter_eval.due(self.step):
+            # A measurement, not training: in time/eval, which step comparisons leave out.
+            if self.scheduler is not None:
+              online = self.scheduler.drafter.params
+              row["drafter_eval/online_version"] = self.scheduler.drafter.version
+            row.update(acceptance.compare(self.params, frozen, online))
+          row["time/eval"] = time.perf_counter() - t
+          t = time.perf_counter()
+          # The last step is always saved (a skipped update left the params as they were).
+          if self.step == cfg.steps or (not skipped and self.step % cfg.checkpoint_every == 0):
+            self.save()
+          row["time/checkpoint"] = time.perf_counter() - t
+          row["time/step"] = time.perf_counter() - t0 - profiler["s"]
+          if profiler["s"]:
+            row["time/profiler"] = profiler["s"]
           if self.scheduler is not None:
-            online = self.scheduler.drafter.params
-            row["drafter_eval/online_version"] = self.scheduler.drafter.version
-          row.update(acceptance.compare(self.params, frozen, online))
-        row["time/eval"] = time.perf_counter() - t
-        t = time.perf_counter()
-        # The last step is always saved (a skipped update left the params as they were).
-        if self.step == cfg.steps or (not skipped and self.step % cfg.checkpoint_every == 0):
-          self.save()
-        row["time/checkpoint"] = time.perf_counter() - t
-        row["time/step"] = time.perf_counter() - t0 - profiler["s"]
-        if profiler["s"]:
-          row["time/profiler"] = profiler["s"]
-        if self.scheduler is not None:
-          row.update(self.scheduler.step_records())
-        # Weight sync costs nothing here: the engine reads the trainer's arrays.
-        row["time/other"] = row["time/step"] - sum(row[f"time/{p}"] for p in PHASES)
-        log.write(row)
-        history.append(row)
-        if "eval" in row:
-          last_eval = {"eval": f"{row['eval']['accuracy']:.3f}"}
-          if "sampled_accuracy" in row["eval"]:
-            last_eval["eval_sampled"] = f"{row['eval']['sampled_accuracy']:.3f}"
-        bar.update(1)
-        bar.set_postfix(**progress_postfix(row), **last_eval)  # tok/s; accept, drafter: SD
+            row.update(self.scheduler.step_records())
+          # Weight sync costs nothing here: the engine reads the trainer's arrays.
+          row["time/other"] = row["time/step"] - sum(row[f"time/{p}"] for p in PHASES)
+          log.write(row)
+          history.append(row)
+          if "eval" in row:
+            last_eval = {"eval": f"{row['eval']['accuracy']:.3f}"}
+            if "sampled_accuracy" in row["eval"]:
+              last_eval["eval_sampled"] = f"{row['eval']['sampled_accuracy']:.3f}"
+          bar.update(1)
+          bar.set_postfix(**progress_postfix(row), **last_eval)  # tok/s; accept, drafter: SD
     finally:
       bar.close()
       log.close()

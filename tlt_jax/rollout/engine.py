@@ -54,6 +54,7 @@ from tlt_jax.rollout.result import RolloutResult
 from tlt_jax.rollout.run import RolloutRun
 from tlt_jax.rollout.speculative import SpecStrategy, spec_decode_chunk
 from tlt_jax.rollout.state import RolloutState, round_up
+from tlt_jax.utils.keys import folded_key
 
 
 class EnginePrograms:
@@ -207,11 +208,7 @@ class EnginePrograms:
     """Device corpus of a chunk: siblings [B, W] and per-row reference lines [B, R]."""
     rows = np.where(siblings[:, 0] >= 0, np.arange(len(siblings)), -1).astype(np.int32)
     return self.rows(
-      GroupCorpus(
-        siblings=jnp.asarray(siblings, jnp.int32),
-        reference=jnp.asarray(reference, jnp.int32),
-        row_reference=jnp.asarray(rows),
-      )
+      GroupCorpus(*jax.device_put((siblings.astype(np.int32), reference.astype(np.int32), rows)))
     )
 
   def empty_corpus(self, batch: int) -> GroupCorpus:
@@ -295,15 +292,7 @@ class EnginePrograms:
     seq[:n_rows] = seq_ids
     mx = np.ones((b,), np.int32)
     mx[:n_rows] = max_new_rows
-    args = (
-      params,
-      jnp.asarray(prompts),
-      jnp.asarray(plen),
-      jnp.asarray(row_prompt),
-      jnp.asarray(seq),
-      jnp.asarray(mx),
-      key,
-    )
+    args = (params, *jax.device_put((prompts, plen, row_prompt, seq, mx)), key)
     if self.placement is not None:
       args = (self.weights(args[0], b), *args[1:6], self.replicate(key, b))
     return self.rows(self.prefill(sampling, args)(*args))
@@ -552,7 +541,7 @@ class RolloutEngine:
           progs.weights(params, b),
           self._live(state),
           progs.replicate(key, b),
-          np.int32(1),
+          jax.device_put(np.int32(1)),
         )
         state, _ = progs.decode(sampling, view, args)(*args)
       for b2 in cfg.batch_buckets:
@@ -560,7 +549,7 @@ class RolloutEngine:
           rows = jnp.zeros((b2,), jnp.int32)
           progs.take((state, rows, rows > 0))
       for positions in cfg.harvest_sizes(b) or (0,):
-        progs.harvest((state, jnp.zeros((b,), jnp.int32), np.int32(0)), positions)
+        progs.harvest((state, jnp.zeros((b,), jnp.int32), jax.device_put(np.int32(0))), positions)
       spec = drafter_params is not None or not cfg.needs_drafter
       if spec and cfg.spec_threshold and b <= cfg.spec_threshold:
         self._warmup_spec(
@@ -592,7 +581,7 @@ class RolloutEngine:
             args = (params, drafter_params, live, *dstate)
           else:
             args = (params, None, live, None, None)
-          args += (corpus if strategy.uses_group else None, key, np.int32(rounds))
+          args += (corpus if strategy.uses_group else None, key, jax.device_put(np.int32(rounds)))
           state, dcache, dlen, _ = progs.spec(sampling, strategy, view, args)(*args)
           if strategy.uses_drafter:
             dstate = (dcache, dlen)  # a tuple, as in generate: the pytree types must match
@@ -705,7 +694,7 @@ class RolloutEngine:
     # The rollout reads the weights in the compute dtype (once per rollout, not per step).
     params = compute_params(params, self.model_config)
     if isinstance(key, int):
-      key = jax.random.key(key)
+      key = folded_key(key)
     if self.placement is not None:
       self.placement.clear()  # params are placed once per rollout and bucket
     run = RolloutRun(

@@ -21,7 +21,6 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
@@ -147,10 +146,10 @@ class RolloutRun:
     rows[: keep.size] = keep
     valid = np.arange(target) < keep.size
     eng = self.engine
-    args = (self.state, jnp.asarray(rows), jnp.asarray(valid))
+    args = (self.state, *jax.device_put((rows, valid)))
     self.state = eng.programs.rows(eng.programs.take(args)(*args))
     if self.dstate is not None:
-      args = (self.dstate, jnp.asarray(rows))
+      args = (self.dstate, jax.device_put(rows))
       self.dstate = eng.programs.rows(eng.programs.drafter_take(args)(*args))
     self.row_seq = np.where(valid, self.row_seq[rows], -1)
     self.length, self.max_len = self.length[rows], self.max_len[rows]
@@ -251,7 +250,7 @@ class RolloutRun:
     self.receive_hidden()
     padded = np.zeros((self.state.batch,), np.int32)
     padded[: rows.size] = rows
-    args = (self.state, jnp.asarray(padded), np.int32(rows.size))
+    args = (self.state, *jax.device_put((padded, np.int32(rows.size))))
     sizes = self.cfg.harvest_sizes(self.state.batch)
     positions = round_up(int(self.length[rows].sum()), sizes) if sizes else 0
     out = dict(self.engine.programs.harvest(args, positions)(*args))
@@ -312,7 +311,7 @@ class RolloutRun:
       eng.programs.weights(self.params, b),
       self.state,
       eng.programs.replicate(self.key, b),
-      np.int32(steps),
+      jax.device_put(np.int32(steps)),
     )
     self.state, ran = eng.programs.decode(self.sampling, view, args)(*args)
     self.length, self.done, ran = jax.device_get((self.state.length, self.state.done, ran))
@@ -346,7 +345,7 @@ class RolloutRun:
       args = (params, eng.programs.weights(self.drafter_params, b), self.state, *self.dstate)
     else:
       args = (params, None, self.state, None, None)
-    args += (corpus, eng.programs.replicate(self.key, b), np.int32(rounds))
+    args += (corpus, eng.programs.replicate(self.key, b), jax.device_put(np.int32(rounds)))
     self.state, dcache, dlen, stats = eng.programs.spec(self.sampling, strategy, view, args)(*args)
     if strategy.uses_drafter:
       self.dstate = (dcache, dlen)
