@@ -84,12 +84,11 @@ class RolloutRun:
       sampling,
       key,
     )
-    # Host mirrors of the small per-row arrays; rows map to request rows.
-    self.row_seq = np.asarray(self.state.seq_id)
-    self.length, self.done, self.prompt_len = jax.device_get(
-      (self.state.length, self.state.done, self.state.prompt_len)
+    # Host mirrors of the small per-row arrays (one read); rows map to request rows.
+    st = self.state
+    self.row_seq, self.length, self.done, self.prompt_len, self.max_len = jax.device_get(
+      (st.seq_id, st.length, st.done, st.prompt_len, st.max_len)
     )
-    self.max_len = np.asarray(self.state.max_len)
     prefill = {
       "t": 0.0,
       "dt": time.perf_counter() - self.start,
@@ -280,7 +279,7 @@ class RolloutRun:
     if self.hidden_in_flight is None:
       return
     block, pairs = self.hidden_in_flight
-    host = np.asarray(block)
+    host = jax.device_get(block)  # its copy started at the harvest (copy_to_host_async)
     for n, start, held in pairs:
       self.outputs[n]["hidden"] = host[start : start + held]
     self.hidden_in_flight = None
