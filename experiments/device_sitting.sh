@@ -87,10 +87,11 @@ part_curve() {
       # One step of each mode traced (GRPOConfig.profile_steps; learning_curve.json's
       # "profiles"): where tlt's rollout and update spent the seconds the H200's curve of
       # 2026-12-04 could not place. The transfer guard that fails a CPU test on a hidden copy
-      # (GRPOConfig.transfer_guard) is off: a copy only a GPU makes must not cost the curve.
+      # (GRPOConfig.transfer_guard) only logs here: a copy only a GPU makes is a line of
+      # curve.log, not the end of the curve.
       timeout -k 5 "$s" env PYTHON="$PY" bash experiments/gpu_curve.sh "$curve" "$VARIANT" \
         "${resume[@]}" "--config.rl.profile_steps=($PROFILE_STEP,)" \
-        --config.rl.transfer_guard=allow >>"$KEEP/curve.log" 2>&1
+        --config.rl.transfer_guard=log >>"$KEEP/curve.log" 2>&1
       say "curve: rc $?"
     fi
   fi
