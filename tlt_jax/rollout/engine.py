@@ -208,7 +208,9 @@ class EnginePrograms:
     """Device corpus of a chunk: siblings [B, W] and per-row reference lines [B, R]."""
     rows = np.where(siblings[:, 0] >= 0, np.arange(len(siblings)), -1).astype(np.int32)
     return self.rows(
-      GroupCorpus(*jax.device_put((siblings.astype(np.int32), reference.astype(np.int32), rows)))
+      GroupCorpus(
+        *jax.device_put((np.asarray(siblings, np.int32), np.asarray(reference, np.int32), rows))
+      )
     )
 
   def empty_corpus(self, batch: int) -> GroupCorpus:
