@@ -1,6 +1,6 @@
 """Small shared helpers: clipped AdamW optimisers (per parameter group), tree paths and the
 persistent compile cache (`compile_cache`), trace-time settings in context variables
-(`scoped`)."""
+(`scoped`), PRNG keys from host integers under the RL loop's transfer guard (`keys`)."""
 
 from tlt_jax.utils.optim import FROZEN, clipped_adamw, grouped_clipped_adamw
 from tlt_jax.utils.trees import path_name
