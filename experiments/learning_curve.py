@@ -134,9 +134,11 @@ class FastEvaluation:
       job.sampling,
       drafter_graphdef=job.drafter.graphdef if drafted else None,
     )
-    # The warm-start drafter, copied before any online update touches it.
+    # The warm-start drafter, kept before any online update touches it: a tree of its own
+    # over the same device arrays (updates make new arrays, and a resume replaces the
+    # leaves of the drafter's own State), as `scheduler.slices` keeps its initial params.
     if drafted:
-      self.drafter_params = jax.tree.map(np.array, job.drafter.params)
+      self.drafter_params = jax.tree.map(lambda x: x, job.drafter.params)
     if job.config.rl.get("warmup_engine", False):
       self.warm_up(next(iter(runs.values()))["trainer"])
     return self.evaluate

@@ -106,6 +106,23 @@ def test_spec_equals_plain(models, pool, strategy, sampling):
   np.testing.assert_allclose(spec.hidden[valid], plain.hidden[valid], atol=1e-4)
 
 
+def test_host_params_run_under_the_loops_transfer_guard(models, pool):
+  """Policy and drafter params handed over as host (NumPy) arrays, as a checkpoint or a
+  host copy holds them: the engine copies them to the device once, explicitly, so a
+  rollout under JAX's "disallow" host-to-device guard (what `GRPOConfig.transfer_guard`
+  puts the RL loop and its evaluations under) runs, with the device params' output."""
+  _, tp, _, dp = models
+  engine = _engine(models, pool, SAMPLED, spec_strategies=("chain3",))
+  want = _run(engine, tp, dp)
+  assert "spec" in _phases(want)
+  host = lambda tree: jax.tree.map(np.array, tree)  # noqa: E731
+  assert not any(isinstance(x, jax.Array) for x in jax.tree.leaves(host(dp)))
+  with jax.transfer_guard_host_to_device("disallow"):
+    got = _run(engine, host(tp), host(dp))
+  np.testing.assert_array_equal(got.tokens, want.tokens)
+  np.testing.assert_array_equal(got.length, want.length)
+
+
 def test_what_a_gpu_runs_equals_plain(models):
   """A GPU's choices (attention as batched products at every batch and one-row products as
   two rows, the drafter's at one row among them: `platform_choices("gpu")`; one-row plain

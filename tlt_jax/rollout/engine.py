@@ -115,6 +115,17 @@ class EnginePrograms:
       return tree
     return self.placement.weights(tree, batch)
 
+  def read_weights(self, tree: Any) -> Any:
+    """Policy or drafter params as a rollout's programs read them: floating leaves in the
+    compute dtype and, without a mesh, device arrays. Host leaves (a checkpoint's or a
+    copy's NumPy arrays) are copied once here, explicitly, where each program call would
+    copy them again implicitly (what `GRPOConfig.transfer_guard` refuses); with a mesh
+    `weights` copies them onto each bucket's devices."""
+    tree = compute_params(tree, self.model_config)
+    if self.placement is None:
+      tree = jax.tree.map(lambda x: x if isinstance(x, jax.Array) else jax.device_put(x), tree)
+    return tree
+
   def static(self, sampling: SamplingConfig) -> programs.DecodeStatic:
     """The static inputs of the decode programs for `sampling`."""
     return programs.DecodeStatic(
@@ -484,10 +495,10 @@ class RolloutEngine:
     than the shortest prompt (a chunk's view covers every active row, so none is chosen).
     """
     start = time.perf_counter()
-    # The weights as `generate` hands them to the programs: in the compute dtype.
-    params = compute_params(params, self.model_config)
+    # The weights as `generate` hands them to the programs.
+    params = self.programs.read_weights(params)
     if drafter_params is not None:
-      drafter_params = compute_params(drafter_params, self.model_config)
+      drafter_params = self.programs.read_weights(drafter_params)
     cfg = self.config
     prompt_buckets, views = cfg.prompt_buckets, cfg.view_buckets
     if prompt_lens is not None:
@@ -692,9 +703,9 @@ class RolloutEngine:
       if self.drafter_graphdef is None:
         raise ValueError("drafter_params given but the engine was built without drafter_graphdef")
       check_drafter_matches(drafter_params, self.model_config)
-      drafter_params = compute_params(drafter_params, self.model_config)
-    # The rollout reads the weights in the compute dtype (once per rollout, not per step).
-    params = compute_params(params, self.model_config)
+      drafter_params = self.programs.read_weights(drafter_params)
+    # Once per rollout, not per step.
+    params = self.programs.read_weights(params)
     if isinstance(key, int):
       key = folded_key(key)
     if self.placement is not None:

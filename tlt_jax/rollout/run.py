@@ -27,7 +27,6 @@ from flax import nnx
 from tlt_jax.decode.group_drafts import GroupCorpus
 from tlt_jax.decode.sampling import SamplingConfig
 from tlt_jax.models.drafter import check_drafter_matches
-from tlt_jax.models.precision import compute_params
 from tlt_jax.rollout import decisions
 from tlt_jax.rollout.bandit import PLAIN
 from tlt_jax.rollout.history import reference_line
@@ -163,7 +162,7 @@ class RolloutRun:
     pushed = self._call_hook(self.state.batch, int(self.active().sum()))
     if pushed is not None:
       check_drafter_matches(pushed, self.engine.model_config)
-      pushed = compute_params(pushed, self.engine.model_config)
+      pushed = self.engine.programs.read_weights(pushed)
       # The cache was built by the old drafter: its rebuild is the push's cost.
       self.push_forced = self.push_forced or self.dstate is not None
       self.drafter_params, self.dstate = pushed, None
