@@ -427,7 +427,7 @@ def validate(run_dir: str, cost) -> dict:
   baselines = [k for k in labels if configs[k]["mode"] == "baseline"]
   if not baselines:
     raise app.UsageError(f"{run_dir}: no baseline run to calibrate the update with")
-  results, arm_lines = {}, []
+  results, arm_lines, step_lines = {}, [], []
   print(
     "\n| run | steps | rollout s measured / predicted | step s measured / predicted | "
     "ratios | within 15% |"
@@ -478,12 +478,16 @@ def validate(run_dir: str, cost) -> dict:
         f"{out['predicted_step_s']:.2f} | {out['rollout_ratio']:.2f} / {out['step_ratio']:.2f} | "
         f"{'yes' if out['within_tolerance'] else 'NO'} |"
       )
+      ratios = " ".join(f"{x:.2f}" for x in out["rollout_ratios"])
+      step_lines.append(f"| {name} | {ratios} |")
       if bandit is not None:
         measured = {}
         for r in records[label]:
           for arm, n in r.chunks.items():
             measured[arm] = measured.get(arm, 0) + n
         arm_lines.append(f"| {name} | {_counts(out['chunks'])} | {_counts(measured)} |")
+  print("\n| run | rollout predicted / measured, step by step |\n|---|---|")
+  print("\n".join(step_lines))
   if arm_lines:
     print("\n| run | chunks by arm, replayed | measured |\n|---|---|---|")
     print("\n".join(arm_lines))

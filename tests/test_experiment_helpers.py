@@ -583,3 +583,42 @@ def test_checkpoint_digests_match_a_run_with_itself_and_name_what_differs(tmp_pa
     (name, value), (_, second) = row["differ"][moved][:2]
     assert "final_norm" in name and value == pytest.approx(1e-3, rel=1e-3) and second == 0
   assert "differs from" in done.stdout
+
+
+def test_simulate_validates_a_committed_run_step_by_step():
+  """experiments/simulate.py --validate on a committed baseline + tlt run with its host's
+  engine costs: a row per run and variant, and per-step ratios that average, weighted by
+  each step's measured rollout, to the run's predicted mean."""
+  import json
+  import subprocess
+
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  results = os.path.join(root, "experiments", "results", "simulator_regime_hostG_2026-12-06")
+  run = os.path.join(results, "curve_hostG")
+  cmd = [
+    sys.executable,
+    "experiments/simulate.py",
+    f"--engine_costs={os.path.join(results, 'engine_costs.json')}",
+    f"--validate={run}",
+    "--reward_noise=0.2",
+  ]
+  done = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=600)
+  assert done.returncode == 0, done.stderr[-3000:]
+  rows = [[c.strip() for c in line.strip("|").split("|")] for line in done.stdout.splitlines()]
+  means = {r[0]: r for r in rows if len(r) == 6 and r[1].isdigit()}
+  steps = {r[0]: [float(x) for x in r[1].split()] for r in rows if len(r) == 2 and r[0] in means}
+  assert sorted(steps) == [
+    "baseline_s0",
+    "tlt_s0",
+    "tlt_s0, bandit replayed",
+    "tlt_s0, its arm mix",
+  ]
+  for name, ratios in steps.items():
+    with open(os.path.join(run, name.split(",")[0], "metrics.jsonl")) as f:
+      metrics = [json.loads(line) for line in f][1:]  # the first step compiles: left out
+    measured = [m["time/rollout"] - m["time/rollout_compile"] for m in metrics]
+    assert len(ratios) == int(means[name][1]) == len(measured)
+    got, want = means[name][2].split(" / ")
+    assert float(got) == pytest.approx(np.mean(measured), abs=0.01)
+    predicted = np.mean([r * m for r, m in zip(ratios, measured, strict=True)])
+    assert predicted == pytest.approx(float(want), rel=0.01)

@@ -216,6 +216,10 @@ def test_validation_predicts_a_run_made_by_its_own_model_and_flags_one_that_is_n
   slow = [dataclasses.replace(r, rollout_s=1.3 * r.rollout_s, step_s=1.3 * r.step_s) for r in sd]
   got = compare(slow, cost, policy, cal, speculative=True, draft_cost=0.0, stochastic=False)
   assert got["rollout_ratio"] == pytest.approx(1 / 1.3) and not got["within_tolerance"]
+  assert got["rollout_ratios"] == pytest.approx([1 / 1.3, 1 / 1.3])
+  one_slow = [slow[0], sd[1]]
+  got = compare(one_slow, cost, policy, cal, speculative=True, draft_cost=0.0, stochastic=False)
+  assert got["rollout_ratios"] == pytest.approx([1 / 1.3, 1.0])
 
 
 def _engine_cost(**host) -> EngineCost:

@@ -147,12 +147,13 @@ def compare(
   seed: int = 0,
 ) -> dict[str, Any]:
   """Mean measured and predicted rollout and step seconds over `records`, their ratios
-  (predicted / measured) and whether both are within TOLERANCE. With `speculative`, each
-  step's draft arms carry that step's accept lengths (the run's mean where an arm did not
-  run in that step); arms the simulator cannot model (trees) are left out. The rows'
-  prompt lengths and the drafter scheduler's measured seconds in the rollout are inputs
-  too (the scheduler is not what is being tested). `measured_arms`: each step runs the
-  arm mix its bandit chose (exploration included) instead of the converged bandit's.
+  (predicted / measured; the rollout's also per step, "rollout_ratios") and whether both
+  are within TOLERANCE. With `speculative`, each step's draft arms carry that step's accept
+  lengths (the run's mean where an arm did not run in that step); arms the simulator cannot
+  model (trees) are left out. The rows' prompt lengths and the drafter scheduler's measured
+  seconds in the rollout are inputs too (the scheduler is not what is being tested).
+  `measured_arms`: each step runs the arm mix its bandit chose (exploration included)
+  instead of the converged bandit's.
   `bandit` (`engine_bandit`): the engine's bandit replayed over the run's rollouts in order,
   learning as it goes (`replay.replay_rollout`; rewards with `reward_noise`); the chunks it
   chose per arm are returned as "chunks"."""
@@ -206,6 +207,8 @@ def compare(
     "measured_step_s": float(np.mean([r.step_s for r in records])),
     "predicted_step_s": float(np.mean(predicted_step)),
     "chunks": chunks,
+    # Per step, predicted / measured: where a run and the model part (compiles, drift).
+    "rollout_ratios": [p / r.rollout_s for p, r in zip(predicted_rollout, records, strict=True)],
   }
   out["rollout_ratio"] = out["predicted_rollout_s"] / out["measured_rollout_s"]
   out["step_ratio"] = out["predicted_step_s"] / out["measured_step_s"]
