@@ -207,7 +207,7 @@ def compare(
     "measured_step_s": float(np.mean([r.step_s for r in records])),
     "predicted_step_s": float(np.mean(predicted_step)),
     "chunks": chunks,
-    # Per step, predicted / measured: where a run and the model part (compiles, drift).
+    # Per step, predicted / measured: shows in which steps a run and the model part ways.
     "rollout_ratios": [p / r.rollout_s for p, r in zip(predicted_rollout, records, strict=True)],
   }
   out["rollout_ratio"] = out["predicted_rollout_s"] / out["measured_rollout_s"]
