@@ -20,7 +20,9 @@ step of every mode replayed on its own response lengths, prompt lengths and acce
 with this host's engine costs (experiments/engine_costs.py: the engine's own calls by batch
 bucket and cache view) or cost surface (the baseline calibrates the update and the rest of
 a step); the predicted and measured rollout and step times side by side, and whether they
-agree within 15%.
+agree within 15%; then step by step, and for runs that record them (metrics from
+2026-12-07) the rollout by part: prefill, chunks per arm, drafter-cache rebuilds and the
+host time between calls, measured / predicted.
 
   python experiments/simulate.py --engine_costs=runs/engine_costs/engine_costs.json \
     --validate=runs/regime
@@ -427,7 +429,7 @@ def validate(run_dir: str, cost) -> dict:
   baselines = [k for k in labels if configs[k]["mode"] == "baseline"]
   if not baselines:
     raise app.UsageError(f"{run_dir}: no baseline run to calibrate the update with")
-  results, arm_lines, step_lines = {}, [], []
+  results, arm_lines, step_lines, part_tables = {}, [], [], []
   print(
     "\n| run | steps | rollout s measured / predicted | step s measured / predicted | "
     "ratios | within 15% |"
@@ -480,6 +482,8 @@ def validate(run_dir: str, cost) -> dict:
       )
       ratios = " ".join(f"{x:.2f}" for x in out["rollout_ratios"])
       step_lines.append(f"| {name} | {ratios} |")
+      if out["parts"]:
+        part_tables.append(_parts_table(name, out["parts"]))
       if bandit is not None:
         measured = {}
         for r in records[label]:
@@ -491,7 +495,29 @@ def validate(run_dir: str, cost) -> dict:
   if arm_lines:
     print("\n| run | chunks by arm, replayed | measured |\n|---|---|---|")
     print("\n".join(arm_lines))
+  for table in part_tables:
+    print(table)
   return results
+
+
+def _parts_table(name: str, parts: list) -> str:
+  """Rollout seconds by part, measured / predicted, in the run's steps from its second (the
+  first, which compiles, is left out as everywhere here)."""
+  order = {"prefill": 0, "plain": 1, "drafter_prefill": 3, "host": 4}
+  names = sorted(
+    {p for step in parts for side in step.values() for p in side},
+    key=lambda p: (order.get(p, 2), p),
+  )
+  lines = [
+    f"\n{name}: rollout seconds by part, measured / predicted",
+    "| step | " + " | ".join(names) + " |",
+    "|---|" + "---|" * len(names),
+  ]
+  for i, step in enumerate(parts):
+    m, p = step["measured"], step["predicted"]
+    cells = [f"{m.get(k, 0.0):.2f} / {p.get(k, 0.0):.2f}" for k in names]
+    lines.append(f"| {i + 1} | " + " | ".join(cells) + " |")
+  return "\n".join(lines)
 
 
 def surface_table(value: str) -> TableCost:

@@ -96,6 +96,11 @@ def test_spec_equals_plain(models, pool, strategy, sampling):
   assert "spec" in _phases(spec) and "decode" not in _phases(spec)
   # Drafts are accepted and rejected alike (the identity is not that of an always-wrong draft).
   assert 0 < spec.spec_summary()["accepted_drafts"] < SpecStrategy.parse(strategy).depth
+  # Its seconds by part (what a simulator is checked against): the generation's, by arm.
+  parts = spec.seconds_by_part()
+  assert {"prefill", strategy} <= set(parts) <= {"prefill", "plain", strategy, "drafter_prefill"}
+  assert min(parts.values()) >= 0
+  assert sum(parts.values()) - parts["prefill"] == pytest.approx(spec.generation_seconds())
   np.testing.assert_array_equal(spec.length, plain.length)
   np.testing.assert_array_equal(spec.tokens, plain.tokens)
   # Recorded log-probs and features are the target's (tree-masked forward vs one token).

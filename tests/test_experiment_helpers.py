@@ -585,20 +585,30 @@ def test_checkpoint_digests_match_a_run_with_itself_and_name_what_differs(tmp_pa
   assert "differs from" in done.stdout
 
 
-def test_simulate_validates_a_committed_run_step_by_step():
+@pytest.mark.parametrize(
+  "run",
+  [
+    "simulator_regime_hostG_2026-12-06/curve_hostG",
+    "simulator_parts_hostG_2026-12-07",  # its tlt run records the rollout's parts
+  ],
+)
+def test_simulate_validates_a_committed_run_step_by_step(run):
   """experiments/simulate.py --validate on a committed baseline + tlt run with its host's
   engine costs: a row per run and variant, and per-step ratios that average, weighted by
-  each step's measured rollout, to the run's predicted mean."""
+  each step's measured rollout, to the run's predicted mean; where the run recorded its
+  rollout's parts, a table of them per variant whose measured and predicted cells add up,
+  with the drafter's scheduler, to each step's measured and predicted rollout."""
   import json
   import subprocess
 
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  results = os.path.join(root, "experiments", "results", "simulator_regime_hostG_2026-12-06")
-  run = os.path.join(results, "curve_hostG")
+  results = os.path.join(root, "experiments", "results")
+  run = os.path.join(results, run)
+  costs = os.path.join(results, "simulator_regime_hostG_2026-12-06", "engine_costs.json")
   cmd = [
     sys.executable,
     "experiments/simulate.py",
-    f"--engine_costs={os.path.join(results, 'engine_costs.json')}",
+    f"--engine_costs={costs}",
     f"--validate={run}",
     "--reward_noise=0.2",
   ]
@@ -613,6 +623,7 @@ def test_simulate_validates_a_committed_run_step_by_step():
     "tlt_s0, bandit replayed",
     "tlt_s0, its arm mix",
   ]
+  tables = _part_tables(done.stdout)
   for name, ratios in steps.items():
     with open(os.path.join(run, name.split(",")[0], "metrics.jsonl")) as f:
       metrics = [json.loads(line) for line in f][1:]  # the first step compiles: left out
@@ -620,5 +631,28 @@ def test_simulate_validates_a_committed_run_step_by_step():
     assert len(ratios) == int(means[name][1]) == len(measured)
     got, want = means[name][2].split(" / ")
     assert float(got) == pytest.approx(np.mean(measured), abs=0.01)
-    predicted = np.mean([r * m for r, m in zip(ratios, measured, strict=True)])
-    assert predicted == pytest.approx(float(want), rel=0.01)
+    predicted = [r * m for r, m in zip(ratios, measured, strict=True)]
+    assert np.mean(predicted) == pytest.approx(float(want), rel=0.01)
+    if not any("rollout/part/prefill" in m for m in metrics):
+      assert name not in tables
+      continue
+    assert len(tables[name]) == len(metrics)
+    for cells, m, want_m, want_p in zip(tables[name], metrics, measured, predicted, strict=True):
+      scheduler = m.get("drafter/rollout_charged_s", 0.0)
+      assert sum(c[0] for c in cells) + scheduler == pytest.approx(want_m, abs=0.05)
+      assert sum(c[1] for c in cells) + scheduler == pytest.approx(want_p, rel=0.01, abs=0.05)
+  assert bool(tables) == run.endswith("2026-12-07")
+
+
+def _part_tables(stdout: str) -> dict[str, list[list[tuple[float, float]]]]:
+  """simulate.py --validate's tables of rollout parts: per run and variant, per step, each
+  part's (measured, predicted) seconds."""
+  tables, name = {}, None
+  for line in stdout.splitlines():
+    if line.endswith(": rollout seconds by part, measured / predicted"):
+      name = line.split(": rollout seconds by part")[0]
+      tables[name] = []
+    elif name and line.startswith("| ") and line[2].isdigit():
+      cells = [c.strip().split(" / ") for c in line.strip("|").split("|")[1:]]
+      tables[name].append([(float(m), float(p)) for m, p in cells])
+  return tables

@@ -18,9 +18,16 @@ from tlt_jax.configuration import ConfigError
 from tlt_jax.decode.sampling import SamplingConfig
 from tlt_jax.models.transformer import init_model
 from tlt_jax.rl import PolicyLossConfig, UpdateConfig
-from tlt_jax.rl.metrics import MetricsConfig, MetricsLog, metrics_config, progress_postfix
+from tlt_jax.rl.metrics import (
+  MetricsConfig,
+  MetricsLog,
+  metrics_config,
+  progress_postfix,
+  rollout_part_metrics,
+)
 from tlt_jax.rl.trainer import GRPOTrainer
 from tlt_jax.rollout.engine import RolloutEngine
+from tlt_jax.rollout.result import RolloutResult
 
 
 class FakeWandb(types.ModuleType):
@@ -209,6 +216,49 @@ def test_trainer_logs_every_step_and_shows_throughput(tmp_path, trackers, capsys
     assert logged["reward_mean"] == row["reward_mean"]
     assert np.isclose(logged["time/rollout"], row["time/rollout"])
   assert "tok/s=" in capsys.readouterr().err
+  # Each step's rollout seconds by part: the prefill and plain chunks, inside the rollout.
+  for row in rows:
+    parts = {k: v for k, v in row.items() if k.startswith("rollout/part/")}
+    assert {"rollout/part/prefill", "rollout/part/plain"} <= parts.keys()
+    assert min(parts.values()) >= 0 and sum(parts.values()) <= row["time/rollout"]
+
+
+def _result(timeline):
+  rows = np.zeros((1, 1), np.int32)
+  one = np.ones(1, np.int32)
+  return RolloutResult(rows, rows.astype(np.float32), None, one, one, one, timeline, 1.0)
+
+
+def test_rollout_parts_are_device_calls_by_arm_without_compiles():
+  """A step's rollout seconds by part, from hand-written timelines: a rebuild's compile is
+  counted in its chunk's compile_s too (the pool's seconds over both), so it comes off the
+  rebuild alone; a rebuild a drafter push forced is the scheduler's, host entries are
+  nobody's part; two rollouts of a step add up."""
+  first = [
+    {"phase": "prefill", "dt": 1.5, "compile_s": 1.0},
+    {"phase": "decode", "dt": 0.25},
+    {"phase": "drafter_prefill", "dt": 2.5, "rebuild_compile_s": 2.0},
+    {"phase": "spec", "strategy": "chain4", "dt": 4.0, "compile_s": 3.0},  # 2.0 + its own 1.0
+    {"phase": "harvest", "dt": 0.5},
+    {"phase": "drafter_hook", "dt": 0.5},
+    {"phase": "drafter_prefill", "dt": 0.75, "forced_by_push": True},
+    {"phase": "spec", "strategy": "chain4", "dt": 2.0},
+    {"phase": "decode", "strategy": "plain", "dt": 0.5},
+  ]
+  second = [{"phase": "prefill", "dt": 0.25}, {"phase": "decode", "dt": 0.25}]
+  assert _result(first).seconds_by_part() == {
+    "prefill": 0.5,
+    "plain": 0.75,
+    "drafter_prefill": 0.5,
+    "chain4": 5.0,
+  }
+  assert rollout_part_metrics([_result(first), _result(second)]) == {
+    "rollout/part/prefill": 0.75,
+    "rollout/part/plain": 1.0,
+    "rollout/part/drafter_prefill": 0.5,
+    "rollout/part/chain4": 5.0,
+  }
+  assert rollout_part_metrics([]) == {}
 
 
 def test_a_profiled_step_leaves_a_trace_and_keeps_the_profilers_seconds_apart(tmp_path):

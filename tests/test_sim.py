@@ -175,12 +175,18 @@ def test_step_records_read_a_runs_metrics_and_lengths():
     "time/update": 1.5,
     "spec/arm/chain4/accept_length": 3.2,
     "spec/arm/plain/chunks": 4,
+    "rollout/part/prefill": 0.5,
+    "rollout/part/chain4": 2.0,
+    "drafter/rollout_charged_s": 1.0,
   }
   rec = step_record(metrics, {"step": 3, "rollouts": [[5, 0, 7], [2]]})
   assert rec.rollouts == ((5, 1, 7), (2,)) and rec.tokens == 15
   # Compiles are left out of the step, the rollout and the update alike.
   assert rec.rollout_s == 5.0 and rec.step_s == 6.5 and rec.update_s == 1.0
   assert rec.accept == {"chain4": 3.2}
+  # The rollout by part: the rest outside the drafter's scheduler is the host's.
+  assert rec.parts == {"prefill": 0.5, "chain4": 2.0}
+  assert rec.seconds_by_part() == {"prefill": 0.5, "chain4": 2.0, "host": 1.5}
   with pytest.raises(ValueError, match="step"):
     step_record(metrics, {"step": 4, "rollouts": [[1]]})
 
@@ -220,6 +226,51 @@ def test_validation_predicts_a_run_made_by_its_own_model_and_flags_one_that_is_n
   one_slow = [slow[0], sd[1]]
   got = compare(one_slow, cost, policy, cal, speculative=True, draft_cost=0.0, stochastic=False)
   assert got["rollout_ratios"] == pytest.approx([1 / 1.3, 1.0])
+  assert got["parts"] == []  # runs that did not record their parts
+
+
+def test_validation_compares_a_runs_rollout_part_by_part():
+  """Records that carry their rollout's parts: a run made by the model itself matches it
+  part by part, the rest of its rollout the replay's host time; one whose chain4 chunks ran
+  1.5x slower differs in that part alone."""
+  from tlt_jax.sim import Calibration, StepRecord, compare
+
+  policy = EnginePolicy(
+    max_batch=2, chunk_steps=2, views=(4, 8, 16), prompt_buckets=(2, 4), samples=2, slots=16
+  )
+  policy = dataclasses.replace(policy, spec_threshold=2, spec_rounds=8)
+  cost, arms = (
+    _engine_cost(gap_s=0.1, compact_s=0.2, finish_s=0.3),
+    arms_from_accept({"chain4": 3.0}, 0.0),
+  )
+  lengths, prompts = ((10,), (13,)), ((2,), (3,))
+  preds = [replay_rollout(x, cost, policy, arms, prompt_lens=p) for x, p in zip(lengths, prompts)]
+  records = [
+    StepRecord(
+      (x,), p.seconds + 1.0, p.seconds + 3.0, 0.5, {"chain4": 3.0}, prompts=(pl,), drafter_s=1.0,
+      parts={k: v for k, v in p.seconds_by_part.items() if k != "host"},
+    )
+    for x, pl, p in zip(lengths, prompts, preds)
+  ]  # fmt: skip
+  cal = Calibration(0.0, 0.0)
+  got = compare(records, cost, policy, cal, speculative=True, draft_cost=0.0, stochastic=False)
+  assert got["rollout_ratio"] == pytest.approx(1.0) and len(got["parts"]) == 2
+  for step, pred in zip(got["parts"], preds, strict=True):
+    assert step["measured"] == pytest.approx(pred.seconds_by_part)
+    assert step["predicted"] == pytest.approx(pred.seconds_by_part)
+  slow = []
+  for r in records:
+    chain4 = r.parts["chain4"]
+    parts = {**r.parts, "chain4": 1.5 * chain4}
+    slow.append(dataclasses.replace(r, rollout_s=r.rollout_s + 0.5 * chain4, parts=parts))
+  got = compare(slow, cost, policy, cal, speculative=True, draft_cost=0.0, stochastic=False)
+  assert len(got["parts"]) == 2
+  for step in got["parts"]:
+    measured, predicted = step["measured"], step["predicted"]
+    assert measured["chain4"] == pytest.approx(1.5 * predicted["chain4"])
+    assert {k: v for k, v in measured.items() if k != "chain4"} == pytest.approx(
+      {k: v for k, v in predicted.items() if k != "chain4"}
+    )
 
 
 def _engine_cost(**host) -> EngineCost:
@@ -325,6 +376,10 @@ def test_engine_cost_replay_charges_views_prefill_rebuilds_and_host_time():
   pred = replay_rollout([10], cost, spec, arm, prompt_lens=[2])
   assert pred.chunks_by_arm == {"chain4": 1}
   assert pred.seconds == pytest.approx(0.5 + 0.1 + 0.25 + 3 * 1.5 + 0.3)
+  # Every second charged to a part, named as a run records them.
+  assert pred.seconds_by_part == pytest.approx(
+    {"prefill": 0.5, "host": 0.1 + 0.3, "drafter_prefill": 0.25, "chain4": 3 * 1.5}
+  )
 
 
 def test_a_measured_arm_mix_replaces_the_converged_bandit():

@@ -51,6 +51,17 @@ def spec_metrics(results: Sequence[Any]) -> dict[str, float]:
   return out
 
 
+def rollout_part_metrics(results: Sequence[Any]) -> dict[str, float]:
+  """A step's rollout seconds by part (`RolloutResult.seconds_by_part`, summed over its
+  rollouts) as "rollout/part/<part>": what a simulator's prediction is checked against part
+  by part (`sim.validate`)."""
+  out: dict[str, float] = {}
+  for r in results:
+    for part, seconds in r.seconds_by_part().items():
+      out[f"rollout/part/{part}"] = out.get(f"rollout/part/{part}", 0.0) + seconds
+  return out
+
+
 def progress_postfix(row: Mapping[str, Any]) -> dict[str, str]:
   """The progress bar's figures of a step's metrics row: reward, accuracy, mean response
   length, rollout throughput (generated tokens per second of the step's rollout phase),

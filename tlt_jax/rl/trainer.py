@@ -68,7 +68,13 @@ from tlt_jax.rl.batch import (
 )
 from tlt_jax.rl.checkpoints import TrainerCheckpoints
 from tlt_jax.rl.loss import PolicyLossConfig
-from tlt_jax.rl.metrics import MetricsConfig, MetricsLog, progress_postfix, spec_metrics
+from tlt_jax.rl.metrics import (
+  MetricsConfig,
+  MetricsLog,
+  progress_postfix,
+  rollout_part_metrics,
+  spec_metrics,
+)
 from tlt_jax.rl.packing import pack_policy_batch, plan_packing
 from tlt_jax.rl.rewards import RewardFn, RewardPool, RewardResult
 from tlt_jax.rl.update import UpdateConfig, make_optimizer, policy_update_step, token_logprobs
@@ -628,6 +634,7 @@ class GRPOTrainer:
       # time/reward or time/old_logp, and time/update), and the drafter's outside rollouts.
       "time/train_compile": self.programs.compile_seconds - train_compiled + drafter_outside,
       **spec_metrics(results),
+      **rollout_part_metrics(results),
       # Generation time at batch buckets <= max_batch / 4 (the long tail) and in all:
       # their ratio caps what speculative decoding can save (1 / (1 - share)).
       "time/rollout_tail": sum(r.generation_seconds(self._tail_batch) for r in results),

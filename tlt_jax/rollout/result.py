@@ -67,6 +67,29 @@ class RolloutResult:
     copies finished rows (and in mode tlt their hidden states) off the device."""
     return sum(e["dt"] for e in self.timeline if e["phase"] == phase)
 
+  def seconds_by_part(self) -> dict[str, float]:
+    """Device-call seconds of this rollout by what ran them, lazy compiles left out: the
+    "prefill", decode chunks by arm ("plain" or the draft arm's name) and the drafter's
+    cache rebuilds after a switch of arm ("drafter_prefill"). Host work between calls
+    (harvests, the drafter's scheduler) is not among them, nor are the rebuilds a drafter
+    push forced (the scheduler's seconds)."""
+    parts: dict[str, float] = {}
+    rebuild_compile = 0.0  # a rebuild's compile, counted in its chunk's compile_s too
+    for e in self.timeline:
+      phase, compile_s = e["phase"], e.get("compile_s", 0.0)
+      if phase == "drafter_prefill":
+        rebuild_compile = e.get("rebuild_compile_s", 0.0)
+        compile_s = rebuild_compile
+        if e.get("forced_by_push"):
+          continue
+      elif phase in ("decode", "spec"):
+        phase, compile_s = e.get("strategy", "plain"), compile_s - rebuild_compile
+        rebuild_compile = 0.0
+      elif phase != "prefill":
+        continue
+      parts[phase] = parts.get(phase, 0.0) + e["dt"] - compile_s
+    return parts
+
   def spec_summary(self) -> dict[str, float]:
     """Speculative chunks of this rollout: rounds, and per active row-round the
     tokens committed (`accept_length`, the bonus/correction token included) and

@@ -119,6 +119,9 @@ class RolloutPrediction:
   tokens: int
   chunks_by_arm: dict[str, int]
   seconds_by_bucket: dict[int, float]
+  # As a run records them (`rl.metrics.rollout_part_metrics`): "prefill", "plain", draft
+  # arms, "drafter_prefill" (cache rebuilds); "host" is the time between calls.
+  seconds_by_part: dict[str, float] = dataclasses.field(default_factory=dict)
 
   @property
   def tokens_per_second(self) -> float:
@@ -314,13 +317,13 @@ class ReplayRun:
     self.max_len = np.where(budget > 0, prompts + budget, np.inf)
     self.generated = np.zeros_like(remaining)
     self.batch = round_up(remaining.size, policy.batch_buckets)
-    self.seconds, self.chunks, self.by_bucket = 0.0, {}, {}
+    self.seconds, self.chunks, self.by_bucket, self.by_part = 0.0, {}, {}, {}
     if self.engine:
       n_prompts = round_up(-(-remaining.size // policy.samples), policy.batch_buckets)
       longest = int(prompts.max())
       if policy.prompt_buckets:
         longest = round_up(longest, policy.prompt_buckets)
-      self.seconds += cost.prefill_seconds(n_prompts, longest)
+      self._charge("prefill", cost.prefill_seconds(n_prompts, longest))
       # The prefill samples every row's first token.
       remaining -= 1.0
       self.generated += 1.0
@@ -347,10 +350,10 @@ class ReplayRun:
         int(self.active().sum()), self.batch, policy.batch_buckets
       )
       if self.engine:
-        self.seconds += cost.compact_s if smaller < self.batch else cost.gap_s
+        self._charge("host", cost.compact_s if smaller < self.batch else cost.gap_s)
       self.batch = smaller
     elif self.engine:
-      self.seconds += cost.gap_s
+      self._charge("host", cost.gap_s)
 
   def _reach(self) -> np.ndarray:
     return (self.prompts + self.generated)[self.active()]
@@ -406,7 +409,7 @@ class ReplayRun:
     if self.engine and arm is not None and arm.draft_steps and not self.drafter_cache:
       width = min(plan.view, policy.slots) if policy.slots else plan.view
       rebuild = cost.rebuild_seconds(self.batch, width)
-      self.seconds += rebuild
+      self._charge("drafter_prefill", rebuild)
       charged = rebuild if self.switched_away else 0.0
       self.switched_away = False
     if arm is None or not arm.draft_steps:
@@ -420,7 +423,7 @@ class ReplayRun:
       self.generated = np.asarray(recorded.generated, dtype=float)
       self.remaining = self.lengths - self.generated
       ran, run_s, row_rounds = recorded.steps, recorded.seconds, recorded.row_rounds
-      self.seconds += run_s
+      self._charge(name, run_s)
     if plan.learn:
       measured = decisions.measured(name, ran, plan.steps, policy.chunk_steps)
       chunk = _Chunk(name, measured, run_s, ran, row_rounds)
@@ -441,10 +444,10 @@ class ReplayRun:
       row_rounds += int(active.sum())
       context = plan.view or float(self._reach().mean())
       if arm is None:
-        self.seconds += cost.seconds(self.batch, 1, context)
+        self._charge(plan.name, cost.seconds(self.batch, 1, context))
         gain = np.ones(active.sum())
       else:
-        self.seconds += arm.round_seconds(cost, self.batch, context)
+        self._charge(plan.name, arm.round_seconds(cost, self.batch, context))
         if self.stochastic:
           # Leading accepted draft tokens of a chain of nodes - 1, plus the bonus token.
           draws = self.rng.random((int(active.sum()), depth)) < self.accept_p[plan.name]
@@ -457,10 +460,15 @@ class ReplayRun:
       self.generated[active] += step
     return ran, row_rounds
 
+  def _charge(self, part: str, seconds: float) -> None:
+    self.seconds += seconds
+    self.by_part[part] = self.by_part.get(part, 0.0) + seconds
+
   def finish(self) -> RolloutPrediction:
     if self.engine:
-      self.seconds += self.cost.finish_s
-    return RolloutPrediction(self.seconds, int(np.sum(self.lengths)), self.chunks, self.by_bucket)
+      self._charge("host", self.cost.finish_s)
+    tokens = int(np.sum(self.lengths))
+    return RolloutPrediction(self.seconds, tokens, self.chunks, self.by_bucket, self.by_part)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -48,6 +48,8 @@ class StepRecord:
       (its updates, host work and push-forced cache rebuilds; mode tlt).
     chunks: the step's chunks per arm as its bandit chose them ("plain" included).
     rounds: the step's speculative row-rounds per draft arm (what measured `accept`).
+    parts: the rollout's device-call seconds by part, compiles left out
+      (`rl.metrics.rollout_part_metrics`; empty: not recorded, runs before 2026-12-07).
   """
 
   rollouts: tuple[tuple[int, ...], ...]
@@ -59,10 +61,17 @@ class StepRecord:
   drafter_s: float = 0.0
   chunks: Mapping[str, int] = dataclasses.field(default_factory=dict)
   rounds: Mapping[str, float] = dataclasses.field(default_factory=dict)
+  parts: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
   @property
   def tokens(self) -> int:
     return int(sum(sum(r) for r in self.rollouts))
+
+  def seconds_by_part(self) -> dict[str, float]:
+    """`parts` and "host": the rest of the rollout outside the drafter's scheduler (the
+    time between device calls, harvests included), as the replay charges them."""
+    host = self.rollout_s - self.drafter_s - sum(self.parts.values())
+    return {**self.parts, "host": host}
 
 
 def step_record(metrics: Mapping[str, Any], lengths: Mapping[str, Any]) -> StepRecord:
@@ -95,6 +104,9 @@ def step_record(metrics: Mapping[str, Any], lengths: Mapping[str, Any]) -> StepR
       k.split("/")[2]: float(v)
       for k, v in metrics.items()
       if k.startswith("spec/arm/") and k.endswith("/row_rounds")
+    },
+    parts={
+      k.split("/", 2)[2]: float(v) for k, v in metrics.items() if k.startswith("rollout/part/")
     },
   )
 
@@ -171,7 +183,7 @@ def compare(
   fallback = {arm: float(np.mean(v)) for arm, v in mean_accept.items()}
   if not speculative:
     policy = dataclasses.replace(policy, spec_threshold=0)
-  predicted_rollout, predicted_step, chunks = [], [], {}
+  predicted_rollout, predicted_step, chunks, parts = [], [], {}, []
   for i, r in enumerate(records):
     arms = ()
     if speculative:
@@ -180,7 +192,7 @@ def compare(
       rounds = r.rounds if any(r.rounds.get(k, 0) for k in modelled(r.rounds)) else run_rounds
       arms = arms_from_accept({k: accept[k] for k in modelled(accept)}, draft_cost, rounds)
     prompts = r.prompts or (None,) * len(r.rollouts)
-    seconds = r.drafter_s
+    seconds, by_part = r.drafter_s, {}
     for j, (lengths, plens) in enumerate(zip(r.rollouts, prompts, strict=True)):
       replayed = replay_rollout(
         lengths,
@@ -197,7 +209,11 @@ def compare(
       seconds += replayed.seconds
       for arm, n in replayed.chunks_by_arm.items():
         chunks[arm] = chunks.get(arm, 0) + n
+      for part, s in replayed.seconds_by_part.items():
+        by_part[part] = by_part.get(part, 0.0) + s
     predicted_rollout.append(seconds)
+    if r.parts:
+      parts.append({"measured": r.seconds_by_part(), "predicted": by_part})
     update = calibration.update_s_per_token * r.tokens
     predicted_step.append(seconds + update + calibration.other_s)
   out = {
@@ -209,6 +225,9 @@ def compare(
     "chunks": chunks,
     # Per step, predicted / measured: shows in which steps a run and the model part ways.
     "rollout_ratios": [p / r.rollout_s for p, r in zip(predicted_rollout, records, strict=True)],
+    # Per step where the run recorded them, rollout seconds by part, measured and predicted:
+    # shows which part of a rollout the model misses.
+    "parts": parts,
   }
   out["rollout_ratio"] = out["predicted_rollout_s"] / out["measured_rollout_s"]
   out["step_ratio"] = out["predicted_step_s"] / out["measured_step_s"]
