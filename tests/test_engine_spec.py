@@ -514,6 +514,19 @@ def test_rl_trainer_checkpoints_the_group_history(models, tmp_path):
   mix = {k.split("/")[2] for k in row if k.startswith("spec/arm/") and k.endswith("/chunks")}
   assert mix == {"plain", "chain3", "group4"}
   assert row["spec/arm/group4/accept_length"] >= 1.0 and row["spec/arm/group4/row_rounds"] > 0
+  # The same per batch bucket: chunks, row-rounds and accepted tokens add up to each arm's.
+  for arm in mix:
+    buckets = {k.split("/")[2] for k in row if k.startswith("spec/bucket/") and f"/{arm}/" in k}
+    per = {
+      field: [row.get(f"spec/bucket/{b}/{arm}/{field}", 0) for b in sorted(buckets)]
+      for field in ("chunks", "row_rounds", "accept_length")
+    }
+    assert sum(per["chunks"]) == row[f"spec/arm/{arm}/chunks"]
+    if arm != "plain":
+      rounds = per["row_rounds"]
+      assert sum(rounds) == row[f"spec/arm/{arm}/row_rounds"]
+      tokens = sum(a * n for a, n in zip(per["accept_length"], rounds, strict=True))
+      assert tokens / sum(rounds) == pytest.approx(row[f"spec/arm/{arm}/accept_length"])
   assert row["data/epoch"] == 0  # the first pass over the training set
   saved = first.engine.history.state_dict()
   assert len(first.engine.history) == 2  # the step's two prompts

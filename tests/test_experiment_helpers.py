@@ -633,7 +633,7 @@ def test_simulate_validates_a_committed_run_step_by_step(run):
     assert float(got) == pytest.approx(np.mean(measured), abs=0.01)
     predicted = [r * m for r, m in zip(ratios, measured, strict=True)]
     assert np.mean(predicted) == pytest.approx(float(want), rel=0.01)
-    if not any("rollout/part/prefill" in m for m in metrics):
+    if not any("time/rollout_part/prefill" in m for m in metrics):
       assert name not in tables
       continue
     assert len(tables[name]) == len(metrics)

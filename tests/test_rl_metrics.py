@@ -218,8 +218,8 @@ def test_trainer_logs_every_step_and_shows_throughput(tmp_path, trackers, capsys
   assert "tok/s=" in capsys.readouterr().err
   # Each step's rollout seconds by part: the prefill and plain chunks, inside the rollout.
   for row in rows:
-    parts = {k: v for k, v in row.items() if k.startswith("rollout/part/")}
-    assert {"rollout/part/prefill", "rollout/part/plain"} <= parts.keys()
+    parts = {k: v for k, v in row.items() if k.startswith("time/rollout_part/")}
+    assert {"time/rollout_part/prefill", "time/rollout_part/plain"} <= parts.keys()
     assert min(parts.values()) >= 0 and sum(parts.values()) <= row["time/rollout"]
 
 
@@ -253,10 +253,10 @@ def test_rollout_parts_are_device_calls_by_arm_without_compiles():
     "chain4": 5.0,
   }
   assert rollout_part_metrics([_result(first), _result(second)]) == {
-    "rollout/part/prefill": 0.75,
-    "rollout/part/plain": 1.0,
-    "rollout/part/drafter_prefill": 0.5,
-    "rollout/part/chain4": 5.0,
+    "time/rollout_part/prefill": 0.75,
+    "time/rollout_part/plain": 1.0,
+    "time/rollout_part/drafter_prefill": 0.5,
+    "time/rollout_part/chain4": 5.0,
   }
   assert rollout_part_metrics([]) == {}
 

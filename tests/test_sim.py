@@ -175,8 +175,8 @@ def test_step_records_read_a_runs_metrics_and_lengths():
     "time/update": 1.5,
     "spec/arm/chain4/accept_length": 3.2,
     "spec/arm/plain/chunks": 4,
-    "rollout/part/prefill": 0.5,
-    "rollout/part/chain4": 2.0,
+    "time/rollout_part/prefill": 0.5,
+    "time/rollout_part/chain4": 2.0,
     "drafter/rollout_charged_s": 1.0,
   }
   rec = step_record(metrics, {"step": 3, "rollouts": [[5, 0, 7], [2]]})

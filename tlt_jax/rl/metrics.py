@@ -24,7 +24,8 @@ def spec_metrics(results: Sequence[Any]) -> dict[str, float]:
   """Speculative-decoding figures of a step's rollouts (nothing when SD never ran): the
   accept length over all speculative rounds, their tokens and seconds, and the arm mix
   (chunks per arm, plain decode included) with each draft arm's accept length and the
-  row-rounds it is over."""
+  row-rounds it is over ("spec/arm/<arm>/..."), also per batch bucket
+  ("spec/bucket/<batch>/<arm>/...")."""
   chunks = [s for s in (r.spec_summary() for r in results) if s["row_rounds"]]
   if not chunks:
     return {}
@@ -34,31 +35,40 @@ def spec_metrics(results: Sequence[Any]) -> dict[str, float]:
     "spec/tokens": sum(s["tokens"] for s in chunks),
     "spec/seconds": sum(s["seconds"] for s in chunks),
   }
+  # Per arm, and per batch bucket and arm: a tail's rows accept fewer tokens than a full
+  # bucket's, so one arm's mean differs with the buckets its bandit ran it in.
   per_arm: dict[str, list[int]] = {}
+  per_bucket: dict[tuple[int, str], list[int]] = {}
   for r in results:
     for e in r.timeline:
       if e["phase"] in ("decode", "spec"):
-        acc = per_arm.setdefault(e.get("strategy", "plain"), [0, 0, 0])
-        acc[0] += 1
-        if e["phase"] == "spec":
-          acc[1] += e["tokens"]
-          acc[2] += e["row_rounds"]
-  for arm, (n, tokens, row_rounds) in sorted(per_arm.items()):
-    out[f"spec/arm/{arm}/chunks"] = n
+        arm = e.get("strategy", "plain")
+        for acc in (
+          per_arm.setdefault(arm, [0, 0, 0]),
+          per_bucket.setdefault((e["batch"], arm), [0, 0, 0]),
+        ):
+          acc[0] += 1
+          if e["phase"] == "spec":
+            acc[1] += e["tokens"]
+            acc[2] += e["row_rounds"]
+  named = [(f"spec/arm/{arm}", v) for arm, v in sorted(per_arm.items())]
+  named += [(f"spec/bucket/{b}/{arm}", v) for (b, arm), v in sorted(per_bucket.items())]
+  for name, (n, tokens, row_rounds) in named:
+    out[f"{name}/chunks"] = n
     if row_rounds:
-      out[f"spec/arm/{arm}/accept_length"] = tokens / row_rounds
-      out[f"spec/arm/{arm}/row_rounds"] = row_rounds
+      out[f"{name}/accept_length"] = tokens / row_rounds
+      out[f"{name}/row_rounds"] = row_rounds
   return out
 
 
 def rollout_part_metrics(results: Sequence[Any]) -> dict[str, float]:
   """A step's rollout seconds by part (`RolloutResult.seconds_by_part`, summed over its
-  rollouts) as "rollout/part/<part>": what a simulator's prediction is checked against part
-  by part (`sim.validate`)."""
+  rollouts) as "time/rollout_part/<part>": what a simulator's prediction is checked
+  against part by part (`sim.validate`)."""
   out: dict[str, float] = {}
   for r in results:
     for part, seconds in r.seconds_by_part().items():
-      out[f"rollout/part/{part}"] = out.get(f"rollout/part/{part}", 0.0) + seconds
+      out[f"time/rollout_part/{part}"] = out.get(f"time/rollout_part/{part}", 0.0) + seconds
   return out
 
 

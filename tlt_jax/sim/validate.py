@@ -106,7 +106,7 @@ def step_record(metrics: Mapping[str, Any], lengths: Mapping[str, Any]) -> StepR
       if k.startswith("spec/arm/") and k.endswith("/row_rounds")
     },
     parts={
-      k.split("/", 2)[2]: float(v) for k, v in metrics.items() if k.startswith("rollout/part/")
+      k.split("/", 2)[2]: float(v) for k, v in metrics.items() if k.startswith("time/rollout_part/")
     },
   )
 
