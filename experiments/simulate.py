@@ -22,7 +22,9 @@ bucket and cache view) or cost surface (the baseline calibrates the update and t
 a step); the predicted and measured rollout and step times side by side, and whether they
 agree within 15%; then step by step, and for runs that record them (metrics from
 2026-12-07) the rollout by part: prefill, chunks per arm, drafter-cache rebuilds and the
-host time between calls, measured / predicted.
+host time between calls, measured / predicted. Where a run records its accept lengths by
+batch bucket, each bucket's arms carry their own (--noby_bucket: the step's mean in every
+bucket).
 
   python experiments/simulate.py --engine_costs=runs/engine_costs/engine_costs.json \
     --validate=runs/regime
@@ -65,6 +67,7 @@ from experiments.common import published_shape, split_calls  # noqa: E402
 from tlt_jax.sim import (  # noqa: E402
   ACCEPT_FROZEN,
   ACCEPT_ONLINE,
+  TAIL_ACCEPT_MEASURED,
   ArmModel,
   Calibration,
   EngineCost,
@@ -141,6 +144,11 @@ _SENS_ROWS = flags.DEFINE_list(
 _OUT = flags.DEFINE_string("out", "", "write the predictions here as JSON")
 _MFU = flags.DEFINE_float("update_mfu", 0.4, "--project from a table: the update's MFU")
 _VALIDATE = flags.DEFINE_string("validate", "", "an e2e_modes.py output folder to predict")
+_BY_BUCKET = flags.DEFINE_bool(
+  "by_bucket",
+  True,
+  "--validate: each batch bucket's own accept lengths where the run recorded them",
+)
 _ENGINE_COSTS = flags.DEFINE_string(
   "engine_costs",
   "",
@@ -226,11 +234,15 @@ def project() -> dict:
   traces = lognormal_lengths(470, 1000, 32768, 128, _STEPS.value, _SEED.value)
   for name in _MODELS:
     cost, (frozen, online, group), update_s, gpus = _h100_model(name)
-    for label, arms in (
-      ("paper", ([frozen], [online])),
-      ("+group", ([frozen, group], [online, group])),
+    tail = f"paper, the one-row tail accepting {TAIL_ACCEPT_MEASURED}x the draft tokens"
+    for label, arms, tail_accept in (
+      ("paper", ([frozen], [online]), 1.0),
+      ("+group", ([frozen, group], [online, group]), 1.0),
+      (tail, ([frozen], [online]), TAIL_ACCEPT_MEASURED),
     ):
-      pred = predict_modes(cost, paper_policy(128), traces, arms[0], arms[1], update_s)
+      pred = predict_modes(
+        cost, paper_policy(128), traces, arms[0], arms[1], update_s, tail_accept=tail_accept
+      )
       results[f"{name} {label}"] = pred
       _print(f"{name}, {gpus} x H100, {label}", pred)
   print(
@@ -257,6 +269,7 @@ def project_measured(surface: str) -> dict:
     "p90": 1000.0,
     "rows": max(table.batches),
     "accept": 1.0,
+    "tail_accept": 1.0,
     "mfu": _MFU.value,
     "draft": drafter_ms / step_ms if drafter_ms else _DRAFT_COST.value,
   }
@@ -274,6 +287,7 @@ def project_measured(surface: str) -> dict:
       mfu=a["mfu"],
       p90=a["p90"],
       accept=a["accept"],
+      tail_accept=a["tail_accept"],
       steps=_STEPS.value,
       seed=_SEED.value,
     )
@@ -315,6 +329,7 @@ def _one_at_a_time(base: dict, run) -> list[dict]:
     ("tail p90 (max / median)", "p90", (600.0, 2000.0)),
     ("rows per instance", "rows", (max(base["rows"] // 4, 1), max(base["rows"] // 2, 1))),
     ("accepted draft tokens (x)", "accept", (0.75, 1.25)),
+    ("one-row tail's accepted draft tokens (x)", "tail_accept", (TAIL_ACCEPT_MEASURED, 1.0)),
     ("update MFU", "mfu", (0.2, 0.6)),
     ("drafter cost (of a step)", "draft", (base["draft"] / 2, base["draft"] * 2)),
   ]
@@ -472,6 +487,7 @@ def validate(run_dir: str, cost) -> dict:
         reward_noise=_REWARD_NOISE.value,
         stochastic=_STOCHASTIC.value,
         seed=_SEED.value,
+        by_bucket=_BY_BUCKET.value,
       )
       results[name] = out
       print(
@@ -505,7 +521,7 @@ def _parts_table(name: str, parts: list) -> str:
   first, which compiles, is left out as everywhere here)."""
   order = {"prefill": 0, "plain": 1, "drafter_prefill": 3, "host": 4}
   names = sorted(
-    {p for step in parts for side in step.values() for p in side},
+    {p for step in parts for side in ("measured", "predicted") for p in step[side]},
     key=lambda p: (order.get(p, 2), p),
   )
   lines = [
@@ -513,10 +529,10 @@ def _parts_table(name: str, parts: list) -> str:
     "| step | " + " | ".join(names) + " |",
     "|---|" + "---|" * len(names),
   ]
-  for i, step in enumerate(parts):
+  for step in parts:
     m, p = step["measured"], step["predicted"]
     cells = [f"{m.get(k, 0.0):.2f} / {p.get(k, 0.0):.2f}" for k in names]
-    lines.append(f"| {i + 1} | " + " | ".join(cells) + " |")
+    lines.append(f"| {step['step']} | " + " | ".join(cells) + " |")
   return "\n".join(lines)
 
 

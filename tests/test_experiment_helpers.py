@@ -589,7 +589,8 @@ def test_checkpoint_digests_match_a_run_with_itself_and_name_what_differs(tmp_pa
   "run",
   [
     "simulator_regime_hostG_2026-12-06/curve_hostG",
-    "simulator_parts_hostG_2026-12-07",  # its tlt run records the rollout's parts
+    # Its tlt run records the rollout's parts and accept lengths by batch bucket.
+    "simulator_parts_hostG_2026-12-07/rerun_buckets",
   ],
 )
 def test_simulate_validates_a_committed_run_step_by_step(run):
@@ -636,23 +637,25 @@ def test_simulate_validates_a_committed_run_step_by_step(run):
     if not any("time/rollout_part/prefill" in m for m in metrics):
       assert name not in tables
       continue
-    assert len(tables[name]) == len(metrics)
-    for cells, m, want_m, want_p in zip(tables[name], metrics, measured, predicted, strict=True):
+    assert [step for step, _ in tables[name]] == [m["step"] for m in metrics]
+    for (_, cells), m, want_m, want_p in zip(
+      tables[name], metrics, measured, predicted, strict=True
+    ):
       scheduler = m.get("drafter/rollout_charged_s", 0.0)
       assert sum(c[0] for c in cells) + scheduler == pytest.approx(want_m, abs=0.05)
       assert sum(c[1] for c in cells) + scheduler == pytest.approx(want_p, rel=0.01, abs=0.05)
-  assert bool(tables) == run.endswith("2026-12-07")
+  assert bool(tables) == ("2026-12-07" in run)
 
 
-def _part_tables(stdout: str) -> dict[str, list[list[tuple[float, float]]]]:
-  """simulate.py --validate's tables of rollout parts: per run and variant, per step, each
-  part's (measured, predicted) seconds."""
+def _part_tables(stdout: str) -> dict[str, list[tuple[int, list[tuple[float, float]]]]]:
+  """simulate.py --validate's tables of rollout parts: per run and variant, per step, its
+  number and each part's (measured, predicted) seconds."""
   tables, name = {}, None
   for line in stdout.splitlines():
     if line.endswith(": rollout seconds by part, measured / predicted"):
       name = line.split(": rollout seconds by part")[0]
       tables[name] = []
     elif name and line.startswith("| ") and line[2].isdigit():
-      cells = [c.strip().split(" / ") for c in line.strip("|").split("|")[1:]]
-      tables[name].append([(float(m), float(p)) for m, p in cells])
+      step, *cells = [c.strip() for c in line.strip("|").split("|")]
+      tables[name].append((int(step), [tuple(map(float, c.split(" / "))) for c in cells]))
   return tables

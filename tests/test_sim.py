@@ -24,10 +24,11 @@ from tlt_jax.sim import (
   replay_rollout,
   replay_step,
   scaled_accept,
+  scaled_arms,
   speedup_bound,
 )
 from tlt_jax.sim.costs import per_token_acceptance
-from tlt_jax.sim.replay import chain_acceptance
+from tlt_jax.sim.replay import ReplayRun, chain_acceptance
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,8 +179,17 @@ def test_step_records_read_a_runs_metrics_and_lengths():
     "time/rollout_part/prefill": 0.5,
     "time/rollout_part/chain4": 2.0,
     "drafter/rollout_charged_s": 1.0,
+    "spec/bucket/1/chain4/accept_length": 2.5,
+    "spec/bucket/1/chain4/row_rounds": 40,
+    "spec/bucket/1/chain4/chunks": 3,
+    "spec/bucket/8/chain4/accept_length": 3.4,
+    "spec/bucket/8/chain4/row_rounds": 120,
+    "spec/bucket/8/plain/chunks": 1,
   }
   rec = step_record(metrics, {"step": 3, "rollouts": [[5, 0, 7], [2]]})
+  assert rec.step == 3
+  assert rec.bucket_accept == {1: {"chain4": 2.5}, 8: {"chain4": 3.4}}
+  assert rec.bucket_rounds == {1: {"chain4": 40.0}, 8: {"chain4": 120.0}}
   assert rec.rollouts == ((5, 1, 7), (2,)) and rec.tokens == 15
   # Compiles are left out of the step, the rollout and the update alike.
   assert rec.rollout_s == 5.0 and rec.step_s == 6.5 and rec.update_s == 1.0
@@ -229,6 +239,95 @@ def test_validation_predicts_a_run_made_by_its_own_model_and_flags_one_that_is_n
   assert got["parts"] == []  # runs that did not record their parts
 
 
+def test_bucket_accept_lengths_pool_each_bucket_over_the_run_and_scale_by_the_step():
+  """Per step and bucket: the arm's accept length pooled over the run's steps in that
+  bucket (weighted by row-rounds), times the step's accept length over what the pooled curve
+  expects where the step ran the arm; a step that did not run an arm gets the pooled curve;
+  the row-rounds are the step's, else the run's."""
+  from tlt_jax.sim import StepRecord, bucket_accept_lengths
+
+  def record(accept, bucket_accept, bucket_rounds):
+    return StepRecord(((4,),), 1.0, 2.0, 0.5, accept, bucket_accept=bucket_accept,
+                      bucket_rounds=bucket_rounds)  # fmt: skip
+
+  steps = [
+    # chain4 at 1 row: 2 over 10 row-rounds; at 8 rows 4 over 30: a step mean of 3.5.
+    record({"chain4": 3.5}, {1: {"chain4": 2.0}, 8: {"chain4": 4.0}},
+           {1: {"chain4": 10}, 8: {"chain4": 30}}),
+    # Only at 1 row: 3 over 30 row-rounds; chain8 only here.
+    record({"chain4": 3.0, "chain8": 5.0}, {1: {"chain4": 3.0, "chain8": 5.0}},
+           {1: {"chain4": 30, "chain8": 8}}),
+    record({}, {}, {}),  # no speculative round
+  ]  # fmt: skip
+  got = bucket_accept_lengths(steps)
+  pooled1, pooled8 = (2.0 * 10 + 3.0 * 30) / 40, 4.0
+  # Step 1 ran chain4 10 + 30 row-rounds where the curve expects (2.75 x 10 + 4 x 30) / 40.
+  f1 = 3.5 / ((pooled1 * 10 + pooled8 * 30) / 40)
+  assert got[0][1]["chain4"] == pytest.approx((pooled1 * f1, 10.0))
+  assert got[0][8]["chain4"] == pytest.approx((pooled8 * f1, 30.0))
+  assert got[1][1]["chain4"] == pytest.approx((3.0, 30.0))  # 3.0 over the curve's 2.75
+  assert got[1][8]["chain4"] == pytest.approx((pooled8 * 3.0 / pooled1, 30.0))
+  # chain8 never ran at 8 rows: its run-wide mean stands there.
+  assert got[0][8]["chain8"] == pytest.approx((5.0, 0.0))
+  assert got[2][1]["chain4"] == pytest.approx((pooled1, 40.0))
+  assert got[2][1]["chain8"] == pytest.approx((5.0, 8.0))
+  assert bucket_accept_lengths([record({"chain4": 3.0}, {}, {})]) == [{}]
+
+
+def test_a_replay_prices_each_bucket_at_its_own_accept_length():
+  """Bucket arms replace the arms in their bucket alone: a one-row tail that accepts one
+  token a round takes a round per token, the same rollout replayed with the step's mean
+  accept length is faster; bucket arms are taken as given (no fitted chain curve); arms
+  that differ from the rollout's are refused."""
+  policy = EnginePolicy(max_batch=4, chunk_steps=2, spec_threshold=4, spec_rounds=2)
+  arms = arms_from_accept({"chain4": 3.0, "chain8": 5.0}, 0.0)
+  tail = arms_from_accept({"chain4": 1.5, "chain8": 1.2}, 0.0)
+  lengths = [3, 3, 3, 31]
+  mean = replay_rollout(lengths, _Cost(), policy, arms)
+  by_bucket = replay_rollout(lengths, _Cost(), policy, arms, bucket_arms={1: tail})
+  # Four rows: one chunk of two chain8 rounds (5 tokens each) in both; the long row's 21
+  # tokens left then take 5 chain8 rounds, or 14 of chain4 (the better arm at 1.5 and 1.2).
+  assert mean.seconds_by_bucket == {4: 2.0, 1: 5.0}
+  assert by_bucket.seconds_by_bucket == {4: 2.0, 1: 14.0}
+  assert by_bucket.chunks_by_arm == {"chain8": 1, "chain4": 7}
+  # Stochastic: the default arms follow the chains' one curve, bucket arms their own.
+  skewed = arms_from_accept({"chain4": 4.5, "chain8": 4.5}, 0.0)
+  run = ReplayRun(lengths, _Cost(), policy, skewed, stochastic=True, bucket_arms={1: skewed})
+  assert run.batch == 4 and run.by_name["chain4"].accept_length != pytest.approx(4.5)
+  run.batch = 1
+  assert [run.by_name[k].accept_length for k in ("chain4", "chain8")] == [4.5, 4.5]
+  assert run.accept_p["chain8"] < run.accept_p["chain4"]
+  with pytest.raises(ValueError, match="bucket 1's arms"):
+    ReplayRun(lengths, _Cost(), policy, arms, bucket_arms={1: tail[:1]})
+
+
+def test_validation_uses_the_runs_accept_lengths_by_bucket():
+  """A run made by the model with each bucket's own accept length compares at ratio 1 when
+  the records carry their figures by bucket (`by_bucket`), and not when the replay gives
+  every bucket the step's mean."""
+  from tlt_jax.sim import Calibration, StepRecord, compare
+
+  policy = EnginePolicy(max_batch=4, chunk_steps=2, spec_threshold=4, spec_rounds=2)
+  cost, lengths = _Cost(per_row=True), (3, 9, 4, 31)
+  # The step's mean over its rounds: 10 row-rounds at 1 row (1.5), 24 at 4 (3.0), 4 at 2.
+  rounds = {1: {"chain4": 10.0}, 2: {"chain4": 4.0}, 4: {"chain4": 24.0}}
+  at = {1: {"chain4": 1.5}, 2: {"chain4": 2.0}, 4: {"chain4": 3.0}}
+  mean = sum(at[b]["chain4"] * n["chain4"] for b, n in rounds.items()) / 38
+  made = replay_rollout(
+    lengths, cost, policy, arms_from_accept({"chain4": mean}, 0.0),
+    bucket_arms={b: arms_from_accept(a, 0.0) for b, a in at.items()},
+  )  # fmt: skip
+  record = StepRecord(
+    (lengths,), made.seconds, made.seconds, 0.0, {"chain4": mean},
+    bucket_accept=at, bucket_rounds=rounds,
+  )  # fmt: skip
+  cal = Calibration(0.0, 0.0)
+  kw = dict(speculative=True, draft_cost=0.0, stochastic=False)
+  assert compare([record], cost, policy, cal, **kw)["rollout_ratio"] == pytest.approx(1.0)
+  flat = compare([record], cost, policy, cal, by_bucket=False, **kw)["rollout_ratio"]
+  assert flat < 0.95
+
+
 def test_validation_compares_a_runs_rollout_part_by_part():
   """Records that carry their rollout's parts: a run made by the model itself matches it
   part by part, the rest of its rollout the replay's host time; one whose chain4 chunks ran
@@ -255,6 +354,9 @@ def test_validation_compares_a_runs_rollout_part_by_part():
   cal = Calibration(0.0, 0.0)
   got = compare(records, cost, policy, cal, speculative=True, draft_cost=0.0, stochastic=False)
   assert got["rollout_ratio"] == pytest.approx(1.0) and len(got["parts"]) == 2
+  # A run resumed across the change that added the parts: each entry keeps its step.
+  later = [dataclasses.replace(records[0], parts={}), dataclasses.replace(records[1], step=5)]
+  assert [p["step"] for p in compare(later, cost, policy, cal, speculative=False)["parts"]] == [5]
   for step, pred in zip(got["parts"], preds, strict=True):
     assert step["measured"] == pytest.approx(pred.seconds_by_part)
     assert step["predicted"] == pytest.approx(pred.seconds_by_part)
@@ -500,6 +602,16 @@ def test_projections_draw_dapo_like_lengths_and_price_the_three_modes_on_a_devic
     assert all(pred[m]["step_speedup"] <= pred[m]["bound"] + 1e-9 for m in ("sd", "tlt"))
   assert runs[0]["tlt"]["step_speedup"] == pytest.approx(runs[0]["sd"]["step_speedup"], rel=0.05)
   assert runs[1]["tlt"]["step_speedup"] > runs[0]["tlt"]["step_speedup"] > 1.0
+  # A one-row tail that accepts fewer draft tokens than the full buckets: the baseline is
+  # unchanged, tlt slower.
+  tail = project_step(
+    cost, cfg, peak, {"chain4": 3.0}, {"chain4": 4.5}, rows=8, draft=0.1, steps=2,
+    tail_accept=0.6,
+  )  # fmt: skip
+  assert tail["baseline"]["step_s"] == pytest.approx(runs[1]["baseline"]["step_s"])
+  assert tail["tlt"]["step_speedup"] < runs[1]["tlt"]["step_speedup"]
+  arms = scaled_arms(arms_from_accept({"chain4": 3.0, "chain8": 8.5}, 0.0), 2.0)
+  assert [a.accept_length for a in arms] == [5.0, 9.0]
 
 
 def test_a_paired_one_row_step_costs_a_two_token_forward():

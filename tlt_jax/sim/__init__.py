@@ -18,12 +18,14 @@ from tlt_jax.sim.costs import (
 from tlt_jax.sim.project import (
   ACCEPT_FROZEN,
   ACCEPT_ONLINE,
+  TAIL_ACCEPT_MEASURED,
   device_roofline,
   lognormal_lengths,
   paper_policy,
   predict_modes,
   project_step,
   scaled_accept,
+  scaled_arms,
 )
 from tlt_jax.sim.replay import (
   ChunkPlan,
@@ -39,6 +41,7 @@ from tlt_jax.sim.replay import (
 from tlt_jax.sim.validate import (
   Calibration,
   StepRecord,
+  bucket_accept_lengths,
   compare,
   decision_mismatch,
   engine_bandit,
@@ -49,6 +52,7 @@ from tlt_jax.sim.validate import (
 __all__ = [
   "ACCEPT_FROZEN",
   "ACCEPT_ONLINE",
+  "TAIL_ACCEPT_MEASURED",
   "ArmModel",
   "ChunkPlan",
   "Calibration",
@@ -64,6 +68,7 @@ __all__ = [
   "StepRecord",
   "TableCost",
   "arms_from_accept",
+  "bucket_accept_lengths",
   "chain_accept_length",
   "compare",
   "decision_mismatch",
@@ -78,6 +83,7 @@ __all__ = [
   "replay_rollout",
   "replay_step",
   "scaled_accept",
+  "scaled_arms",
   "speedup_bound",
   "step_record",
 ]

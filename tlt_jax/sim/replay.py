@@ -19,7 +19,8 @@ Rows progress by their arm's mean accept length per round (`stochastic=False`), 
 ends). The drafter's chains then draw from one per-token acceptance, since a shallower
 chain's draft is a prefix of a deeper one's (`chain_acceptance`: fitted to every chain arm's
 accept length), and are chosen by the accept length it implies; other arms draw from an
-i.i.d. per-token acceptance of their own.
+i.i.d. per-token acceptance of their own. Given accept lengths by batch bucket (a run's
+`spec/bucket/*` figures), each bucket's arms draw from their own.
 
 A step: rollout + update (seconds per token, measured) + fixed other time (rewards, old
 log-probs); mode "tlt" adds the drafter training that does not fit in idle time. Speedup
@@ -182,6 +183,7 @@ def replay_rollout(
   reward_noise: float = 0.0,
   stochastic: bool = False,
   seed: int = 0,
+  bucket_arms: Mapping[int, Sequence[ArmModel]] | None = None,
 ) -> RolloutPrediction:
   """The predicted rollout of rows generating `lengths` tokens each after prompts of
   `prompt_lens` tokens (default: `policy.prompt_len`); see the module doc. With an
@@ -212,6 +214,7 @@ def replay_rollout(
     reward_noise=reward_noise,
     stochastic=stochastic,
     seed=seed,
+    bucket_arms=bucket_arms,
   )
   while run.active().any():
     run.compact()
@@ -258,6 +261,11 @@ class ReplayRun:
   `max_new_tokens` (> 0: the engine's budget, one for all rows or one per row) caps a
   row's reach as the engine's cache views do; 0 leaves it unbounded (a chunk's view is
   then capped at the largest).
+
+  `bucket_arms`: the same arms with the accept lengths measured in some batch buckets (a
+  tail's rows accept fewer tokens than a full bucket's); chunks in those buckets use them
+  as given, without the chains' fitted curve (which corrects an arm's mean for the buckets
+  it ran in), chunks elsewhere use `arms`.
   """
 
   def __init__(
@@ -274,6 +282,7 @@ class ReplayRun:
     stochastic: bool = False,
     seed: int = 0,
     max_new_tokens: int | Sequence[int] = 0,
+    bucket_arms: Mapping[int, Sequence[ArmModel]] | None = None,
   ):
     self.lengths = np.asarray(lengths, dtype=float)
     remaining = self.lengths.copy()
@@ -301,17 +310,14 @@ class ReplayRun:
     self.stochastic, self.reward_noise = stochastic, reward_noise
     self.engine = isinstance(cost, EngineCost)
     self.rng = np.random.default_rng(seed)
-    shared = chain_acceptance(arms) if stochastic else None
-    if shared is not None:  # the chains' accept lengths as the one curve has them
-      arms = [
-        dataclasses.replace(a, accept_length=chain_accept_length(shared, a.nodes - 1))
-        if a.name.startswith("chain")
-        else a
-        for a in arms
-      ]
-    self.arms = list(arms)
-    self.accept_p = {a.name: per_token_acceptance(a.accept_length, a.nodes) for a in arms}
-    self.by_name = {a.name: a for a in arms}
+    names = sorted(a.name for a in arms)
+    for bucket, models in (bucket_arms or {}).items():
+      if sorted(a.name for a in models) != names:
+        got = sorted(a.name for a in models)
+        raise ValueError(f"bucket {bucket}'s arms {got} are not the arms {names}")
+    # A bucket's own accept lengths are where its arms ran: no fitted curve to correct them.
+    self._arm_sets = {b: _ArmSet.of(m, False) for b, m in (bucket_arms or {}).items()}
+    self._default_arms = _ArmSet.of(arms, stochastic)
     self.prompts = prompts
     budget = np.broadcast_to(np.asarray(max_new_tokens, dtype=float), prompts.shape)
     self.max_len = np.where(budget > 0, prompts + budget, np.inf)
@@ -336,6 +342,19 @@ class ReplayRun:
         f"arm_mix {dict(arm_mix)} names none of the arms {sorted(self.by_name)} or plain"
       )
     self.mix, self.mixed = mix, {}  # the mix, and eligible chunks run per arm under it
+
+  # The arms as the current batch bucket has them.
+  @property
+  def arms(self) -> list[ArmModel]:
+    return self._arm_sets.get(self.batch, self._default_arms).arms
+
+  @property
+  def by_name(self) -> dict[str, ArmModel]:
+    return self._arm_sets.get(self.batch, self._default_arms).by_name
+
+  @property
+  def accept_p(self) -> dict[str, float]:
+    return self._arm_sets.get(self.batch, self._default_arms).accept_p
 
   # ------------------------------------------------------------------ the steps
   def active(self) -> np.ndarray:
@@ -472,6 +491,34 @@ class ReplayRun:
 
 
 @dataclasses.dataclass(frozen=True)
+class _ArmSet:
+  """Arms as one batch bucket prices them: the models, by name, and the per-token acceptance
+  their rows draw from."""
+
+  arms: list[ArmModel]
+  by_name: dict[str, ArmModel]
+  accept_p: dict[str, float]
+
+  @classmethod
+  def of(cls, arms: Sequence[ArmModel], fit_chains: bool) -> _ArmSet:
+    """`fit_chains`: the chains' accept lengths as their one fitted curve has them
+    (`chain_acceptance`)."""
+    shared = chain_acceptance(arms) if fit_chains else None
+    if shared is not None:
+      arms = [
+        dataclasses.replace(a, accept_length=chain_accept_length(shared, a.nodes - 1))
+        if a.name.startswith("chain")
+        else a
+        for a in arms
+      ]
+    accept_p = {a.name: per_token_acceptance(a.accept_length, a.nodes) for a in arms}
+    return cls(list(arms), {a.name: a for a in arms}, accept_p)
+
+
+SHARED = False
+
+
+@dataclasses.dataclass(frozen=True)
 class _Chunk:
   """One replayed chunk as the bandit is told of it."""
 
@@ -528,15 +575,16 @@ def replay_step(
   arm_mix: Mapping[str, float] | None = None,
   stochastic: bool = False,
   seed: int = 0,
+  bucket_arms: Mapping[int, Sequence[ArmModel]] | None = None,
 ) -> StepPrediction:
   """One RL step of `mode` ("baseline": plain decode; "sd" / "tlt": the arms, which carry
   the frozen or the online drafter's accept lengths). In "tlt" the drafter's `drafter_s` of
   training per step runs in idle device time; the part beyond `drafter_idle_fraction` of
-  the rollout is added to the step."""
+  the rollout is added to the step. `bucket_arms`: as `ReplayRun`'s (not in "baseline")."""
   if mode not in ("baseline", "sd", "tlt"):
     raise ValueError(f"mode must be baseline, sd or tlt, got {mode!r}")
   if mode == "baseline":
-    policy, arms = dataclasses.replace(policy, spec_threshold=0), ()
+    policy, arms, bucket_arms = dataclasses.replace(policy, spec_threshold=0), (), None
   rollout = replay_rollout(
     lengths,
     cost,
@@ -546,6 +594,7 @@ def replay_step(
     arm_mix=arm_mix,
     stochastic=stochastic,
     seed=seed,
+    bucket_arms=bucket_arms,
   )
   update = update_s_per_token * float(np.sum(lengths))
   extra = 0.0

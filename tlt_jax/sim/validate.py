@@ -50,6 +50,9 @@ class StepRecord:
     rounds: the step's speculative row-rounds per draft arm (what measured `accept`).
     parts: the rollout's device-call seconds by part, compiles left out
       (`rl.metrics.rollout_part_metrics`; empty: not recorded, runs before 2026-12-07).
+    bucket_accept, bucket_rounds: `accept` and `rounds` by batch bucket (empty: not
+      recorded, runs before 2026-12-07).
+    step: the run's step number.
   """
 
   rollouts: tuple[tuple[int, ...], ...]
@@ -62,6 +65,9 @@ class StepRecord:
   chunks: Mapping[str, int] = dataclasses.field(default_factory=dict)
   rounds: Mapping[str, float] = dataclasses.field(default_factory=dict)
   parts: Mapping[str, float] = dataclasses.field(default_factory=dict)
+  bucket_accept: Mapping[int, Mapping[str, float]] = dataclasses.field(default_factory=dict)
+  bucket_rounds: Mapping[int, Mapping[str, float]] = dataclasses.field(default_factory=dict)
+  step: int = 0
 
   @property
   def tokens(self) -> int:
@@ -85,6 +91,12 @@ def step_record(metrics: Mapping[str, Any], lengths: Mapping[str, Any]) -> StepR
     for k, v in metrics.items()
     if k.startswith("spec/arm/") and k.endswith("/accept_length")
   }
+  by_bucket: dict[str, dict[int, dict[str, float]]] = {"accept_length": {}, "row_rounds": {}}
+  for k, v in metrics.items():
+    if k.startswith("spec/bucket/"):
+      _, _, bucket, arm, figure = k.split("/")
+      if figure in by_bucket:
+        by_bucket[figure].setdefault(int(bucket), {})[arm] = float(v)
   return StepRecord(
     rollouts=tuple(tuple(max(1, int(n)) for n in r) for r in lengths["rollouts"]),
     rollout_s=metrics["time/rollout"] - rollout_compile,
@@ -108,6 +120,9 @@ def step_record(metrics: Mapping[str, Any], lengths: Mapping[str, Any]) -> StepR
     parts={
       k.split("/", 2)[2]: float(v) for k, v in metrics.items() if k.startswith("time/rollout_part/")
     },
+    bucket_accept=by_bucket["accept_length"],
+    bucket_rounds=by_bucket["row_rounds"],
+    step=int(metrics["step"]),
   )
 
 
@@ -144,6 +159,47 @@ def engine_bandit(engine: Mapping[str, Any], arms: Sequence[str], seed: int = 0)
   return StrategyBandit(arm_names, dataclasses.replace(settings, seed=seed))
 
 
+def bucket_accept_lengths(
+  records: Sequence[StepRecord],
+) -> list[dict[int, dict[str, tuple[float, float]]]]:
+  """Per step, each draft arm's (accept length, row-rounds) in every batch bucket the run
+  recorded figures for (empty for a run that recorded none).
+
+  A step's own figure in one bucket rests on a few row-rounds, and the drafter changes from
+  step to step, so two factors, each from many rounds: the arm's accept length in the bucket
+  pooled over the run (a tail's rows accept fewer tokens than a full bucket's), scaled by
+  the step's accept length over what that pooled curve expects of the buckets the step ran
+  the arm in (1 where it did not run). Row-rounds: the step's in the bucket, else the run's.
+  """
+  total: dict[tuple[int, str], np.ndarray] = {}  # (bucket, arm): [accept x rounds, rounds]
+  for r in records:
+    for b, lengths in r.bucket_accept.items():
+      for arm, length in lengths.items():
+        n = r.bucket_rounds.get(b, {}).get(arm, 0.0)
+        total[(b, arm)] = total.get((b, arm), np.zeros(2)) + (length * n, n)
+  total = {k: v for k, v in total.items() if v[1] > 0}
+  buckets = sorted({b for b, _ in total})
+  out = []
+  for r in records:
+    step: dict[int, dict[str, tuple[float, float]]] = {b: {} for b in buckets}
+    for arm in sorted({a for _, a in total}):
+      cells = [v for (_, a), v in total.items() if a == arm]
+      overall = sum(v[0] for v in cells) / sum(v[1] for v in cells)
+      curve = {
+        b: total[(b, arm)][0] / total[(b, arm)][1] if (b, arm) in total else overall
+        for b in buckets
+      }
+      ran = {b: r.bucket_rounds.get(b, {}).get(arm, 0.0) for b in buckets}
+      factor = 1.0
+      if sum(ran.values()) > 0 and arm in r.accept:
+        factor = r.accept[arm] * sum(ran.values()) / sum(curve[b] * n for b, n in ran.items())
+      for b in buckets:
+        rounds = ran[b] or (total[(b, arm)][1] if (b, arm) in total else 0.0)
+        step[b][arm] = (float(curve[b] * factor), float(rounds))
+    out.append(step)
+  return out
+
+
 def compare(
   records: Sequence[StepRecord],
   cost: DecodeCost,
@@ -157,6 +213,7 @@ def compare(
   reward_noise: float = 0.0,
   stochastic: bool = True,
   seed: int = 0,
+  by_bucket: bool = True,
 ) -> dict[str, Any]:
   """Mean measured and predicted rollout and step seconds over `records`, their ratios
   (predicted / measured; the rollout's also per step, "rollout_ratios") and whether both
@@ -168,29 +225,20 @@ def compare(
   instead of the converged bandit's.
   `bandit` (`engine_bandit`): the engine's bandit replayed over the run's rollouts in order,
   learning as it goes (`replay.replay_rollout`; rewards with `reward_noise`); the chunks it
-  chose per arm are returned as "chunks"."""
+  chose per arm are returned as "chunks".
+  `by_bucket`: where the run recorded accept lengths by batch bucket, each bucket's arms
+  carry their own (`bucket_accept_lengths`), not the step's mean over buckets."""
   if bandit is not None and measured_arms:
     raise ValueError("compare takes measured_arms or a bandit, not both")
   if not records:
     raise ValueError("no steps to compare")
-  mean_accept: dict[str, list[float]] = {}
-  run_rounds: dict[str, float] = {}
-  for r in records:
-    for arm, length in r.accept.items():
-      mean_accept.setdefault(arm, []).append(length)
-    for arm, n in r.rounds.items():
-      run_rounds[arm] = run_rounds.get(arm, 0.0) + n
-  fallback = {arm: float(np.mean(v)) for arm, v in mean_accept.items()}
-  if not speculative:
+  steps_arms = [((), {})] * len(records)
+  if speculative:
+    steps_arms = _step_arms(records, draft_cost, by_bucket)
+  else:
     policy = dataclasses.replace(policy, spec_threshold=0)
   predicted_rollout, predicted_step, chunks, parts = [], [], {}, []
-  for i, r in enumerate(records):
-    arms = ()
-    if speculative:
-      accept = {**fallback, **r.accept}
-      # Weights of the chains' shared fit: the step's own rounds, the run's where it has none.
-      rounds = r.rounds if any(r.rounds.get(k, 0) for k in modelled(r.rounds)) else run_rounds
-      arms = arms_from_accept({k: accept[k] for k in modelled(accept)}, draft_cost, rounds)
+  for i, (r, (arms, bucket_arms)) in enumerate(zip(records, steps_arms, strict=True)):
     prompts = r.prompts or (None,) * len(r.rollouts)
     seconds, by_part = r.drafter_s, {}
     for j, (lengths, plens) in enumerate(zip(r.rollouts, prompts, strict=True)):
@@ -205,6 +253,7 @@ def compare(
         reward_noise=reward_noise,
         stochastic=stochastic,
         seed=seed + 97 * i + j,
+        bucket_arms=bucket_arms or None,
       )
       seconds += replayed.seconds
       for arm, n in replayed.chunks_by_arm.items():
@@ -213,7 +262,7 @@ def compare(
         by_part[part] = by_part.get(part, 0.0) + s
     predicted_rollout.append(seconds)
     if r.parts:
-      parts.append({"measured": r.seconds_by_part(), "predicted": by_part})
+      parts.append({"step": r.step, "measured": r.seconds_by_part(), "predicted": by_part})
     update = calibration.update_s_per_token * r.tokens
     predicted_step.append(seconds + update + calibration.other_s)
   out = {
@@ -225,8 +274,8 @@ def compare(
     "chunks": chunks,
     # Per step, predicted / measured: shows in which steps a run and the model part ways.
     "rollout_ratios": [p / r.rollout_s for p, r in zip(predicted_rollout, records, strict=True)],
-    # Per step where the run recorded them, rollout seconds by part, measured and predicted:
-    # shows which part of a rollout the model misses.
+    # Per step where the run recorded them (its number, "step"), rollout seconds by part,
+    # measured and predicted: shows which part of a rollout the model misses.
     "parts": parts,
   }
   out["rollout_ratio"] = out["predicted_rollout_s"] / out["measured_rollout_s"]
@@ -234,6 +283,42 @@ def compare(
   out["within_tolerance"] = all(
     abs(out[k] - 1.0) <= TOLERANCE for k in ("rollout_ratio", "step_ratio")
   )
+  return out
+
+
+def _step_arms(
+  records: Sequence[StepRecord], draft_cost: float, by_bucket: bool
+) -> list[tuple[tuple[ArmModel, ...], dict[int, tuple[ArmModel, ...]]]]:
+  """Per step, the modelled draft arms at the step's accept lengths (the run's mean where an
+  arm did not run in it), and with `by_bucket` the same arms at each bucket's
+  (`bucket_accept_lengths`, kept within 1 .. nodes)."""
+  mean_accept: dict[str, list[float]] = {}
+  run_rounds: dict[str, float] = {}
+  for r in records:
+    for arm, length in r.accept.items():
+      mean_accept.setdefault(arm, []).append(length)
+    for arm, n in r.rounds.items():
+      run_rounds[arm] = run_rounds.get(arm, 0.0) + n
+  fallback = {arm: float(np.mean(v)) for arm, v in mean_accept.items()}
+  in_buckets = bucket_accept_lengths(records) if by_bucket else [{} for _ in records]
+  out = []
+  for r, cells_by_bucket in zip(records, in_buckets, strict=True):
+    accept = {**fallback, **r.accept}
+    # Weights of the chains' shared fit: the step's own rounds, the run's where it has none.
+    rounds = r.rounds if any(r.rounds.get(k, 0) for k in modelled(r.rounds)) else run_rounds
+    arms = arms_from_accept({k: accept[k] for k in modelled(accept)}, draft_cost, rounds)
+    bucket_arms = {
+      b: tuple(
+        dataclasses.replace(
+          a, accept_length=float(np.clip(cells[a.name][0], 1.0, a.nodes)), rounds=cells[a.name][1]
+        )
+        if a.name in cells
+        else a
+        for a in arms
+      )
+      for b, cells in cells_by_bucket.items()
+    }
+    out.append((arms, bucket_arms))
   return out
 
 
