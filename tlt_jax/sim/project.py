@@ -110,11 +110,7 @@ def predict_modes(
 def scaled_accept(accept: Mapping[str, float], factor: float) -> dict[str, float]:
   """Accept lengths ({"chain4": 3.9, ...}) with their accepted draft tokens (length - 1)
   scaled by `factor`, at most a chain's depth + 1."""
-  out = {}
-  for name, length in accept.items():
-    depth = int("".join(ch for ch in name if ch.isdigit()))
-    out[name] = min(1.0 + (length - 1.0) * factor, depth + 1.0)
-  return out
+  return {a.name: a.accept_length for a in scaled_arms(arms_from_accept(accept, 0.0), factor)}
 
 
 def scaled_arms(arms: Sequence[ArmModel], factor: float) -> tuple[ArmModel, ...]:

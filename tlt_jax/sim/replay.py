@@ -515,9 +515,6 @@ class _ArmSet:
     return cls(list(arms), {a.name: a for a in arms}, accept_p)
 
 
-SHARED = False
-
-
 @dataclasses.dataclass(frozen=True)
 class _Chunk:
   """One replayed chunk as the bandit is told of it."""
