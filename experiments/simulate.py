@@ -24,10 +24,15 @@ agree within 15%; then step by step, and for runs that record them (metrics from
 2026-12-07) the rollout by part: prefill, chunks per arm, drafter-cache rebuilds and the
 host time between calls, measured / predicted. Where a run records its accept lengths by
 batch bucket, each bucket's arms carry their own (--noby_bucket: the step's mean in every
-bucket).
+bucket). Runs that record their rollouts' timelines (rollout_timelines.jsonl, from
+2026-12-07) can be priced by their own calls instead of a probe's (--run_costs=pooled: each
+run's calls of the compared steps, pooled; --run_costs=per_step: those costs scaled in each
+step by how much slower or faster its calls ran), which leaves the host's drift out of what
+is being tested.
 
   python experiments/simulate.py --engine_costs=runs/engine_costs/engine_costs.json \
     --validate=runs/regime
+  python experiments/simulate.py --run_costs=per_step --validate=runs/regime
 
 Projected (--project): H100 cost models from published figures for bf16 Qwen2.5-7B (one
 GPU per rollout instance) and 32B (4-way tensor parallel), the paper's settings (GRPO,
@@ -70,6 +75,7 @@ from tlt_jax.sim import (  # noqa: E402
   TAIL_ACCEPT_MEASURED,
   ArmModel,
   Calibration,
+  DecodeCost,
   EngineCost,
   EnginePolicy,
   PairedOneRow,
@@ -84,6 +90,7 @@ from tlt_jax.sim import (  # noqa: E402
   paper_policy,
   predict_modes,
   project_step,
+  run_costs,
   step_record,
 )
 
@@ -148,6 +155,14 @@ _BY_BUCKET = flags.DEFINE_bool(
   "by_bucket",
   True,
   "--validate: each batch bucket's own accept lengths where the run recorded them",
+)
+_RUN_COSTS = flags.DEFINE_enum(
+  "run_costs",
+  "",
+  ["", "pooled", "per_step"],
+  "--validate: price each run by its own calls (rollout_timelines.jsonl): pooled over its "
+  "compared steps, or those scaled by each step's drift; --engine_costs prices the runs "
+  "without timelines",
 )
 _ENGINE_COSTS = flags.DEFINE_string(
   "engine_costs",
@@ -429,8 +444,33 @@ def _run_records(workdir: str, config: dict, rebuild_prompts: bool) -> list:
   return records[1:] if len(records) > 1 else records
 
 
-def validate(run_dir: str, cost) -> dict:
-  """Predicted vs measured per run of an e2e_modes.py folder (see the module docstring)."""
+def _costs_of_run(workdir: str, records: list, cost: DecodeCost | None):
+  """The costs one run is priced with: `cost`, or with --run_costs the run's own calls
+  (its rollout_timelines.jsonl, the compared steps), pooled or per step; and per step the
+  costs in place of `cost` (None: `cost` throughout)."""
+  if not _RUN_COSTS.value:
+    return cost, None
+  path = os.path.join(workdir, "rollout_timelines.jsonl")
+  if not os.path.isfile(path):
+    if cost is None:
+      raise app.UsageError(
+        f"--run_costs: {path} does not exist (runs from 2026-12-07 write it); name "
+        "--engine_costs for the runs without it"
+      )
+    print(f"{os.path.basename(workdir)}: no rollout timelines, priced by --engine_costs")
+    return cost, None
+  with open(path) as f:
+    pooled, drift = run_costs(map(json.loads, f), {r.step for r in records})
+  drifts = " ".join(f"{drift[r.step]:.2f}" for r in records)
+  print(f"{os.path.basename(workdir)}: its own calls' drift step by step: {drifts}")
+  if _RUN_COSTS.value == "pooled":
+    return pooled, None
+  return pooled, [pooled.scaled(drift[r.step]) for r in records]
+
+
+def validate(run_dir: str, cost: DecodeCost | None) -> dict:
+  """Predicted vs measured per run of an e2e_modes.py folder (see the module docstring);
+  `cost` None: each run priced by its own calls (--run_costs)."""
   labels = sorted(
     d for d in os.listdir(run_dir) if os.path.isfile(os.path.join(run_dir, d, "metrics.jsonl"))
   )
@@ -439,7 +479,7 @@ def validate(run_dir: str, cost) -> dict:
     with open(os.path.join(run_dir, label, "config.json")) as f:
       configs[label] = json.load(f)
     records[label] = _run_records(
-      os.path.join(run_dir, label), configs[label], isinstance(cost, EngineCost)
+      os.path.join(run_dir, label), configs[label], cost is None or isinstance(cost, EngineCost)
     )
   baselines = [k for k in labels if configs[k]["mode"] == "baseline"]
   if not baselines:
@@ -457,7 +497,8 @@ def validate(run_dir: str, cost) -> dict:
     base = f"baseline{suffix}" if f"baseline{suffix}" in records else baselines[0]
     eng = cfg["engine"]
     policy = EnginePolicy.from_engine(eng, samples=cfg["rl"]["group_size"])
-    if not isinstance(cost, EngineCost):
+    run_cost, step_costs = _costs_of_run(os.path.join(run_dir, label), records[label], cost)
+    if not isinstance(run_cost, EngineCost):
       # Standalone forwards by mean context: no views, one prompt length for every row.
       policy = dataclasses.replace(policy, views=(), prompt_len=_PROMPT.value)
     calibration = Calibration.from_baseline(records[base])
@@ -477,7 +518,7 @@ def validate(run_dir: str, cost) -> dict:
         bandit = engine_bandit(eng, known, seed=int(cfg.get("seed", 0)))
       out = compare(
         records[label],
-        cost,
+        run_cost,
         policy,
         calibration,
         speculative=mode != "baseline",
@@ -488,6 +529,7 @@ def validate(run_dir: str, cost) -> dict:
         stochastic=_STOCHASTIC.value,
         seed=_SEED.value,
         by_bucket=_BY_BUCKET.value,
+        step_costs=step_costs,
       )
       results[name] = out
       print(
@@ -563,15 +605,19 @@ def main(argv):
   elif _PROJECT.value:
     results = project()
   elif _VALIDATE.value:
-    if _ENGINE_COSTS.value:
+    if _RUN_COSTS.value and _SURFACE.value:
+      raise app.UsageError("--run_costs prices by the engine's calls: not with --surface")
+    if _RUN_COSTS.value and not _ENGINE_COSTS.value:
+      cost = None
+    elif _ENGINE_COSTS.value:
       with open(_ENGINE_COSTS.value) as f:
         cost = EngineCost.from_dict(json.load(f))
     elif _SURFACE.value:
       cost = surface_table(_SURFACE.value)
     else:
       raise app.UsageError(
-        "--validate needs --engine_costs (experiments/engine_costs.py) or --surface "
-        "(experiments/cost_surface.py)"
+        "--validate needs --engine_costs (experiments/engine_costs.py), --surface "
+        "(experiments/cost_surface.py) or --run_costs (each run's own calls)"
       )
     results = validate(_VALIDATE.value, cost)
   else:

@@ -272,6 +272,10 @@ def test_sigkill_mid_run_resumes_exactly(tmp_path, uninterrupted_baseline, mode)
     if mode == "tlt":
       assert rows[-1]["drafter/version"] >= 5  # online updates: at least one each step
   assert [r["step"] for r in got] == [0, 1, 2, 3, 4]
+  # The per-step files beside the metrics lost the killed run's tail too (a row per step).
+  for name in ("rollout_lengths", "rollout_timelines"):
+    with open(os.path.join(wd, f"{name}.jsonl")) as f:
+      assert [json.loads(line)["step"] for line in f] == [0, 1, 2, 3, 4], name
   assert all(r["update_tokens"] > 0 for r in got)
   # The evaluation after the last step (the tiny config evaluates only there).
   assert [("eval" in r) for r in got] == [("eval" in r) for r in want] and "eval" in got[-1]

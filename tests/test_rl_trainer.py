@@ -20,6 +20,7 @@ from tlt_jax.rl.trainer import GRPOConfig, GRPOTrainer
 from tlt_jax.rollout.config import EngineConfig
 from tlt_jax.rollout.engine import RolloutEngine
 from tlt_jax.rollout.pool import ExecutablePool
+from tlt_jax.sim import run_costs
 
 TOK = CharTokenizer()
 MODEL = ModelConfig(
@@ -140,6 +141,19 @@ def test_runs_and_resumes_exactly(tmp_path):
     # And each row's completion as a CRC-32 (runs and replays compared token for token).
     assert [len(d) for d in r["digests"]] == [len(x) for x in r["rollouts"]]
     assert len(set(sum(r["digests"], []))) > 1
+  # And each call's timeline and wall seconds: the run's own engine costs (`sim.run_costs`).
+  with open(tmp_path / "b" / "rollout_timelines.jsonl") as f:
+    timelines = [json.loads(line) for line in f]
+  assert [r["step"] for r in timelines] == [0, 1, 2, 3]
+  for r, lens in zip(timelines, lengths):
+    assert len(r["rollouts"]) == len(lens["rollouts"])
+    for call in r["rollouts"]:
+      last = max(e["t"] + e["dt"] for e in call["timeline"])
+      assert 0 < last <= call["wall"]
+      assert {"prefill", "decode"} <= {e["phase"] for e in call["timeline"]}
+  pooled, drift = run_costs(timelines, {1, 2, 3})
+  assert pooled.cells["plain"] and sorted(drift) == [1, 2, 3]
+  assert all(0 < d < 10 for d in drift.values())
 
 
 def _events(logdir):

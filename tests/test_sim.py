@@ -237,6 +237,60 @@ def test_validation_predicts_a_run_made_by_its_own_model_and_flags_one_that_is_n
   got = compare(one_slow, cost, policy, cal, speculative=True, draft_cost=0.0, stochastic=False)
   assert got["rollout_ratios"] == pytest.approx([1 / 1.3, 1.0])
   assert got["parts"] == []  # runs that did not record their parts
+  # Priced with each step's own speed (the first step's calls 1.3x slower), both compare at 1.
+  kw = dict(speculative=True, draft_cost=0.0, stochastic=False)
+  got = compare(one_slow, cost, policy, cal, **kw, step_costs=[_Scaled(cost, 1.3), cost])
+  assert got["rollout_ratios"] == pytest.approx([1.0, 1.0])
+  with pytest.raises(ValueError, match="1 step costs for 2 steps"):
+    compare(one_slow, cost, policy, cal, **kw, step_costs=[cost])
+
+
+@dataclasses.dataclass(frozen=True)
+class _Scaled:
+  cost: _Cost
+  factor: float
+
+  def seconds(self, batch, tokens, context):
+    return self.factor * self.cost.seconds(batch, tokens, context)
+
+
+def test_a_run_is_priced_by_its_own_calls_pooled_and_per_step():
+  """`run_costs` on a run's rollout_timelines.jsonl rows: the medians of the compared steps'
+  calls (a step's calls 1x, another's 3x: 2x), and each step's drift, its calls' seconds
+  over what the pooled cells price them at; compiling calls are left out, steps not
+  compared ignored, a compared step without timelines refused. `drift` counts only the
+  calls a cost can price; `scaled` scales the device calls, not the host time."""
+  from tlt_jax.sim import run_costs
+
+  def calls(x):
+    return [
+      {"t": 0.0, "dt": 0.5 * x, "phase": "prefill", "batch": 8, "prompts": 2, "view": 64},
+      {"t": 1.0, "dt": 0.32 * x, "phase": "decode", "batch": 8, "view": 128, "steps": 16},
+      {"t": 1.5, "dt": 0.1, "phase": "harvest", "batch": 8, "view": 0},
+      {"t": 2.0, "dt": 0.4 * x, "phase": "spec", "strategy": "chain4", "batch": 4, "view": 256,
+       "rounds": 8},
+      {"t": 3.0, "dt": 50.0, "phase": "decode", "batch": 8, "view": 128, "steps": 16,
+       "compile_s": 49.0},
+    ]  # fmt: skip
+
+  rows = [{"step": s, "rollouts": [{"wall": 60.0, "timeline": calls(x)}]}
+          for s, x in ((0, 10.0), (1, 1.0), (2, 3.0))]  # fmt: skip
+  pooled, drift = run_costs(rows, {1, 2})
+  assert pooled.cells["plain"] == ((8, 128, pytest.approx(0.04)),)
+  assert pooled.cells["chain4"] == ((4, 256, pytest.approx(0.1)),)
+  assert pooled.cells["prefill"] == ((2, 64, pytest.approx(1.0)),)
+  # Step 1: 0.5 + 0.32 + 0.4 = 1.22 s where the pooled cells price 2.44 s.
+  assert drift == {1: pytest.approx(0.5), 2: pytest.approx(1.5)}
+  faster = pooled.scaled(0.5)
+  assert faster.seconds(8, 1, 128) == pytest.approx(0.02)
+  assert faster.round_seconds("chain4", 4, 256) == pytest.approx(0.05)
+  assert faster.prefill_seconds(2, 64) == pytest.approx(0.5) and faster.gap_s == pooled.gap_s
+  with pytest.raises(ValueError, match=r"steps \[3\]"):
+    run_costs(rows, {1, 3})
+  # A cost of decode steps alone prices only those: 0.32 s over 16 x 0.01.
+  probe = EngineCost({"plain": ((8, 128, 0.01),)})
+  assert probe.drift([(calls(1.0), 60.0)]) == pytest.approx(2.0)
+  assert probe.drift([([], None)]) == 1.0
 
 
 def test_bucket_accept_lengths_pool_each_bucket_over_the_run_and_scale_by_the_step():

@@ -160,10 +160,14 @@ def test_no_checkpoint_drops_what_a_killed_run_left(tmp_path):
   rows = "".join(json.dumps({"step": s, "reward_mean": 0.5}) + "\n" for s in range(4))
   (wd / "metrics.jsonl").write_text(rows + '{"step": 4, "rew')
   (wd / "rollout_lengths.jsonl").write_text(rows)
+  (wd / "rollout_timelines.jsonl").write_text(rows + '{"step": 4, "rollouts": [{"wa')
   ckpt = TrainerCheckpoints(str(wd), with_drafter=False)
   ckpt.restore(None)  # no checkpoint: nothing of the trainer is read
   assert ckpt.resumed_at is None and ckpt.dropped_rows == 5
-  assert (wd / "metrics.jsonl").read_text() == (wd / "rollout_lengths.jsonl").read_text() == ""
+  kept = [
+    (wd / f"{f}.jsonl").read_text() for f in ("metrics", "rollout_lengths", "rollout_timelines")
+  ]
+  assert kept == ["", "", ""]
   assert not (wd / "tensorboard").exists()
   note = ckpt.start_note(8)
   assert note.startswith("RL starts at step 0 of 8: no RL checkpoint in") and "5 metrics" in note

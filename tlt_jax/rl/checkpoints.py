@@ -44,6 +44,9 @@ class TrainerCheckpoints:
     self.metrics_path = os.path.join(workdir, "metrics.jsonl")
     # Each step's response lengths, apart from the flat metrics rows.
     self.lengths_path = os.path.join(workdir, "rollout_lengths.jsonl")
+    # Each step's rollout timelines: the engine's calls as timed in the run (`tlt_jax.sim`
+    # prices a replay of the run with them).
+    self.timelines_path = os.path.join(workdir, "rollout_timelines.jsonl")
     # The trainer's TensorBoard folder (`metrics.MetricsLog`).
     self.tensorboard_dir = os.path.join(workdir, "tensorboard")
     # Set by `restore`: the step a rerun resumed at (None: a start from step 0), and how
@@ -164,10 +167,10 @@ class TrainerCheckpoints:
     logging.info("resumed at step %d from %s", t.step, self.policy.directory)
 
   def _truncate(self, step: int) -> int:
-    """Keeps the metrics and response-length rows of steps before `step`; returns how many
-    metrics rows went."""
+    """Keeps the metrics, response-length and timeline rows of steps before `step`; returns
+    how many metrics rows went."""
     dropped = 0
-    for path in (self.metrics_path, self.lengths_path):
+    for path in (self.metrics_path, self.lengths_path, self.timelines_path):
       if not os.path.exists(path):
         continue
       with open(path) as f:

@@ -72,6 +72,17 @@ def rollout_part_metrics(results: Sequence[Any]) -> dict[str, float]:
   return out
 
 
+def _microseconds(x: Any) -> Any:
+  """`x` with its floats rounded to 6 decimals (timelines in seconds: a third the text)."""
+  if isinstance(x, float):
+    return round(x, 6)
+  if isinstance(x, dict):
+    return {k: _microseconds(v) for k, v in x.items()}
+  if isinstance(x, list | tuple):
+    return [_microseconds(v) for v in x]
+  return x
+
+
 def progress_postfix(row: Mapping[str, Any]) -> dict[str, str]:
   """The progress bar's figures of a step's metrics row: reward, accuracy, mean response
   length, rollout throughput (generated tokens per second of the step's rollout phase),
@@ -200,7 +211,9 @@ def scalars(row: Mapping[str, Any]) -> dict[str, float]:
 
 class MetricsLog:
   """Appends each step's row to metrics.jsonl, its rollouts' response lengths to
-  rollout_lengths.jsonl (the trace `tlt_jax.sim` replays) and every number to TensorBoard
+  rollout_lengths.jsonl (the trace `tlt_jax.sim` replays), their timelines to
+  `timelines_path` (the engine's calls as the run timed them, which `tlt_jax.sim` prices a
+  replay with; None: not kept) and every number to TensorBoard
   (workdir/tensorboard), and to W&B / MLflow when `config.loggers` names them (the run's
   config.json, when the workdir has one, goes with them). `purge_step`: TensorBoard drops
   events a killed run logged past the checkpoint the run resumes from (W&B and MLflow keep
@@ -213,12 +226,14 @@ class MetricsLog:
     tensorboard_dir: str,
     purge_step: int,
     config: MetricsConfig | None = None,
+    timelines_path: str | None = None,
   ):
     # Imported here: tensorboardX imports torch where it is installed (seconds), which
     # a process that only parses flags or reads results should not pay.
     from tensorboardX import SummaryWriter
 
     self.metrics_path, self.lengths_path = metrics_path, lengths_path
+    self.timelines_path = timelines_path
     self.tb = SummaryWriter(tensorboard_dir, purge_step=purge_step)
     self.trackers = []
     self.tracker_errors = 0
@@ -240,13 +255,18 @@ class MetricsLog:
   def write(self, row: dict[str, Any]) -> None:
     """Writes `row`; its "rollout_lengths", "rollout_prompt_lengths" and "rollout_digests"
     entries go to the lengths file only (as "rollouts", "prompts" and "digests": per
-    rollout, one length or completion CRC-32 per row)."""
+    rollout, one length or completion CRC-32 per row), its "rollout_timelines" to the
+    timelines file only (as "rollouts": per rollout, {"wall": seconds, "timeline": entries})."""
     lengths = {"step": row["step"], "rollouts": row.pop("rollout_lengths")}
     for key, name in (("rollout_prompt_lengths", "prompts"), ("rollout_digests", "digests")):
       if key in row:
         lengths[name] = row.pop(key)
     with open(self.lengths_path, "a") as f:
       f.write(json.dumps(lengths) + "\n")
+    timelines = row.pop("rollout_timelines", None)
+    if timelines is not None and self.timelines_path:
+      with open(self.timelines_path, "a") as f:
+        f.write(json.dumps({"step": row["step"], "rollouts": _microseconds(timelines)}) + "\n")
     with open(self.metrics_path, "a") as f:
       f.write(json.dumps(row) + "\n")
     numbers = scalars(row)

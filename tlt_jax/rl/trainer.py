@@ -371,6 +371,7 @@ class GRPOTrainer:
     self.checkpoints = TrainerCheckpoints(workdir, with_drafter=scheduler is not None)
     self.metrics_path = self.checkpoints.metrics_path
     self.lengths_path = self.checkpoints.lengths_path
+    self.timelines_path = self.checkpoints.timelines_path
     self.checkpoints.restore(self)
 
   def _make_update(self):
@@ -623,6 +624,9 @@ class GRPOTrainer:
       "rollout_prompt_lengths": [r.prompt_len.tolist() for r in results],  # the rows' prompts
       # Each row's completion tokens as a CRC-32: runs and replays compared token for token.
       "rollout_digests": [r.completion_digests() for r in results],
+      # Each call's timeline and wall seconds: the run's own engine costs (`tlt_jax.sim`);
+      # MetricsLog moves them to rollout_timelines.jsonl.
+      "rollout_timelines": [{"wall": r.wall_seconds, "timeline": r.timeline} for r in results],
       **self._update_metrics(m, times["update"]),
       **{f"time/{k}": v for k, v in times.items() if k != "rollout_drafter_compile"},
       # Programs the rollouts compiled lazily (inside time/rollout), the drafter's update
@@ -864,6 +868,7 @@ class GRPOTrainer:
       os.path.join(self.workdir, "tensorboard"),
       purge_step=self.step,
       config=self.metrics_config,
+      timelines_path=self.timelines_path,
     )
     last_eval = {}
     try:

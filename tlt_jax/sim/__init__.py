@@ -46,6 +46,7 @@ from tlt_jax.sim.validate import (
   decision_mismatch,
   engine_bandit,
   modelled,
+  run_costs,
   step_record,
 )
 
@@ -82,6 +83,7 @@ __all__ = [
   "project_step",
   "replay_rollout",
   "replay_step",
+  "run_costs",
   "scaled_accept",
   "scaled_arms",
   "speedup_bound",

@@ -297,6 +297,36 @@ class EngineCost:
     cells = {k: tuple((int(b), int(n), float(s)) for b, n, s in v) for k, v in d["cells"].items()}
     return cls(cells, float(d["gap_s"]), float(d["compact_s"]), float(d["finish_s"]))
 
+  def call_seconds(self, kind: str, batch: int, length: int) -> float:
+    """One call's seconds in `kind`'s cells: a decode step or an arm's round (per step or
+    round), a prefill or a drafter-cache rebuild (`_timeline_calls`)."""
+    if kind == _PLAIN:
+      return self.seconds(batch, 1, length)
+    if kind == _PREFILL:
+      return self.prefill_seconds(batch, length)
+    if kind == _REBUILD:
+      return self.rebuild_seconds(batch, length)
+    return self.round_seconds(kind, batch, length)
+
+  def scaled(self, factor: float) -> EngineCost:
+    """Every device call `factor` times as long; the host times as they are."""
+    if not factor > 0:
+      raise ValueError(f"scale factor must be > 0, got {factor}")
+    cells = {k: tuple((b, n, s * factor) for b, n, s in v) for k, v in self.cells.items()}
+    return dataclasses.replace(self, cells=cells)
+
+  def drift(self, rollouts: Iterable[tuple[Sequence[Mapping[str, Any]], float | None]]) -> float:
+    """How much longer the device calls of these timelines took than this cost prices them:
+    their seconds over the seconds priced at their cells (compiling calls left out, as in
+    `from_timelines`); 1.0 where there is no such call, or none this cost can price."""
+    measured = priced = 0.0
+    for timeline, _ in rollouts:
+      for kind, batch, length, seconds, units in _timeline_calls(timeline):
+        if kind in self.cells:
+          measured += seconds * units
+          priced += self.call_seconds(kind, batch, length) * units
+    return measured / priced if priced > 0 else 1.0
+
   @classmethod
   def from_timelines(
     cls, rollouts: Iterable[tuple[Sequence[Mapping[str, Any]], float | None]]
@@ -309,28 +339,14 @@ class EngineCost:
     """
     samples: dict[str, dict[tuple[int, int], list[float]]] = {}
     gaps, compacts, finishes = [], [], []
-
-    def add(kind, batch, length, seconds):
-      samples.setdefault(kind, {}).setdefault((int(batch), int(length)), []).append(seconds)
-
     for timeline, wall in rollouts:
+      for kind, batch, length, seconds, _ in _timeline_calls(timeline):
+        samples.setdefault(kind, {}).setdefault((batch, length), []).append(seconds)
       # Harvests are host work inside the gaps between chunks (a compaction's, the finish's):
       # the gaps below measure them whole.
       entries = sorted((e for e in timeline if e["phase"] != "harvest"), key=lambda e: e["t"])
-      clean = True  # no compile in this rollout's calls so far
-      for e in entries:
-        compiled = e.get("compile_s", 0.0) or e.get("rebuild_compile_s", 0.0)
-        clean = clean and not compiled
-        if compiled:
-          continue
-        if e["phase"] == "decode" and e.get("steps"):
-          add(_PLAIN, e["batch"], e["view"], e["dt"] / e["steps"])
-        elif e["phase"] == "spec" and e.get("rounds"):
-          add(e["strategy"], e["batch"], e["view"], e["dt"] / e["rounds"])
-        elif e["phase"] == "prefill":
-          add(_PREFILL, e["prompts"], e["view"], e["dt"])
-        elif e["phase"] == _REBUILD:
-          add(_REBUILD, e["batch"], e["view"], e["dt"])
+      if not entries:
+        continue
       device = [e for e in entries if e["phase"] != "drafter_hook"]
       for before, after in zip(device, device[1:]):
         # A rebuild runs right before its chunk: the host time is the gap before the rebuild.
@@ -338,6 +354,7 @@ class EngineCost:
           continue
         gap = after["t"] - (before["t"] + before["dt"])
         (compacts if after["batch"] < before["batch"] else gaps).append(gap)
+      clean = not any(e.get("compile_s", 0.0) or e.get("rebuild_compile_s", 0.0) for e in entries)
       if clean and wall is not None:
         finishes.append(wall - (entries[-1]["t"] + entries[-1]["dt"]))
     if _PLAIN not in samples:
@@ -348,6 +365,25 @@ class EngineCost:
     }
     med = lambda xs: max(float(np.median(xs)), 0.0) if xs else 0.0
     return cls(cells, med(gaps), med(compacts), med(finishes))
+
+
+def _timeline_calls(timeline: Sequence[Mapping[str, Any]]):
+  """A timeline's device calls that compiled nothing, as (kind, batch, length, seconds per
+  unit, units): a decode chunk per step ("plain", batch bucket, cache view), a speculative
+  one per round (its arm), a prefill ("prefill", prompts bucket, prompt bucket) and a
+  drafter-cache rebuild ("drafter_prefill", rows bucket, width)."""
+  for e in timeline:
+    if e.get("compile_s", 0.0) or e.get("rebuild_compile_s", 0.0):
+      continue
+    phase, batch, view = e["phase"], int(e.get("batch", 0)), int(e.get("view", 0))
+    if phase == "decode" and e.get("steps"):
+      yield _PLAIN, batch, view, e["dt"] / e["steps"], e["steps"]
+    elif phase == "spec" and e.get("rounds"):
+      yield e["strategy"], batch, view, e["dt"] / e["rounds"], e["rounds"]
+    elif phase == "prefill":
+      yield _PREFILL, int(e["prompts"]), view, e["dt"], 1
+    elif phase == _REBUILD:
+      yield _REBUILD, batch, view, e["dt"], 1
 
 
 def chain_accept_length(per_token: float, depth: int) -> float:

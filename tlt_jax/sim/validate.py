@@ -4,13 +4,15 @@ own response lengths, and the predicted rollout and step times set beside the me
 Only the decode cost model (a host's `TableCost`) and the engine's policy are being tested:
 the run supplies what the simulator takes as inputs anyway (response lengths, each draft
 arm's accept length in that step), and the baseline run calibrates the non-rollout part of
-a step (update seconds per token and the rest) for every mode.
+a step (update seconds per token and the rest) for every mode. Priced by the run's own
+calls (`run_costs`, from the timelines the run wrote), only the engine's policy and the
+replay's model of acceptance are: a host that ran slower than its probe no longer counts.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -214,6 +216,7 @@ def compare(
   stochastic: bool = True,
   seed: int = 0,
   by_bucket: bool = True,
+  step_costs: Sequence[DecodeCost] | None = None,
 ) -> dict[str, Any]:
   """Mean measured and predicted rollout and step seconds over `records`, their ratios
   (predicted / measured; the rollout's also per step, "rollout_ratios") and whether both
@@ -227,7 +230,10 @@ def compare(
   learning as it goes (`replay.replay_rollout`; rewards with `reward_noise`); the chunks it
   chose per arm are returned as "chunks".
   `by_bucket`: where the run recorded accept lengths by batch bucket, each bucket's arms
-  carry their own (`bucket_accept_lengths`), not the step's mean over buckets."""
+  carry their own (`bucket_accept_lengths`), not the step's mean over buckets.
+  `step_costs`: one cost per record, in place of `cost` (`run_costs`' drift per step)."""
+  if step_costs is not None and len(step_costs) != len(records):
+    raise ValueError(f"{len(step_costs)} step costs for {len(records)} steps")
   if bandit is not None and measured_arms:
     raise ValueError("compare takes measured_arms or a bandit, not both")
   if not records:
@@ -244,7 +250,7 @@ def compare(
     for j, (lengths, plens) in enumerate(zip(r.rollouts, prompts, strict=True)):
       replayed = replay_rollout(
         lengths,
-        cost,
+        cost if step_costs is None else step_costs[i],
         policy,
         arms,
         prompt_lens=plens,
@@ -284,6 +290,25 @@ def compare(
     abs(out[k] - 1.0) <= TOLERANCE for k in ("rollout_ratio", "step_ratio")
   )
   return out
+
+
+def run_costs(
+  rows: Iterable[Mapping[str, Any]], steps: Collection[int]
+) -> tuple[EngineCost, dict[int, float]]:
+  """A run's own engine costs, from its rollout_timelines.jsonl rows (one per step:
+  {"step", "rollouts": [{"wall", "timeline"}]}): the medians of the calls of `steps`
+  pooled (`EngineCost.from_timelines`), and per step its calls' drift against them
+  (`EngineCost.drift`; scale the pooled cost by it for a step's own speed)."""
+  by_step = {
+    row["step"]: [(r["timeline"], r["wall"]) for r in row["rollouts"]]
+    for row in rows
+    if row["step"] in steps
+  }
+  missing = sorted(set(steps) - set(by_step))
+  if missing:
+    raise ValueError(f"no rollout timelines of steps {missing}")
+  pooled = EngineCost.from_timelines(t for s in sorted(by_step) for t in by_step[s])
+  return pooled, {s: pooled.drift(by_step[s]) for s in sorted(by_step)}
 
 
 def _step_arms(
