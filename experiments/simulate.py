@@ -460,9 +460,19 @@ def _costs_of_run(workdir: str, records: list, cost: DecodeCost | None):
     print(f"{os.path.basename(workdir)}: no rollout timelines, priced by --engine_costs")
     return cost, None
   with open(path) as f:
-    pooled, drift = run_costs(map(json.loads, f), {r.step for r in records})
+    rows = [json.loads(line) for line in f]
+  steps = {r.step for r in records}
+  # What the run never timed (plain steps, where it speculated throughout) is the probe's.
+  base = cost if isinstance(cost, EngineCost) else None
+  pooled, drift = run_costs(rows, steps, base)
+  line = f"{os.path.basename(workdir)}: priced by its own calls"
+  if base is not None:
+    calls = [
+      (c["timeline"], c["wall"]) for row in rows if row["step"] in steps for c in row["rollouts"]
+    ]
+    line += f" ({base.drift(calls):.2f}x the probe's seconds where both timed a call)"
   drifts = " ".join(f"{drift[r.step]:.2f}" for r in records)
-  print(f"{os.path.basename(workdir)}: its own calls' drift step by step: {drifts}")
+  print(f"{line}; each step's against them: {drifts}")
   if _RUN_COSTS.value == "pooled":
     return pooled, None
   return pooled, [pooled.scaled(drift[r.step]) for r in records]

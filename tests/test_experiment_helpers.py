@@ -586,19 +586,22 @@ def test_checkpoint_digests_match_a_run_with_itself_and_name_what_differs(tmp_pa
 
 
 @pytest.mark.parametrize(
-  "run",
+  "run,own_costs",
   [
-    "simulator_regime_hostG_2026-12-06/curve_hostG",
+    ("simulator_regime_hostG_2026-12-06/curve_hostG", ""),
     # Its tlt run records the rollout's parts and accept lengths by batch bucket.
-    "simulator_parts_hostG_2026-12-07/rerun_buckets",
+    ("simulator_parts_hostG_2026-12-07/rerun_buckets", ""),
+    # Both runs record their rollouts' timelines: each priced by its own calls.
+    ("simulator_runcosts_hostG_2026-12-07", "per_step"),
   ],
 )
-def test_simulate_validates_a_committed_run_step_by_step(run):
+def test_simulate_validates_a_committed_run_step_by_step(run, own_costs):
   """experiments/simulate.py --validate on a committed baseline + tlt run with its host's
   engine costs: a row per run and variant, and per-step ratios that average, weighted by
   each step's measured rollout, to the run's predicted mean; where the run recorded its
   rollout's parts, a table of them per variant whose measured and predicted cells add up,
-  with the drafter's scheduler, to each step's measured and predicted rollout."""
+  with the drafter's scheduler, to each step's measured and predicted rollout. With
+  --run_costs, each run says it is priced by its own calls, with a drift per step."""
   import json
   import subprocess
 
@@ -612,9 +615,12 @@ def test_simulate_validates_a_committed_run_step_by_step(run):
     f"--engine_costs={costs}",
     f"--validate={run}",
     "--reward_noise=0.2",
+    *([f"--run_costs={own_costs}"] if own_costs else []),
   ]
   done = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=600)
   assert done.returncode == 0, done.stderr[-3000:]
+  priced = [line for line in done.stdout.splitlines() if ": priced by its own calls" in line]
+  assert [line.split(":")[0] for line in priced] == (["baseline_s0", "tlt_s0"] if own_costs else [])
   rows = [[c.strip() for c in line.strip("|").split("|")] for line in done.stdout.splitlines()]
   means = {r[0]: r for r in rows if len(r) == 6 and r[1].isdigit()}
   steps = {r[0]: [float(x) for x in r[1].split()] for r in rows if len(r) == 2 and r[0] in means}
@@ -630,6 +636,9 @@ def test_simulate_validates_a_committed_run_step_by_step(run):
       metrics = [json.loads(line) for line in f][1:]  # the first step compiles: left out
     measured = [m["time/rollout"] - m["time/rollout_compile"] for m in metrics]
     assert len(ratios) == int(means[name][1]) == len(measured)
+    for line in priced:
+      if line.startswith(name.split(",")[0] + ":"):
+        assert len(line.split("against them: ")[1].split()) == len(ratios)
     got, want = means[name][2].split(" / ")
     assert float(got) == pytest.approx(np.mean(measured), abs=0.01)
     predicted = [r * m for r, m in zip(ratios, measured, strict=True)]
@@ -645,6 +654,7 @@ def test_simulate_validates_a_committed_run_step_by_step(run):
       assert sum(c[0] for c in cells) + scheduler == pytest.approx(want_m, abs=0.05)
       assert sum(c[1] for c in cells) + scheduler == pytest.approx(want_p, rel=0.01, abs=0.05)
   assert bool(tables) == ("2026-12-07" in run)
+  assert bool(priced) == bool(own_costs)
 
 
 def _part_tables(stdout: str) -> dict[str, list[tuple[int, list[tuple[float, float]]]]]:

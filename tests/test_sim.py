@@ -287,6 +287,31 @@ def test_a_run_is_priced_by_its_own_calls_pooled_and_per_step():
   assert faster.prefill_seconds(2, 64) == pytest.approx(0.5) and faster.gap_s == pooled.gap_s
   with pytest.raises(ValueError, match=r"steps \[3\]"):
     run_costs(rows, {1, 3})
+  # A run that never decoded plain takes its plain cells from a base cost, scaled by the
+  # run's drift against the base where both priced a call; so are cells of fewer than
+  # `min_calls` calls (here each of the run's cells has two, one a step).
+  speculated = [{**r, "rollouts": [{"wall": 9.0, "timeline": [calls(x)[0], calls(x)[3]]}]}
+                for r, x in zip(rows, (10.0, 1.0, 3.0))]  # fmt: skip
+  with pytest.raises(ValueError, match="no decode chunk"):
+    run_costs(speculated, {1, 2})
+  base = EngineCost(
+    {"plain": ((8, 128, 0.01), (8, 256, 0.02)), "chain4": ((4, 256, 0.04),),
+     "prefill": ((2, 64, 0.5),)}
+  )  # fmt: skip
+  d = (0.5 + 1.5 + 0.4 + 1.2) / (2 * 0.5 + 2 * 8 * 0.04)  # the run's calls over base's price
+  pooled, drift = run_costs(speculated, {1, 2}, base)
+  assert pooled.cells["plain"] == (
+    (8, 128, pytest.approx(0.01 * d)),
+    (8, 256, pytest.approx(0.02 * d)),
+  )
+  assert pooled.cells["chain4"] == ((4, 256, pytest.approx(0.04 * d)),)
+  assert pooled.cells["prefill"] == ((2, 64, pytest.approx(0.5 * d)),)
+  timed = [(c["timeline"], c["wall"]) for r in speculated[1:] for c in r["rollouts"]]
+  own = EngineCost.from_timelines(timed, base, min_calls=2)  # the run's medians stand
+  assert own.cells["chain4"] == ((4, 256, pytest.approx(0.1)),)
+  assert own.cells["prefill"] == ((2, 64, pytest.approx(1.0)),)
+  assert own.cells["plain"] == pooled.cells["plain"]
+  assert sorted(drift) == [1, 2] and drift[2] == pytest.approx(3 * drift[1])
   # A cost of decode steps alone prices only those: 0.32 s over 16 x 0.01.
   probe = EngineCost({"plain": ((8, 128, 0.01),)})
   assert probe.drift([(calls(1.0), 60.0)]) == pytest.approx(2.0)
@@ -490,7 +515,8 @@ def test_engine_cost_reads_the_engines_timelines():
   assert cost.cells["chain4"] == ((4, 256, pytest.approx(0.05)),)
   assert cost.cells["prefill"] == ((2, 64, 0.5),)
   assert cost.cells["drafter_prefill"] == ((4, 256, 0.05),)
-  # Gaps 0.08 (between the decode chunks, twice) and 0.13 (hook included): median 0.08; the
+  # Gaps 0.08 (between the decode chunks, twice) and 0.11 (the drafter hook's 0.01 left
+  # out): median 0.08; the
   # compaction 0.3, its harvest inside; the first rollout compiled, so only the second's end
   # counts (its last harvest inside).
   assert cost.gap_s == pytest.approx(0.08) and cost.compact_s == pytest.approx(0.3)

@@ -329,14 +329,24 @@ class EngineCost:
 
   @classmethod
   def from_timelines(
-    cls, rollouts: Iterable[tuple[Sequence[Mapping[str, Any]], float | None]]
+    cls,
+    rollouts: Iterable[tuple[Sequence[Mapping[str, Any]], float | None]],
+    base: EngineCost | None = None,
+    min_calls: int = 3,
   ) -> EngineCost:
     """The medians of rollouts' timelines (`RolloutResult.timeline`, `.wall_seconds`;
     None: the rollout's end is not timed).
 
     Calls that compiled a program are left out (their seconds are one-time); so is the
     host time around them. A decode chunk counts per step, a speculative one per round.
+    The drafter's scheduler (its "drafter_hook" entries) is not host time of the engine.
+    `base`: the cells these timelines lack (a kind, or a batch and length of one, they
+    never ran without compiling: plain decode steps in a rollout that speculated
+    throughout) are `base`'s, scaled by these calls' drift against it (`drift`); so are
+    the cells both have where these timelines have fewer than `min_calls` calls (a median
+    of one or two calls is noise).
     """
+    rollouts = list(rollouts)
     samples: dict[str, dict[tuple[int, int], list[float]]] = {}
     gaps, compacts, finishes = [], [], []
     for timeline, wall in rollouts:
@@ -347,22 +357,37 @@ class EngineCost:
       entries = sorted((e for e in timeline if e["phase"] != "harvest"), key=lambda e: e["t"])
       if not entries:
         continue
-      device = [e for e in entries if e["phase"] != "drafter_hook"]
-      for before, after in zip(device, device[1:]):
-        # A rebuild runs right before its chunk: the host time is the gap before the rebuild.
-        if before.get("compile_s") or after.get("compile_s") or before["phase"] == _REBUILD:
+      hook_s = 0.0  # the scheduler's seconds since the last device call
+      before = None
+      for after in entries:
+        if after["phase"] == "drafter_hook":
+          hook_s += after["dt"]
           continue
-        gap = after["t"] - (before["t"] + before["dt"])
-        (compacts if after["batch"] < before["batch"] else gaps).append(gap)
+        # A rebuild runs right before its chunk: the host time is the gap before the rebuild.
+        skip = before is None or before["phase"] == _REBUILD
+        if not (skip or before.get("compile_s") or after.get("compile_s")):
+          gap = after["t"] - (before["t"] + before["dt"]) - hook_s
+          (compacts if after["batch"] < before["batch"] else gaps).append(gap)
+        before, hook_s = after, 0.0
       clean = not any(e.get("compile_s", 0.0) or e.get("rebuild_compile_s", 0.0) for e in entries)
       if clean and wall is not None:
         finishes.append(wall - (entries[-1]["t"] + entries[-1]["dt"]))
-    if _PLAIN not in samples:
-      raise ValueError("no decode chunk without a compile in these timelines")
     cells = {
       kind: tuple((b, n, float(np.median(v))) for (b, n), v in sorted(by_cell.items()))
       for kind, by_cell in samples.items()
     }
+    if base is not None:
+      drift = base.drift(rollouts)
+      for kind, known in base.cells.items():
+        calls = samples.get(kind, {})
+        merged = {(b, n): s * drift for b, n, s in known}
+        merged.update(
+          {(b, n): s for b, n, s in cells.get(kind, ()) if len(calls[b, n]) >= min_calls}
+        )
+        merged.update({(b, n): s for b, n, s in cells.get(kind, ()) if (b, n) not in merged})
+        cells[kind] = tuple((b, n, s) for (b, n), s in sorted(merged.items()))
+    if _PLAIN not in cells:
+      raise ValueError("no decode chunk without a compile in these timelines (and no base)")
     med = lambda xs: max(float(np.median(xs)), 0.0) if xs else 0.0
     return cls(cells, med(gaps), med(compacts), med(finishes))
 

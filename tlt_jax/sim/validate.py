@@ -293,12 +293,13 @@ def compare(
 
 
 def run_costs(
-  rows: Iterable[Mapping[str, Any]], steps: Collection[int]
+  rows: Iterable[Mapping[str, Any]], steps: Collection[int], base: EngineCost | None = None
 ) -> tuple[EngineCost, dict[int, float]]:
   """A run's own engine costs, from its rollout_timelines.jsonl rows (one per step:
   {"step", "rollouts": [{"wall", "timeline"}]}): the medians of the calls of `steps`
-  pooled (`EngineCost.from_timelines`), and per step its calls' drift against them
-  (`EngineCost.drift`; scale the pooled cost by it for a step's own speed)."""
+  pooled (`EngineCost.from_timelines`; cells the run never timed from `base`, scaled to the
+  run's speed), and per step its calls' drift against them (`EngineCost.drift`; scale the
+  pooled cost by it for a step's own speed)."""
   by_step = {
     row["step"]: [(r["timeline"], r["wall"]) for r in row["rollouts"]]
     for row in rows
@@ -307,7 +308,7 @@ def run_costs(
   missing = sorted(set(steps) - set(by_step))
   if missing:
     raise ValueError(f"no rollout timelines of steps {missing}")
-  pooled = EngineCost.from_timelines(t for s in sorted(by_step) for t in by_step[s])
+  pooled = EngineCost.from_timelines((t for s in sorted(by_step) for t in by_step[s]), base)
   return pooled, {s: pooled.drift(by_step[s]) for s in sorted(by_step)}
 
 
