@@ -262,7 +262,7 @@ def line_fields(solution: str) -> list[tuple[int, str]]:
 
 
 def pack_warm_starts(shared: str, out: str, dtype: str = "bfloat16") -> dict:
-  """A comparison's warm starts, packed to travel to a lent accelerator
+  """A comparison's warm starts, packed to travel to a remote accelerator
   (experiments/pack_warm_start.py says why): writes <out>/{warm_start, drafter_warm_start,
   config.json, summary.json}, the policy's weights cast to `dtype`, and returns the summary
   it wrote (its "packed": the cast and the unrounded policy's evaluation, taken out)."""

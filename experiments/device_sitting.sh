@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One lent device sitting in one call, its parts in the order ORDER names (default: real
+# One time-boxed device sitting in one call, its parts in the order ORDER names (default: real
 # sizes first, the measurements still missing, then the rest in the time left):
 #   sizes    the real-sizes stages (experiments/real_sizes.py), batch-1 decode and the
 #            update first. Measured afresh: the H200's results of 2026-12-04

@@ -1,4 +1,4 @@
-r"""A comparison's warm starts, packed small enough to travel to a lent accelerator.
+r"""A comparison's warm starts, packed small enough to travel to a remote accelerator.
 
 The regime's policy warm start took about three hours of SFT on a CPU host
 (experiments/regime_warm_start.sh); a device sitting has fifteen minutes, so the GPU run of

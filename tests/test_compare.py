@@ -85,7 +85,7 @@ def _results(*modes):
 
 
 def test_no_speedup_rests_on_steps_that_checkpointed():
-  """The issue's 0.08x: 3 steps, the first compiling, the last carrying a checkpoint
+  """The reported 0.08x: 3 steps, the first compiling, the last carrying a checkpoint
   window that in tlt holds drafter updates. No clean step is left: no ratio, a sentence."""
   rows = [
     _step("baseline", 0, 9.0),

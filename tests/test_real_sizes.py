@@ -180,7 +180,7 @@ def test_every_stage_runs_on_tiny_shapes_and_a_second_sitting_resumes(tmp_path):
   done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
   assert done.returncode == 0, done.stderr[-3000:]
   assert "| tlt |" in done.stdout
-  # The projection from the measured forwards (issue: real sizes), beside the same device's
+  # The projection from the measured forwards (the real-sizes goal), beside the same device's
   # roofline and the paper, and the assumption that moves it most.
   cmd = [sys.executable, "experiments/simulate.py", "--project", surface, "--steps=1"]
   done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)

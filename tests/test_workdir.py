@@ -174,7 +174,7 @@ def test_no_checkpoint_drops_what_a_killed_run_left(tmp_path):
 
 
 def test_a_rerun_without_a_checkpoint_has_one_row_per_step(finished, tmp_path):
-  """The issue's run: killed before its first checkpoint, rerun, it appended its rows to the
+  """The reported run: killed before its first checkpoint, rerun, it appended its rows to the
   killed run's (12 rows for 8 steps, "after 12 GRPO steps"). The finished run's checkpoints
   removed stand for that kill: its metrics rows stay, its checkpoints do not."""
   wd = str(tmp_path / "wd")
