@@ -19,6 +19,14 @@ tokens, and reads the calls' seconds from the rollouts' timelines
 First-time compiles are left out. The JSON is what `simulate.py --engine_costs` reads.
 
   python experiments/engine_costs.py --config=configs/regime.py --out=runs/engine_costs_regime
+
+A run that wrote its rollouts' timelines (rollout_timelines.jsonl) already timed its calls:
+--from_run=<run folder> writes its costs instead, from its steps after the first
+(`tlt_jax.sim.run_costs`; the cells it never timed, such as plain decode steps in a run that
+speculated throughout, from --base, an earlier engine_costs.json, at the run's speed).
+
+  python experiments/engine_costs.py --from_run=runs/regime/tlt_s0 \
+    --base=runs/engine_costs_regime/engine_costs.json --out=runs/engine_costs_from_run
 """
 
 from __future__ import annotations
@@ -44,7 +52,8 @@ from tlt_jax.models.drafter import init_drafter  # noqa: E402
 from tlt_jax.models.transformer import init_model  # noqa: E402
 from tlt_jax.rollout.engine import RolloutEngine  # noqa: E402
 from tlt_jax.rollout.state import round_up  # noqa: E402
-from tlt_jax.sim import EngineCost  # noqa: E402
+from tlt_jax.sim import EngineCost, run_costs  # noqa: E402
+from tlt_jax.sim.replay import engine_config  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/regime.py", "run config")
 _OUT = flags.DEFINE_string("out", "runs/engine_costs", "output folder")
@@ -58,6 +67,12 @@ _STAGE = flags.DEFINE_integer(
   "stage_tokens", 32, "tokens each batch bucket runs before the next rows finish"
 )
 _REPS = flags.DEFINE_integer("reps", 3, "rollouts per (arm, prompt length); medians kept")
+_FROM_RUN = flags.DEFINE_string(
+  "from_run", "", "a run folder with rollout_timelines.jsonl: its own calls, not a probe's"
+)
+_BASE = flags.DEFINE_string(
+  "base", "", "--from_run: an engine_costs.json for the cells the run never timed"
+)
 
 
 def stage_budgets(rows: int, stage: int) -> list[int]:
@@ -77,8 +92,44 @@ def _random_prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int
   return rng.integers(3, vocab, size=(n, length)).tolist()
 
 
+def costs_from_run(workdir: str, base_path: str = "") -> dict:
+  """engine_costs.json's content from a run's own calls (module doc, --from_run)."""
+  paths = [os.path.join(workdir, f) for f in ("config.json", "rollout_timelines.jsonl")]
+  missing = [p for p in paths if not os.path.isfile(p)]
+  if missing:
+    raise app.UsageError(f"--from_run: {missing} missing (runs from 2026-12-07 write them)")
+  with open(paths[0]) as f:
+    config = json.load(f)
+  with open(paths[1]) as f:
+    rows = [json.loads(line) for line in f]
+  steps = sorted(r["step"] for r in rows)
+  steps = steps[1:] or steps  # the first step compiles
+  base = None
+  if base_path:
+    with open(base_path) as f:
+      base = EngineCost.from_dict(json.load(f))
+  try:
+    cost, drift = run_costs(rows, steps, base)
+  except ValueError as e:
+    raise app.UsageError(f"--from_run: {e}; --base names an engine_costs.json for it") from None
+  return {
+    "host": None,
+    "config": {"engine": config["engine"], "group_size": config["rl"]["group_size"]},
+    "from_run": {"run": workdir, "steps": steps, "drift": drift, "base": base_path or None},
+    **cost.to_dict(),
+  }
+
+
 def main(argv):
   del argv
+  if _FROM_RUN.value:
+    out = costs_from_run(_FROM_RUN.value, _BASE.value)
+    os.makedirs(_OUT.value, exist_ok=True)
+    with open(os.path.join(_OUT.value, "engine_costs.json"), "w") as f:
+      json.dump(out, f, indent=1)
+    print(table(EngineCost.from_dict(out), engine_config(out["config"]["engine"])))
+    print(f"\nwrote {os.path.join(_OUT.value, 'engine_costs.json')}")
+    return
   config = _CONFIG.value
   config.mode = "tlt"
   tokenizer = get_tokenizer(config.task.tokenizer)

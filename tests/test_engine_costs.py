@@ -61,3 +61,30 @@ def test_engine_costs_times_every_bucket_view_and_arm_of_a_tiny_engine(tmp_path)
   short = replay_rollout([8, 8], cost, policy, arms, prompt_lens=[10, 10])
   long = replay_rollout([8, 90], cost, policy, arms, prompt_lens=[10, 10])
   assert 0 < short.seconds < long.seconds
+
+
+def test_engine_costs_from_a_runs_own_timelines(tmp_path):
+  """--from_run: a committed run's own calls after its first step (no probe), the cells it
+  never timed (plain steps at most batches, in a run that speculated throughout) from --base
+  at the run's speed; a run without timelines is refused with the reason."""
+  results = ROOT / "experiments" / "results"
+  run = results / "simulator_runcosts_hostG_2026-12-07" / "tlt_s0"
+  base = results / "simulator_regime_hostG_2026-12-06" / "engine_costs.json"
+  script = str(ROOT / "experiments" / "engine_costs.py")
+  cmd = [sys.executable, script, f"--from_run={run}", f"--base={base}", f"--out={tmp_path}"]
+  done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+  assert done.returncode == 0, done.stderr[-3000:]
+  got = json.loads((tmp_path / "engine_costs.json").read_text())
+  cost = EngineCost.from_dict(got)
+  assert sorted(int(s) for s in got["from_run"]["drift"]) == list(range(1, 12))
+  probe = EngineCost.from_dict(json.loads(base.read_text()))
+  # The run timed one plain chunk: every plain cell is the probe's, at the run's speed.
+  ratios = {s / p for (_, _, s), (_, _, p) in zip(cost.cells["plain"], probe.cells["plain"])}
+  assert len(cost.cells["plain"]) == len(probe.cells["plain"])
+  assert max(ratios) - min(ratios) < 1e-9 and 0.5 < min(ratios) < 2
+  assert sorted(cost.cells) == sorted(probe.cells) and cost.gap_s > 0
+  assert "chain4: ms per round" in done.stdout
+  assert got["config"]["engine"]["spec_strategies"] == ["chain2", "chain4", "chain8", "chain12"]
+  cmd = [sys.executable, script, f"--from_run={tmp_path}", f"--out={tmp_path / 'x'}"]
+  refused = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+  assert refused.returncode != 0 and "rollout_timelines.jsonl" in refused.stderr
