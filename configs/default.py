@@ -358,6 +358,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     c.engine.spec_threshold = 4
     c.engine.spec_strategies = ("chain2", "tree2x2x4")
     c.engine.spec_rounds = 2
+    # Its rollouts reach the speculative bucket for a chunk or two, fewer than a background
+    # compile lasts: compiled in place, a drafting arm runs in the rehearsal.
+    c.engine.background_compiles = False
     c.drafter.warmup_prompts = 4
     c.drafter.offline_steps = 3
     c.drafter.batch_rows = 2

@@ -33,6 +33,9 @@ ENGINE = EngineConfig(
   spec_strategies=("chain2", "chain4"),
   spec_adaptive=True,
   spec_rounds=2,
+  # The replay prices compiled programs: the engine waits for each compile rather than run
+  # another arm meanwhile, so both take every decision alike.
+  background_compiles=False,
 )
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8], [9], [10, 11, 12, 13, 14, 15, 16, 17]]
 LIMITS = [5, 37, 12, 20]  # per-prompt token budgets: a long tail

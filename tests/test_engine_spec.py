@@ -28,6 +28,8 @@ from tlt_jax.rollout.pool import ExecutablePool
 from tlt_jax.rollout.speculative import SpecStrategy
 
 # Untied head: `_functional_pair` needs it, and one config lets all tests share programs.
+# Programs compile in place (`background_compiles` off): these tests check which arms the
+# bandit runs, and a tiny rollout ends before a background compile would.
 MODEL = TINY_UNTIED
 ENGINE = EngineConfig(
   max_prompt_len=8,
@@ -41,6 +43,7 @@ ENGINE = EngineConfig(
   spec_strategies=("chain3", "tree3x2x6"),
   spec_adaptive=False,
   spec_rounds=2,
+  background_compiles=False,
 )
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8], [9], [10, 11, 12, 13, 14, 15, 16, 17]]
 LIMITS = [5, 37, 12, 20]  # per-prompt max new tokens: a long tail
@@ -415,6 +418,58 @@ def test_bandit_state_restores_into_a_new_engine(models):
   assert tuned.bandit_for(SAMPLED).settings == tuned.bandit.settings
   with pytest.raises(ValueError, match="bandit_exploration"):
     dataclasses.replace(cfg, bandit_exploration=-1.0)
+
+
+def test_an_arm_still_compiling_gives_its_chunks_to_a_compiled_one(models):
+  """`background_compiles`: the bandit picks an arm whose program is not compiled (here the
+  tree, the only arm it has not pulled); a compiled arm (chain3, the best by its means) runs
+  each chunk instead while the tree compiles on the pool's background thread, teaching the
+  bandit nothing, and the rollout's tokens are plain decoding's. The tree's program then
+  joins the pool, not counted as seconds the rollout waited."""
+  import time
+
+  from tlt_jax.rollout.bandit import StrategyBandit
+  from tlt_jax.rollout.config import bandit_settings
+
+  _, tp, _, dp = models
+  pool = ExecutablePool()
+  cfg = dataclasses.replace(
+    ENGINE, spec_strategies=("chain3", "tree3x2x6"), spec_adaptive=True, background_compiles=True
+  )
+  plain = _run(_engine(models, pool, SAMPLED, spec_threshold=0), tp, None)
+  # chain3's programs (the first strategy runs where there is no bandit), none of the tree's.
+  chain = _run(_engine(models, pool, SAMPLED), tp, dp)  # the same strategies' shapes
+  arms, settings = bandit_settings(cfg)
+  bandit = StrategyBandit(arms, settings)
+  for batch in cfg.batch_buckets:
+    for _ in range(settings.min_pulls):
+      bandit.update(batch, "plain", 1.0)
+      bandit.update(batch, "chain3", 2.0)
+  taught = bandit.summary()
+  engine = RolloutEngine(
+    models[0], MODEL, cfg, SAMPLED, pool, drafter_graphdef=models[2], bandit=bandit
+  )
+  waited = pool.compile_seconds
+  got = _run(engine, tp, dp)
+  np.testing.assert_array_equal(got.tokens, plain.tokens)
+  spec = [e for e in got.timeline if e["phase"] == "spec"]
+  assert [e["strategy"] for e in spec] == [
+    e["strategy"] for e in chain.timeline[1:] if "strategy" in e
+  ]
+  first = spec[0]
+  assert first["instead_of"] == "tree3x2x6" and first["beside_compile"] and "reward" not in first
+  assert all(e["strategy"] == "chain3" for e in spec)
+  assert "decode" not in _phases(got) and pool.compile_seconds == waited
+  assert bandit.summary() == taught  # chunks beside a compile teach nothing
+  deadline = time.monotonic() + 300
+  while pool.background_busy:
+    assert time.monotonic() < deadline
+    time.sleep(0.05)
+  assert pool.background_compiles == 1 and pool.background_seconds > 0
+  tree = SpecStrategy.parse("tree3x2x6")
+  key = lambda view: engine.programs.spec_key(SAMPLED, tree, view, first["batch"])
+  assert any(key(view) in pool for view in cfg.view_buckets)  # at its own rows' reach
+  assert pool.compile_seconds == waited
 
 
 def test_an_adaptive_mixed_pool_matches_plain_and_counts_its_rounds(models, pool):

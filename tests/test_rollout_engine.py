@@ -1,6 +1,7 @@
 """Rollout engine: exact against a reference loop, layout invariant, no recompiles."""
 
 import dataclasses
+import time
 
 import jax
 import jax.numpy as jnp
@@ -360,6 +361,45 @@ def test_bad_engine_configs_fail_clearly(model):
     EngineConfig(chunk_steps=0)
   with pytest.raises(ValueError, match="stop token 99"):
     RolloutEngine(graphdef, MODEL, dataclasses.replace(ENGINE, stop_tokens=(99,)))
+
+
+def _until_compiled(pool: ExecutablePool, timeout_s: float = 300.0) -> None:
+  deadline = time.monotonic() + timeout_s
+  while pool.background_busy:
+    assert time.monotonic() < deadline, "background compile did not finish"
+    time.sleep(0.05)
+
+
+def test_pool_compiles_a_miss_in_the_background_in_the_callers_context():
+  """`on_miss="skip"` answers None and compiles nothing; "background" answers None and
+  compiles on a host thread under the caller's trace-time context (here the attention form,
+  a context variable); the program joins the pool once ready, counted as a compile but not
+  as seconds a caller waited; a caller that needs it meanwhile waits for that compile rather
+  than compiling it again."""
+  from tlt_jax.models import attention
+
+  def fn(v):  # what it computes depends on the form it was traced under
+    return v + (1.0 if attention.current_attention_form() == "reduce" else 0.0)
+
+  pool, x = ExecutablePool(), jnp.ones((3,))
+  with pytest.raises(ValueError, match="on_miss"):
+    pool.get("f", fn, (x,), on_miss="later")
+  with attention.attention_form("reduce"):
+    assert pool.get("f", fn, (x,), on_miss="skip") is None
+    assert pool.compiles == 0 and not pool.background_busy
+    assert pool.get("f", fn, (x,), on_miss="background") is None
+    assert pool.background_busy
+    assert pool.get("g", fn, (x,), on_miss="background") is None  # one at a time: not started
+    _until_compiled(pool)
+    assert "f" in pool and "g" not in pool
+    assert pool.compiles == pool.background_compiles == 1 and pool.background_seconds > 0
+    assert pool.compile_seconds == 0.0
+    assert float(pool.get("f", fn, (x,))(x)[0]) == 2.0 and pool.compiles == 1
+    # Needed while it compiles: waited for (its wait is a caller's compile seconds).
+    assert pool.get("h", fn, (x * 2,), on_miss="background") is None
+    assert float(pool.get("h", fn, (x * 2,))(x)[0]) == 2.0
+    assert pool.compiles == pool.background_compiles == 2 and not pool.background_busy
+  assert "f" not in pool  # traced under "reduce": not the program of the default form
 
 
 def test_pool_evicts_least_recently_used_programs():

@@ -297,6 +297,15 @@ class StrategyBandit:
     means = np.nan_to_num(stats.means(), nan=-np.inf)
     return self._arms[int(np.argmax(means))]  # argmax takes the first arm on ties.
 
+  def ranked(self, bucket: int) -> list[str]:
+    """The arms of `bucket` by discounted mean reward, highest first; arms without data
+    last, in arm order."""
+    stats = self._buckets.get(_bucket_key(bucket))
+    if stats is None:
+      return list(self._arms)
+    means = np.nan_to_num(stats.means(), nan=-np.inf)
+    return [self._arms[i] for i in np.argsort(-means, kind="stable")]
+
   def summary(self) -> dict[int, dict[str, dict[str, Any]]]:
     """Per bucket, per arm: pulls (undiscounted), discounted mean reward, last reward."""
     out: dict[int, dict[str, dict[str, Any]]] = {}

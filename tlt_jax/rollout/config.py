@@ -76,6 +76,10 @@ class EngineConfig:
       exactness test passed (experiments/RESULTS.md, 2026-11-26, the second H200
       sitting). CPUs compute float32 products in float32 either way. bfloat16 compute is
       exact in distribution but not token-identical on GPUs (near ties round apart).
+    background_compiles: with the bandit choosing (`spec_adaptive`), a chunk whose arm's
+      program is not compiled yet runs an arm whose program is, while that one compiles
+      on a host thread (`rollout.run.RolloutRun`; the tokens are the same under every
+      arm); False waits for the compile, as an engine without a bandit always does.
   """
 
   max_prompt_len: int = 64
@@ -105,6 +109,7 @@ class EngineConfig:
   bandit_exploration: float = 0.2
   one_row_step: str = "auto"
   matmul_precision: str | None = "highest"
+  background_compiles: bool = True
 
   def __post_init__(self):
     for name in (
@@ -159,8 +164,9 @@ class EngineConfig:
       raise ValueError(
         f"EngineConfig.matmul_precision must be one of {precisions}, got {self.matmul_precision!r}"
       )
-    if not isinstance(self.harvest_hidden, bool):
-      raise ValueError(f"EngineConfig.harvest_hidden must be a bool, got {self.harvest_hidden!r}")
+    for name in ("harvest_hidden", "background_compiles"):
+      if not isinstance(getattr(self, name), bool):
+        raise ValueError(f"EngineConfig.{name} must be a bool, got {getattr(self, name)!r}")
     if self.harvest_dtype not in ("float32", "bfloat16", "float16"):
       raise ValueError(
         "EngineConfig.harvest_dtype must be float32, bfloat16 or float16, got "

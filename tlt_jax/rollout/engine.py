@@ -147,35 +147,69 @@ class EnginePrograms:
     key += (cfg.matmul_precision,)
     return self.pool.get(key, self.at_precision(fn), args)
 
-  def decode(self, sampling, view_len, args):
-    """(params, state, key, steps) -> (state, steps run): plain decode over the first
-    `view_len` cache slots (`programs.decode_chunk`)."""
+  def decode_key(self, sampling: SamplingConfig, view_len: int, batch: int) -> tuple:
+    """The pool key of the plain decode program of a `batch`-row bucket over `view_len`
+    slots (`decode`; `key in pool` says whether it is compiled)."""
+    cfg = self.config
+    paired = cfg.pairs_step(batch)
     static = self.static(sampling)
-    paired = self.config.pairs_step(args[1].batch)
-    fn = functools.partial(
-      programs.decode_chunk, self.graphdef, static=static, view_len=view_len, paired=paired
-    )
-    # The state is donated: the cache is updated in place, never copied.
-    key = (
+    return (
       "decode",
-      args[1].batch,
+      batch,
       view_len,
       paired,
-      self.config.slots,
-      self.config.cache_slots,
+      cfg.slots,
+      cfg.cache_slots,
       static,
       self.model_config,
-      self.config.matmul_precision,
+      cfg.matmul_precision,
     )
-    return self.pool.get(key, self.at_precision(fn), args, donate_argnums=(1,))
 
-  def spec(self, sampling, strategy: SpecStrategy, view_len: int, args):
+  def decode(self, sampling, view_len, args, on_miss: str = "compile"):
+    """(params, state, key, steps) -> (state, steps run): plain decode over the first
+    `view_len` cache slots (`programs.decode_chunk`). `on_miss`: `ExecutablePool.get`'s."""
+    key = self.decode_key(sampling, view_len, args[1].batch)
+    fn = functools.partial(
+      programs.decode_chunk,
+      self.graphdef,
+      static=self.static(sampling),
+      view_len=view_len,
+      paired=key[3],
+    )
+    # The state is donated: the cache is updated in place, never copied.
+    return self.pool.get(key, self.at_precision(fn), args, donate_argnums=(1,), on_miss=on_miss)
+
+  def spec_key(
+    self, sampling: SamplingConfig, strategy: SpecStrategy, view_len: int, batch: int
+  ) -> tuple:
+    """The pool key of `strategy`'s program for a `batch`-row bucket over `view_len` slots
+    (`spec`)."""
+    cfg = self.config
+    return (
+      "spec",
+      batch,
+      view_len,
+      min(view_len + cfg.drafter_margin, cfg.drafter_slots),
+      strategy,
+      cfg.slots,
+      cfg.cache_slots,
+      cfg.drafter_slots,
+      self.static(sampling),
+      self.model_config,
+      self.drafter_graphdef if strategy.uses_drafter else None,
+      (cfg.group_match, cfg.group_siblings, cfg.group_reference_len)
+      if strategy.uses_group
+      else None,
+      cfg.matmul_precision,
+    )
+
+  def spec(self, sampling, strategy: SpecStrategy, view_len: int, args, on_miss: str = "compile"):
     """(params, drafter params, state, drafter cache, drafter length, corpus, key, rounds)
     -> (state, drafter cache, drafter length, stats): rounds of `strategy`
-    (`speculative.spec_decode_chunk`)."""
+    (`speculative.spec_decode_chunk`). `on_miss`: `ExecutablePool.get`'s."""
     cfg = self.config
-    dview = min(view_len + cfg.drafter_margin, cfg.drafter_slots)
-    static = self.static(sampling)
+    key = self.spec_key(sampling, strategy, view_len, args[2].batch)
+    static, dview = self.static(sampling), key[3]
 
     def fn(tparams, dparams, state, dcache, dlen, corpus, key, rounds):
       return spec_decode_chunk(
@@ -196,24 +230,8 @@ class EnginePrograms:
         group_match=cfg.group_match,
       )
 
-    key = (
-      "spec",
-      args[2].batch,
-      view_len,
-      dview,
-      strategy,
-      cfg.slots,
-      cfg.cache_slots,
-      cfg.drafter_slots,
-      static,
-      self.model_config,
-      self.drafter_graphdef if strategy.uses_drafter else None,
-      (cfg.group_match, cfg.group_siblings, cfg.group_reference_len)
-      if strategy.uses_group
-      else None,
-      cfg.matmul_precision,
-    )
-    return self.pool.get(key, self.at_precision(fn), args, donate_argnums=(2, 3))
+    fn = self.at_precision(fn)
+    return self.pool.get(key, fn, args, donate_argnums=(2, 3), on_miss=on_miss)
 
   def corpus(self, siblings: np.ndarray, reference: np.ndarray) -> GroupCorpus:
     """Device corpus of a chunk: siblings [B, W] and per-row reference lines [B, R]."""
@@ -230,9 +248,13 @@ class EnginePrograms:
     sib = np.full((batch, cfg.group_siblings), -1, np.int32)
     return self.corpus(sib, np.full((batch, cfg.group_reference_len), -1, np.int32))
 
-  def drafter_prefill(self, width: int, args):
-    """(params, drafter params, state) -> (drafter cache, drafter length), built from the
-    features of the first `width` positions."""
+  def drafter_prefill_key(self, width: int, batch: int) -> tuple:
+    """The pool key of the drafter-cache build from `width` positions (`drafter_prefill`)."""
+    cfg = self.config
+    key = ("drafter_prefill", batch, width, cfg.drafter_slots, self.drafter_graphdef)
+    return (*key, *self._shapes(), cfg.matmul_precision)
+
+  def _drafter_prefill_fn(self, width: int) -> Callable[..., Any]:
     cfg = self.config
 
     def fn(tparams, dparams, state):
@@ -247,16 +269,17 @@ class EnginePrograms:
         slots=cfg.drafter_slots,
       )
 
-    key = (
-      "drafter_prefill",
-      args[2].batch,
-      width,
-      cfg.drafter_slots,
-      self.drafter_graphdef,
-      *self._shapes(),
-      cfg.matmul_precision,
-    )
-    return self.pool.get(key, self.at_precision(fn), args)
+    return self.at_precision(fn)
+
+  def drafter_prefill(self, width: int, args):
+    """(params, drafter params, state) -> (drafter cache, drafter length), built from the
+    features of the first `width` positions."""
+    key = self.drafter_prefill_key(width, args[2].batch)
+    return self.pool.get(key, self._drafter_prefill_fn(width), args)
+
+  def drafter_state_shape(self, width: int, args) -> Any:
+    """The shapes of what `drafter_prefill(width, args)` returns, without running it."""
+    return jax.eval_shape(self._drafter_prefill_fn(width), *args)
 
   def drafter_take(self, args):
     """((drafter cache, drafter length), rows) -> the drafter state of `rows`."""

@@ -20,6 +20,16 @@ it a miss is lowered on the calling thread, compiled on a worker thread, and ans
 once by a stand-in whose call returns zeros shaped like the program's outputs, so a
 warm-up walks on to the programs those outputs feed; leaving it waits for every compile.
 
+A rollout that can run a chunk with another program while one compiles (the adaptive
+engine: every arm emits the same tokens) asks with `on_miss="background"`: a miss is
+traced, lowered and compiled on a host thread, in a copy of the caller's context, from the
+arguments' shapes, and `get` answers None at once; the program joins the pool at a later
+`get` once it is ready (`background_busy` says whether one is still compiling). One such
+compile runs at a time: on an accelerator the host's compile then overlaps device work; on
+a 2-core CPU it overlaps a decode that leaves part of the second core idle
+(experiments/RESULTS.md, 2026-12-07, background compiles). Its seconds are
+`background_seconds`, not `compile_seconds` (what callers waited for).
+
 Every key also holds what the program reads from its context at trace time:
 `attention.current_attention_form()`, `current_causal_block()`, `current_key_windows()`,
 `precision.current_head_precision()` and `products.current_row_products()` (experiments
@@ -34,6 +44,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import contextvars
 import dataclasses
 import functools
 import os
@@ -43,6 +54,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from tlt_jax.models import attention
 from tlt_jax.models.precision import current_head_precision
@@ -111,6 +123,27 @@ def _timed_compile(lowered: Any, lower_seconds: float) -> tuple[Any, float]:
   return lowered.compile(), lower_seconds + time.perf_counter() - start
 
 
+def _abstract(x: Any) -> Any:
+  """An argument as what a lowering reads of it: shape, dtype and, where committed, its
+  placement (a background compile must not hold buffers the caller may donate meanwhile)."""
+  if isinstance(x, jax.Array):
+    return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding if x.committed else None)
+  if isinstance(x, np.ndarray | np.generic):
+    return jax.ShapeDtypeStruct(x.shape, x.dtype)
+  return x
+
+
+def _background_compile(context: contextvars.Context, build: Callable[[], Any]) -> tuple:
+  """(executable, seconds, mappings added) of `build()`'s lowering, compiled on this
+  thread in the caller's `context` (the trace-time globals are context variables)."""
+  start = time.perf_counter()
+  before = _mappings()
+  compiled = context.run(lambda: build().compile())
+  after = _mappings()
+  maps = max(after - before, 0) if before is not None and after is not None else 0
+  return compiled, time.perf_counter() - start, maps
+
+
 def default_compile_workers() -> int:
   """Compile threads for a warm-up: one on CPU (XLA's CPU compiles already share the
   cores with the test workers, and each holds hundreds of JIT mappings), up to 8 on an
@@ -149,6 +182,11 @@ class ExecutablePool:
     # While compiling ahead: key -> (stand-in, future of (executable, seconds)).
     self._ahead: dict[Hashable, tuple[_Compiling, concurrent.futures.Future]] | None = None
     self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+    # Background compiles (`on_miss="background"`): full key -> future, one thread.
+    self._background: dict[Hashable, concurrent.futures.Future] = {}
+    self._background_executor: concurrent.futures.ThreadPoolExecutor | None = None
+    self.background_compiles = 0
+    self.background_seconds = 0.0
 
   def get(
     self,
@@ -157,6 +195,7 @@ class ExecutablePool:
     args: tuple[Any, ...],
     donate_argnums: tuple[int, ...] = (),
     compiler_options: dict[str, str] | None = None,
+    on_miss: str = "compile",
   ) -> Any:
     """Returns the executable for `key`, compiling `fn` for `args` if new.
 
@@ -164,7 +203,12 @@ class ExecutablePool:
     key must identify them), not itself jitted; `args` fix the shapes.
     `compiler_options`: XLA's options for this program (`jax.jit`'s; part of the key), e.g.
     `utils.cpu_fusions.compiler_options`.
+    `on_miss`: "compile" (here, or wait for its background compile), "background" (start
+    its compile on the background thread unless one is running, and return None) or
+    "skip" (return None).
     """
+    if on_miss not in ("compile", "background", "skip"):
+      raise ValueError(f"on_miss must be compile, background or skip, got {on_miss!r}")
     # The placement is part of the program: the same shapes on 8 devices or on 2
     # are different executables (a compacted bucket runs on fewer devices). So is the
     # argument tree (a list where a tuple was compiled is refused by the executable),
@@ -176,6 +220,7 @@ class ExecutablePool:
     options = compiler_options or None
     key = (key, _placement(leaves), treedef, _trace_globals(), avals)
     key += (tuple(sorted(options.items())),) if options else ()
+    self._collect()
     entry = self._entries.get(key)
     if entry is None and self._ahead is not None:
       if key not in self._ahead:
@@ -186,6 +231,16 @@ class ExecutablePool:
         future = self._executor.submit(_timed_compile, lowered, lower_s)
         self._ahead[key] = (_Compiling(lowered.out_info), future)
       return self._ahead[key][0]
+    if entry is None and on_miss != "compile":
+      if on_miss == "background" and not self.background_busy:
+        self._start_background(key, fn, args, donate_argnums, options)
+      return None
+    if entry is None and key in self._background:
+      start = time.perf_counter()
+      self._background[key].result()  # started earlier: wait for it, do not compile twice
+      self._compile_seconds += time.perf_counter() - start
+      self._collect()
+      entry = self._entries.get(key)
     if entry is None:
       start = time.perf_counter()
       before = _mappings()
@@ -199,7 +254,39 @@ class ExecutablePool:
     entry.calls += 1
     return entry.executable
 
-  def _add(self, key: Hashable, compiled: Any, seconds: float, maps: int) -> CompiledEntry:
+  def _start_background(self, key, fn, args, donate_argnums, options) -> None:
+    abstract = jax.tree.map(_abstract, args)
+
+    def build():
+      jitted = jax.jit(_fresh(fn), donate_argnums=donate_argnums, compiler_options=options)
+      return jitted.lower(*abstract)
+
+    if self._background_executor is None:
+      self._background_executor = concurrent.futures.ThreadPoolExecutor(1, "background_compile")
+    context = contextvars.copy_context()
+    self._background[key] = self._background_executor.submit(_background_compile, context, build)
+
+  def _collect(self) -> None:
+    """Pools the background compiles that have finished (on the caller's thread). One that
+    failed is dropped: a later `get` compiles it in the foreground, where the error shows."""
+    for key in [k for k, f in self._background.items() if f.done()]:
+      future = self._background.pop(key)
+      if future.exception() is not None:
+        continue
+      compiled, seconds, maps = future.result()
+      self.background_compiles += 1
+      self.background_seconds += seconds
+      self._add(key, compiled, seconds, maps, waited=False)
+
+  @property
+  def background_busy(self) -> bool:
+    """A background compile is still running (finished ones are pooled first)."""
+    self._collect()
+    return bool(self._background)
+
+  def _add(
+    self, key: Hashable, compiled: Any, seconds: float, maps: int, waited: bool = True
+  ) -> CompiledEntry:
     temp = arg = None
     try:
       mem = compiled.memory_analysis()
@@ -209,7 +296,8 @@ class ExecutablePool:
       pass
     entry = CompiledEntry(compiled, seconds, temp, arg, mappings=maps)
     self._compiles += 1
-    self._compile_seconds += seconds
+    if waited:  # a background compile's seconds are not a caller's
+      self._compile_seconds += seconds
     while self._entries and (
       len(self._entries) >= self.max_executables or self.mappings + maps > self.max_mappings
     ):
@@ -255,16 +343,19 @@ class ExecutablePool:
   def __contains__(self, key: Hashable) -> bool:
     """Whether a program for `key` (as given to `get`), traced under the current
     globals, is held (for any placement and argument tree)."""
+    self._collect()
     now = _trace_globals()
     return any(k[0] == key and k[3] == now for k in self._entries)
 
   @property
   def compiles(self) -> int:
-    """Programs compiled so far (recompiles after an eviction count again)."""
+    """Programs compiled so far, in the background too (recompiles after an eviction
+    count again)."""
     return self._compiles
 
   @property
   def compile_seconds(self) -> float:
+    """Seconds callers waited for compiles (background ones: `background_seconds`)."""
     return self._compile_seconds
 
   def __len__(self) -> int:

@@ -180,8 +180,12 @@ class RolloutRun:
     )
 
   def run_chunk(self, arm: str, learn: bool) -> None:
-    """One device call of `arm`; its timeline entry and, when learning, its reward."""
+    """One device call of `arm` (or of a compiled arm while its program compiles in the
+    background: `_held_arm`); its timeline entry and, when learning, its reward."""
     active = self.active()
+    chosen = arm
+    arm, teach = self._held_arm(arm, learn, active)
+    beside = self.engine.pool.background_busy  # a compile shares the host with this chunk
     compile_s = self.engine.pool.compile_seconds
     before = int(self.length[active].sum())
     generated = float((self.length - self.prompt_len)[active].mean())
@@ -194,8 +198,12 @@ class RolloutRun:
     compiled = self.engine.pool.compile_seconds - compile_s
     if compiled:
       entry["compile_s"] = compiled  # lazy pools: this chunk (or its rebuild) compiled
+    if arm != chosen:
+      entry["instead_of"] = chosen  # its program was compiling in the background
+    if beside:
+      entry["beside_compile"] = True  # not the arm's speed alone (`sim.costs` skips it)
     entry["full"] = bool(full)  # ran every step or round it asked for
-    if learn:
+    if teach:
       ran = entry["steps"] if arm == PLAIN else entry["rounds"]
       measured = decisions.measured(arm, ran, entry["requested"], self.cfg.chunk_steps)
       self._teach(entry, arm, measured, tokens, dt, compiled, cost)
@@ -211,6 +219,24 @@ class RolloutRun:
         **entry,
       }
     )
+
+  def _held_arm(self, arm: str, learn: bool, active: np.ndarray) -> tuple[str, bool]:
+    """(the arm to run, whether its chunk teaches the bandit) for the bandit's choice `arm`.
+
+    With `EngineConfig.background_compiles` and the bandit choosing (`learn`), an arm whose
+    program is not compiled yet compiles on the pool's background thread while an arm
+    whose program is held runs the chunk, the best by the bandit's means: every arm emits
+    the same tokens, so the rollout need not wait. With none held it compiles here, as
+    without. A chunk run beside a background compile teaches nothing: the compile shares
+    the host, and what the chunk measured is not the arm's speed alone (as a chunk that
+    compiled is not)."""
+    if not (learn and self.cfg.background_compiles):
+      return arm, learn
+    if not self._held(arm, active, rebuild=False):
+      for other in self.bandit.ranked(self.state.batch):
+        if other != arm and self._held(other, active) and self._compile_later(arm, active):
+          return other, False
+    return arm, not self.engine.pool.background_busy
 
   def finish(self) -> RolloutResult:
     """Harvests the remaining rows, reports the last push-forced rebuild, and feeds the
@@ -287,6 +313,74 @@ class RolloutRun:
   def _last_bucket(self) -> bool:
     return self.state.batch == self.cfg.batch_buckets[0]
 
+  def _view(self, arm: str, active: np.ndarray) -> int:
+    """The cache view a chunk of `arm` reads: the bucket covering its rows' furthest reach
+    (every active row may grow by chunk_steps, or by its rounds' deepest emission)."""
+    cfg = self.cfg
+    if arm == PLAIN:
+      reach = plain_reach(self.length, self.max_len, cfg.chunk_steps)
+    else:
+      s = self.engine.strategies[arm]
+      reach = spec_reach(self.length, self.max_len, cfg.spec_rounds, s.max_emit, s.nodes)
+    return decisions.chunk_view(reach[active].max(), cfg.view_buckets)
+
+  def _decode_args(self, steps: int) -> tuple:
+    eng, b = self.engine, self.state.batch
+    return (
+      eng.programs.weights(self.params, b),
+      self.state,
+      eng.programs.replicate(self.key, b),
+      jax.device_put(np.int32(steps)),
+    )
+
+  def _spec_args(self, strategy, dstate, corpus, rounds: int) -> tuple:
+    """The arguments of `strategy`'s program with the drafter state `dstate`."""
+    eng, b = self.engine, self.state.batch
+    params = eng.programs.weights(self.params, b)
+    if strategy.uses_drafter:
+      args = (params, eng.programs.weights(self.drafter_params, b), self.state, *dstate)
+    else:
+      args = (params, None, self.state, None, None)
+    rounds = jax.device_put(np.int32(rounds))
+    return args + (corpus, eng.programs.replicate(self.key, b), rounds)
+
+  def _held(self, arm: str, active: np.ndarray, rebuild: bool = True) -> bool:
+    """Whether the program a chunk of `arm` would run now is compiled, and with `rebuild`
+    the drafter-cache build it would run first, if any (a small program, compiled in place
+    where the arm itself is held: the background compiles only an arm's own program)."""
+    progs, b, view = self.engine.programs, self.state.batch, self._view(arm, active)
+    if arm == PLAIN:
+      return progs.decode_key(self.sampling, view, b) in progs.pool
+    strategy = self.engine.strategies[arm]
+    if rebuild and strategy.uses_drafter and self.dstate is None:
+      width = min(view, self.cfg.slots)
+      if progs.drafter_prefill_key(width, b) not in progs.pool:
+        return False
+    return progs.spec_key(self.sampling, strategy, view, b) in progs.pool
+
+  def _compile_later(self, arm: str, active: np.ndarray) -> bool:
+    """Starts compiling the program of a chunk of `arm` in the background (unless another
+    compiles there); False where it cannot be described without running something first
+    (a drafter arm's cache to build under a mesh)."""
+    progs, view = self.engine.programs, self._view(arm, active)
+    if arm == PLAIN:
+      progs.decode(self.sampling, view, self._decode_args(0), on_miss="background")
+      return True
+    strategy = self.engine.strategies[arm]
+    dstate = self.dstate
+    if strategy.uses_drafter and dstate is None:
+      if progs.placement is not None:
+        return False
+      b = self.state.batch
+      built = (progs.weights(self.params, b), progs.weights(self.drafter_params, b), self.state)
+      dstate = progs.drafter_state_shape(min(view, self.cfg.slots), built)
+    corpus = self.group_corpus
+    if strategy.uses_group and corpus is None:
+      corpus = progs.empty_corpus(self.state.batch)
+    args = self._spec_args(strategy, dstate, corpus if strategy.uses_group else None, 0)
+    progs.spec(self.sampling, strategy, view, args, on_miss="background")
+    return True
+
   def _decode(self, active: np.ndarray, learn: bool):
     """Plain decode for chunk_steps (to the end of the cache view in the last bucket unless
     the bandit compares arms there, `decisions.runs_to_end`). Returns (t0, entry, view,
@@ -296,21 +390,12 @@ class RolloutRun:
     self.switched_away = self.switched_away or self.dstate is not None
     self.dstate = None  # plain decode does not advance the drafter's cache
     self.push_forced = False  # the switch back rebuilds it anyway
-    # Every active row may grow by chunk_steps; the cache view must cover it.
-    view = decisions.chunk_view(
-      plain_reach(self.length, self.max_len, cfg.chunk_steps)[active].max(), cfg.view_buckets
-    )
+    view = self._view(PLAIN, active)
     run_to_end = decisions.runs_to_end(
       self.bandit, self.state.batch, learn=learn, last_bucket=self._last_bucket()
     )
     steps = decisions.plain_steps(cfg.chunk_steps, view, self.length[active].max(), run_to_end)
-    b = self.state.batch
-    args = (
-      eng.programs.weights(self.params, b),
-      self.state,
-      eng.programs.replicate(self.key, b),
-      jax.device_put(np.int32(steps)),
-    )
+    args = self._decode_args(steps)
     self.state, ran = eng.programs.decode(self.sampling, view, args)(*args)
     self.length, self.done, ran = jax.device_get((self.state.length, self.state.done, ran))
     entry = {"phase": "decode", "steps": int(ran), "requested": steps}
@@ -323,14 +408,12 @@ class RolloutRun:
     cfg, eng = self.cfg, self.engine
     strategy = eng.strategies[arm]
     rounds = cfg.spec_rounds
-    reach = spec_reach(self.length, self.max_len, rounds, strategy.max_emit, strategy.nodes)
-    view = decisions.chunk_view(reach[active].max(), cfg.view_buckets)
+    view = self._view(arm, active)
     charged_s = rebuild_compile = 0.0
     t0 = time.perf_counter()
     if strategy.uses_drafter and self.dstate is None:
       charged_s, rebuild_compile = self._rebuild_drafter_cache(view, active, t0)
       t0 = time.perf_counter()
-    b = self.state.batch
     corpus, corpus_s = None, 0.0
     if strategy.uses_group:
       if self.group_corpus is None:
@@ -338,12 +421,7 @@ class RolloutRun:
         self.group_corpus = self._build_corpus()
         corpus_s = time.perf_counter() - t_corpus
       corpus = self.group_corpus
-    params = eng.programs.weights(self.params, b)
-    if strategy.uses_drafter:
-      args = (params, eng.programs.weights(self.drafter_params, b), self.state, *self.dstate)
-    else:
-      args = (params, None, self.state, None, None)
-    args += (corpus, eng.programs.replicate(self.key, b), jax.device_put(np.int32(rounds)))
+    args = self._spec_args(strategy, self.dstate, corpus, rounds)
     self.state, dcache, dlen, stats = eng.programs.spec(self.sampling, strategy, view, args)(*args)
     if strategy.uses_drafter:
       self.dstate = (dcache, dlen)

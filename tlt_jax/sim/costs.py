@@ -210,6 +210,9 @@ class PairedOneRow:
 # a decode step (per step), a speculative round (per round, keyed by the arm), a prefill
 # (prompts bucket, prompt bucket) and a drafter-cache rebuild (rows bucket, width).
 _PLAIN, _PREFILL, _REBUILD = "plain", "prefill", "drafter_prefill"
+# A chunk that compiled, or ran beside a background compile (`rollout.run`), measured more
+# than its program.
+_BUSY = ("compile_s", "beside_compile")
 
 
 def _grid_seconds(cells: Sequence[tuple[int, int, float]], batch: int, length: float) -> float:
@@ -365,7 +368,7 @@ class EngineCost:
           continue
         # A rebuild runs right before its chunk: the host time is the gap before the rebuild.
         skip = before is None or before["phase"] == _REBUILD
-        if not (skip or before.get("compile_s") or after.get("compile_s")):
+        if not (skip or any(e.get(k) for e in (before, after) for k in _BUSY)):
           gap = after["t"] - (before["t"] + before["dt"]) - hook_s
           (compacts if after["batch"] < before["batch"] else gaps).append(gap)
         before, hook_s = after, 0.0
@@ -398,7 +401,7 @@ def _timeline_calls(timeline: Sequence[Mapping[str, Any]]):
   one per round (its arm), a prefill ("prefill", prompts bucket, prompt bucket) and a
   drafter-cache rebuild ("drafter_prefill", rows bucket, width)."""
   for e in timeline:
-    if e.get("compile_s", 0.0) or e.get("rebuild_compile_s", 0.0):
+    if any(e.get(k) for k in (*_BUSY, "rebuild_compile_s")):
       continue
     phase, batch, view = e["phase"], int(e.get("batch", 0)), int(e.get("view", 0))
     if phase == "decode" and e.get("steps"):
