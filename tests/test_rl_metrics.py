@@ -24,6 +24,7 @@ from tlt_jax.rl.metrics import (
   metrics_config,
   progress_postfix,
   rollout_part_metrics,
+  spec_metrics,
 )
 from tlt_jax.rl.trainer import GRPOTrainer
 from tlt_jax.rollout.engine import RolloutEngine
@@ -259,6 +260,20 @@ def test_rollout_parts_are_device_calls_by_arm_without_compiles():
     "time/rollout_part/chain4": 5.0,
   }
   assert rollout_part_metrics([]) == {}
+
+
+def test_spec_metrics_count_the_chunks_run_while_the_bandits_pick_compiled():
+  """ "spec/chunks_instead": chunks another arm ran while the bandit's pick compiled in the
+  background, over a step's rollouts, also where no drafting arm ran at all."""
+  plain = {"phase": "decode", "batch": 4, "tokens": 8, "dt": 0.5, "instead_of": "chain2"}
+  spec = {"phase": "spec", "strategy": "chain2", "batch": 4, "tokens": 12, "row_rounds": 4}
+  spec |= {"rounds": 2, "accepted": 8, "dt": 1.0, "instead_of": "chain4"}
+  assert spec_metrics([_result([plain])]) == {"spec/chunks_instead": 1}
+  chosen = {k: v for k, v in spec.items() if k != "instead_of"}  # the bandit's pick ran
+  got = spec_metrics([_result([plain]), _result([spec, chosen])])
+  assert got["spec/chunks_instead"] == 2 and got["spec/accept_length"] == 3.0
+  quiet = {k: v for k, v in plain.items() if k != "instead_of"}
+  assert spec_metrics([_result([quiet])]) == {}
 
 
 def test_a_profiled_step_leaves_a_trace_and_keeps_the_profilers_seconds_apart(tmp_path):

@@ -25,12 +25,15 @@ def spec_metrics(results: Sequence[Any]) -> dict[str, float]:
   accept length over all speculative rounds, their tokens and seconds, and the arm mix
   (chunks per arm, plain decode included) with each draft arm's accept length and the
   row-rounds it is over ("spec/arm/<arm>/..."), also per batch bucket
-  ("spec/bucket/<batch>/<arm>/...")."""
+  ("spec/bucket/<batch>/<arm>/..."); and the chunks another arm ran while the bandit's
+  pick compiled in the background ("spec/chunks_instead", where there were any)."""
+  instead = sum("instead_of" in e for r in results for e in r.timeline)
+  out = {"spec/chunks_instead": instead} if instead else {}
   chunks = [s for s in (r.spec_summary() for r in results) if s["row_rounds"]]
   if not chunks:
-    return {}
+    return out
   rounds = sum(s["row_rounds"] for s in chunks)
-  out = {
+  out |= {
     "spec/accept_length": sum(s["accept_length"] * s["row_rounds"] for s in chunks) / rounds,
     "spec/tokens": sum(s["tokens"] for s in chunks),
     "spec/seconds": sum(s["seconds"] for s in chunks),
