@@ -203,12 +203,11 @@ class ExecutablePool:
     key must identify them), not itself jitted; `args` fix the shapes.
     `compiler_options`: XLA's options for this program (`jax.jit`'s; part of the key), e.g.
     `utils.cpu_fusions.compiler_options`.
-    `on_miss`: "compile" (here, or wait for its background compile), "background" (start
-    its compile on the background thread unless one is running, and return None) or
-    "skip" (return None).
+    `on_miss`: "compile" (here, or wait for its background compile) or "background" (start
+    its compile on the background thread unless one is running, and return None).
     """
-    if on_miss not in ("compile", "background", "skip"):
-      raise ValueError(f"on_miss must be compile, background or skip, got {on_miss!r}")
+    if on_miss not in ("compile", "background"):
+      raise ValueError(f"on_miss must be compile or background, got {on_miss!r}")
     # The placement is part of the program: the same shapes on 8 devices or on 2
     # are different executables (a compacted bucket runs on fewer devices). So is the
     # argument tree (a list where a tuple was compiled is refused by the executable),
@@ -231,8 +230,8 @@ class ExecutablePool:
         future = self._executor.submit(_timed_compile, lowered, lower_s)
         self._ahead[key] = (_Compiling(lowered.out_info), future)
       return self._ahead[key][0]
-    if entry is None and on_miss != "compile":
-      if on_miss == "background" and not self.background_busy:
+    if entry is None and on_miss == "background":
+      if not self.background_busy:
         self._start_background(key, fn, args, donate_argnums, options)
       return None
     if entry is None and key in self._background:

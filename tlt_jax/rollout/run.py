@@ -360,9 +360,12 @@ class RolloutRun:
 
   def _compile_later(self, arm: str, active: np.ndarray) -> bool:
     """Starts compiling the program of a chunk of `arm` in the background (unless another
-    compiles there); False where it cannot be described without running something first
-    (a drafter arm's cache to build under a mesh)."""
+    compiles there: then nothing is built, as the bandit keeps picking the arm meanwhile);
+    False where it cannot be described without running something first (a drafter arm's
+    cache to build under a mesh)."""
     progs, view = self.engine.programs, self._view(arm, active)
+    if progs.pool.background_busy:
+      return True
     if arm == PLAIN:
       progs.decode(self.sampling, view, self._decode_args(0), on_miss="background")
       return True
