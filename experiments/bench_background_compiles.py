@@ -1,20 +1,26 @@
-r"""Rollouts from a cold program pool, with and without background compiles: the same
-engine calls and tokens, their wall seconds compiles included.
+r"""Rollouts from a cold program pool, with and without background compiles and compiles
+ahead: the same engine calls and tokens, their wall seconds compiles included.
 
 An engine compiles each program the first time a chunk needs it (`configs/regime.py` runs
 without a warm-up: most of the batch bucket x cache view x arm programs are never run).
 With `EngineConfig.background_compiles` a chunk whose arm the bandit picked but whose
 program is not compiled runs a compiled arm while that one compiles on a host thread
-(`rollout.run.RolloutRun`); without, the rollout waits for the compile. This times the
+(`rollout.run.RolloutRun`); without, the rollout waits for the compile. With
+`EngineConfig.compile_ahead` too, the program the rollout likely needs next (the arm's at
+the next cache view, the likely arm's at the next smaller batch bucket) compiles there
+after a chunk while nothing else does. Variants (`--variants`): "ahead" (both), "background"
+(background compiles alone), "off" (every compile waited for). This times the
 first `--calls` engine calls of an RL run (one prompt x `rl.group_size` rows a call, the
 first step's key, sequence ids as the trainer gives them) with the config's policy and
 drafter warm starts (mode sd: the frozen drafter; tlt's engine runs the same programs),
 each variant from an empty pool and a new bandit, the variants interleaved `--reps` times
-(order alternating). Per run: the calls' wall seconds, the seconds they waited for
+(order rotating). Per run: the calls' wall seconds, the seconds they waited for
 compiles, the background compiles' seconds, the chunks run instead of a compiling arm or
-beside a compile, and a digest of every row's tokens (equal in every run: every arm draws
-plain decoding's tokens). A compile still running after the last call is waited for and
-reported apart ("after"): in an RL step the policy update runs then.
+beside a compile, the compiles started ahead, and a digest of every row's tokens (equal
+in every run: every arm draws plain decoding's tokens). A compile still running after the
+last call is waited for and reported apart ("after"): in an RL step the policy update runs
+then. The last run of each variant leaves its calls' timelines in
+`timelines_<variant>.json`.
 
   python experiments/bench_background_compiles.py --config=configs/regime.py \
     --warm_start=experiments/warm_starts/regime_stage11_hostJ_2026-12-04 --out=runs/bg
@@ -49,6 +55,9 @@ _WARM = flags.DEFINE_string(
 _OUT = flags.DEFINE_string("out", "runs/bench_background_compiles", "output folder")
 _CALLS = flags.DEFINE_integer("calls", 16, "engine calls a run (one prompt's group each)")
 _REPS = flags.DEFINE_integer("reps", 2, "runs of each variant, interleaved")
+_VARIANTS = flags.DEFINE_list("variants", ["ahead", "background", "off"], "ahead|background|off")
+# variant -> (EngineConfig.background_compiles, EngineConfig.compile_ahead)
+VARIANTS = {"ahead": (True, True), "background": (True, False), "off": (False, False)}
 
 
 def _job(config, out: str) -> train.Job:
@@ -60,15 +69,17 @@ def _job(config, out: str) -> train.Job:
   return train.prepare(config, workdir, progress=False)
 
 
-def _one_run(job: train.Job, prompts: list[list[int]], background: bool) -> dict:
-  """The calls on an engine with an empty pool and a new bandit."""
-  cfg = dataclasses.replace(job.engine.config, background_compiles=background)
+def _one_run(job: train.Job, prompts: list[list[int]], variant: str) -> tuple[dict, list]:
+  """The calls on an engine with an empty pool and a new bandit; (their figures, their
+  timelines)."""
+  background, ahead = VARIANTS[variant]
+  cfg = dataclasses.replace(job.engine.config, background_compiles=background, compile_ahead=ahead)
   pool = ExecutablePool()
   engine = RolloutEngine(
     job.graphdef, job.model_cfg, cfg, job.sampling, pool, drafter_graphdef=job.drafter.graphdef
   )
   g, key = job.config.rl.group_size, folded_key(int(job.config.seed), 0)
-  calls, digest, instead, beside = [], 0, 0, 0
+  calls, timelines, digest, instead, beside, started = [], [], 0, 0, 0, 0
   start = time.perf_counter()
   for c, prompt in enumerate(prompts):
     t = time.perf_counter()
@@ -76,17 +87,19 @@ def _one_run(job: train.Job, prompts: list[list[int]], background: bool) -> dict
       job.params, [prompt], g, key=key, seq_id_offset=c * g, drafter_params=job.drafter.params
     )
     calls.append(round(time.perf_counter() - t, 3))
+    timelines.append(result.timeline)
     for row, length in zip(result.tokens, result.length):
       digest = zlib.crc32(np.ascontiguousarray(row[:length]).tobytes(), digest)
     chunks = [e for e in result.timeline if e["phase"] in ("decode", "spec")]
     instead += sum("instead_of" in e for e in chunks)
     beside += sum(bool(e.get("beside_compile")) for e in chunks)
+    started += sum("ahead" in e for e in chunks)
   wall = time.perf_counter() - start
   t = time.perf_counter()
   while pool.background_busy:
     time.sleep(0.05)
-  return {
-    "background_compiles": background,
+  figures = {
+    "variant": variant,
     "wall_s": round(wall, 3),
     "after_s": round(time.perf_counter() - t, 3),
     "waited_compile_s": round(pool.compile_seconds, 3),
@@ -95,9 +108,11 @@ def _one_run(job: train.Job, prompts: list[list[int]], background: bool) -> dict
     "programs_in_background": pool.background_compiles,
     "chunks_instead": instead,
     "chunks_beside_compile": beside,
+    "compiles_ahead": started,
     "tokens_crc32": digest,
     "call_s": calls,
   }
+  return figures, timelines
 
 
 def main(argv):
@@ -111,29 +126,32 @@ def main(argv):
   prompts = [job.tokenizer.encode(job.prompt(ex), add_bos=True) for ex in examples]
   host = host_info()
   print(format_host(host), flush=True)
+  variants = list(_VARIANTS.value)
+  if not variants or set(variants) - set(VARIANTS):
+    raise SystemExit(f"--variants must name some of {sorted(VARIANTS)}, got {variants}")
   runs = []
   for rep in range(_REPS.value):
-    for background in (True, False) if rep % 2 == 0 else (False, True):
-      run = _one_run(job, prompts, background)
+    shift = rep % len(variants)
+    for variant in variants[shift:] + variants[:shift]:
+      run, timelines = _one_run(job, prompts, variant)
       run["rep"] = rep
       runs.append(run)
       print(json.dumps({k: v for k, v in run.items() if k != "call_s"}), flush=True)
+      with open(os.path.join(out, f"timelines_{variant}.json"), "w") as f:
+        json.dump(timelines, f)
   if len({r["tokens_crc32"] for r in runs}) != 1:
     raise SystemExit("the runs' tokens differ: a bug (every arm draws plain decoding's tokens)")
-  on = [r["wall_s"] for r in runs if r["background_compiles"]]
-  off = [r["wall_s"] for r in runs if not r["background_compiles"]]
-  ratios = [b / a for a, b in zip(on, off)]
-  summary = {
-    "calls": _CALLS.value,
-    "wall_on_s": on,
-    "wall_off_s": off,
-    "off_over_on": [round(x, 3) for x in ratios],
-    "host": host,
+  wall = {v: [r["wall_s"] for r in runs if r["variant"] == v] for v in variants}
+  first = variants[0]
+  ratios = {
+    f"{v}_over_{first}": [round(b / a, 3) for a, b in zip(wall[first], wall[v])]
+    for v in variants[1:]
   }
-  print(
-    f"calls' wall, background compiles on {on} s, off {off} s: off / on "
-    f"{', '.join(f'{x:.2f}x' for x in ratios)}; tokens equal in all {len(runs)} runs"
-  )
+  summary = {"calls": _CALLS.value, "wall_s": wall, **ratios, "host": host}
+  print(f"calls' wall seconds by variant: {wall}")
+  for name, values in ratios.items():
+    print(f"{name}: {', '.join(f'{x:.2f}x' for x in values)}")
+  print(f"tokens equal in all {len(runs)} runs")
   with open(os.path.join(out, "bench_background_compiles.json"), "w") as f:
     json.dump({"summary": summary, "runs": runs}, f, indent=1)
 

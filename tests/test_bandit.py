@@ -307,3 +307,26 @@ def test_bandit_settings_are_the_engines_for_each_pool():
   for bad in (-0.5, float("inf"), True):
     with pytest.raises(ValueError, match="bandit_exploration"):
       EngineConfig(spec_threshold=8, spec_strategies=pool, bandit_exploration=bad)
+
+
+def test_likely_is_the_next_pick_without_drawing_anything():
+  """`likely`: the warm-up's next arm while a bucket warms up (the first arm for a bucket
+  never seen), then the best by mean; it creates no bucket and leaves the generator alone
+  (exact ties draw from it), so the picks that follow are the same as without it."""
+  settings = BanditSettings(min_pulls=2, discount=1.0, seed=3)  # undiscounted: exact ties
+  peeked, plain = StrategyBandit(ARMS, settings), StrategyBandit(ARMS, settings)
+  assert peeked.likely(8) == ARMS[0] and peeked.buckets == []
+  for bandit in (peeked, plain):
+    bandit.update(8, "plain", 1.0)
+  assert peeked.likely(8) == "chain2" == peeked.select(8)  # the warm-up's next
+  for bandit in (peeked, plain):
+    for arm in ARMS:
+      for _ in range(2):
+        bandit.update(8, arm, 1.0)  # all tied: UCB's picks draw from the generator
+        bandit.update(1, arm, 5.0 if arm == "chain4" else 1.0)
+  assert peeked.likely(1) == "chain4" == peeked.best(1)
+  picks = []
+  for _ in range(20):
+    peeked.likely(8)
+    picks.append(peeked.select(8))
+  assert picks == [plain.select(8) for _ in range(20)] and len(set(picks)) > 1

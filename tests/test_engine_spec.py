@@ -472,6 +472,88 @@ def test_an_arm_still_compiling_gives_its_chunks_to_a_compiled_one(models):
   assert pool.compile_seconds == waited
 
 
+def test_a_chunk_that_runs_its_program_for_the_first_time_is_marked_and_left_out_of_costs(
+  models,
+):
+  """A program's first execution carries one-time costs (on XLA:CPU a loop body's first run
+  is far slower than the next): with programs compiled as chunks need them, the first chunk
+  of each arm, batch bucket and cache view (every chunk that compiled among them) is marked
+  `first_run`, and the simulator's cost tables (`sim.costs`) leave it out."""
+  from tlt_jax.sim.costs import _timeline_calls
+
+  _, tp, _, dp = models
+  engine = _engine(
+    models, ExecutablePool(), SAMPLED, spec_strategies=("chain2", "chain3"), spec_adaptive=True
+  )
+  seen, firsts = set(), 0
+  for key in (7, 8):
+    timeline = _run(engine, tp, dp, key=key).timeline
+    chunks = [e for e in timeline if e["phase"] in ("decode", "spec")]
+    for e in chunks:
+      cell = (e.get("strategy", "plain"), e["batch"], e["view"])
+      if cell not in seen or e.get("compile_s"):
+        assert e.get("first_run"), e
+      seen.add(cell)
+      firsts += bool(e.get("first_run"))
+    priced = sum(
+      kind not in ("prefill", "drafter_prefill") for kind, *_ in _timeline_calls(timeline)
+    )
+    assert priced == sum(not (e.get("first_run") or e.get("compile_s")) for e in chunks)
+  assert len(seen) <= firsts < 2 * len(seen)
+  assert any(cell[0] != "plain" for cell in seen)
+
+
+def test_programs_compiled_ahead_from_a_smaller_buckets_shapes_are_the_ones_it_runs(models):
+  """`compile_ahead` compiles the next smaller bucket's programs before any row is moved
+  there, from the shapes compaction will give (`EnginePrograms.take_shape`; a drafting
+  arm's cache from its build's shapes): once the rows are gathered into that bucket, its
+  plain and drafting chunks run those programs and compile nothing."""
+  import time
+
+  from tlt_jax.rollout.run import RolloutRun
+
+  _, tp, _, dp = models
+  pool = ExecutablePool()
+  engine = _engine(
+    models, pool, SAMPLED, spec_strategies=("chain3",), spec_adaptive=True, background_compiles=True
+  )
+  progs = engine.programs
+  run = RolloutRun(
+    engine,
+    progs.read_weights(tp),
+    PROMPTS,
+    2,
+    [m for m in LIMITS for _ in range(2)],
+    key=jax.random.key(7),
+    sampling=SAMPLED,
+    seq_id_offset=0,
+    drafter_params=progs.read_weights(dp),
+    on_chunk=None,
+  )
+  small = ENGINE.batch_buckets[ENGINE.batch_buckets.index(run.state.batch) - 1]
+  views = {arm: run._view(arm, run.active()) for arm in ("plain", "chain3")}
+  for arm, view in views.items():
+    assert run._compile_in_background(arm, view, progs.take_shape(run.state, small))
+    deadline = time.monotonic() + 300
+    while pool.background_busy:
+      assert time.monotonic() < deadline
+      time.sleep(0.05)
+  assert pool.background_compiles == 2
+  # The compaction `RolloutRun.compact` runs, to the first `small` rows.
+  rows, valid = np.arange(small, dtype=np.int32), np.ones((small,), bool)
+  args = (run.state, *jax.device_put((rows, valid)))
+  state = progs.rows(progs.take(args)(*args))
+  run.state = state
+  width = min(views["chain3"], ENGINE.slots)
+  built = (run.params, run.drafter_params, state)
+  dstate = progs.drafter_prefill(width, built)(*built)  # the drafting arm's cache build
+  compiles = pool.compiles
+  progs.decode(SAMPLED, views["plain"], run._decode_args(1, state))
+  chain3 = engine.strategies["chain3"]
+  progs.spec(SAMPLED, chain3, views["chain3"], run._spec_args(chain3, dstate, None, 1, state))
+  assert pool.compiles == compiles
+
+
 def test_an_adaptive_mixed_pool_matches_plain_and_counts_its_rounds(models, pool):
   """A bandit over coupled and argmax chains and a tree at temperature 1: the rollout stays
   token-identical to plain decoding, and each speculative chunk accepts at most its arm's

@@ -138,3 +138,21 @@ def test_programs_are_keyed_by_compiler_options():
   assert pool.get(("softmax",), fn, (x,), compiler_options=compiler_options("dots")) is dots
   np.testing.assert_allclose(np.asarray(dots(x)), np.asarray(plain(x)), rtol=1e-5)
   assert "__ynn_fusion" in dots.as_text()  # the products still go to YNNPACK
+
+
+def test_first_runs_count_each_executables_first_call_and_no_background_ask():
+  """`first_runs`: one per executable handed out for its first call (a recompile after an
+  eviction counts again); asking for a held program with `on_miss="background"` runs
+  nothing and counts no call."""
+  x = jnp.ones((4,), jnp.float32)
+  double, square = (lambda v: 2 * v), (lambda v: v * v)
+  pool = ExecutablePool(max_executables=1)
+  pool.get(("double",), double, (x,))
+  assert pool.first_runs == 1
+  pool.get(("double",), double, (x,))
+  assert pool.first_runs == 1  # its second call
+  assert pool.get(("double",), double, (x,), on_miss="background") is not None
+  assert pool.first_runs == 1 and pool.summary()[0]["calls"] == 2
+  pool.get(("square",), square, (x,))  # evicts double (one executable at most)
+  pool.get(("double",), double, (x,))  # compiled again: a first run again
+  assert pool.first_runs == 3 and pool.evictions == 2

@@ -297,6 +297,17 @@ class StrategyBandit:
     means = np.nan_to_num(stats.means(), nan=-np.inf)
     return self._arms[int(np.argmax(means))]  # argmax takes the first arm on ties.
 
+  def likely(self, bucket: int) -> str:
+    """The arm `select` will most likely return next for `bucket`, drawing nothing: the
+    warm-up's next arm, else the best by discounted mean (`best`)."""
+    stats = self._buckets.get(_bucket_key(bucket))
+    if stats is None:
+      return self._arms[0]
+    fewest = int(np.argmin(stats.pulls))
+    if stats.pulls[fewest] < self._settings.min_pulls:
+      return self._arms[fewest]
+    return self.best(bucket)
+
   def ranked(self, bucket: int) -> list[str]:
     """The arms of `bucket` by discounted mean reward, highest first; arms without data
     last, in arm order."""

@@ -80,6 +80,10 @@ class EngineConfig:
       program is not compiled yet runs an arm whose program is, while that one compiles
       on a host thread (`rollout.run.RolloutRun`; the tokens are the same under every
       arm); False waits for the compile, as an engine without a bandit always does.
+    compile_ahead: with `background_compiles`, after a chunk while nothing compiles, the
+      program the rollout likely needs next and does not hold compiles in the background
+      (the arm's at the next cache view, the likely arm's at the next smaller batch
+      bucket: `rollout.run.RolloutRun`), so the first chunk of a new cell need not wait.
   """
 
   max_prompt_len: int = 64
@@ -110,6 +114,7 @@ class EngineConfig:
   one_row_step: str = "auto"
   matmul_precision: str | None = "highest"
   background_compiles: bool = True
+  compile_ahead: bool = True
 
   def __post_init__(self):
     for name in (
@@ -164,7 +169,7 @@ class EngineConfig:
       raise ValueError(
         f"EngineConfig.matmul_precision must be one of {precisions}, got {self.matmul_precision!r}"
       )
-    for name in ("harvest_hidden", "background_compiles"):
+    for name in ("harvest_hidden", "background_compiles", "compile_ahead"):
       if not isinstance(getattr(self, name), bool):
         raise ValueError(f"EngineConfig.{name} must be a bool, got {getattr(self, name)!r}")
     if self.harvest_dtype not in ("float32", "bfloat16", "float16"):

@@ -293,6 +293,11 @@ class EnginePrograms:
     cfg = self.config
     return (cfg.slots, cfg.cache_slots, cfg.capture_hidden, self.model_config)
 
+  def take_shape(self, state: RolloutState, batch: int) -> RolloutState:
+    """The shapes of what `take` returns for `batch` rows of `state`, without running it."""
+    rows = jax.ShapeDtypeStruct((batch,), jnp.int32)
+    return jax.eval_shape(programs.take_rows, state, rows, jax.ShapeDtypeStruct((batch,), bool))
+
   def take(self, args):
     """(state, rows, valid) -> the state of `rows` (compaction; `programs.take_rows`)."""
     key = ("take", args[0].batch, args[1].shape[0], *self._shapes())

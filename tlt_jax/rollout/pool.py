@@ -30,6 +30,11 @@ a 2-core CPU it overlaps a decode that leaves part of the second core idle
 (experiments/RESULTS.md, 2026-12-07, background compiles). Its seconds are
 `background_seconds`, not `compile_seconds` (what callers waited for).
 
+A program's first execution carries one-time costs (on XLA:CPU a loop body's first run is
+far slower than the next: experiments/RESULTS.md): `first_runs` counts the executables
+handed out for their first call, so a caller that times calls (the simulator's cost
+tables) can leave that one out.
+
 Every key also holds what the program reads from its context at trace time:
 `attention.current_attention_form()`, `current_causal_block()`, `current_key_windows()`,
 `precision.current_head_precision()` and `products.current_row_products()` (experiments
@@ -187,6 +192,8 @@ class ExecutablePool:
     self._background_executor: concurrent.futures.ThreadPoolExecutor | None = None
     self.background_compiles = 0
     self.background_seconds = 0.0
+    # Executables handed out for their first call (see `first_runs` in the module docstring).
+    self.first_runs = 0
 
   def get(
     self,
@@ -230,10 +237,10 @@ class ExecutablePool:
         future = self._executor.submit(_timed_compile, lowered, lower_s)
         self._ahead[key] = (_Compiling(lowered.out_info), future)
       return self._ahead[key][0]
-    if entry is None and on_miss == "background":
-      if not self.background_busy:
+    if on_miss == "background":  # the caller runs nothing now: no call is counted
+      if entry is None and not self.background_busy:
         self._start_background(key, fn, args, donate_argnums, options)
-      return None
+      return None if entry is None else entry.executable
     if entry is None and key in self._background:
       start = time.perf_counter()
       self._background[key].result()  # started earlier: wait for it, do not compile twice
@@ -251,6 +258,7 @@ class ExecutablePool:
     else:
       self._entries[key] = self._entries.pop(key)  # most recently used last
     entry.calls += 1
+    self.first_runs += entry.calls == 1
     return entry.executable
 
   def _start_background(self, key, fn, args, donate_argnums, options) -> None:

@@ -185,8 +185,9 @@ class RolloutRun:
     active = self.active()
     chosen = arm
     arm, teach = self._held_arm(arm, learn, active)
-    beside = self.engine.pool.background_busy  # a compile shares the host with this chunk
-    compile_s = self.engine.pool.compile_seconds
+    pool = self.engine.pool
+    beside = pool.background_busy  # a compile shares the host with this chunk
+    compile_s, first_runs = pool.compile_seconds, pool.first_runs
     before = int(self.length[active].sum())
     generated = float((self.length - self.prompt_len)[active].mean())
     if arm == PLAIN:
@@ -195,9 +196,13 @@ class RolloutRun:
       t0, entry, view, full, cost = self._speculate(arm, active)
     dt = time.perf_counter() - t0
     tokens = int(self.length[active].sum()) - before
-    compiled = self.engine.pool.compile_seconds - compile_s
+    compiled = pool.compile_seconds - compile_s
     if compiled:
       entry["compile_s"] = compiled  # lazy pools: this chunk (or its rebuild) compiled
+    if pool.first_runs > first_runs:
+      # A program's first execution (after its compile, here or in the background) carries
+      # one-time costs: more than its arm's speed (`sim.costs` skips it).
+      entry["first_run"] = True
     if arm != chosen:
       entry["instead_of"] = chosen  # its program was compiling in the background
     if beside:
@@ -219,6 +224,7 @@ class RolloutRun:
         **entry,
       }
     )
+    self._compile_ahead(arm, view)
 
   def _held_arm(self, arm: str, learn: bool, active: np.ndarray) -> tuple[str, bool]:
     """(the arm to run, whether its chunk teaches the bandit) for the bandit's choice `arm`.
@@ -324,23 +330,27 @@ class RolloutRun:
       reach = spec_reach(self.length, self.max_len, cfg.spec_rounds, s.max_emit, s.nodes)
     return decisions.chunk_view(reach[active].max(), cfg.view_buckets)
 
-  def _decode_args(self, steps: int) -> tuple:
-    eng, b = self.engine, self.state.batch
+  def _decode_args(self, steps: int, state=None) -> tuple:
+    """The arguments of the plain decode program for `state` (default: the rollout's)."""
+    eng, state = self.engine, self.state if state is None else state
+    b = state.batch
     return (
       eng.programs.weights(self.params, b),
-      self.state,
+      state,
       eng.programs.replicate(self.key, b),
       jax.device_put(np.int32(steps)),
     )
 
-  def _spec_args(self, strategy, dstate, corpus, rounds: int) -> tuple:
-    """The arguments of `strategy`'s program with the drafter state `dstate`."""
-    eng, b = self.engine, self.state.batch
+  def _spec_args(self, strategy, dstate, corpus, rounds: int, state=None) -> tuple:
+    """The arguments of `strategy`'s program with the drafter state `dstate`, for `state`
+    (default: the rollout's)."""
+    eng, state = self.engine, self.state if state is None else state
+    b = state.batch
     params = eng.programs.weights(self.params, b)
     if strategy.uses_drafter:
-      args = (params, eng.programs.weights(self.drafter_params, b), self.state, *dstate)
+      args = (params, eng.programs.weights(self.drafter_params, b), state, *dstate)
     else:
-      args = (params, None, self.state, None, None)
+      args = (params, None, state, None, None)
     rounds = jax.device_put(np.int32(rounds))
     return args + (corpus, eng.programs.replicate(self.key, b), rounds)
 
@@ -349,38 +359,82 @@ class RolloutRun:
     the drafter-cache build it would run first, if any (a small program, compiled in place
     where the arm itself is held: the background compiles only an arm's own program)."""
     progs, b, view = self.engine.programs, self.state.batch, self._view(arm, active)
-    if arm == PLAIN:
-      return progs.decode_key(self.sampling, view, b) in progs.pool
-    strategy = self.engine.strategies[arm]
-    if rebuild and strategy.uses_drafter and self.dstate is None:
+    if arm != PLAIN and rebuild and self.engine.strategies[arm].uses_drafter:
       width = min(view, self.cfg.slots)
-      if progs.drafter_prefill_key(width, b) not in progs.pool:
+      if self.dstate is None and progs.drafter_prefill_key(width, b) not in progs.pool:
         return False
-    return progs.spec_key(self.sampling, strategy, view, b) in progs.pool
+    return self._held_at(arm, view, b)
+
+  def _held_at(self, arm: str, view: int, batch: int) -> bool:
+    """Whether `arm`'s program over `view` slots for a `batch`-row bucket is compiled."""
+    progs = self.engine.programs
+    if arm == PLAIN:
+      return progs.decode_key(self.sampling, view, batch) in progs.pool
+    return progs.spec_key(self.sampling, self.engine.strategies[arm], view, batch) in progs.pool
 
   def _compile_later(self, arm: str, active: np.ndarray) -> bool:
-    """Starts compiling the program of a chunk of `arm` in the background (unless another
-    compiles there: then nothing is built, as the bandit keeps picking the arm meanwhile);
-    False where it cannot be described without running something first (a drafter arm's
+    """Starts compiling the program of a chunk of `arm` now in the background
+    (`_compile_in_background`)."""
+    return self._compile_in_background(arm, self._view(arm, active), self.state)
+
+  def _compile_ahead(self, arm: str, view: int) -> None:
+    """After a chunk of `arm` over `view` slots, with the bandit choosing, background
+    compiles and `EngineConfig.compile_ahead`, and no compile running: starts compiling a
+    program the rollout will likely need and does not hold, so that the first chunk of a
+    new cell finds it compiled (`_held_arm` otherwise hands that chunk to another arm held
+    there or, with none, compiles in place). In order: `arm`'s at the next cache view, if
+    a row may grow into it; the next smaller batch bucket's likely arm
+    (`StrategyBandit.likely`; plain decode above the speculative threshold) at the view
+    the rows need now (single-device engines). The chunk's timeline entry names what it
+    started ("ahead": [arm, batch bucket, view])."""
+    cfg, progs, active = self.cfg, self.engine.programs, self.active()
+    if self.bandit is None or not (cfg.background_compiles and cfg.compile_ahead):
+      return
+    if not active.any() or progs.pool.background_busy:
+      return
+    b = self.state.batch
+    later = [v for v in cfg.view_buckets if v > view]
+    if later and int(self.max_len[active].max()) > view and not self._held_at(arm, later[0], b):
+      if self._compile_in_background(arm, later[0], self.state):
+        self.timeline[-1]["ahead"] = [arm, b, later[0]]
+      return
+    smaller = [bucket for bucket in cfg.batch_buckets if bucket < b]
+    if not (cfg.compact and smaller and progs.placement is None):
+      return
+    batch = smaller[-1]
+    speculate = self.spec_on and batch <= cfg.spec_threshold
+    arm = self.bandit.likely(batch) if speculate else PLAIN
+    view = self._view(arm, active)
+    if self._held_at(arm, view, batch):
+      return
+    if self._compile_in_background(arm, view, progs.take_shape(self.state, batch)):
+      self.timeline[-1]["ahead"] = [arm, batch, view]
+
+  def _compile_in_background(self, arm: str, view: int, state) -> bool:
+    """Starts compiling `arm`'s program over `view` slots for `state`'s batch bucket in the
+    background (unless another compiles there: then nothing is built); `state` is the
+    rollout's or its shapes at another bucket (`EnginePrograms.take_shape`). False where
+    the program cannot be described without running something first (a drafter arm's
     cache to build under a mesh)."""
-    progs, view = self.engine.programs, self._view(arm, active)
+    progs, b = self.engine.programs, state.batch
     if progs.pool.background_busy:
       return True
     if arm == PLAIN:
-      progs.decode(self.sampling, view, self._decode_args(0), on_miss="background")
+      progs.decode(self.sampling, view, self._decode_args(0, state), on_miss="background")
       return True
     strategy = self.engine.strategies[arm]
-    dstate = self.dstate
+    ours = state is self.state
+    dstate = self.dstate if ours else None
     if strategy.uses_drafter and dstate is None:
       if progs.placement is not None:
         return False
-      b = self.state.batch
-      built = (progs.weights(self.params, b), progs.weights(self.drafter_params, b), self.state)
+      built = (progs.weights(self.params, b), progs.weights(self.drafter_params, b), state)
       dstate = progs.drafter_state_shape(min(view, self.cfg.slots), built)
-    corpus = self.group_corpus
-    if strategy.uses_group and corpus is None:
-      corpus = progs.empty_corpus(self.state.batch)
-    args = self._spec_args(strategy, dstate, corpus if strategy.uses_group else None, 0)
+    corpus = None
+    if strategy.uses_group:
+      corpus = self.group_corpus if ours else None
+      corpus = progs.empty_corpus(b) if corpus is None else corpus
+    args = self._spec_args(strategy, dstate, corpus, 0, state)
     progs.spec(self.sampling, strategy, view, args, on_miss="background")
     return True
 

@@ -211,7 +211,7 @@ class PairedOneRow:
 # (prompts bucket, prompt bucket) and a drafter-cache rebuild (rows bucket, width).
 _PLAIN, _PREFILL, _REBUILD = "plain", "prefill", "drafter_prefill"
 # A chunk that compiled, or ran beside a background compile (`rollout.run`), measured more
-# than its program.
+# than its program; so did a program's first execution (`first_run`: one-time costs).
 _BUSY = ("compile_s", "beside_compile")
 
 
@@ -396,12 +396,13 @@ class EngineCost:
 
 
 def _timeline_calls(timeline: Sequence[Mapping[str, Any]]):
-  """A timeline's device calls that compiled nothing, as (kind, batch, length, seconds per
-  unit, units): a decode chunk per step ("plain", batch bucket, cache view), a speculative
-  one per round (its arm), a prefill ("prefill", prompts bucket, prompt bucket) and a
-  drafter-cache rebuild ("drafter_prefill", rows bucket, width)."""
+  """A timeline's device calls that compiled nothing (nor ran beside a compile, nor ran
+  their program for the first time), as (kind, batch, length, seconds per unit, units): a
+  decode chunk per step ("plain", batch bucket, cache view), a speculative one per round (its
+  arm), a prefill ("prefill", prompts bucket, prompt bucket) and a drafter-cache rebuild
+  ("drafter_prefill", rows bucket, width)."""
   for e in timeline:
-    if any(e.get(k) for k in (*_BUSY, "rebuild_compile_s")):
+    if any(e.get(k) for k in (*_BUSY, "rebuild_compile_s", "first_run")):
       continue
     phase, batch, view = e["phase"], int(e.get("batch", 0)), int(e.get("view", 0))
     if phase == "decode" and e.get("steps"):
