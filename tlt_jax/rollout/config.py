@@ -84,6 +84,10 @@ class EngineConfig:
       program the rollout likely needs next and does not hold compiles in the background
       (the arm's at the next cache view, the likely arm's at the next smaller batch
       bucket: `rollout.run.RolloutRun`), so the first chunk of a new cell need not wait.
+      Off by default: it sped up a cold pool's first engine calls, but in the RL loop
+      it kept the background thread busy with cells the rows may never reach, and chunks
+      beside a compile teach the bandit nothing (experiments/RESULTS.md, 2026-12-07,
+      compiles ahead).
   """
 
   max_prompt_len: int = 64
@@ -114,7 +118,7 @@ class EngineConfig:
   one_row_step: str = "auto"
   matmul_precision: str | None = "highest"
   background_compiles: bool = True
-  compile_ahead: bool = True
+  compile_ahead: bool = False
 
   def __post_init__(self):
     for name in (
