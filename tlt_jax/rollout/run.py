@@ -387,9 +387,10 @@ class RolloutRun:
     (`StrategyBandit.likely`; plain decode above the speculative threshold) at the view
     the rows need now (single-device engines). The chunk's timeline entry names what it
     started ("ahead": [arm, batch bucket, view])."""
-    cfg, progs, active = self.cfg, self.engine.programs, self.active()
+    cfg, progs = self.cfg, self.engine.programs
     if self.bandit is None or not (cfg.background_compiles and cfg.compile_ahead):
       return
+    active = self.active()
     if not active.any() or progs.pool.background_busy:
       return
     b = self.state.batch

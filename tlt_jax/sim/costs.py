@@ -211,7 +211,7 @@ class PairedOneRow:
 # (prompts bucket, prompt bucket) and a drafter-cache rebuild (rows bucket, width).
 _PLAIN, _PREFILL, _REBUILD = "plain", "prefill", "drafter_prefill"
 # A chunk that compiled, or ran beside a background compile (`rollout.run`), measured more
-# than its program; so did a program's first execution (`first_run`: one-time costs).
+# than its program (and so did its host gaps).
 _BUSY = ("compile_s", "beside_compile")
 
 
