@@ -82,6 +82,7 @@ def _recorded_rollouts(monkeypatch, cfg, keys, beliefs=()):
         "ran": entry["rounds"] if entry["phase"] == "spec" else entry["steps"],
         "run_s": entry.get("run_s", 0.0),
         "row_rounds": entry.get("row_rounds", 0),
+        "first_run": entry.get("first_run", False),
         "generated": _generated(run),
       }
     )
@@ -133,6 +134,10 @@ def test_the_replay_takes_the_engines_decisions_on_its_recorded_chunks(monkeypat
   assert len({c["batch"] for c in chunks}) >= 3
   assert any(c["arm"] != PLAIN for c in chunks) and any(c["run_s"] for c in chunks)
   assert any(c["learn"] for c in chunks) and any(not c["learn"] for c in chunks)
+  # Programs compiled as chunks need them: a first run the bandit chose asks for one step or
+  # round and teaches nothing (`RolloutRun._first_run`), which the replay takes as given.
+  firsts = [c for c in chunks if c["first_run"] and c["learn"]]
+  assert firsts and all(c["steps"] == 1 and not c["run_s"] for c in firsts)
   replayed = StrategyBandit.from_state_dict(bandit.state_dict())
   found = _mismatch(rollouts, results, _policy(ENGINE), replayed)
   assert found is None, found

@@ -32,8 +32,8 @@ a 2-core CPU it overlaps a decode that leaves part of the second core idle
 
 A program's first execution carries one-time costs (on XLA:CPU a loop body's first run is
 far slower than the next: experiments/RESULTS.md): `first_runs` counts the executables
-handed out for their first call, so a caller that times calls (the simulator's cost
-tables) can leave that one out.
+handed out for their first call, so a caller that times calls can leave that one out (the
+rollout's bandit learns nothing from it, the simulator's cost tables skip it).
 
 Every key also holds what the program reads from its context at trace time:
 `attention.current_attention_form()`, `current_causal_block()`, `current_key_windows()`,

@@ -187,22 +187,19 @@ class RolloutRun:
     arm, teach = self._held_arm(arm, learn, active)
     pool = self.engine.pool
     beside = pool.background_busy  # a compile shares the host with this chunk
-    compile_s, first_runs = pool.compile_seconds, pool.first_runs
+    compile_s = pool.compile_seconds
     before = int(self.length[active].sum())
     generated = float((self.length - self.prompt_len)[active].mean())
     if arm == PLAIN:
-      t0, entry, view, full, cost = self._decode(active, learn)
+      t0, entry, view, full, cost = self._decode(active, learn, teach)
     else:
-      t0, entry, view, full, cost = self._speculate(arm, active)
+      t0, entry, view, full, cost = self._speculate(arm, active, teach)
     dt = time.perf_counter() - t0
+    teach = teach and not entry.get("first_run")  # its one step or round (`_first_run`)
     tokens = int(self.length[active].sum()) - before
     compiled = pool.compile_seconds - compile_s
     if compiled:
       entry["compile_s"] = compiled  # lazy pools: this chunk (or its rebuild) compiled
-    if pool.first_runs > first_runs:
-      # A program's first execution (after its compile, here or in the background) carries
-      # one-time costs: more than its arm's speed (`sim.costs` skips it).
-      entry["first_run"] = True
     if arm != chosen:
       entry["instead_of"] = chosen  # its program was compiling in the background
     if beside:
@@ -439,10 +436,25 @@ class RolloutRun:
     progs.spec(self.sampling, strategy, view, args, on_miss="background")
     return True
 
-  def _decode(self, active: np.ndarray, learn: bool):
+  def _first_run(self, get: Callable[[], Any]) -> tuple[Any, bool]:
+    """(`get()`'s program, whether this is its first run).
+
+    A program's first execution carries one-time costs (`rollout.pool`; on XLA:CPU a
+    first chunk runs far slower than its cell's later ones: experiments/RESULTS.md). Its
+    timeline entry is marked `first_run` (the simulator's cost tables leave it out), and a
+    chunk that would teach the bandit runs it for one step or round and teaches nothing,
+    so that an arm is judged by its pace, not by its compile's aftermath (the arms the
+    bandit rarely pulls were otherwise judged mostly by first runs); the arm's next chunk
+    teaches."""
+    before = self.engine.pool.first_runs
+    program = get()
+    return program, self.engine.pool.first_runs > before
+
+  def _decode(self, active: np.ndarray, learn: bool, teach: bool):
     """Plain decode for chunk_steps (to the end of the cache view in the last bucket unless
-    the bandit compares arms there, `decisions.runs_to_end`). Returns (t0, entry, view,
-    full, (charged_s, rebuild_compile))."""
+    the bandit compares arms there, `decisions.runs_to_end`; one step for a teaching
+    chunk's first run of its program, `_first_run`). Returns (t0, entry, view, full,
+    (charged_s, rebuild_compile))."""
     cfg, eng = self.cfg, self.engine
     t0 = time.perf_counter()
     self.switched_away = self.switched_away or self.dstate is not None
@@ -454,15 +466,21 @@ class RolloutRun:
     )
     steps = decisions.plain_steps(cfg.chunk_steps, view, self.length[active].max(), run_to_end)
     args = self._decode_args(steps)
-    self.state, ran = eng.programs.decode(self.sampling, view, args)(*args)
+    program, first = self._first_run(lambda: eng.programs.decode(self.sampling, view, args))
+    if first and teach:
+      steps, args = 1, self._decode_args(1)
+    self.state, ran = program(*args)
     self.length, self.done, ran = jax.device_get((self.state.length, self.state.done, ran))
     entry = {"phase": "decode", "steps": int(ran), "requested": steps}
+    if first:
+      entry["first_run"] = True  # `_first_run`
     return t0, entry, view, ran == steps, (0.0, 0.0)
 
-  def _speculate(self, arm: str, active: np.ndarray):
-    """spec_rounds rounds of draft + verify with strategy `arm`, rebuilding the drafter's
-    cache first when it is not in step. Returns like `_decode`; the rebuild is timed in a
-    timeline entry of its own and charged to the arm only after a switch away."""
+  def _speculate(self, arm: str, active: np.ndarray, teach: bool):
+    """spec_rounds rounds of draft + verify with strategy `arm` (one for a teaching chunk's
+    first run of its program, `_first_run`), rebuilding the drafter's cache first when it
+    is not in step. Returns like `_decode`; the rebuild is timed in a timeline entry of its
+    own and charged to the arm only after a switch away."""
     cfg, eng = self.cfg, self.engine
     strategy = eng.strategies[arm]
     rounds = cfg.spec_rounds
@@ -480,7 +498,10 @@ class RolloutRun:
         corpus_s = time.perf_counter() - t_corpus
       corpus = self.group_corpus
     args = self._spec_args(strategy, self.dstate, corpus, rounds)
-    self.state, dcache, dlen, stats = eng.programs.spec(self.sampling, strategy, view, args)(*args)
+    program, first = self._first_run(lambda: eng.programs.spec(self.sampling, strategy, view, args))
+    if first and teach:
+      rounds, args = 1, self._spec_args(strategy, self.dstate, corpus, 1)
+    self.state, dcache, dlen, stats = program(*args)
     if strategy.uses_drafter:
       self.dstate = (dcache, dlen)
     else:  # the drafter's cache did not follow: the next drafter chunk rebuilds it
@@ -497,6 +518,8 @@ class RolloutRun:
     }
     if strategy.uses_group:
       entry["corpus_s"] = corpus_s  # host time building the group corpus (in dt)
+    if first:
+      entry["first_run"] = True  # `_first_run`
     return t0, entry, view, stats.rounds == rounds, (charged_s, rebuild_compile)
 
   def _rebuild_drafter_cache(self, view: int, active: np.ndarray, t0: float):
@@ -511,7 +534,8 @@ class RolloutRun:
       eng.programs.weights(self.drafter_params, b),
       self.state,
     )
-    self.dstate = eng.programs.rows(eng.programs.drafter_prefill(width, args)(*args))
+    program, first = self._first_run(lambda: eng.programs.drafter_prefill(width, args))
+    self.dstate = eng.programs.rows(program(*args))
     jax.block_until_ready(self.dstate)
     switch_s = time.perf_counter() - t0
     rebuild = {
@@ -527,6 +551,8 @@ class RolloutRun:
     rebuild_compile = eng.pool.compile_seconds - compile_before
     if rebuild_compile:  # a lazy pool compiled this width (in the chunk's compile_s too)
       rebuild["rebuild_compile_s"] = rebuild_compile
+    if first:
+      rebuild["first_run"] = True  # `_first_run`
     self.timeline.append(rebuild)
     charged_s = 0.0
     if self.push_forced:  # reported without lazy compiles (counted apart, one-time)

@@ -244,13 +244,16 @@ class RecordedChunk:
 @dataclasses.dataclass(frozen=True)
 class ChunkPlan:
   """What the replay decided for its next chunk: the arm (`ArmModel` None for plain), whether
-  the bandit learns from it, and the program's cache view and steps (rounds)."""
+  the bandit chose it (`learn`), and the program's cache view and steps (rounds).
+  `teaches`: False where a chunk the bandit chose teaches it nothing (in the engine, a
+  program's first run: `decision_mismatch`)."""
 
   name: str
   arm: ArmModel | None
   learn: bool
   view: int
   steps: int
+  teaches: bool = True
 
 
 class ReplayRun:
@@ -443,7 +446,7 @@ class ReplayRun:
       self.remaining = self.lengths - self.generated
       ran, run_s, row_rounds = recorded.steps, recorded.seconds, recorded.row_rounds
       self._charge(name, run_s)
-    if plan.learn:
+    if plan.learn and plan.teaches:
       measured = decisions.measured(name, ran, plan.steps, policy.chunk_steps)
       chunk = _Chunk(name, measured, run_s, ran, row_rounds)
       tokens = float((self.generated[started] - before[started]).sum())

@@ -366,9 +366,12 @@ def decision_mismatch(
   returns the first decision it takes differently from the engine, or None.
 
   `chunks`: per engine chunk, in order, its decisions (`DECISIONS`: the batch bucket after
-  compaction, the arm, whether the bandit learnt from it, the cache view, the steps or
-  rounds asked for) and what it did: "generated" (tokens per request row after it), "ran"
-  (steps or rounds run), "run_s" (when rewarded) and "row_rounds" (speculative).
+  compaction, the arm, whether the bandit chose it, the cache view, the steps or rounds
+  asked for) and what it did: "generated" (tokens per request row after it), "ran" (steps
+  or rounds run), "run_s" (when rewarded) and "row_rounds" (speculative), and "first_run"
+  where it was its program's first run (the engine's pool, not a decision: a chunk the
+  bandit chose then asks for one step or round and teaches nothing,
+  `rollout.run.RolloutRun._first_run`).
   `bandit`: a copy of the engine's bandit as it was before the rollout (the replay teaches
   it the chunks' lessons as the engine taught its own). `lengths`: the rows' final
   completion lengths. The replay charges no cost of its own: only decisions are compared.
@@ -391,6 +394,8 @@ def decision_mismatch(
       return f"chunk {i}: every replayed row has finished"
     run.compact()
     plan = run.choose_arm()
+    if chunk.get("first_run") and plan.learn:
+      plan = dataclasses.replace(plan, steps=1, teaches=False)
     got = {"batch": run.batch, "arm": plan.name, "learn": plan.learn}
     got |= {"view": plan.view, "steps": plan.steps}
     want = {k: chunk[k] for k in DECISIONS}
