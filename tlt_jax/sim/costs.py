@@ -30,6 +30,7 @@ of a target decode step.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
@@ -215,20 +216,30 @@ _PLAIN, _PREFILL, _REBUILD = "plain", "prefill", "drafter_prefill"
 _BUSY = ("compile_s", "beside_compile")
 
 
-def _grid_seconds(cells: Sequence[tuple[int, int, float]], batch: int, length: float) -> float:
-  """Seconds at (batch, length) from (batch, length, seconds) cells: linear in log2(length)
-  within each measured batch, then in log2(batch) across them (`_interp_log2`)."""
+@functools.lru_cache(maxsize=1024)
+def _grid(cells: tuple[tuple[int, int, float], ...]) -> tuple[np.ndarray, tuple]:
+  """`cells` as `_grid_seconds` reads them: the measured batches (ascending) and, per batch,
+  its lengths and seconds as arrays (ascending in length)."""
   by_batch: dict[int, list[tuple[int, float]]] = {}
   for b, n, sec in cells:
     by_batch.setdefault(int(b), []).append((int(n), float(sec)))
   batches = sorted(by_batch)
-  at_length = []
-  for b in batches:
-    pts = sorted(by_batch[b])
-    xs = np.array([p[0] for p in pts], dtype=float)
-    ys = np.array([p[1] for p in pts], dtype=float)
-    at_length.append(_interp_log2(max(length, 1.0), xs, ys))
-  return _interp_log2(batch, np.asarray(batches, dtype=float), np.asarray(at_length))
+  rows = tuple(
+    (np.array([n for n, _ in pts], dtype=float), np.array([s for _, s in pts], dtype=float))
+    for pts in (sorted(by_batch[b]) for b in batches)
+  )
+  return np.asarray(batches, dtype=float), rows
+
+
+# A replay prices the same few (bucket, view) cells thousands of times a rollout: each is
+# interpolated once (the cells are a frozen cost's tuples).
+@functools.lru_cache(maxsize=1 << 16)
+def _grid_seconds(cells: tuple[tuple[int, int, float], ...], batch: int, length: float) -> float:
+  """Seconds at (batch, length) from (batch, length, seconds) cells: linear in log2(length)
+  within each measured batch, then in log2(batch) across them (`_interp_log2`)."""
+  batches, rows = _grid(cells)
+  at_length = np.array([_interp_log2(max(length, 1.0), xs, ys) for xs, ys in rows])
+  return _interp_log2(batch, batches, at_length)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -255,6 +266,9 @@ class EngineCost:
   finish_s: float = 0.0
 
   def __post_init__(self):
+    # Tuples throughout: the cells are this frozen cost's and key `_grid_seconds`'s cache.
+    cells = {k: tuple(tuple(c) for c in v) for k, v in self.cells.items()}
+    object.__setattr__(self, "cells", cells)
     if _PLAIN not in self.cells or not self.cells[_PLAIN]:
       raise ValueError("EngineCost needs measured plain decode steps")
     for kind, cells in self.cells.items():
@@ -426,6 +440,7 @@ def chain_accept_length(per_token: float, depth: int) -> float:
   return (1.0 - per_token ** (depth + 1)) / (1.0 - per_token)
 
 
+@functools.lru_cache(maxsize=4096)
 def per_token_acceptance(accept_length: float, nodes: int) -> float:
   """The i.i.d. per-token acceptance a whose chain of depth nodes - 1 emits `accept_length`
   tokens per round (bisection on (1 - a^n) / (1 - a)): `chain_accept_length`'s inverse,

@@ -460,23 +460,24 @@ class ReplayRun:
     ran = row_rounds = 0
     for _ in range(plan.steps):
       active = self.active()
-      if not active.any():
+      rows = int(np.count_nonzero(active))
+      if not rows:
         break
       ran += 1
-      row_rounds += int(active.sum())
+      row_rounds += rows
       context = plan.view or float(self._reach().mean())
       if arm is None:
         self._charge(plan.name, cost.seconds(self.batch, 1, context))
-        gain = np.ones(active.sum())
+        gain = np.ones(rows)
       else:
         self._charge(plan.name, arm.round_seconds(cost, self.batch, context))
         if self.stochastic:
           # Leading accepted draft tokens of a chain of nodes - 1, plus the bonus token.
-          draws = self.rng.random((int(active.sum()), depth)) < self.accept_p[plan.name]
+          draws = self.rng.random((rows, depth)) < self.accept_p[plan.name]
           taken = np.cumprod(draws, axis=1).sum(axis=1)
           gain = taken + 1.0
         else:
-          gain = np.full(active.sum(), arm.accept_length)
+          gain = np.full(rows, arm.accept_length)
       step = np.minimum(gain, self.remaining[active])
       self.remaining[active] -= step
       self.generated[active] += step
