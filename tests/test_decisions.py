@@ -83,6 +83,7 @@ def _recorded_rollouts(monkeypatch, cfg, keys, beliefs=()):
         "run_s": entry.get("run_s", 0.0),
         "row_rounds": entry.get("row_rounds", 0),
         "first_run": entry.get("first_run", False),
+        "rebuild_first_run": entry.get("rebuild_first_run", False),
         "generated": _generated(run),
       }
     )

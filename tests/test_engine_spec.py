@@ -479,7 +479,9 @@ def test_a_chunk_that_runs_its_program_for_the_first_time_is_marked_and_left_out
   is far slower than the next): with programs compiled as chunks need them, the first chunk
   of each arm, batch bucket and cache view (every chunk that compiled among them) is marked
   `first_run`, and the simulator's cost tables (`sim.costs`) leave it out. One the bandit
-  chose asks for one step or round and teaches it nothing; the same rollouts stay plain's."""
+  chose asks for one step or round and teaches it nothing, nor does a chunk charged with a
+  drafter-cache rebuild (after a switch away) whose program ran for the first time; the same
+  rollouts stay plain's."""
   from tlt_jax.sim.costs import _timeline_calls
 
   _, tp, _, dp = models
@@ -503,6 +505,12 @@ def test_a_chunk_that_runs_its_program_for_the_first_time_is_marked_and_left_out
         short += 1
       seen.add(cell)
       firsts += bool(e.get("first_run"))
+    for rebuild, e in zip(timeline, timeline[1:]):
+      first_rebuild = rebuild["phase"] == "drafter_prefill" and rebuild.get("first_run")
+      if e["phase"] == "spec" and first_rebuild:
+        assert "switch_s" not in e, e  # no lesson prices a rebuild's first run as the arm's
+      if e.get("rebuild_first_run"):
+        assert first_rebuild and "reward" not in e, (rebuild, e)
     priced = sum(
       kind not in ("prefill", "drafter_prefill") for kind, *_ in _timeline_calls(timeline)
     )
@@ -926,6 +934,14 @@ def test_bandit_reward_charges_the_drafter_rebuild_to_the_spec_chunk(models, poo
       seen_drafter = seen_drafter or entry["phase"] == "spec"
   assert switches > 0, "no rewarded speculative chunk followed a plain one"
   assert plain_checked > 0, "no rewarded plain chunk"
+  # A charged rebuild whose program runs for the first time (its pool entries' calls cleared,
+  # as in a lazy pool) carries a one-time cost: its chunk teaches nothing.
+  for full_key, entry in pool._entries.items():
+    if full_key[0][0] == "drafter_prefill":
+      entry.calls = 0
+  result = _run(_engine(models, pool, spec_adaptive=True, spec_threshold=8), tp, dp, 4, 7)
+  marked = [e for e in result.timeline if e.get("rebuild_first_run")]
+  assert marked and all("reward" not in e and "switch_s" not in e for e in marked), marked
 
 
 def test_settled_plain_runs_the_last_bucket_to_the_end(models, pool):

@@ -195,7 +195,9 @@ class RolloutRun:
     else:
       t0, entry, view, full, cost = self._speculate(arm, active, teach)
     dt = time.perf_counter() - t0
-    teach = teach and not entry.get("first_run")  # its one step or round (`_first_run`)
+    # Its one step or round (`_first_run`), or a rebuild charged to it whose program ran for
+    # the first time: that lesson would price a one-time cost as the arm's.
+    teach = teach and not (entry.get("first_run") or entry.get("rebuild_first_run"))
     tokens = int(self.length[active].sum()) - before
     compiled = pool.compile_seconds - compile_s
     if compiled:
@@ -486,9 +488,10 @@ class RolloutRun:
     rounds = cfg.spec_rounds
     view = self._view(arm, active)
     charged_s = rebuild_compile = 0.0
+    rebuild_first = False
     t0 = time.perf_counter()
     if strategy.uses_drafter and self.dstate is None:
-      charged_s, rebuild_compile = self._rebuild_drafter_cache(view, active, t0)
+      charged_s, rebuild_compile, rebuild_first = self._rebuild_drafter_cache(view, active, t0)
       t0 = time.perf_counter()
     corpus, corpus_s = None, 0.0
     if strategy.uses_group:
@@ -520,11 +523,14 @@ class RolloutRun:
       entry["corpus_s"] = corpus_s  # host time building the group corpus (in dt)
     if first:
       entry["first_run"] = True  # `_first_run`
+    if rebuild_first and charged_s:
+      entry["rebuild_first_run"] = True  # its charged rebuild's program ran for the first time
     return t0, entry, view, stats.rounds == rounds, (charged_s, rebuild_compile)
 
   def _rebuild_drafter_cache(self, view: int, active: np.ndarray, t0: float):
     """Prefills the drafter's cache from the target's features; returns (seconds charged
-    to the chunk's arm, lazy-compile seconds inside the rebuild)."""
+    to the chunk's arm, lazy-compile seconds inside the rebuild, whether its program ran for
+    the first time)."""
     eng = self.engine
     compile_before = eng.pool.compile_seconds
     width = min(view, self.cfg.slots)
@@ -561,7 +567,7 @@ class RolloutRun:
     elif self.switched_away:
       charged_s = switch_s - rebuild_compile
     self.switched_away = False
-    return charged_s, rebuild_compile
+    return charged_s, rebuild_compile, first
 
   # ------------------------------------------------------------------ measurement
   def _teach(self, entry, arm, measured, tokens, dt, compiled, cost) -> None:

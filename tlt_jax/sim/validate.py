@@ -371,7 +371,8 @@ def decision_mismatch(
   or rounds run), "run_s" (when rewarded) and "row_rounds" (speculative), and "first_run"
   where it was its program's first run (the engine's pool, not a decision: a chunk the
   bandit chose then asks for one step or round and teaches nothing,
-  `rollout.run.RolloutRun._first_run`).
+  `rollout.run.RolloutRun._first_run`), "rebuild_first_run" where the drafter-cache rebuild
+  charged to it ran its program for the first time (it teaches nothing either).
   `bandit`: a copy of the engine's bandit as it was before the rollout (the replay teaches
   it the chunks' lessons as the engine taught its own). `lengths`: the rows' final
   completion lengths. The replay charges no cost of its own: only decisions are compared.
@@ -396,6 +397,8 @@ def decision_mismatch(
     plan = run.choose_arm()
     if chunk.get("first_run") and plan.learn:
       plan = dataclasses.replace(plan, steps=1, teaches=False)
+    elif chunk.get("rebuild_first_run") and plan.learn:
+      plan = dataclasses.replace(plan, teaches=False)
     got = {"batch": run.batch, "arm": plan.name, "learn": plan.learn}
     got |= {"view": plan.view, "steps": plan.steps}
     want = {k: chunk[k] for k in DECISIONS}
