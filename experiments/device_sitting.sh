@@ -214,9 +214,11 @@ for part in $ORDER; do
 done
 # In one archive (a device call brings back 8 files at most): the curve's per-step tables,
 # its warm start's summary, its script's log and, when it was cut short, each run's own
-# per-step metrics; the copy's benchmark and its log.
+# per-step metrics; tlt's rollout timelines (experiments/beside_compile_pace.py reads how
+# its chunks ran beside background compiles); the copy's benchmark and its log.
 (cd "$RUNS" && tar czf "$KEEP/sitting_files.tgz" --ignore-failed-read gc/steps_*.csv \
-  gc/shared/summary.json gc/gpu_curve.log gc/*_s0/metrics.jsonl harvest.json harvest.log \
+  gc/shared/summary.json gc/gpu_curve.log gc/*_s0/metrics.jsonl \
+  gc/tlt_s0/rollout_timelines.jsonl harvest.json harvest.log \
   fused.json fused.json.part fused.log head.json head.json.part head.log forms.json \
   forms.json.part forms.log writes.json writes.json.part writes.log drafter.json drafter.log \
   2>/dev/null)

@@ -669,3 +669,32 @@ def _part_tables(stdout: str) -> dict[str, list[tuple[int, list[tuple[float, flo
       step, *cells = [c.strip() for c in line.strip("|").split("|")]
       tables[name].append((int(step), [tuple(map(float, c.split(" / "))) for c in cells]))
   return tables
+
+
+def test_beside_compile_pace_compares_each_cells_chunks_beside_a_compile_and_alone():
+  """experiments/beside_compile_pace.py: per cell, the median pace (seconds a step or round)
+  of chunks beside a background compile over that of chunks alone; a cell's first chunk,
+  compiling chunks and cells short of chunks on either side are left out."""
+  from experiments.beside_compile_pace import pace_table, run_timelines
+
+  def chunk(dt, units=2, spec=True, **extra):
+    cell = {"phase": "spec", "strategy": "chain4", "rounds": units} if spec else {}
+    cell = cell or {"phase": "decode", "steps": units}
+    return {"batch": 8, "view": 128, "dt": dt, **cell, **extra}
+
+  spec = [chunk(9.0)]  # the cell's first chunk: its program's first run
+  spec += [chunk(2.0, beside_compile=True), chunk(2.2, beside_compile=True)]
+  spec += [chunk(50.0, compile_s=4.0, beside_compile=True), chunk(1.0), chunk(1.1)]
+  plain = [chunk(1.0, spec=False), chunk(3.0, spec=False, beside_compile=True)]
+  plain.append(chunk(1.0, spec=False))
+  table = pace_table([spec, plain], min_chunks=2)
+  assert list(table["cells"]) == ["chain4/8/128"]  # plain: one chunk on each side
+  cell = table["cells"]["chain4/8/128"]
+  assert (cell["beside"], cell["alone"]) == (2, 2)
+  assert cell["ratio"] == pytest.approx(1.05 / 0.525)
+  assert pace_table([spec, plain], min_chunks=1)["ratios"] == pytest.approx([2.0, 3.0])
+  # A committed CPU run: beside a compile the chunks ran slower than alone (2 cores).
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  run = os.path.join(root, "experiments/results/background_compiles_hostG_2026-12-07/tlt_s0")
+  ratios = pace_table(run_timelines(run))["ratios"]
+  assert len(ratios) >= 10 and sorted(ratios)[len(ratios) // 2] > 1.2
