@@ -246,7 +246,7 @@ class ChunkPlan:
   """What the replay decided for its next chunk: the arm (`ArmModel` None for plain), whether
   the bandit chose it (`learn`), and the program's cache view and steps (rounds).
   `teaches`: False where a chunk the bandit chose teaches it nothing (in the engine, a
-  program's first run: `decision_mismatch`)."""
+  program's first run, or a charged drafter-cache rebuild's: `decision_mismatch`)."""
 
   name: str
   arm: ArmModel | None
