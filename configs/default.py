@@ -127,6 +127,11 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   # The UCB bonus's weight, in units of a bucket's best mean reward (lower: fewer chunks on
   # close seconds, a slower response to a change).
   c.engine.bandit_exploration = 0.2
+  # A chunk whose arm is not compiled yet runs a compiled arm while that one compiles on a
+  # host thread; with compile_ahead the program the rollout likely needs next compiles there
+  # too (opt-in: on 2 cores it starved the bandit; `rollout.config.EngineConfig`).
+  c.engine.background_compiles = True
+  c.engine.compile_ahead = False
   # Float32 products of the rollout at "highest": on GPUs the default (TF32) rounds a decode
   # step and a verification apart, and speculative rows stop being plain's token for token.
   c.engine.matmul_precision = "highest"
