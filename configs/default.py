@@ -127,6 +127,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   # The UCB bonus's weight, in units of a bucket's best mean reward (lower: fewer chunks on
   # close seconds, a slower response to a change).
   c.engine.bandit_exploration = 0.2
+  # A one-row bucket's plain step: "single", "paired" (a two-token forward) or "auto"
+  # (paired on a GPU, single elsewhere; `rollout.config.EngineConfig`).
+  c.engine.one_row_step = "auto"
   # A chunk whose arm is not compiled yet runs a compiled arm while that one compiles on a
   # host thread; with compile_ahead the program the rollout likely needs next compiles there
   # too (opt-in: on 2 cores it starved the bandit; `rollout.config.EngineConfig`).

@@ -181,6 +181,19 @@ def test_mode_flag_is_checked():
   assert configuration.engine_config(config, tok).spec_threshold == 0
 
 
+def test_every_engine_setting_a_user_may_change_is_in_the_default_config():
+  """`configs/default.py`'s engine section names every `EngineConfig` field but those the
+  job sets itself, so a command line can change any of them (`--config.engine.<field>=`:
+  ml_collections refuses a key its config does not hold)."""
+  import dataclasses
+
+  from tlt_jax.rollout.config import EngineConfig
+
+  set_by_the_job = {"stop_tokens", "harvest_hidden", "harvest_dtype"}  # tokenizer, mode, drafter
+  fields = {f.name for f in dataclasses.fields(EngineConfig)}
+  assert fields - set(default.get_config().engine) == set_by_the_job
+
+
 def _rows_written(path):
   """Complete lines of a file that another process may be writing (a poll can land
   mid-line)."""
