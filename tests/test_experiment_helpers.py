@@ -698,3 +698,28 @@ def test_beside_compile_pace_compares_each_cells_chunks_beside_a_compile_and_alo
   run = os.path.join(root, "experiments/results/background_compiles_hostG_2026-12-07/tlt_s0")
   ratios = pace_table(run_timelines(run))["ratios"]
   assert len(ratios) >= 10 and sorted(ratios)[len(ratios) // 2] > 1.2
+
+
+def test_bench_startup_times_each_variants_imports(tmp_path):
+  """experiments/bench_startup.py: each variant's path comes first in the timed processes, so
+  two versions of one module are told apart by their import seconds; the slow one's own
+  seconds head the list of heaviest modules."""
+  import json
+  import subprocess
+
+  slow, fast = tmp_path / "slow", tmp_path / "fast"
+  for folder, body in ((slow, "import time\ntime.sleep(0.5)\n"), (fast, "X = 1\n")):
+    folder.mkdir()
+    (folder / "startup_probe.py").write_text(body)
+  out = tmp_path / "startup.json"
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  cmd = [sys.executable, "experiments/bench_startup.py", "--modules=startup_probe", "--reps=2"]
+  cmd += [f"--variants=slow={slow},fast={fast}", f"--out={out}"]
+  done = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=300)
+  assert done.returncode == 0, done.stderr[-3000:]
+  table = json.loads(out.read_text())["report"]["startup_probe"]
+  assert table["slow"]["import_s"]["min"] >= 0.5 > table["fast"]["import_s"]["max"]
+  assert table["slow"]["wall_s"]["min"] >= 0.5  # the process's seconds hold its imports'
+  assert table["fast"]["first_over_this"] > 2.0 and table["slow"]["first_over_this"] == 1.0
+  assert next(iter(table["heaviest_own_s"])) == "startup_probe"
+  assert "import startup_probe [fast]:" in done.stdout
