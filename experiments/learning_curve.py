@@ -49,7 +49,7 @@ from experiments.traces import program_summary  # noqa: E402
 from tlt_jax import checkpoint, compare, curves  # noqa: E402
 from tlt_jax.evaluation import GREEDY, held_out_metrics, problems_digest  # noqa: E402
 from tlt_jax.rollout.engine import RolloutEngine  # noqa: E402
-from tlt_jax.utils import compile_cache  # noqa: E402
+from tlt_jax.utils import collector, compile_cache  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/regime.py", "job config")
 _OUT = flags.DEFINE_string("out", "runs/learning_curve", "output folder")
@@ -314,6 +314,7 @@ def main(argv):
     return
   host_start = host_line()
   print("host at start:", host_start, flush=True)
+  collector.settle_heap()  # as the CLI does, before the modes run
   fast = FastEvaluation(_EVAL_BATCH.value, _EVAL_SPECULATIVE.value)
   runs, rows, evaluation = compare.run_interleaved(
     config,

@@ -18,6 +18,10 @@ fusions with its older emitters (where the jaxlib still has them) and no XNNPACK
 (compile-speed settings; the programs compute the same functions and every comparison in
 the suite is between runs under the same flags or within a tolerance). Measured in
 experiments/RESULTS.md (test suite).
+
+Each test process freezes its start-up heap out of Python's cycle collector and makes its
+young collections rarer (`tlt_jax.utils.collector`, as a job does): full collections over
+JAX's caches were seconds of every worker's time and found next to nothing.
 """
 
 import os
@@ -46,6 +50,16 @@ if _OWNS_CACHE:
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.environ[_CACHE_ENV])
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.3")
 os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(8 << 30))
+
+# Imported once the environment above is set (JAX reads it on import), so that what every
+# test process holds to its end leaves the cycle collector's full collections, as in a job
+# (tlt_jax.main).
+import jax  # noqa: E402, F401
+from flax import nnx  # noqa: E402, F401
+
+from tlt_jax.utils import collector  # noqa: E402
+
+collector.settle_heap()
 
 
 def pytest_unconfigure(config):

@@ -723,3 +723,36 @@ def test_bench_startup_times_each_variants_imports(tmp_path):
   assert table["fast"]["first_over_this"] > 2.0 and table["slow"]["first_over_this"] == 1.0
   assert next(iter(table["heaviest_own_s"])) == "startup_probe"
   assert "import startup_probe [fast]:" in done.stdout
+
+
+def test_bench_gc_traces_every_process_of_a_command_under_each_variant(tmp_path):
+  """experiments/bench_gc.py: the command and the process it starts both record their
+  collections; under "default" settle_heap changes nothing, under "settled" it freezes the
+  start-up heap and young collections become rarer."""
+  import json
+  import subprocess
+
+  probe = tmp_path / "probe.py"
+  probe.write_text(
+    "import subprocess, sys\n"
+    "from tlt_jax.utils import collector\n"
+    "collector.settle_heap()\n"
+    "class Node:\n  pass\n"
+    "for _ in range(400_000):\n  node = Node()\n  node.me = node\n"
+    "if len(sys.argv) == 1:\n"
+    "  subprocess.run([sys.executable, __file__, 'child'], check=True)\n"
+  )
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  out = tmp_path / "gc"
+  cmd = [sys.executable, "experiments/bench_gc.py", "--reps=1", f"--out={out}", "--"]
+  cmd += [sys.executable, str(probe)]
+  done = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=300)
+  assert done.returncode == 0, done.stderr[-3000:]
+  runs = json.loads((out / "bench_gc.json").read_text())["runs"]
+  default, settled = runs["default"][0], runs["settled"][0]
+  assert default["processes"] == settled["processes"] == 2
+  assert default["frozen"] == 0 < settled["frozen"]
+  # 400,000 cycles a process: a young collection every 700 of them, or every 50,000.
+  assert default["count"][0] - settled["count"][0] > 2 * (400_000 // 700 - 400_000 // 50_000) - 100
+  assert default["full_collected"] + settled["full_collected"] > 0  # the cycles were found
+  assert "settled #0: wall" in done.stdout

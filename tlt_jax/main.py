@@ -35,7 +35,7 @@ from tlt_jax import workdir as workdir_lock
 from tlt_jax.configuration import UserError
 from tlt_jax.reporting import format_summary
 from tlt_jax.train import train_and_evaluate
-from tlt_jax.utils import compile_cache
+from tlt_jax.utils import collector, compile_cache
 
 _CONFIG = config_flags.DEFINE_config_file(
   "config", None, "Path to a config file.", lock_config=True
@@ -133,6 +133,7 @@ def main(argv):
       _logs_to_workdir(workdir)
       _release(held)
       compile_cache.enable(config.compile_cache_dir)
+      collector.settle_heap()  # what is alive now (imports, the config) lives to the end
       if _COMPARE.value:
         results, rows = compare.run_modes(config, workdir, _COMPARE.value, [int(config.seed)])
       else:
